@@ -1,0 +1,205 @@
+"""Shared tools of the benchmark scripts: timing, the machine's matmul peak, peak memory,
+exponent fits, tables and JSON. Every script times competing implementations side by
+side in one run and prints ratios; nothing here asserts (targets are printed as met or
+not met)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without installing
+
+OUT_DIR = ROOT / "bench" / "out"
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="small sizes (seconds): a smoke run, not the targets")
+    p.add_argument("--repeats", type=int, default=3, help="timed repetitions per measurement (the minimum is reported)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--json", type=Path, default=None, help="where to write the JSON results (default bench/out/<script>.json)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurements (each forks a process)")
+    return p
+
+
+def setup(args) -> dict:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return machine_info(args.device)
+
+
+def machine_info(device: str) -> dict:
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+    }
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timeit(fn, *, repeats: int = 3, warmup: int = 1, device: str = "cpu") -> dict:
+    """Runs fn warmup + repeats times; returns min and median wall time in ms."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return {"min_ms": min(ts), "median_ms": statistics.median(ts), "runs": len(ts)}
+
+
+def matmul_peak_gflops(device: str = "cpu", dtype=torch.float32, sizes=(1024, 2048, 3072), repeats: int = 3) -> float:
+    """The machine's float32 matmul rate (best over a few square sizes), measured now."""
+    best = 0.0
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        t = timeit(lambda: a @ b, repeats=repeats, device=device)["min_ms"]
+        best = max(best, 2 * n**3 / (t * 1e-3) / 1e9)
+    return best
+
+
+def _rss_mb() -> dict:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS", "VmHWM")):
+                key, val = line.split(":")
+                out[key] = int(val.split()[0]) / 1024
+    return out
+
+
+def _child(queue, threads, builder, args):
+    try:
+        torch.set_num_threads(threads)
+        fn = builder(*args)
+        fn()  # warm-up: one-time allocations (thread pools, caches) are not the op's memory
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets this process's high-water mark of resident memory
+        before = _rss_mb()["VmRSS"]
+        fn()
+        queue.put(_rss_mb()["VmHWM"] - before)
+    except Exception as e:  # report, do not hang the parent
+        queue.put(f"error: {type(e).__name__}: {e}")
+
+
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def peak_memory_mb(builder, *args, device: str = "cpu") -> float | None:
+    """Peak memory (MB) that one call of ``builder(*args)()`` adds.
+
+    ``builder`` is a module-level function (it is sent to another process) returning the
+    function to measure. CPU: a fresh process (spawned: a fork would inherit the OpenMP
+    pool and can hang), with glibc told to return freed blocks of 64 KiB or more, builds
+    the inputs, runs the function once to warm up, resets its high-water mark of
+    resident memory (/proc/self/clear_refs), runs it again and reports VmHWM minus the
+    resident memory before the call: the peak of everything the call allocated
+    (tensors, autograd buffers, temporaries; blocks under 64 KiB may be reused unseen).
+    CUDA: torch.cuda.max_memory_allocated around a call in this process.
+    """
+    if str(device).startswith("cuda"):
+        fn = builder(*args)
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    if not os.path.exists("/proc/self/clear_refs"):
+        return None
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(q, torch.get_num_threads(), builder, args))
+    # glibc keeps freed small blocks resident, so a second call would reuse the first's pages
+    # unseen: in the child, every block of 64 KiB or more is mmapped and returned when freed
+    saved = {k: os.environ.get(k) for k in _MALLOC_ENV}
+    os.environ.update(_MALLOC_ENV)
+    try:
+        p.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    res = q.get()
+    p.join()
+    if isinstance(res, str):
+        raise RuntimeError(res)
+    return res
+
+
+def fit_exponent(xs, ys) -> float:
+    """Least-squares slope of log y against log x: y ~ x^slope."""
+    lx = [math.log(x) for x in xs]
+    ly = [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def print_table(title: str, columns: list[str], rows: list[list]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c, justify="right" if c not in ("case", "mode", "impl", "target", "status") else "left")
+    for r in rows:
+        table.add_row(*[fmt(v) for v in r])
+    Console(width=200).print(table)
+
+
+def fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 100:
+            return f"{v:.0f}"
+        if abs(v) >= 1:
+            return f"{v:.2f}"
+        return f"{v:.3g}"
+    return str(v)
+
+
+def target_line(name: str, met: bool | None, detail: str) -> dict:
+    status = "n/a" if met is None else ("MET" if met else "NOT MET")
+    print(f"  [{status:7s}] {name}: {detail}")
+    return {"target": name, "met": met, "detail": detail}
+
+
+def write_json(args, script: str, payload: dict) -> Path:
+    path = args.json or OUT_DIR / f"{script}{'-quick' if args.quick else ''}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    print(f"\nwrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    return path

@@ -1,0 +1,84 @@
+"""Argument checks shared by every layer of seqmix.
+
+Bad input must raise a ``ValueError`` that names the argument and says what was
+expected; these helpers keep those messages uniform. They are cheap (shape and
+dtype checks) except :func:`check_finite`, which reads the tensor once.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+COMPLEX = (torch.complex64, torch.complex128)
+
+
+def fmt_shape(shape: Iterable) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def check_tensor(
+    name: str,
+    x,
+    *,
+    rank: int | Sequence[int] | None = None,
+    layout: str | None = None,
+    complex_ok: bool = False,
+    where: str = "",
+) -> torch.Tensor:
+    """Checks that ``x`` is a floating (or complex, if allowed) tensor of the given rank.
+
+    ``layout`` is the human-readable expected layout (e.g. "[B, T, H, K]") used in
+    messages.
+    """
+    pre = f"{where}: " if where else ""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{pre}argument '{name}' must be a torch.Tensor {layout or ''}, got {type(x).__name__}")
+    allowed = FLOATING + (COMPLEX if complex_ok else ())
+    if x.dtype not in allowed:
+        kinds = "floating or complex" if complex_ok else "floating"
+        raise ValueError(f"{pre}argument '{name}' must have a {kinds} dtype, got {x.dtype}")
+    if rank is not None:
+        ranks = (rank,) if isinstance(rank, int) else tuple(rank)
+        if x.dim() not in ranks:
+            raise ValueError(
+                f"{pre}argument '{name}' must be {layout or f'rank {ranks}'} "
+                f"(rank {' or '.join(map(str, ranks))}), got shape {fmt_shape(x.shape)}"
+            )
+    return x
+
+
+def check_shape(name: str, x: torch.Tensor, expected: Sequence, layout: str, where: str = "") -> None:
+    """Checks ``x.shape == expected``; ``None`` entries in ``expected`` match anything."""
+    pre = f"{where}: " if where else ""
+    ok = x.dim() == len(expected) and all(e is None or int(e) == int(s) for e, s in zip(expected, x.shape))
+    if not ok:
+        exp = fmt_shape("?" if e is None else e for e in expected)
+        raise ValueError(f"{pre}argument '{name}' must have shape {layout} = {exp}, got {fmt_shape(x.shape)}")
+
+
+def check_finite(name: str, x: torch.Tensor, where: str = "") -> None:
+    x = x.detach()
+    pre = f"{where}: " if where else ""
+    # one cheap reduction first: a sum is finite whenever every entry is (the exact check
+    # runs only when the sum is not, which also catches a sum that merely overflowed)
+    if x.numel() and bool(torch.isfinite(x.sum())):
+        return
+    if not bool(torch.isfinite(x).all()):
+        n_nan = int(torch.isnan(x).sum()) if not x.is_complex() else int(torch.isnan(torch.view_as_real(x)).sum())
+        raise ValueError(f"{pre}argument '{name}' contains non-finite values (NaN: {n_nan}, Inf: the rest)")
+
+
+def check_choice(name: str, value, choices: Sequence, where: str = "") -> None:
+    pre = f"{where}: " if where else ""
+    if value not in choices:
+        raise ValueError(f"{pre}unknown {name} {value!r}; expected one of {', '.join(repr(c) for c in choices)}")
+
+
+def check_positive_int(name: str, value, where: str = "", minimum: int = 1) -> int:
+    pre = f"{where}: " if where else ""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{pre}argument '{name}' must be an integer >= {minimum}, got {value!r}")
+    return value

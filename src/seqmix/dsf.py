@@ -1,0 +1,289 @@
+"""The Dynamical Systems Framework (DSF) object: a float64 theory object, not a fast path.
+
+DSF paper (seed 000), eq. (11)-(12):
+
+    h_i = Λ_i h_{i-1} + B_i u_i,        y_i = C_i h_i + D_i u_i,        h_{-1} = 0
+    y = Φ u,   Φ[i, j] = C_i (Λ_i Λ_{i-1} ⋯ Λ_{j+1}) B_j  (j < i),   Φ[i, i] = C_i B_i + D_i
+
+with a diagonal Λ_i. Shapes (a leading batch dimension is always present):
+
+    lam  [batch, T, N]           the diagonal of Λ_i (may exceed 1: attention's Λ does)
+    B    [batch, T, N, d_in]
+    C    [batch, T, d_out, N]
+    D    [batch, T, d_out, d_in] or None
+
+Time runs 0..T-1 (the paper's ambiguity A1). Everything is stored in float64 (or
+complex128 for complex systems such as S4D, whose outputs are the real part,
+``real_output=True``).
+
+State layout of :meth:`DSF.from_recurrence` (the paper's channel-major layout,
+dsf note §2.1): the op-level state of head h is S^h ∈ R^{K×V}; the DSF state is
+h = vec over heads of vec(S^h), column-stacked, so entry (h, v, k) sits at index
+(h·V + v)·K + k: each value channel owns K consecutive state entries. With this
+layout B_i = I_V ⊗ k_i and C_i = I_V ⊗ q_iᵀ per head, as in the paper's (15b-c).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_tensor, fmt_shape
+
+_WHERE = "DSF"
+
+
+def _to64(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.complex128 if x.is_complex() else torch.float64)
+
+
+class DSF:
+    """A causal linear time-varying system with diagonal transition (DSF eq. 11)."""
+
+    def __init__(self, lam, B, C, D=None, *, real_output: bool | None = None):
+        lam = check_tensor("lam", lam, rank=(2, 3), layout="[batch, T, N]", complex_ok=True, where=_WHERE)
+        B = check_tensor("B", B, rank=(3, 4), layout="[batch, T, N, d_in]", complex_ok=True, where=_WHERE)
+        C = check_tensor("C", C, rank=(3, 4), layout="[batch, T, d_out, N]", complex_ok=True, where=_WHERE)
+        if lam.dim() == 2:  # unbatched
+            lam, B, C = lam.unsqueeze(0), B.unsqueeze(0), C.unsqueeze(0)
+            D = D.unsqueeze(0) if D is not None else None
+        bt, T, N = lam.shape
+        if B.dim() != 4 or B.shape[:3] != (bt, T, N):
+            raise ValueError(f"{_WHERE}: argument 'B' must have shape [batch, T, N, d_in] = [{bt}, {T}, {N}, ?], got {fmt_shape(B.shape)}")
+        d_in = B.shape[-1]
+        if C.dim() != 4 or C.shape[:2] != (bt, T) or C.shape[-1] != N:
+            raise ValueError(f"{_WHERE}: argument 'C' must have shape [batch, T, d_out, N] = [{bt}, {T}, ?, {N}], got {fmt_shape(C.shape)}")
+        d_out = C.shape[2]
+        if D is not None:
+            check_tensor("D", D, rank=4, layout="[batch, T, d_out, d_in]", complex_ok=True, where=_WHERE)
+            if D.shape != (bt, T, d_out, d_in):
+                raise ValueError(f"{_WHERE}: argument 'D' must have shape [batch, T, d_out, d_in] = {fmt_shape((bt, T, d_out, d_in))}, got {fmt_shape(D.shape)}")
+        self.lam, self.B, self.C = _to64(lam), _to64(B), _to64(C)
+        self.D = _to64(D) if D is not None else None
+        is_complex = any(t is not None and t.is_complex() for t in (self.lam, self.B, self.C, self.D))
+        self.real_output = is_complex if real_output is None else real_output
+
+    # -- sizes ------------------------------------------------------------------------
+
+    @property
+    def batch(self) -> int:
+        return self.lam.shape[0]
+
+    @property
+    def T(self) -> int:
+        return self.lam.shape[1]
+
+    @property
+    def N(self) -> int:
+        """Hidden-state size N of the DSF (the paper's N = n·d for attention and SSMs)."""
+        return self.lam.shape[2]
+
+    @property
+    def d_in(self) -> int:
+        return self.B.shape[-1]
+
+    @property
+    def d_out(self) -> int:
+        return self.C.shape[2]
+
+    def __repr__(self) -> str:
+        kind = "complex" if self.lam.is_complex() else "real"
+        return f"DSF(batch={self.batch}, T={self.T}, N={self.N}, d_in={self.d_in}, d_out={self.d_out}, {kind}, D={'yes' if self.D is not None else 'no'})"
+
+    # -- evaluation ----------------------------------------------------------------------
+
+    def _out(self, y: torch.Tensor) -> torch.Tensor:
+        return y.real if (self.real_output and y.is_complex()) else y
+
+    def evaluate(self, u: torch.Tensor, h0: torch.Tensor | None = None, *, return_states: bool = False):
+        """Runs the recurrence (11) on u [batch, T, d_in] (or [T, d_in]); returns y [batch, T, d_out]
+        (and the states [batch, T, N] if ``return_states``)."""
+        u = check_tensor("u", u, rank=(2, 3), layout="[batch, T, d_in]", complex_ok=True, where=f"{_WHERE}.evaluate")
+        if u.dim() == 2:
+            u = u.unsqueeze(0)
+        if u.shape[1:] != (self.T, self.d_in) or u.shape[0] not in (1, self.batch):
+            raise ValueError(
+                f"{_WHERE}.evaluate: argument 'u' must have shape [batch, T, d_in] = [{self.batch}, {self.T}, {self.d_in}], got {fmt_shape(u.shape)}"
+            )
+        u = _to64(u).expand(self.batch, -1, -1)
+        u = u.to(torch.promote_types(u.dtype, self.B.dtype))
+        h = torch.zeros(self.batch, self.N, dtype=torch.promote_types(self.lam.dtype, self.B.dtype), device=self.lam.device)
+        if h0 is not None:
+            h = h + _to64(h0)
+        ys, hs = [], []
+        for i in range(self.T):
+            h = self.lam[:, i] * h + (self.B[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
+            y = (self.C[:, i] @ h.unsqueeze(-1)).squeeze(-1)
+            if self.D is not None:
+                y = y + (self.D[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
+            ys.append(y)
+            hs.append(h)
+        y = self._out(torch.stack(ys, 1))
+        return (y, torch.stack(hs, 1)) if return_states else y
+
+    def blocks(self) -> torch.Tensor:
+        """Φ as blocks [batch, T, T, d_out, d_in]: Φ[:, i, j] = C_i (Λ_i ⋯ Λ_{j+1}) B_j for j <= i.
+
+        The product of transitions is accumulated in the exact order Λ_{j+1}, Λ_{j+2}, …
+        (no division, so Λ = 0 is fine)."""
+        T = self.T
+        out = torch.zeros(self.batch, T, T, self.d_out, self.d_in, dtype=torch.promote_types(self.C.dtype, self.B.dtype))
+        ones = torch.ones_like(self.lam[:, :1])
+        for j in range(T):
+            # prods[:, i - j] = Λ_{j+1} ⋯ Λ_i (the empty product for i = j)
+            prods = torch.cat([ones, torch.cumprod(self.lam[:, j + 1 :], dim=1)], dim=1)  # [batch, T-j, N]
+            out[:, j:, j] = self.C[:, j:] @ (prods.unsqueeze(-1) * self.B[:, j].unsqueeze(1))
+        if self.D is not None:
+            idx = torch.arange(T)
+            out[:, idx, idx] = out[:, idx, idx] + self.D
+        return self._out(out)
+
+    def phi(self) -> torch.Tensor:
+        """The (T·d_out) × (T·d_in) block-lower-triangular map Φ of eq. (12), time-major
+        (y stacked as [y_0; y_1; …]): [batch, T·d_out, T·d_in]."""
+        b = self.blocks()
+        return b.permute(0, 1, 3, 2, 4).reshape(self.batch, self.T * self.d_out, self.T * self.d_in)
+
+    # -- Lemma 2 and composition -------------------------------------------------------
+
+    def embed(self, N_bar: int, *, lam_extra=None, B_extra=None, seed: int = 0) -> "DSF":
+        """Lemma 2 (DSF paper, Appendix D): a system of state size N_bar >= N reproducing this one.
+
+        Λ' = diag(Λ, Λ̂), B' = [B; B̄], C' = [C, 0], D' = D. The added states evolve
+        independently of the output; Λ̂ [batch, T, N_bar - N] and B̄ [batch, T, N_bar - N, d_in]
+        default to random values (seeded) to show that they are arbitrary. The
+        paper's lower-left block Λ̄ is taken as 0 to keep Λ' diagonal (its ambiguity A25).
+        """
+        if not isinstance(N_bar, int) or N_bar < self.N:
+            raise ValueError(f"{_WHERE}.embed: argument 'N_bar' must be an integer >= N = {self.N}, got {N_bar!r}")
+        extra = N_bar - self.N
+        g = torch.Generator().manual_seed(seed)
+        if lam_extra is None:
+            lam_extra = torch.rand(self.batch, self.T, extra, generator=g, dtype=torch.float64)
+        if B_extra is None:
+            B_extra = torch.randn(self.batch, self.T, extra, self.d_in, generator=g, dtype=torch.float64)
+        lam_extra, B_extra = _to64(torch.as_tensor(lam_extra)), _to64(torch.as_tensor(B_extra))
+        if lam_extra.shape != (self.batch, self.T, extra) or B_extra.shape != (self.batch, self.T, extra, self.d_in):
+            raise ValueError(
+                f"{_WHERE}.embed: 'lam_extra' must be [batch, T, N_bar - N] = {fmt_shape((self.batch, self.T, extra))} and "
+                f"'B_extra' [batch, T, N_bar - N, d_in] = {fmt_shape((self.batch, self.T, extra, self.d_in))}, "
+                f"got {fmt_shape(lam_extra.shape)} and {fmt_shape(B_extra.shape)}"
+            )
+        C_extra = torch.zeros(self.batch, self.T, self.d_out, extra, dtype=self.C.dtype)
+        return DSF(
+            torch.cat([self.lam, lam_extra.to(self.lam.dtype)], -1),
+            torch.cat([self.B, B_extra.to(self.B.dtype)], -2),
+            torch.cat([self.C, C_extra], -1),
+            self.D,
+            real_output=self.real_output,
+        )
+
+    def compose(self, in_proj: torch.Tensor | None = None, out_proj: torch.Tensor | None = None) -> "DSF":
+        """Absorbs linear maps around the system: u = in_proj · x and y' = out_proj · y.
+
+        in_proj [d_in, d_x] gives B' = B · in_proj (e.g. the W_V of DSF eq. 15b);
+        out_proj [d_y, d_out] gives C' = out_proj · C (an output projection W_O)."""
+        B, C, D = self.B, self.C, self.D
+        if in_proj is not None:
+            W = _to64(in_proj.detach())
+            if W.dim() != 2 or W.shape[0] != self.d_in:
+                raise ValueError(f"{_WHERE}.compose: argument 'in_proj' must be [d_in={self.d_in}, d_x], got {fmt_shape(W.shape)}")
+            B = B @ W.to(torch.promote_types(W.dtype, B.dtype))
+            D = D @ W.to(torch.promote_types(W.dtype, D.dtype)) if D is not None else None
+        if out_proj is not None:
+            W = _to64(out_proj.detach())
+            if W.dim() != 2 or W.shape[1] != self.d_out:
+                raise ValueError(f"{_WHERE}.compose: argument 'out_proj' must be [d_y, d_out={self.d_out}], got {fmt_shape(W.shape)}")
+            C = W.to(torch.promote_types(W.dtype, C.dtype)) @ C
+            D = W.to(torch.promote_types(W.dtype, D.dtype)) @ D if D is not None else None
+        return DSF(self.lam, B, C, D, real_output=self.real_output)
+
+    # -- converters to and from the op-level form ---------------------------------------------
+
+    @classmethod
+    def from_recurrence(cls, q, k, value_dim: int, gk=None, gv=None, *, scale: float = 1.0, D=None) -> "DSF":
+        """The DSF of ``linear_recurrence`` (zero initial state): input v, output o.
+
+        q, k [B, T, H, K]; gk [B, T, H, K] or [B, T, H] or None; gv [B, T, H, V] or None;
+        value_dim = V. The input u_t is v_t flattened over heads ([B, T, H·V], head-major)
+        and the output is o_t flattened the same way. Log-decays may be positive here
+        (Λ > 1 is allowed in the theory object). State layout: see the module docstring.
+        Optional D [B, T, H·V, H·V] adds a skip term.
+        """
+        where = f"{_WHERE}.from_recurrence"
+        check_tensor("q", q, rank=4, layout="[B, T, H, K]", complex_ok=True, where=where)
+        check_tensor("k", k, rank=4, layout="[B, T, H, K]", complex_ok=True, where=where)
+        if k.shape != q.shape:
+            raise ValueError(f"{where}: argument 'k' must have the shape of q {fmt_shape(q.shape)}, got {fmt_shape(k.shape)}")
+        Bt, T, H, K = q.shape
+        V = int(value_dim)
+        q, k = _to64(q.detach()), _to64(k.detach())
+        logk = torch.zeros(Bt, T, H, K, dtype=torch.float64)
+        if gk is not None:
+            gk = _to64(gk.detach())
+            if gk.shape not in ((Bt, T, H, K), (Bt, T, H)):
+                raise ValueError(f"{where}: argument 'gk' must be [B, T, H, K] or [B, T, H], got {fmt_shape(gk.shape)}")
+            logk = gk.unsqueeze(-1).expand(Bt, T, H, K) if gk.dim() == 3 else gk
+        logv = torch.zeros(Bt, T, H, V, dtype=torch.float64)
+        if gv is not None:
+            gv = _to64(gv.detach())
+            if gv.shape != (Bt, T, H, V):
+                raise ValueError(f"{where}: argument 'gv' must be [B, T, H, V] = {fmt_shape((Bt, T, H, V))}, got {fmt_shape(gv.shape)}")
+            logv = gv
+        # entry (h, v, k) at index (h·V + v)·K + k
+        lam = (logv.unsqueeze(-1) + logk.unsqueeze(-2)).exp().reshape(Bt, T, H * V * K)
+        eye_h = torch.eye(H, dtype=torch.float64)
+        eye_v = torch.eye(V, dtype=torch.float64)
+        # B[t, (h, v, k), (h', v')] = k[t, h, k] δ_hh' δ_vv'
+        Bm = torch.einsum("btha,hg,vw->bthvagw", k, eye_h.to(k.dtype), eye_v.to(k.dtype)).reshape(Bt, T, H * V * K, H * V)
+        # C[t, (h', v'), (h, v, k)] = scale · q[t, h, k] δ_hh' δ_vv'
+        Cm = torch.einsum("btha,hg,vw->btgwhva", q * scale, eye_h.to(q.dtype), eye_v.to(q.dtype)).reshape(Bt, T, H * V, H * V * K)
+        return cls(lam, Bm, Cm, D)
+
+    @classmethod
+    def from_separable(cls, q_feat, k_feat, eta, value_dim: int) -> "DSF":
+        """Separable attention (DSF eq. 13-15, the corrected 15b of Appendix B), per head.
+
+        q_feat = φ(q), k_feat = ψ(k): [B, T, H, n]; eta: [B, T, H] (> 0), the normalizer η_i.
+            Λ_i = (η_{i-1} / η_i) I,   B_i = (1/η_i) I_V ⊗ ψ(k_i),   C_i = I_V ⊗ φ(q_i)ᵀ
+        with η_{-1} = 1 (it multiplies h_{-1} = 0). Input: the values v (W_V u, see :meth:`compose`);
+        the map is Φ[i, j] = φ(q_i)ᵀψ(k_j)/η_i per head (Appendix G for several heads).
+        """
+        where = f"{_WHERE}.from_separable"
+        eta = _to64(eta.detach())
+        if eta.shape != q_feat.shape[:3]:
+            raise ValueError(f"{where}: argument 'eta' must be [B, T, H] = {fmt_shape(q_feat.shape[:3])}, got {fmt_shape(eta.shape)}")
+        if bool((eta <= 0).any()):
+            raise ValueError(f"{where}: argument 'eta' (the normalizer) must be > 0")
+        log_eta = eta.log()
+        log_prev = torch.cat([torch.zeros_like(log_eta[:, :1]), log_eta[:, :-1]], dim=1)
+        return cls.from_recurrence(q_feat, _to64(k_feat.detach()) / eta.unsqueeze(-1), value_dim, gk=log_prev - log_eta)
+
+    def to_recurrence(self, heads: int, key_dim: int, *, atol: float = 1e-10) -> dict:
+        """Inverse of :meth:`from_recurrence` for systems of that structure.
+
+        Returns dict(q [B,T,H,K], k [B,T,H,K], gk [B,T,H,K], gv [B,T,H,V]) (log-decays, factored
+        so that gv[..., 0] = 0). Raises ValueError if B, C or Λ do not have the Kronecker structure.
+        """
+        where = f"{_WHERE}.to_recurrence"
+        H, K = heads, key_dim
+        if self.N % (H * K) or self.d_in != self.d_out or self.d_in * K != self.N or self.d_in % H:
+            raise ValueError(
+                f"{where}: a system with N={self.N}, d_in={self.d_in}, d_out={self.d_out} is not of the form "
+                f"N = H·V·K, d_in = d_out = H·V for heads={H}, key_dim={K}"
+            )
+        if self.D is not None:
+            raise ValueError(f"{where}: the system has a D term; the recurrence form has none")
+        V = self.d_in // H
+        Bt, T = self.batch, self.T
+        Bm = self.B.reshape(Bt, T, H, V, K, H, V)
+        Cm = self.C.reshape(Bt, T, H, V, H, V, K)
+        k = torch.diagonal(Bm[:, :, :, 0, :, :, 0], dim1=2, dim2=4).permute(0, 1, 3, 2)  # [Bt,T,H,K]
+        q = torch.diagonal(Cm[:, :, :, 0, :, 0, :], dim1=2, dim2=3).permute(0, 1, 3, 2)
+        log_lam = self.lam.log().reshape(Bt, T, H, V, K)
+        gk = log_lam[:, :, :, 0, :]
+        gv = log_lam[:, :, :, :, 0] - log_lam[:, :, :, :1, 0]
+        rebuilt = DSF.from_recurrence(q, k, V, gk, gv)
+        for name, a, b in (("B", rebuilt.B, self.B), ("C", rebuilt.C, self.C), ("lam", rebuilt.lam, self.lam)):
+            if not torch.allclose(a, b, atol=atol, rtol=0):
+                raise ValueError(f"{where}: '{name}' does not have the Kronecker structure of a linear recurrence")
+        return dict(q=q, k=k, gk=gk, gv=gv)

@@ -1,0 +1,327 @@
+"""The Mixer contract, the registry and the Cache (DESIGN.md, "The Mixer contract").
+
+Every registered mixer is an ``nn.Module`` built from a typed config:
+
+    y = mixer(x)                    x, y: [batch, time, d_model]
+    y = mixer(x, cache=cache)       reads this layer's state from the cache and writes the
+                                    final state back; T == 1 is a decoding step ("step" mode)
+    mixer.phi(x)                    [batch, maps, time, time]: the token-mixing map(s) of the core
+    mixer.core(x)                   (values, mixed), both [batch, time, maps, P], mixed = phi(x) @ values
+    mixer.dsf(x)                    a :class:`~seqmix.dsf.DSF` with dsf(x).evaluate(values) == mixed
+    mixer.state_size(seq_len)       floats of recurrent state per sequence (the memory budget)
+    mixer.mode                      "auto" or one of ``mixer.modes``
+
+A mixer implements ``_forward(x, state, mode) -> MixOut``: the parametrization (how
+x becomes q, k, v, decays, gates), one call into ``seqmix.ops``, and the readout.
+The ``values`` and ``mixed`` it returns are the core operator's input and output
+in that very computation, so the contract tests can tie ``phi`` and ``dsf`` to the
+forward pass itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pydantic
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from .._checks import check_choice, check_finite, fmt_shape
+
+# ------------------------------------------------------------------------------------------
+# configs
+# ------------------------------------------------------------------------------------------
+
+
+class MixerConfig(BaseModel):
+    """Fields every mixer has. Subclasses add their own (typed, with bounds)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    d_model: int = Field(64, gt=0, description="width of the input and output, d")
+    mode: str = Field("auto", description="computation mode: 'auto' or one of the mixer's modes")
+
+
+def config_error(where: str, exc: pydantic.ValidationError) -> ValueError:
+    """Turns a pydantic error into a one-line ValueError naming each bad field."""
+    parts = []
+    for e in exc.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        got = f" (got {e['input']!r})" if loc and "input" in e and not isinstance(e["input"], dict) else ""
+        parts.append(f"'{loc}': {msg}{got}" if loc else msg)
+    return ValueError(f"{where}: invalid config: " + "; ".join(parts))
+
+
+# ------------------------------------------------------------------------------------------
+# the cache
+# ------------------------------------------------------------------------------------------
+
+
+class Cache:
+    """State for stateful inference, one entry per layer (keyed by the module itself).
+
+    Each entry is a dict of named tensors (a mixer decides its names: "S" for a
+    recurrence state, "conv" for a short-convolution state, "k"/"v" for a KV cache,
+    ...) plus optional plain Python values (positions). The first call with a cache
+    starts from an empty state; each call continues where the previous one ended.
+    """
+
+    def __init__(self):
+        self._layers: dict[nn.Module, dict[str, Any]] = {}
+
+    def get(self, layer: nn.Module) -> dict[str, Any] | None:
+        return self._layers.get(layer)
+
+    def set(self, layer: nn.Module, state: dict[str, Any] | None) -> None:
+        if state is None:
+            self._layers.pop(layer, None)
+        else:
+            self._layers[layer] = state
+
+    def clear(self) -> None:
+        self._layers.clear()
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __contains__(self, layer) -> bool:
+        return layer in self._layers
+
+    def _tensors(self):
+        for st in self._layers.values():
+            for t in st.values():
+                if isinstance(t, torch.Tensor):
+                    yield t
+
+    def floats(self) -> int:
+        """Number of floating-point (or complex: counted as 2) entries held, over all layers and the batch."""
+        n = 0
+        for t in self._tensors():
+            if t.is_floating_point():
+                n += t.numel()
+            elif t.is_complex():
+                n += 2 * t.numel()
+        return n
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._tensors())
+
+    def map_(self, fn) -> "Cache":
+        """Applies fn to every tensor in place (e.g. ``lambda t: t.detach()`` for truncated BPTT,
+        ``lambda t: t.index_select(0, idx)`` to reorder the batch for beam search)."""
+        for st in self._layers.values():
+            for key, t in st.items():
+                if isinstance(t, torch.Tensor):
+                    st[key] = fn(t)
+        return self
+
+
+# ------------------------------------------------------------------------------------------
+# the mixer base class
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MixOut:
+    """What ``Mixer._forward`` returns.
+
+    y: [B, T, d_model]; state: the layer's state after the last token (a dict, or None
+    when the mixer was not asked for it); values, mixed: [B, T, maps, P], the input and
+    output of the core map Φ (mixed[:, t, m] = Σ_s Φ[:, m, t, s] values[:, s, m]).
+    """
+
+    y: torch.Tensor
+    state: dict[str, Any] | None = None
+    values: torch.Tensor | None = None
+    mixed: torch.Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Mixer(nn.Module):
+    """Base class of every sequence mixer (see the module docstring for the contract)."""
+
+    #: the family (attention, ssm, recurrent, linear_attention, convolution, hybrid)
+    family: ClassVar[str] = ""
+    #: modes of the full-sequence forward; "step" (T == 1 with a cache) is implied when decoding works
+    modes: ClassVar[tuple[str, ...]] = ()
+    #: the mode that is obviously correct; every other mode is tested against it
+    reference_mode: ClassVar[str] = "recurrent"
+    #: the state size per sequence as a formula of the config (for ``seqmix list``)
+    state_formula: ClassVar[str] = ""
+    #: what a map of phi(x) is ("head", "channel", ...)
+    map_unit: ClassVar[str] = "head"
+    #: whether dsf(x) is an exact finite-state system (False for softmax attention, Hyena)
+    finite_state: ClassVar[bool] = True
+    #: the config class
+    Config: ClassVar[type[MixerConfig]] = MixerConfig
+
+    def __init__(self, config: MixerConfig | None = None, **kwargs):
+        super().__init__()
+        if config is None:
+            try:
+                config = self.Config(**kwargs)
+            except pydantic.ValidationError as e:
+                raise config_error(type(self).__name__, e) from None
+        elif kwargs:
+            raise ValueError(f"{type(self).__name__}: pass either a config or keyword arguments, not both")
+        self.config = config
+        self.d_model = config.d_model
+        self.registry_name = getattr(type(self), "name", type(self).__name__)
+        self._mode = "auto"
+        self.mode = config.mode
+
+    # -- mode --------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        check_choice("mode", value, ("auto",) + tuple(self.modes), f"{type(self).__name__}")
+        self._mode = value
+
+    # -- the forward pass ------------------------------------------------------------------
+
+    def check_input(self, x) -> None:
+        where = f"{type(self).__name__}"
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{where}: argument 'x' must be a torch.Tensor [batch, time, d_model], got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise ValueError(f"{where}: argument 'x' must have a floating dtype, got {x.dtype}")
+        if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] == 0:
+            raise ValueError(
+                f"{where}: argument 'x' must have shape [batch, time, d_model] = [?, >=1, {self.d_model}], got {fmt_shape(x.shape)}"
+            )
+        check_finite("x", x, where)
+
+    def forward(self, x: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+        self.check_input(x)
+        state = cache.get(self) if cache is not None else None
+        mode = "step" if (cache is not None and x.shape[1] == 1 and self.supports_step) else self.mode
+        out = self._forward(x, state=state, mode=mode, need_state=cache is not None)
+        if cache is not None:
+            cache.set(self, out.state)
+        return out.y
+
+    def _forward(self, x: torch.Tensor, *, state: dict | None, mode: str, need_state: bool) -> MixOut:
+        raise NotImplementedError
+
+    @property
+    def supports_step(self) -> bool:
+        return True
+
+    # -- the DSF view ---------------------------------------------------------------------
+
+    def core(self, x: torch.Tensor, *, mode: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values, mixed) of the core map on x, computed by the forward pass in ``mode``
+        (default: the reference mode)."""
+        self.check_input(x)
+        out = self._forward(x, state=None, mode=mode or self.reference_mode, need_state=False)
+        return out.values, out.mixed
+
+    def phi(self, x: torch.Tensor) -> torch.Tensor:
+        """The token-mixing map(s) [batch, maps, time, time] of the core operator."""
+        raise NotImplementedError(f"{type(self).__name__} does not define phi(x)")
+
+    def dsf(self, x: torch.Tensor, **kwargs):
+        """The DSF system (input: the core's values flattened to [batch, T, maps·P]; output: mixed)."""
+        raise ValueError(f"{type(self).__name__}: this mixer has no finite-state DSF form")
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        """Floats of recurrent state per sequence needed to continue after ``seq_len`` tokens."""
+        raise NotImplementedError
+
+    @classmethod
+    def example_config(cls) -> dict:
+        """A small config for tests and examples: several heads, a chunk size that makes
+        short sequences span several chunks."""
+        return {"d_model": 16}
+
+    def extra_repr(self) -> str:
+        return f"name={self.registry_name!r}, mode={self.mode!r}"
+
+
+# ------------------------------------------------------------------------------------------
+# registry
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MixerEntry:
+    """A registered name: a mixer class with default config values (a preset)."""
+
+    name: str
+    cls: type[Mixer]
+    defaults: dict
+    description: str
+    example: dict
+
+    @property
+    def family(self) -> str:
+        return self.cls.family
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return self.cls.modes
+
+    @property
+    def state_formula(self) -> str:
+        return self.cls.state_formula
+
+    def config(self, **overrides) -> MixerConfig:
+        try:
+            return self.cls.Config(**{**self.defaults, **overrides})
+        except pydantic.ValidationError as e:
+            raise config_error(f"build_mixer({self.name!r})", e) from None
+
+    def example_config(self) -> dict:
+        return {**self.cls.example_config(), **self.example}
+
+
+_REGISTRY: dict[str, MixerEntry] = {}
+
+
+def register(name: str, *, description: str = "", defaults: dict | None = None, example: dict | None = None):
+    """Class decorator: registers a Mixer subclass under ``name`` (its primary name)."""
+
+    def deco(cls: type[Mixer]) -> type[Mixer]:
+        if name in _REGISTRY:
+            raise ValueError(f"register: a mixer named {name!r} is already registered")
+        cls.name = name
+        doc = description or (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else description
+        _REGISTRY[name] = MixerEntry(name, cls, dict(defaults or {}), doc or "", dict(example or {}))
+        return cls
+
+    return deco
+
+
+def register_preset(name: str, base: type[Mixer], *, description: str, defaults: dict, example: dict | None = None) -> None:
+    """Registers ``name`` as a preset of an existing mixer class: the same code with other
+    default config values (how MetaLA's general form expresses RetNet, GLA, ...)."""
+    if name in _REGISTRY:
+        raise ValueError(f"register_preset: a mixer named {name!r} is already registered")
+    _REGISTRY[name] = MixerEntry(name, base, dict(defaults), description, dict(example or {}))
+
+
+def mixer_entry(name: str) -> MixerEntry:
+    if not isinstance(name, str) or name not in _REGISTRY:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ValueError(f"unknown mixer {name!r}; registered mixers: {known}")
+    return _REGISTRY[name]
+
+
+def build_mixer(name: str, **config) -> Mixer:
+    """Builds a registered mixer by name: ``build_mixer("linear_attention", d_model=128, heads=4)``."""
+    entry = mixer_entry(name)
+    mixer = entry.cls(entry.config(**config))
+    mixer.registry_name = name
+    return mixer
+
+
+def list_mixers() -> list[MixerEntry]:
+    """Every registered name, sorted by family then name."""
+    return sorted(_REGISTRY.values(), key=lambda e: (e.family, e.name))

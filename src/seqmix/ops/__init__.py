@@ -1,0 +1,6 @@
+"""Pure tensor functions (no parameters): every mode of an op beside its reference."""
+
+from .recurrence import MODES as RECURRENCE_MODES
+from .recurrence import linear_recurrence, recurrence_map, recurrence_step
+
+__all__ = ["linear_recurrence", "recurrence_step", "recurrence_map", "RECURRENCE_MODES"]

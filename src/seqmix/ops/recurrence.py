@@ -1,0 +1,581 @@
+"""The gated linear recurrence: one op for every finite-state mixer of seqmix.
+
+    S_t = (exp(gk_t)ᵀ exp(gv_t)) ⊙ S_{t-1} + k_tᵀ v_t,        o_t = scale · q_t S_t
+
+This is the DSF recurrence (DSF paper eq. 11) written for a matrix state
+S ∈ R^{K×V} per head: the general form of MetaLA (eq. 13-14) with a decay that
+may act on keys (GLA, Mamba, MetaLA), on values, on both, or per head (RetNet,
+SSD), or not at all (linear attention).
+
+Shapes (the flash-linear-attention layout):
+
+    q, k           [B, T, H, K]
+    v              [B, T, H, V]
+    gk             [B, T, H, K] (key-wise log-decay), [B, T, H] (one per head) or None
+    gv             [B, T, H, V] (value-wise log-decay) or None
+    initial_state  [B, H, K, V] or None
+    output o       [B, T, H, V];  final state [B, H, K, V]
+
+Decays are passed in log space and must be <= 0 (real part <= 0 when complex),
+so that |decay| <= 1. Complex q, k, v, gk, gv are accepted (S4D, LRU): the
+state and output are then complex.
+
+Modes (all return the same numbers; tests tie each to ``recurrent``):
+
+* ``recurrent``: the reference, a loop over time (``unbind``, never ``x[:, t]``:
+  indexing inside the loop makes backward quadratic in T).
+* ``chunk``: chunkwise-parallel. Within a chunk of C tokens the output is a
+  masked matmul; chunks are linked by passing the state, written and read with
+  decays relative to the chunk's start and end (exponents <= 0). Inside a chunk,
+  a per-head decay enters as an explicit masked [C, C] factor; key- or value-wise
+  decays are taken relative to the start of tiles of c tokens, with c chosen
+  (one reduction over the decays) so that no exponent exceeds _MAX_LOG_GROWTH:
+  weak decays run as one matmul per chunk, strong ones as smaller tiles, and
+  nothing overflows. Cumulative log-decays are local to a chunk and kept in
+  float32 or wider. Memory is linear in T.
+* ``parallel``: the quadratic form o = (A ⊙ M) v through the materialized map of
+  :func:`recurrence_map`; memory O(T²).
+* ``step``: one token (T == 1), given and returning the state (decoding); the
+  same update as one iteration of ``recurrent`` (:func:`recurrence_step`).
+* ``auto``: the fastest correct mode for the shape (see :func:`auto_mode`).
+
+Float16 and bfloat16 inputs are computed in float32; the state always
+accumulates in float32 or wider, and the output is cast back to the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import rearrange
+
+from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+
+MODES = ("recurrent", "chunk", "parallel", "step")
+
+_WHERE = "linear_recurrence"
+
+
+# --------------------------------------------------------------------------------------
+# argument checks
+# --------------------------------------------------------------------------------------
+
+
+def _check_inputs(q, k, v, gk, gv, initial_state, *, check_values: bool, where: str, step: bool = False):
+    """Validates shapes, dtypes and value ranges; returns (B, T, H, K, V)."""
+    lay = "[B, H, K]" if step else "[B, T, H, K]"
+    r = 3 if step else 4
+    check_tensor("q", q, rank=r, layout=lay, complex_ok=True, where=where)
+    check_tensor("k", k, rank=r, layout=lay, complex_ok=True, where=where)
+    check_tensor("v", v, rank=r, layout=lay.replace("K]", "V]"), complex_ok=True, where=where)
+    if step:
+        B, H, K = q.shape
+        T = 1
+        check_shape("k", k, (B, H, K), "[B, H, K]", where)
+        check_shape("v", v, (B, H, None), "[B, H, V]", where)
+        V = v.shape[-1]
+    else:
+        B, T, H, K = q.shape
+        check_shape("k", k, (B, T, H, K), "[B, T, H, K]", where)
+        check_shape("v", v, (B, T, H, None), "[B, T, H, V]", where)
+        V = v.shape[-1]
+        if T == 0:
+            raise ValueError(f"{where}: sequence length T must be >= 1, got q of shape {fmt_shape(q.shape)}")
+    lead = (B, H) if step else (B, T, H)
+    lead_s = "[B, H" if step else "[B, T, H"
+    if gk is not None:
+        check_tensor("gk", gk, complex_ok=True, where=where)
+        if not (gk.shape == (*lead, K) or gk.shape == lead):
+            raise ValueError(
+                f"{where}: argument 'gk' (log-decay) must have shape {lead_s}, K] = {fmt_shape((*lead, K))} "
+                f"(key-wise) or {lead_s}] = {fmt_shape(lead)} (one per head), got {fmt_shape(gk.shape)}"
+            )
+    if gv is not None:
+        check_tensor("gv", gv, complex_ok=True, where=where)
+        check_shape("gv", gv, (*lead, V), f"{lead_s}, V]", where)
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, rank=4, layout="[B, H, K, V]", complex_ok=True, where=where)
+        check_shape("initial_state", initial_state, (B, H, K, V), "[B, H, K, V]", where)
+    if check_values:
+        for name, t in (("q", q), ("k", k), ("v", v), ("gk", gk), ("gv", gv), ("initial_state", initial_state)):
+            if t is not None:
+                check_finite(name, t, where)
+        for name, g in (("gk", gk), ("gv", gv)):
+            if g is not None:
+                re = (g.real if g.is_complex() else g).detach()
+                if float(re.max()) > 0:
+                    raise ValueError(
+                        f"{where}: argument '{name}' holds log-decays and must be <= 0 (|decay| <= 1); "
+                        f"got a maximum of {float(re.max()):.4g}"
+                    )
+    return B, T, H, K, V
+
+
+def _compute_dtype(*tensors) -> torch.dtype:
+    """float32 for half inputs, otherwise the promoted dtype (complex if any input is complex)."""
+    dt = None
+    for t in tensors:
+        if t is None:
+            continue
+        dt = t.dtype if dt is None else torch.promote_types(dt, t.dtype)
+    if dt in (torch.float16, torch.bfloat16):
+        dt = torch.float32
+    return dt
+
+
+def _exp_where(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """exp(x) where mask, exactly 0 elsewhere; exp is never evaluated on masked-out entries,
+    so neither the value nor the gradient can overflow there."""
+    if x.is_complex():
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
+        return torch.where(mask, torch.exp(torch.where(mask, x, zero)), zero)
+    return torch.exp(x.masked_fill(~mask, float("-inf")))
+
+
+# --------------------------------------------------------------------------------------
+# step and recurrent (the reference)
+# --------------------------------------------------------------------------------------
+
+
+def _step(S, q_t, k_t, v_t, ak_t, av_t, scale):
+    """One update of the recurrence. S [B,H,K,V]; q_t,k_t [B,H,K]; v_t [B,H,V];
+    ak_t [B,H,K] or [B,H,1] (decay, not log) or None; av_t [B,H,V] or None."""
+    if ak_t is not None:
+        S = S * ak_t.unsqueeze(-1)
+    if av_t is not None:
+        S = S * av_t.unsqueeze(-2)
+    S = S + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
+    o_t = (q_t.unsqueeze(-2) @ S).squeeze(-2)
+    if scale != 1.0:
+        o_t = o_t * scale
+    return o_t, S
+
+
+def _recurrent(q, k, v, gk, gv, scale, S):
+    """The reference loop. gk is [B,T,H,K] or [B,T,H,1]."""
+    T = q.shape[1]
+    ak = gk.exp().unbind(1) if gk is not None else (None,) * T
+    av = gv.exp().unbind(1) if gv is not None else (None,) * T
+    outs = []
+    for q_t, k_t, v_t, ak_t, av_t in zip(q.unbind(1), k.unbind(1), v.unbind(1), ak, av):
+        o_t, S = _step(S, q_t, k_t, v_t, ak_t, av_t, scale)
+        outs.append(o_t)
+    return torch.stack(outs, dim=1), S
+
+
+# --------------------------------------------------------------------------------------
+# parallel (quadratic) form and the materialized map
+# --------------------------------------------------------------------------------------
+
+
+def _segsum(g: torch.Tensor) -> torch.Tensor:
+    """g [..., T] -> [..., T, T] with out[t, s] = sum_{r=s+1}^{t} g_r for s <= t (0 on the diagonal).
+
+    Computed as a cumulative sum of a masked matrix (no difference of two large
+    cumulative sums, hence no cancellation). Entries above the diagonal are
+    meaningless and must be masked by the caller.
+    """
+    T = g.shape[-1]
+    x = g.unsqueeze(-1).expand(*g.shape, T)  # x[.., r, s] = g_r
+    strict = torch.ones(T, T, dtype=torch.bool, device=g.device).tril(-1)  # r > s
+    x = torch.where(strict, x, torch.zeros((), dtype=g.dtype, device=g.device))
+    return x.cumsum(dim=-2)  # out[t, s] = sum_{r <= t, r > s} g_r
+
+
+def _map(q, k, gk, gv, scale):
+    """Materialized map. q,k [B,T,H,K]; gk [B,T,H,K|1] or None; gv [B,T,H,V] or None.
+
+    Returns A [B,H,T,T] (gv is None) or [B,H,V,T,T] with o_t = sum_s A[t,s] v_s.
+    """
+    T = q.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    qh = rearrange(q, "b t h k -> b h t k")
+    kh = rearrange(k, "b t h k -> b h t k")
+    if gk is None:
+        A = qh @ kh.transpose(-1, -2)
+    elif gk.shape[-1] == 1:
+        D = _exp_where(_segsum(rearrange(gk[..., 0], "b t h -> b h t")), causal)
+        A = (qh @ kh.transpose(-1, -2)) * D
+    else:  # key-wise: the whole sequence as one block of safe tiles (matmuls, no [T, T, K] tensor)
+        # (cumulative sums over the whole sequence: taken in float64 so that their differences stay exact)
+        G = rearrange(gk, "b t h k -> b h t k").to(torch.complex128 if gk.is_complex() else torch.float64).cumsum(-2)
+        A = _tiled_scores(qh, kh, G, _tile_size(T, None, G)).reshape(*qh.shape[:-2], T, T)
+    A = torch.where(causal, A, torch.zeros((), dtype=A.dtype, device=A.device))
+    if scale != 1.0:
+        A = A * scale
+    if gv is not None:
+        Dv = _exp_where(_segsum(rearrange(gv, "b t h v -> b h v t")), causal)  # [B,H,V,T,T]
+        A = A.unsqueeze(2) * Dv
+    return A
+
+
+def _parallel(q, k, v, gk, gv, scale, S0, want_state):
+    A = _map(q, k, gk, gv, scale)
+    if gv is None:
+        o = torch.einsum("bhts,bshv->bthv", A, v)
+    else:
+        o = torch.einsum("bhvts,bshv->bthv", A, v)
+    Gk = gk.cumsum(1) if gk is not None else None  # [B,T,H,K|1]
+    Gv = gv.cumsum(1) if gv is not None else None
+    if S0 is not None:
+        qd = q * Gk.exp() if Gk is not None else q
+        o_init = torch.einsum("bthk,bhkv->bthv", qd, S0) * scale
+        if Gv is not None:
+            o_init = o_init * Gv.exp()
+        o = o + o_init
+    S = None
+    if want_state:
+        kd = k * (Gk[:, -1:] - Gk).exp() if Gk is not None else k
+        vd = v * (Gv[:, -1:] - Gv).exp() if Gv is not None else v
+        S = torch.einsum("bthk,bthv->bhkv", kd, vd)
+        if S0 is not None:
+            dS = S0
+            if Gk is not None:
+                dS = dS * Gk[:, -1].exp().unsqueeze(-1)
+            if Gv is not None:
+                dS = dS * Gv[:, -1].exp().unsqueeze(-2)
+            S = S + dS
+    return o, S
+
+
+# --------------------------------------------------------------------------------------
+# chunkwise-parallel form
+# --------------------------------------------------------------------------------------
+
+
+def _intra_scalar(q, k, v, Gk):
+    """Intra-chunk output when the decay is one scalar per head (or absent).
+
+    q,k [B,H,n,C,K]; v [B,H,n,C,V]; Gk [B,H,n,C,1] local cumulative log-decay or None.
+    """
+    C = q.shape[-2]
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    A = q @ k.transpose(-1, -2)
+    if Gk is None:
+        A = torch.where(causal, A, torch.zeros((), dtype=A.dtype, device=A.device))
+    else:
+        G = Gk[..., 0]
+        A = A * _exp_where(G.unsqueeze(-1) - G.unsqueeze(-2), causal)
+    return A @ v
+
+
+_MAX_LOG_GROWTH = 30.0  # largest log-decay a tile may span: e^30 ~ 1e13 neither overflows nor underflows float32
+
+
+def _largest_divisor(C: int, at_most: int) -> int:
+    return next(d for d in range(max(min(C, at_most), 1), 0, -1) if C % d == 0)
+
+
+def _tile_span(c: int, Gs) -> float:
+    """Largest log-decay accumulated from the first to the last token of a tile of c tokens
+    (real part), over all tiles: the exponent of the tiled form's largest key factor."""
+    span = 0.0
+    for G in Gs:
+        if G is not None:
+            Gr = (G.real if G.is_complex() else G).detach()
+            firsts, lasts = Gr[..., ::c, :], Gr[..., c - 1 :: c, :]  # G at the first and last position of each tile
+            span = max(span, float((firsts - lasts).max()))
+    return span
+
+
+def _tile_size(C: int, requested: int | None, *Gs) -> int:
+    """Largest tile c (a divisor of C, at most ``requested``) whose log-decay span stays
+    below _MAX_LOG_GROWTH in every tile of every chunk (one host sync per candidate)."""
+    c = _largest_divisor(C, requested or C)
+    while c > 1 and _tile_span(c, Gs) > _MAX_LOG_GROWTH:
+        c = _largest_divisor(C, c // 2)
+    return c
+
+
+def _tiled_scores(q, k, Gk, c):
+    """Decayed causal scores A[.., a, i, j] = Σ_k q_ik k_jk exp(G_ik - G_jk) for j <= i, else 0.
+
+    q,k [.., C, K]; Gk [.., C, K|1] cumulative log-decay (from the start of the block) or None.
+    Returns [.., s, c, C]: query i of tile a (s = C/c tiles) against every key of the block.
+
+    For a query i in tile a and a key j <= i, exp(G_i - G_j) = exp(G_i - G_r) · exp(G_r - G_j)
+    with r the first position of tile a. The first factor is <= 1; the second is <= 1 for
+    keys before r and at most exp(G_r - G_last) inside the tile (the decay of steps
+    r+1..last), which :func:`_tile_size` keeps below e^_MAX_LOG_GROWTH; a tile of one token
+    spans nothing, so a safe tile always exists. Each tile is one matmul of its queries
+    against all keys up to its end.
+    """
+    *lead, C, K = q.shape
+    s = C // c
+    dev = q.device
+    pos = torch.arange(C, device=dev)
+    tile_end = (torch.arange(s, device=dev) + 1) * c
+    i_pos = torch.arange(c, device=dev).unsqueeze(0) + (tile_end - c).unsqueeze(1)  # [s, c] absolute query position
+    causal = pos.view(1, 1, C) <= i_pos.unsqueeze(-1)  # [s, c, C]
+    q_t = _tiles(q, c)
+    k_t = k.unsqueeze(-3)  # [.., 1, C, K]
+    if Gk is not None:
+        upto = (pos.unsqueeze(0) < tile_end.unsqueeze(1)).unsqueeze(-1)  # [s, C, 1]: key j is at or before tile a
+        Rk = Gk[..., ::c, :].unsqueeze(-2)  # [.., s, 1, K]: G at the first position of each tile
+        q_t = q_t * torch.exp(_tiles(Gk, c) - Rk).to(q.dtype)
+        k_t = k_t * _exp_where(Rk - Gk.unsqueeze(-3), upto).to(k.dtype)  # [.., s, C, K]
+    A = q_t @ k_t.transpose(-1, -2)
+    return torch.where(causal, A, torch.zeros((), dtype=A.dtype, device=dev))
+
+
+def _tiles(x, c):  # [.., C, X] -> [.., C/c, c, X]
+    return x.reshape(*x.shape[:-2], x.shape[-2] // c, c, x.shape[-1])
+
+
+def _intra_tiled(q, k, v, Gk, Gv, c):
+    """Intra-chunk output for key-wise and/or value-wise decays.
+
+    q,k [B,H,n,C,K]; v [B,H,n,C,V]; Gk [B,H,n,C,K|1] or None; Gv [B,H,n,C,V] or None
+    (local cumulative log-decays). The value-side decay is split at the same tile
+    references as the key side (see :func:`_tiled_scores`).
+    """
+    *lead, C, _ = q.shape
+    V = v.shape[-1]
+    A = _tiled_scores(q, k, Gk, c)  # [.., s, c, C]
+    if Gv is None:
+        o = A @ v.unsqueeze(-3)
+    else:
+        pos = torch.arange(C, device=q.device)
+        upto = (pos.unsqueeze(0) < ((torch.arange(C // c, device=q.device) + 1) * c).unsqueeze(1)).unsqueeze(-1)
+        Rv = Gv[..., ::c, :].unsqueeze(-2)
+        v_t = v.unsqueeze(-3) * _exp_where(Rv - Gv.unsqueeze(-3), upto)  # [.., s, C, V]
+        o = (A @ v_t) * torch.exp(_tiles(Gv, c) - Rv)
+    return o.reshape(*lead, C, V)
+
+
+def _chunk(q, k, v, gk, gv, scale, S0, C, sub_chunk_size, want_state):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    n = math.ceil(T / C)
+    pad = n * C - T
+    if pad:
+        # padded positions: q = k = v = 0 and log-decay 0, so they neither write nor decay the state
+        def p(x):
+            return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) if x is not None else None
+
+        q, k, v, gk, gv = p(q), p(k), p(v), p(gk), p(gv)
+
+    def chunked(x):  # one copy into the layout of the matmuls, so that none of them copies again
+        return rearrange(x, "b (n c) h x -> b h n c x", c=C).contiguous() if x is not None else None
+
+    q, k, v = chunked(q), chunked(k), chunked(v)
+    if scale != 1.0:
+        q = q * scale
+    Gk = chunked(gk).cumsum(-2) if gk is not None else None  # local cumulative log-decay [B,H,n,C,K|1]
+    Gv = chunked(gv).cumsum(-2) if gv is not None else None
+
+    c = _tile_size(C, sub_chunk_size, Gk, Gv)
+    if c == C:
+        # one tile per chunk: decays relative to the chunk's first token; every factor lies in
+        # [e^-_MAX_LOG_GROWTH, 1] or its inverse, and the inter-chunk operands reuse them
+        q_i, k_i, v_i, q_r, k_w, v_w, o_fac = q, k, v, q, k, v, None
+        if Gk is not None:
+            first, last = Gk[..., :1, :], Gk[..., -1:, :]
+            Ek = torch.exp(Gk - first)
+            q_i, k_i = q * Ek, k / Ek
+            q_r = q_i * first.exp()  # q_t exp(G_t): reads the state entering the chunk
+            k_w = k_i * (last - first).exp()  # k_t exp(G_last - G_t): writes the state leaving it
+        if Gv is not None:
+            first_v, last_v = Gv[..., :1, :], Gv[..., -1:, :]
+            Ev = torch.exp(Gv - first_v)
+            v_i = v / Ev
+            v_w = v_i * (last_v - first_v).exp()
+            o_fac = Ev * first_v.exp()  # exp(G^V_t)
+        A = (q_i @ k_i.transpose(-1, -2)).tril()
+        o = A @ v_i
+        if Gv is not None:
+            o = o * Ev
+    else:
+        if gv is None and gk.shape[-1] == 1:
+            o = _intra_scalar(q, k, v, Gk)  # strong per-head decay: one explicit [C, C] factor beats small tiles
+        else:
+            o = _intra_tiled(q, k, v, Gk, Gv, c)
+        q_r = q * Gk.exp() if Gk is not None else q
+        k_w = k * (Gk[..., -1:, :] - Gk).exp() if Gk is not None else k
+        v_w = v * (Gv[..., -1:, :] - Gv).exp() if Gv is not None else v
+        o_fac = Gv.exp() if Gv is not None else None
+
+    # state written by each chunk, decayed to the chunk's end (exponents <= 0)
+    U = k_w.transpose(-1, -2) @ v_w  # [B,H,n,K,V]
+    dk = Gk[..., -1, :].exp().unsqueeze(-1) if Gk is not None else None  # [B,H,n,K|1,1]
+    dv = Gv[..., -1, :].exp().unsqueeze(-2) if Gv is not None else None  # [B,H,n,1,V]
+
+    # inter-chunk: a sequential scan over n chunks of an elementwise update
+    S = S0 if S0 is not None else torch.zeros(B, H, K, V, dtype=U.dtype, device=U.device)
+    starts = []
+    dks = dk.unbind(2) if dk is not None else (None,) * n  # unbind, not [:, :, i]: see the module docstring
+    dvs = dv.unbind(2) if dv is not None else (None,) * n
+    for U_i, dk_i, dv_i in zip(U.unbind(2), dks, dvs):
+        starts.append(S)
+        if dk_i is not None:
+            S = S * dk_i
+        if dv_i is not None:
+            S = S * dv_i
+        S = S + U_i
+    S_start = torch.stack(starts, dim=2)  # state entering each chunk [B,H,n,K,V]
+
+    o_inter = q_r @ S_start
+    if o_fac is not None:
+        o_inter = o_inter * o_fac
+    o = o + o_inter
+    o = rearrange(o, "b h n c v -> b (n c) h v")[:, :T]
+    return o, (S if want_state else None)
+
+
+# --------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------
+
+
+def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex_: bool, chunk_size: int) -> str:
+    """The mode ``mode="auto"`` runs, from rules measured by ``bench/recurrence.py`` on CPU.
+
+    * T == 1: ``recurrent`` (a single step).
+    * T <= chunk_size: ``parallel`` (one small masked matmul).
+    * key- or value-wise decays with a small state per head (K·V <= 64, e.g. S6 with
+      K = d_state, V = 1): ``recurrent``; the loop over T tiny elementwise updates beats
+      the tiled chunk form, whose matmuls are too thin to pay off.
+    * otherwise ``chunk``.
+    """
+    if T == 1:
+        return "recurrent"
+    if T <= chunk_size:
+        return "parallel"
+    if (keywise or valuewise) and K * V <= 64:
+        return "recurrent"
+    return "chunk"
+
+
+def linear_recurrence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gk: torch.Tensor | None = None,
+    gv: torch.Tensor | None = None,
+    *,
+    scale: float = 1.0,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    mode: str = "auto",
+    chunk_size: int = 64,
+    sub_chunk_size: int | None = None,
+    check_values: bool = True,
+):
+    """Runs S_t = (exp(gk_t)ᵀ exp(gv_t)) ⊙ S_{t-1} + k_tᵀ v_t, o_t = scale · q_t S_t.
+
+    Args:
+        q, k: [B, T, H, K]. v: [B, T, H, V].
+        gk: key-wise log-decay [B, T, H, K], one per head [B, T, H], or None (no decay).
+        gv: value-wise log-decay [B, T, H, V] or None.
+        scale: multiplies the output (flash-linear-attention uses K**-0.5; the DSF
+            paper drops it, hence the default 1).
+        initial_state: [B, H, K, V] or None (zeros).
+        output_final_state: also return S_T.
+        mode: "recurrent", "chunk", "parallel", "step" (T == 1) or "auto".
+        chunk_size: C of the chunk mode (any T works; the tail chunk is padded).
+        sub_chunk_size: upper bound on the tile c used for key/value-wise decays in chunk mode;
+            None lets the op pick the largest tile that is numerically safe for the decays given.
+        check_values: also check for NaN/Inf and positive log-decays (one read of each input).
+
+    Returns:
+        (o [B, T, H, V], final_state [B, H, K, V] or None)
+    """
+    check_choice("mode", mode, MODES + ("auto",), _WHERE)
+    check_positive_int("chunk_size", chunk_size, _WHERE)
+    if sub_chunk_size is not None:
+        check_positive_int("sub_chunk_size", sub_chunk_size, _WHERE)
+    B, T, H, K, V = _check_inputs(q, k, v, gk, gv, initial_state, check_values=check_values, where=_WHERE)
+    if mode == "step":
+        if T != 1:
+            raise ValueError(f"{_WHERE}: mode 'step' takes one token (T == 1), got T = {T}; use 'recurrent' or 'chunk'")
+        o, S = recurrence_step(
+            q[:, 0], k[:, 0], v[:, 0],
+            gk[:, 0] if gk is not None else None,
+            gv[:, 0] if gv is not None else None,
+            initial_state, scale=scale, check_values=False,
+        )
+        return o.unsqueeze(1), (S if output_final_state else None)
+
+    dt = _compute_dtype(q, k, v, gk, gv, initial_state)
+    out_dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) and not dt.is_complex else dt
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    if gk is not None:
+        gk = (gk.unsqueeze(-1) if gk.dim() == 3 else gk).to(dt)
+    gv = gv.to(dt) if gv is not None else None
+    S0 = initial_state.to(dt) if initial_state is not None else None
+
+    if mode == "auto":
+        mode = auto_mode(
+            T, K, V,
+            keywise=gk is not None and gk.shape[-1] > 1,
+            valuewise=gv is not None,
+            complex_=dt.is_complex,
+            chunk_size=chunk_size,
+        )
+    if mode == "recurrent":
+        if S0 is None:
+            S0 = torch.zeros(B, H, K, V, dtype=dt, device=q.device)
+        o, S = _recurrent(q, k, v, gk, gv, scale, S0)
+    elif mode == "parallel":
+        o, S = _parallel(q, k, v, gk, gv, scale, S0, output_final_state)
+    else:
+        o, S = _chunk(q, k, v, gk, gv, scale, S0, chunk_size, sub_chunk_size, output_final_state)
+    return o.to(out_dtype), (S if output_final_state else None)
+
+
+def recurrence_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gk: torch.Tensor | None = None,
+    gv: torch.Tensor | None = None,
+    state: torch.Tensor | None = None,
+    *,
+    scale: float = 1.0,
+    check_values: bool = True,
+):
+    """One decoding step. q, k [B, H, K]; v [B, H, V]; gk [B, H, K] or [B, H]; gv [B, H, V];
+    state [B, H, K, V] or None (zeros). Returns (o [B, H, V], new state [B, H, K, V])."""
+    where = "recurrence_step"
+    B, _, H, K, V = _check_inputs(q, k, v, gk, gv, state, check_values=check_values, where=where, step=True)
+    dt = _compute_dtype(q, k, v, gk, gv, state)
+    out_dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) and not dt.is_complex else dt
+    if state is None:
+        state = torch.zeros(B, H, K, V, dtype=dt, device=q.device)
+    ak = None
+    if gk is not None:
+        ak = (gk.unsqueeze(-1) if gk.dim() == 2 else gk).to(dt).exp()
+    av = gv.to(dt).exp() if gv is not None else None
+    o, S = _step(state.to(dt), q.to(dt), k.to(dt), v.to(dt), ak, av, scale)
+    return o.to(out_dtype), S
+
+
+def recurrence_map(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    gk: torch.Tensor | None = None,
+    gv: torch.Tensor | None = None,
+    *,
+    scale: float = 1.0,
+    check_values: bool = True,
+) -> torch.Tensor:
+    """The materialized causal map of the recurrence (zero initial state).
+
+    Returns [B, H, T, T] when there is no value-wise decay, with
+    o[:, t, h] = Σ_s A[:, h, t, s] v[:, s, h]; otherwise one map per value channel,
+    [B, H·V, T, T] (head-major: index h·V + v).
+    """
+    where = "recurrence_map"
+    V = gv.shape[-1] if gv is not None else 1
+    dummy_v = q.new_zeros(q.shape[:-1] + (V,)) if not q.is_complex() else q.real.new_zeros(q.shape[:-1] + (V,))
+    _check_inputs(q, k, dummy_v, gk, gv, None, check_values=check_values, where=where)
+    dt = _compute_dtype(q, k, gk, gv)
+    q, k = q.to(dt), k.to(dt)
+    if gk is not None:
+        gk = (gk.unsqueeze(-1) if gk.dim() == 3 else gk).to(dt)
+    gv = gv.to(dt) if gv is not None else None
+    A = _map(q, k, gk, gv, scale)
+    if gv is not None:
+        A = A.flatten(1, 2)
+    return A

@@ -1,0 +1,209 @@
+"""The contract suite: every registered mixer gets these tests the moment it is registered.
+
+DESIGN.md, "The tests every mixer gets for free". Each mixer is built from its
+registry entry's ``example_config()`` (small sizes, several heads, a chunk size
+that makes the test lengths span several chunks).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import seqmix
+from seqmix.mixers.base import Cache
+from tolerances import F64_ATOL, F32_RTOL, max_abs, rel_err
+
+ENTRIES = seqmix.list_mixers()
+NAMES = [e.name for e in ENTRIES]
+BATCH = 2
+
+
+def make(name: str, dtype=torch.float64, **overrides):
+    entry = seqmix.mixer_entry(name)
+    torch.manual_seed(0)
+    m = seqmix.build_mixer(name, **{**entry.example_config(), **overrides}).to(dtype).eval()
+    return m
+
+
+def lengths(m) -> list[int]:
+    """A multiple of the chunk size and a length that is not one (both > one chunk)."""
+    c = getattr(m.config, "chunk_size", 8) or 8
+    return [2 * c, 2 * c + 3]
+
+
+def inputs(m, T, dtype=torch.float64, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(BATCH, T, m.d_model, generator=g, dtype=dtype)
+
+
+def forward_and_grads(m, x, mode):
+    """Output and gradients (w.r.t. x and every parameter) of a random projection of the output."""
+    m.mode = mode
+    x = x.clone().requires_grad_(True)
+    y = m(x)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(7), dtype=y.dtype)
+    params = [p for p in m.parameters() if p.requires_grad]
+    grads = torch.autograd.grad((y * w).sum(), [x, *params], allow_unused=True)
+    return y.detach(), grads
+
+
+def other_modes(m):
+    return [mode for mode in m.modes if mode != m.reference_mode]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_registry_entry_is_complete(name):
+    entry = seqmix.mixer_entry(name)
+    m = make(name)
+    assert entry.family and entry.modes and entry.state_formula
+    assert m.reference_mode in m.modes
+    assert m.registry_name == name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_modes_agree_float64(name):
+    m = make(name)
+    if len(m.modes) < 2:
+        pytest.skip(f"{name} has a single mode {m.modes}; nothing to compare")
+    for T in lengths(m):
+        x = inputs(m, T)
+        y_ref, g_ref = forward_and_grads(m, x, m.reference_mode)
+        for mode in other_modes(m):
+            y, g = forward_and_grads(m, x, mode)
+            assert max_abs(y, y_ref) < F64_ATOL, f"{name}: mode {mode} vs {m.reference_mode}, T={T}"
+            for i, (a, b) in enumerate(zip(g, g_ref)):
+                if a is None or b is None:
+                    assert a is None and b is None, f"{name}: gradient {i} missing in one mode"
+                    continue
+                assert max_abs(a, b) < F64_ATOL, f"{name}: gradient {i} of mode {mode}, T={T}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_modes_agree_float32(name):
+    m = make(name, torch.float32)
+    if len(m.modes) < 2:
+        pytest.skip(f"{name} has a single mode {m.modes}; nothing to compare")
+    T = lengths(m)[1]
+    x = inputs(m, T, torch.float32)
+    y_ref, g_ref = forward_and_grads(m, x, m.reference_mode)
+    for mode in other_modes(m):
+        y, g = forward_and_grads(m, x, mode)
+        assert y.dtype == torch.float32
+        assert rel_err(y, y_ref) < F32_RTOL, f"{name}: mode {mode}"
+        for a, b in zip(g, g_ref):
+            if a is not None:
+                assert rel_err(a, b) < F32_RTOL, f"{name}: gradient of mode {mode}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_step_decoding_equals_forward(name):
+    m = make(name)
+    T = lengths(m)[1]
+    x = inputs(m, T)
+    m.mode = m.reference_mode
+    y_full = m(x)
+    cache = Cache()
+    steps = [m(x[:, t : t + 1], cache=cache) for t in range(T)]
+    assert max_abs(torch.cat(steps, 1), y_full) < F64_ATOL
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_split_and_carry_equals_one_pass(name):
+    m = make(name)
+    T = lengths(m)[1]
+    x = inputs(m, T)
+    m.mode = m.reference_mode
+    y_full = m(x)
+    for mode in m.modes:
+        m.mode = mode
+        for cut in (1, T // 2, T - 2):
+            cache = Cache()
+            y = torch.cat([m(x[:, :cut], cache=cache), m(x[:, cut:], cache=cache)], 1)
+            assert max_abs(y, y_full) < F64_ATOL, f"{name}: mode {mode}, split at {cut}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_phi_reproduces_core(name):
+    m = make(name)
+    x = inputs(m, lengths(m)[1])
+    values, mixed = m.core(x)
+    phi = m.phi(x)
+    assert phi.shape == (BATCH, values.shape[2], x.shape[1], x.shape[1])
+    assert max_abs(torch.einsum("bmts,bsmp->btmp", phi, values), mixed) < F64_ATOL
+    # the core is the forward pass's own: with random values the check above would fail
+    assert torch.triu(phi, diagonal=1).abs().max() == 0, "phi must be causal"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_dsf_reproduces_core(name):
+    m = make(name)
+    if not m.finite_state:
+        pytest.skip(f"{name} has no finite-state DSF (documented in its class)")
+    x = inputs(m, lengths(m)[0])
+    values, mixed = m.core(x)
+    system = m.dsf(x)
+    B, T, M, P = values.shape
+    assert max_abs(system.evaluate(values.reshape(B, T, M * P)), mixed.reshape(B, T, M * P)) < F64_ATOL
+    # Φ of the DSF, block by block, is phi(x) ⊗ I_P
+    blocks = system.blocks()  # [B, T, T, M·P, M·P]
+    expected = torch.einsum("bmts,pq,mn->btsmpnq", m.phi(x), torch.eye(P, dtype=x.dtype), torch.eye(M, dtype=x.dtype))
+    assert max_abs(blocks, expected.reshape(B, T, T, M * P, M * P)) < F64_ATOL
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_causality(name):
+    m = make(name)
+    T = lengths(m)[1]
+    x = inputs(m, T)
+    for mode in m.modes:
+        m.mode = mode
+        y = m(x)
+        for t in (0, T // 2, T - 1):
+            x2 = x.clone()
+            x2[:, t] += torch.randn_like(x2[:, t])
+            y2 = m(x2)
+            if t:  # (not exactly 0: FFT modes and adaptive tiling round differently after any change)
+                assert max_abs(y2[:, :t], y[:, :t]) < F64_ATOL, f"{name}: mode {mode} leaks the future at t={t}"
+            assert max_abs(y2[:, t], y[:, t]) > 1e-6, f"{name}: mode {mode} ignores x[{t}]"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_size_counts_the_cache(name):
+    m = make(name)
+    T = lengths(m)[1]
+    cache = Cache()
+    m(inputs(m, T), cache=cache)
+    assert cache.floats() == BATCH * m.state_size(seq_len=T)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_input_raises_value_error(name):
+    m = make(name)
+    d = m.d_model
+    bad = {
+        "rank": torch.randn(4, d, dtype=torch.float64),
+        "width": torch.randn(2, 5, d + 1, dtype=torch.float64),
+        "NaN": torch.full((2, 5, d), float("nan"), dtype=torch.float64),
+        "dtype": torch.ones(2, 5, d, dtype=torch.long),
+        "empty": torch.randn(2, 0, d, dtype=torch.float64),
+        "type": [[0.0] * d],
+    }
+    for what, x in bad.items():
+        with pytest.raises(ValueError, match="'x'"):
+            m(x)
+    with pytest.raises(ValueError, match="mode"):
+        m.mode = "no-such-mode"
+    unsupported = [md for md in ("recurrent", "chunk", "parallel", "fft", "convolution") if md not in m.modes]
+    for md in unsupported[:1]:
+        with pytest.raises(ValueError, match="mode"):
+            m.mode = md
+    with pytest.raises(ValueError, match="not_a_field"):
+        seqmix.build_mixer(name, not_a_field=1)
+    with pytest.raises(ValueError, match="d_model"):
+        seqmix.build_mixer(name, d_model=0)
+
+
+def test_unknown_mixer_lists_known_names():
+    with pytest.raises(ValueError, match="linear_attention"):
+        seqmix.build_mixer("no_such_mixer")

@@ -1,0 +1,203 @@
+"""linear_recurrence: every mode against the reference loop, forward and backward."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from seqmix.ops import linear_recurrence, recurrence_map, recurrence_step
+from tolerances import F32_RTOL, F64_ATOL, max_abs, rel_err
+
+B, H, K, V = 2, 3, 5, 4
+DECAYS = ["none", "head", "key"]
+
+
+def make(T, decay, value_decay, dtype=torch.float64, strength=1.0, seed=0, complex_=False):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
+    gk = {"none": None, "head": -strength * r(B, T, H).abs(), "key": -strength * r(B, T, H, K).abs()}[decay]
+    gv = -strength * r(B, T, H, V).abs() if value_decay else None
+    S0 = r(B, H, K, V)
+    if complex_:
+        q, k = torch.complex(q, r(B, T, H, K)), torch.complex(k, r(B, T, H, K))
+        if gk is not None:
+            gk = torch.complex(gk, r(*gk.shape))
+    cast = (lambda t: t) if complex_ else (lambda t: t.to(dtype))
+    return [None if t is None else cast(t) for t in (q, k, v, gk, gv, S0)]
+
+
+def run(mode, q, k, v, gk, gv, S0, **kw):
+    return linear_recurrence(q, k, v, gk, gv, initial_state=S0, output_final_state=True, mode=mode, scale=0.7, **kw)
+
+
+CASES = list(itertools.product(DECAYS, [False, True], [16, 19]))
+
+
+@pytest.mark.parametrize("decay,value_decay,T", CASES)
+@pytest.mark.parametrize("mode", ["chunk", "parallel"])
+def test_modes_match_recurrent_float64(mode, decay, value_decay, T):
+    args = make(T, decay, value_decay)
+    o_ref, S_ref = run("recurrent", *args)
+    for chunk in (4, 8, 64):
+        o, S = run(mode, *args, chunk_size=chunk)
+        assert max_abs(o, o_ref) < F64_ATOL
+        assert max_abs(S, S_ref) < F64_ATOL
+
+
+@pytest.mark.parametrize("decay,value_decay", list(itertools.product(DECAYS, [False, True])))
+@pytest.mark.parametrize("mode", ["chunk", "parallel"])
+def test_gradients_match_recurrent_float64(mode, decay, value_decay):
+    T = 19
+    base = make(T, decay, value_decay)
+
+    def grads(m):
+        leaves = [None if t is None else t.clone().requires_grad_(True) for t in base]
+        o, S = run(m, *leaves, chunk_size=8)
+        w = torch.randn(o.shape, generator=torch.Generator().manual_seed(3), dtype=o.dtype)
+        loss = (o * w).sum() + S.sum()
+        used = [t for t in leaves if t is not None]
+        return torch.autograd.grad(loss, used)
+
+    for a, b in zip(grads(mode), grads("recurrent")):
+        assert max_abs(a, b) < F64_ATOL
+
+
+@pytest.mark.parametrize("decay,value_decay", list(itertools.product(DECAYS, [False, True])))
+def test_float32_relative_error(decay, value_decay):
+    args64 = make(37, decay, value_decay)
+    o_ref, _ = run("recurrent", *args64)
+    args32 = [None if t is None else t.float() for t in args64]
+    for mode in ("recurrent", "chunk", "parallel"):
+        o, S = run(mode, *args32, chunk_size=16)
+        assert o.dtype == torch.float32 and S.dtype == torch.float32
+        assert rel_err(o.double(), o_ref) < F32_RTOL
+
+
+@pytest.mark.parametrize("decay", ["head", "key"])
+@pytest.mark.parametrize("value_decay", [False, True])
+def test_strong_decays_stay_finite_and_accurate(decay, value_decay):
+    """Log-decays down to -40 per step: the chunk form never exponentiates an unbounded sum."""
+    args64 = make(45, decay, value_decay, strength=40.0)
+    o_ref, S_ref = run("recurrent", *args64)
+    leaves = [None if t is None else t.float().requires_grad_(True) for t in args64]
+    o, S = run("chunk", *leaves, chunk_size=32)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    assert rel_err(o.double(), o_ref) < 1e-3  # float32 with cumulative decays of ~1e3 inside a chunk
+    (o.sum() + S.sum()).backward()
+    for t in leaves:
+        if t is not None:
+            assert torch.isfinite(t.grad).all()
+    # float64: the same exactness as with mild decays
+    o64, _ = run("chunk", *args64, chunk_size=32)
+    assert max_abs(o64, o_ref) < F64_ATOL
+
+
+@pytest.mark.parametrize("decay", ["head", "key"])
+@pytest.mark.parametrize("mode", ["chunk", "parallel"])
+def test_complex_decays(mode, decay):
+    args = make(19, decay, False, complex_=True)
+    o_ref, S_ref = run("recurrent", *args)
+    assert o_ref.is_complex()
+    o, S = run(mode, *args, chunk_size=8)
+    assert max_abs(o, o_ref) < F64_ATOL and max_abs(S, S_ref) < F64_ATOL
+
+
+def test_step_equals_recurrent():
+    q, k, v, gk, gv, S0 = make(9, "key", True)
+    o_ref, S_ref = run("recurrent", q, k, v, gk, gv, S0)
+    S = S0
+    for t in range(9):
+        o_t, S = recurrence_step(q[:, t], k[:, t], v[:, t], gk[:, t], gv[:, t], S, scale=0.7)
+        assert max_abs(o_t, o_ref[:, t]) < F64_ATOL
+    assert max_abs(S, S_ref) < F64_ATOL
+    o1, S1 = linear_recurrence(q[:, :1], k[:, :1], v[:, :1], gk[:, :1], gv[:, :1], initial_state=S0, scale=0.7,
+                               mode="step", output_final_state=True)
+    assert max_abs(o1[:, 0], o_ref[:, 0]) < F64_ATOL
+
+
+def test_state_carry_equals_one_pass():
+    q, k, v, gk, gv, S0 = make(30, "key", True)
+    o_ref, S_ref = run("chunk", q, k, v, gk, gv, S0, chunk_size=8)
+    cut = 13
+    o1, S1 = run("chunk", q[:, :cut], k[:, :cut], v[:, :cut], gk[:, :cut], gv[:, :cut], S0, chunk_size=8)
+    o2, S2 = run("parallel", q[:, cut:], k[:, cut:], v[:, cut:], gk[:, cut:], gv[:, cut:], S1)
+    assert max_abs(torch.cat([o1, o2], 1), o_ref) < F64_ATOL and max_abs(S2, S_ref) < F64_ATOL
+
+
+@pytest.mark.parametrize("decay,value_decay", list(itertools.product(DECAYS, [False, True])))
+def test_map_reproduces_output(decay, value_decay):
+    q, k, v, gk, gv, _ = make(17, decay, value_decay)
+    o_ref, _ = linear_recurrence(q, k, v, gk, gv, mode="recurrent", scale=0.7)
+    A = recurrence_map(q, k, gk, gv, scale=0.7)
+    if gv is None:
+        assert A.shape == (B, H, 17, 17)
+        o = torch.einsum("bhts,bshv->bthv", A, v)
+    else:
+        assert A.shape == (B, H * V, 17, 17)
+        o = torch.einsum("bhvts,bshv->bthv", A.view(B, H, V, 17, 17), v)
+    assert max_abs(o, o_ref) < F64_ATOL
+    assert torch.triu(A, 1).abs().max() == 0
+
+
+def test_auto_mode_runs_and_matches():
+    q, k, v, gk, gv, S0 = make(70, "head", False)
+    o_ref, _ = run("recurrent", q, k, v, gk, gv, S0)
+    o, _ = run("auto", q, k, v, gk, gv, S0, chunk_size=16)
+    assert max_abs(o, o_ref) < F64_ATOL
+
+
+def test_half_precision_computes_in_float32():
+    q, k, v, gk, gv, S0 = make(20, "key", False)
+    o_ref, _ = run("recurrent", q, k, v, gk, gv, S0)
+    args = [None if t is None else t.to(torch.bfloat16) for t in (q, k, v, gk, gv)] + [S0.float()]
+    o, S = run("chunk", *args, chunk_size=8)
+    assert o.dtype == torch.bfloat16 and S.dtype == torch.float32
+    assert rel_err(o.double(), o_ref) < 5e-2  # bfloat16 inputs carry 3 significant digits
+
+
+def test_backward_of_recurrent_is_linear_in_T():
+    """The reference loop uses unbind: the autograd graph holds O(T) nodes, no select_backward."""
+    q, k, v, gk, _, _ = make(64, "key", False)
+    q.requires_grad_(True)
+    o, _ = linear_recurrence(q, k, v, gk, mode="recurrent")
+    names = set()
+    stack = [o.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in names:
+            continue
+        names.add(fn)
+        stack.extend(f for f, _ in fn.next_functions)
+    assert not any("Select" in type(f).__name__ for f in names)
+
+
+BAD = [
+    ("q", dict(q=torch.randn(2, 5, 3)), "'q'"),
+    ("k shape", dict(k=torch.randn(2, 5, 3, 6)), "'k'"),
+    ("v batch", dict(v=torch.randn(3, 5, 3, 4)), "'v'"),
+    ("gk shape", dict(gk=-torch.rand(2, 5, 3, 2)), "'gk'"),
+    ("gk positive", dict(gk=torch.rand(2, 5, 3) + 0.1), "<= 0"),
+    ("gv shape", dict(gv=-torch.rand(2, 5, 3, 5)), "'gv'"),
+    ("state shape", dict(initial_state=torch.randn(2, 3, 4, 5)), "'initial_state'"),
+    ("nan", dict(v=torch.full((2, 5, 3, 4), float("nan"))), "non-finite"),
+    ("inf decay", dict(gk=torch.full((2, 5, 3), float("-inf"))), "non-finite"),
+    ("int dtype", dict(q=torch.ones(2, 5, 3, 4, dtype=torch.long)), "dtype"),
+    ("mode", dict(mode="fast"), "mode"),
+    ("chunk", dict(chunk_size=0), "chunk_size"),
+    ("step T", dict(mode="step"), "T == 1"),
+]
+
+
+@pytest.mark.parametrize("what,override,match", BAD, ids=[b[0] for b in BAD])
+def test_bad_input(what, override, match):
+    args = dict(q=torch.randn(2, 5, 3, 4), k=torch.randn(2, 5, 3, 4), v=torch.randn(2, 5, 3, 4))
+    args.update(override)
+    q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
+    with pytest.raises(ValueError, match=match):
+        linear_recurrence(q, k, v, **args)

@@ -1,0 +1,38 @@
+# seqmix: set-up and the common jobs. Every target creates .venv on first use.
+#   make main       the main job (see README)
+#   make test       the test suite (what CI runs)
+#   make test-slow  the tests marked slow
+#   make bench      every benchmark script at full size
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# the CPU build of torch (on this project's machines pip takes it from a local copy);
+# override with e.g. `make test TORCH=torch` to let pip choose
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup main test test-slow bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+main: setup
+	$(VENV)/bin/seqmix list
+	$(PY) bench/recurrence.py --quick --no-memory
+
+test: setup
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+bench: setup
+	for f in bench/[a-z]*.py; do $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache bench/out

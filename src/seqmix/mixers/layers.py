@@ -1,0 +1,64 @@
+"""Small parametrized building blocks shared by several mixers (norms, the short convolution).
+
+These hold parameters; the computations they call live in ``seqmix.ops``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..ops.conv import causal_conv1d, causal_conv1d_step
+
+
+class RMSNorm(nn.Module):
+    """y = x / rms(x) · w over the last dimension, optionally per group of channels.
+
+    groups > 1 normalizes each of ``groups`` equal slices separately (Mamba-2's grouped
+    norm, a per-head norm). ``affine=False`` drops w (TransNormer's SRMSNorm without gain).
+    """
+
+    def __init__(self, dim: int, *, eps: float = 1e-6, groups: int = 1, affine: bool = True):
+        super().__init__()
+        if dim % groups:
+            raise ValueError(f"RMSNorm: dim = {dim} must be divisible by groups = {groups}")
+        self.dim, self.eps, self.groups = dim, eps, groups
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """With ``gate`` z: norm(x · silu(z)) (Mamba-2's gated RMSNorm, gate applied before the norm)."""
+        if gate is not None:
+            x = x * torch.nn.functional.silu(gate)
+        shape = x.shape
+        xg = x.reshape(*shape[:-1], self.groups, shape[-1] // self.groups)
+        xg = xg * torch.rsqrt(xg.pow(2).mean(-1, keepdim=True) + self.eps)
+        y = xg.reshape(shape)
+        return y * self.weight if self.weight is not None else y
+
+
+class ShortConv(nn.Module):
+    """Depthwise causal convolution of width W with a carried state (Mamba's conv1d).
+
+    forward(x [B, T, C], state [B, C, W-1] or None) -> (y [B, T, C], new state or None).
+    Initialization as PyTorch's Conv1d (uniform ±1/sqrt(W)).
+    """
+
+    def __init__(self, channels: int, width: int, *, bias: bool = True, activation: str | None = None):
+        super().__init__()
+        if width < 1:
+            raise ValueError(f"ShortConv: argument 'width' (conv kernel) must be >= 1, got {width}")
+        self.channels, self.width, self.activation = channels, width, activation
+        bound = 1 / math.sqrt(width)
+        self.weight = nn.Parameter(torch.empty(channels, width).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(channels).uniform_(-bound, bound)) if bias else None
+
+    def forward(self, x, state=None, *, output_final_state: bool = False):
+        if x.shape[1] == 1 and state is not None:
+            y, new = causal_conv1d_step(x[:, 0], self.weight, self.bias, state, activation=self.activation)
+            return y.unsqueeze(1), new
+        return causal_conv1d(x, self.weight, self.bias, state, activation=self.activation, output_final_state=output_final_state)
+
+    def state_size(self) -> int:
+        return self.channels * (self.width - 1)

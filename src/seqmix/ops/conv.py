@@ -1,0 +1,169 @@
+"""Causal convolutions along time: the long (FFT) convolution of the LTI systems and the
+short depthwise convolution of Mamba, H3, Hyena, MetaLA, with a carried state.
+
+Layout: sequences are [B, T, C] (time second, channels last), as everywhere in seqmix.
+
+Long convolution (S4, S4D, H3, Hyena; convblog note §1-2):
+
+    y[t, c] = Σ_{s=0}^{t} k[t - s, c] · u[s, c]   (+ D[c] · u[t, c])
+
+* :func:`fft_conv`: rfft of u and k zero-padded to n >= 2T (a power of two), product,
+  irfft, first T outputs. Without the padding the circular convolution wraps the end
+  of the sequence onto its start and the output leaks the future (convblog note §2.4).
+* :func:`direct_conv`: the same sum by ``torch.nn.functional.conv1d`` (O(T²C), the
+  reference the FFT is tested and benchmarked against).
+* :func:`toeplitz`: the causal map [C, T, T] of a filter (phi of a convolution mixer).
+
+Short causal depthwise convolution (kernel W, PyTorch cross-correlation order: the last
+tap w[:, W-1] multiplies the current input, as in Mamba's ``causal_conv1d``):
+
+    y[t, c] = Σ_{i=0}^{W-1} w[c, i] · x[t - (W-1) + i, c]  (+ bias[c])
+
+* :func:`causal_conv1d`: a whole sequence, optionally continuing from a state (the last
+  W-1 inputs, [B, C, W-1]) and returning the new one;
+* :func:`causal_conv1d_step`: one token (decoding), the same update.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .._checks import check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+
+__all__ = ["fft_conv", "direct_conv", "toeplitz", "causal_conv1d", "causal_conv1d_step", "fft_size"]
+
+
+def fft_size(T: int, L: int | None = None) -> int:
+    """The FFT length used for a sequence of T and a filter of L taps: the next power of
+    two >= T + L - 1 (>= 2T when L = T), so that the circular convolution is linear."""
+    L = T if L is None else L
+    n = 1
+    while n < T + L - 1:
+        n *= 2
+    return max(n, 2)
+
+
+def _check_long(u, k, D, where):
+    check_tensor("u", u, rank=3, layout="[B, T, C]", where=where)
+    check_tensor("k", k, rank=(2, 3), layout="[L, C] or [B, L, C]", complex_ok=False, where=where)
+    B, T, C = u.shape
+    if k.shape[-1] != C:
+        raise ValueError(f"{where}: argument 'k' must have C = {C} channels in its last dimension, got {fmt_shape(k.shape)}")
+    if k.dim() == 3 and k.shape[0] not in (1, B):
+        raise ValueError(f"{where}: a batched filter 'k' must be [B={B}, L, C], got {fmt_shape(k.shape)}")
+    if k.shape[-2] < T:
+        raise ValueError(
+            f"{where}: argument 'k' has {k.shape[-2]} taps, fewer than the sequence length T = {T}; "
+            f"build the filter for at least T taps"
+        )
+    if D is not None:
+        check_shape("D", D, (C,), "[C]", where)
+    return B, T, C
+
+
+def fft_conv(u: torch.Tensor, k: torch.Tensor, D: torch.Tensor | None = None, *, check_values: bool = True) -> torch.Tensor:
+    """Causal long convolution by FFT. u [B, T, C]; k [L, C] or [B, L, C] with L >= T (only the
+    first T taps matter); D [C] optional skip. Returns y [B, T, C] in u's dtype (half
+    inputs are transformed in float32)."""
+    where = "fft_conv"
+    B, T, C = _check_long(u, k, D, where)
+    if check_values:
+        check_finite("u", u, where)
+        check_finite("k", k, where)
+    k = k[..., :T, :]
+    dt = torch.promote_types(u.dtype, k.dtype)
+    if dt in (torch.float16, torch.bfloat16):
+        dt = torch.float32
+    n = fft_size(T)
+    U = torch.fft.rfft(u.to(dt), n=n, dim=-2)
+    Kf = torch.fft.rfft(k.to(dt), n=n, dim=-2)
+    y = torch.fft.irfft(U * Kf, n=n, dim=-2)[..., :T, :]
+    if D is not None:
+        y = y + u.to(dt) * D.to(dt)
+    return y.to(u.dtype)
+
+
+def direct_conv(u: torch.Tensor, k: torch.Tensor, D: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference: the causal sum computed directly (depthwise conv1d over the left-padded
+    sequence with the reversed filter). Same arguments as :func:`fft_conv`."""
+    where = "direct_conv"
+    B, T, C = _check_long(u, k, D, where)
+    k = k[..., :T, :]
+    if k.dim() == 3 and k.shape[0] == B and B > 1:
+        return torch.cat([direct_conv(u[b : b + 1], k[b], D) for b in range(B)], 0)
+    k = k.reshape(T, C)
+    x = F.pad(u.transpose(1, 2), (T - 1, 0))  # [B, C, 2T-1]
+    w = k.flip(0).t().unsqueeze(1)  # [C, 1, T]: w[c, 0, i] = k[T-1-i, c]
+    y = F.conv1d(x, w.to(u.dtype), groups=C).transpose(1, 2)
+    if D is not None:
+        y = y + u * D
+    return y
+
+
+def toeplitz(k: torch.Tensor, T: int) -> torch.Tensor:
+    """The causal map of a filter: k [L, C] (L >= T) -> [C, T, T] with M[c, t, s] = k[t - s, c] for s <= t."""
+    check_tensor("k", k, rank=2, layout="[L, C]", complex_ok=True, where="toeplitz")
+    if k.shape[0] < T:
+        raise ValueError(f"toeplitz: argument 'k' has {k.shape[0]} taps, fewer than T = {T}")
+    idx = torch.arange(T, device=k.device)
+    lag = idx.unsqueeze(1) - idx.unsqueeze(0)  # [T, T], t - s
+    M = k[lag.clamp(min=0)]  # [T, T, C]
+    M = torch.where((lag >= 0).unsqueeze(-1), M, torch.zeros((), dtype=k.dtype, device=k.device))
+    return M.permute(2, 0, 1)
+
+
+# ------------------------------------------------------------------------------------------
+# short causal depthwise convolution with a carried state
+# ------------------------------------------------------------------------------------------
+
+
+def _check_short(x, weight, bias, state, where, step=False):
+    check_tensor("x", x, rank=2 if step else 3, layout="[B, C]" if step else "[B, T, C]", where=where)
+    check_tensor("weight", weight, rank=2, layout="[C, W]", where=where)
+    C, W = weight.shape
+    check_positive_int("kernel width W", W, where)
+    if x.shape[-1] != C:
+        raise ValueError(f"{where}: argument 'x' must have C = {C} channels (weight is {fmt_shape(weight.shape)}), got {fmt_shape(x.shape)}")
+    if bias is not None:
+        check_shape("bias", bias, (C,), "[C]", where)
+    if state is not None:
+        check_shape("state", state, (x.shape[0], C, W - 1), "[B, C, W-1]", where)
+    return C, W
+
+
+def causal_conv1d(x, weight, bias=None, state=None, *, activation: str | None = None, output_final_state: bool = False):
+    """Short causal depthwise convolution over a sequence.
+
+    x [B, T, C]; weight [C, W]; bias [C] or None; state [B, C, W-1] (the W-1 inputs
+    before x; zeros if None); activation None or "silu". Returns (y [B, T, C],
+    new state [B, C, W-1] or None).
+    """
+    C, W = _check_short(x, weight, bias, state, "causal_conv1d")
+    B, T, _ = x.shape
+    xt = x.transpose(1, 2)  # [B, C, T]
+    prev = state.to(x.dtype) if state is not None else x.new_zeros(B, C, W - 1)
+    full = torch.cat([prev, xt], dim=-1)  # [B, C, W-1+T]
+    y = F.conv1d(full, weight.unsqueeze(1).to(x.dtype), bias.to(x.dtype) if bias is not None else None, groups=C)
+    y = y.transpose(1, 2)
+    if activation == "silu":
+        y = F.silu(y)
+    elif activation is not None:
+        raise ValueError(f"causal_conv1d: unknown activation {activation!r}; expected None or 'silu'")
+    new_state = full[..., full.shape[-1] - (W - 1) :] if output_final_state else None
+    return y, new_state
+
+
+def causal_conv1d_step(x, weight, bias=None, state=None, *, activation: str | None = None):
+    """One token: x [B, C], state [B, C, W-1] -> (y [B, C], new state [B, C, W-1])."""
+    C, W = _check_short(x, weight, bias, state, "causal_conv1d_step", step=True)
+    prev = state.to(x.dtype) if state is not None else x.new_zeros(x.shape[0], C, W - 1)
+    window = torch.cat([prev, x.unsqueeze(-1)], dim=-1)  # [B, C, W]
+    y = (window * weight.to(x.dtype)).sum(-1)
+    if bias is not None:
+        y = y + bias.to(x.dtype)
+    if activation == "silu":
+        y = F.silu(y)
+    elif activation is not None:
+        raise ValueError(f"causal_conv1d_step: unknown activation {activation!r}; expected None or 'silu'")
+    return y, window[..., 1:]

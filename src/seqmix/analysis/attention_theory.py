@@ -133,15 +133,11 @@ def lemma2_check(mixer: Mixer, x: torch.Tensor, extra: int = 7, *, seed: int = 0
 
 
 def transition_products(system: DSF) -> torch.Tensor:
-    """[batch, T, T, N, d_in]: entry (i, j) = (Λ_i ⋯ Λ_{j+1}) B_j for j <= i, 0 above the diagonal
-    (the products accumulated in order, as in DSF.blocks)."""
-    T = system.T
-    out = torch.zeros(system.batch, T, T, system.N, system.d_in, dtype=system.B.dtype)
-    ones = torch.ones_like(system.lam[:, :1])
-    for j in range(T):
-        prods = torch.cat([ones, torch.cumprod(system.lam[:, j + 1 :], dim=1)], dim=1)  # Λ_{j+1} ⋯ Λ_i
-        out[:, j:, j] = prods.unsqueeze(-1) * system.B[:, j].unsqueeze(1)
-    return out
+    """[batch, T, T, N, d_in]: entry (i, j) = (Λ_i ⋯ Λ_{j+1}) B_j for j <= i, 0 above the diagonal:
+    the blocks of the same system read out with C_i = I_N (DSF.blocks multiplies the
+    transitions in order, without division)."""
+    eye = torch.eye(system.N, dtype=system.C.dtype).expand(system.batch, system.T, system.N, system.N)
+    return DSF(system.lam, system.B, eye, real_output=False).blocks()
 
 
 def eta_telescoping_error(mixer: Mixer, x: torch.Tensor, system: DSF | None = None, **dsf_kwargs) -> float:

@@ -165,13 +165,14 @@ def _scale(scale, K, where):
 
 
 def _prepare(q, k, v, scale, window, prefix, offset, key_valid, check_values, where):
-    """Checks; returns (scale, plain, needs_mask)."""
-    _check_qkv(q, k, v, where)
+    """Checks the arguments (v may be None); returns (scale, whether the mask is plain causal)."""
+    _check_qkv(q, k, v if v is not None else k[..., :1], where)
     _check_window(window, where)
     scale = _scale(scale, q.shape[-1], where)
     if check_values:
         for name, t in (("q", q), ("k", k), ("v", v)):
-            check_finite(name, t, where)
+            if t is not None:
+                check_finite(name, t, where)
     return scale, _plain_causal(q.shape[1], k.shape[1], window, prefix, offset, key_valid)
 
 
@@ -209,7 +210,7 @@ def attention_probs(
     """The attention matrix [B, H, Tq, Tk] (rows sum to 1, or 0 for a query that sees no key):
     q [B, Tq, H, K], k [B, Tk, H, K]; the other arguments as in :func:`softmax_attention`."""
     where = "attention_probs"
-    scale, plain = _prepare(q, k, k[..., :1], scale, window, prefix, offset, key_valid, check_values, where)
+    scale, plain = _prepare(q, k, None, scale, window, prefix, offset, key_valid, check_values, where)
     mask, empty = _visible(q.shape[1], k.shape[1], window, prefix, offset, key_valid, q.device, plain)
     return _probs(q.transpose(1, 2), k.transpose(1, 2), scale, mask, empty)
 

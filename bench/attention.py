@@ -15,8 +15,9 @@ scaled_dot_product_attention, causal) against linear_attention in mode "chunk"
    from other processes hits both alike; the ratio softmax / linear, and the crossover
    length: the smallest T from which linear attention is faster at every larger T
    measured.
-2. Decoding: time per generated token (a T == 1 call with a Cache, min over many
-   tokens) after a context of 1k, 4k and 16k tokens, for softmax with its KV cache and
+2. Decoding: time per generated token (a T == 1 call with a Cache, min over
+   --decode-tokens tokens, decoded round-robin over the three contexts so that load
+   bursts hit them alike) after a context of 1k, 4k and 16k tokens, for softmax with its KV cache and
    linear attention with its recurrent state; and the state each keeps per sequence
    (Cache.floats() and Cache.nbytes()). Targets: linear attention's time per token flat
    within 20% from 1k to 16k, and its memory independent of the context. The softmax
@@ -25,6 +26,8 @@ scaled_dot_product_attention, causal) against linear_attention in mode "chunk"
 """
 
 from __future__ import annotations
+
+import statistics
 
 import torch
 
@@ -108,20 +111,32 @@ def crossover(res, key):
 
 
 def decoding(args, contexts):
+    """For each mixer: one Cache per context length, prefilled; then tokens are decoded round-robin
+    over the contexts (one step each in turn), so that load from other processes hits every
+    context alike; the min and median per context are reported."""
     dev = args.device
     rows, res = [], {}
     for name in ("softmax_attention", "linear_attention"):
         m = build(name, dev)
+        caches, steps, stats = {}, {}, {}
+        with torch.no_grad():
+            for L in contexts:
+                caches[L] = Cache()
+                m(torch.randn(1, L, D_MODEL, device=dev), cache=caches[L])  # the context (prefill)
+                stats[L] = (caches[L].floats(), caches[L].nbytes())
+                x_t = torch.randn(1, 1, D_MODEL, device=dev)
+                steps[L] = lambda c=caches[L], x_t=x_t: m(x_t, cache=c)
+                for _ in range(3):
+                    steps[L]()  # warm-up
+            times = {L: [] for L in contexts}
+            for _ in range(args.decode_tokens):
+                for L in contexts:
+                    times[L].append(timeit(steps[L], repeats=1, warmup=0, device=dev)["min_ms"])
         res[name] = {}
         for L in contexts:
-            cache = Cache()
-            with torch.no_grad():
-                m(torch.randn(1, L, D_MODEL, device=dev), cache=cache)  # the context (prefill)
-                floats, nbytes = cache.floats(), cache.nbytes()
-                x_t = torch.randn(1, 1, D_MODEL, device=dev)
-                t = timeit(lambda: m(x_t, cache=cache), repeats=args.decode_tokens, warmup=3, device=dev)
-            res[name][L] = dict(ms_per_token=t["min_ms"], median_ms=t["median_ms"], state_floats=floats, state_bytes=nbytes)
-            rows.append([name, L, t["min_ms"], t["median_ms"], floats, nbytes / 2**20])
+            t_min, t_med = min(times[L]), statistics.median(times[L])
+            res[name][L] = dict(ms_per_token=t_min, median_ms=t_med, state_floats=stats[L][0], state_bytes=stats[L][1])
+            rows.append([name, L, t_min, t_med, stats[L][0], stats[L][1] / 2**20])
         print(f"done: decoding {name}")
     for L in contexts:
         res[f"ratio_{L}"] = res["softmax_attention"][L]["ms_per_token"] / res["linear_attention"][L]["ms_per_token"]

@@ -1,10 +1,15 @@
 """Pure tensor functions (no parameters): every mode of an op beside its reference."""
 
 from .recurrence import MODES as RECURRENCE_MODES
+from .attention import MODES as ATTENTION_MODES
+from .attention import attention_mask, attention_probs, attention_step, kv_cache_trim, softmax_attention
 from .conv import causal_conv1d, causal_conv1d_step, direct_conv, fft_conv, toeplitz
+from .features import FEATURE_MAPS, apply_feature_map, taylor_feature_dim, taylor_features
 from .recurrence import linear_recurrence, recurrence_map, recurrence_step
 
 __all__ = [
     "linear_recurrence", "recurrence_step", "recurrence_map", "RECURRENCE_MODES",
     "fft_conv", "direct_conv", "toeplitz", "causal_conv1d", "causal_conv1d_step",
+    "softmax_attention", "attention_probs", "attention_step", "attention_mask", "kv_cache_trim", "ATTENTION_MODES",
+    "FEATURE_MAPS", "apply_feature_map", "taylor_features", "taylor_feature_dim",
 ]

@@ -1,0 +1,239 @@
+"""seqmix.ops.attention (softmax attention: SDPA vs the masked-matrix reference, the mask,
+the KV-cache step) and seqmix.ops.features (feature maps, Taylor features)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from seqmix.ops import (
+    apply_feature_map, attention_mask, attention_probs, attention_step, kv_cache_trim, softmax_attention,
+    taylor_feature_dim, taylor_features,
+)
+from tolerances import F32_RTOL, F64_ATOL, max_abs, rel_err
+
+
+def qkv(B=2, Tq=9, Tk=None, H=3, K=4, V=5, dtype=torch.float64, seed=0, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    Tk = Tq if Tk is None else Tk
+    q = torch.randn(B, Tq, H, K, generator=g, dtype=dtype)
+    k = torch.randn(B, Tk, H, K, generator=g, dtype=dtype)
+    v = torch.randn(B, Tk, H, V, generator=g, dtype=dtype)
+    return [t.requires_grad_(grad) for t in (q, k, v)]
+
+
+def brute_force(q, k, v, scale, visible):
+    """Per query, per head: softmax over the explicit list of visible keys (Python loops)."""
+    B, Tq, H, _ = q.shape
+    o = torch.zeros(B, Tq, H, v.shape[-1], dtype=q.dtype)
+    for b in range(B):
+        for i in range(Tq):
+            keys = [j for j in range(k.shape[1]) if visible(b, i, j)]
+            if not keys:
+                continue
+            for h in range(H):
+                s = torch.stack([q[b, i, h] @ k[b, j, h] for j in keys]) * scale
+                p = torch.softmax(s, 0)
+                o[b, i, h] = sum(p_j * v[b, j, h] for p_j, j in zip(p, keys))
+    return o
+
+
+# -- the mask ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("Tq,Tk,window,prefix", [(6, 6, None, 0), (6, 6, 3, 0), (2, 7, 3, 0), (5, 8, 2, 3), (4, 4, 1, 0)])
+def test_mask_follows_the_rules(Tq, Tk, window, prefix):
+    m = attention_mask(Tq, Tk, window=window, prefix=prefix)
+    n_seq = Tk - prefix
+    for i in range(Tq):
+        p = n_seq - Tq + i  # queries are the last Tq sequence tokens
+        for j in range(Tk):
+            if j < prefix:
+                expected = True
+            else:
+                s = j - prefix
+                expected = s <= p and (window is None or p - s < window)
+            assert bool(m[i, j]) == expected, (i, j)
+
+
+def test_mask_key_valid_and_offset():
+    kv = torch.tensor([[True, False, True, True], [False, True, True, True]])
+    m = attention_mask(3, 4, offset=0, key_valid=kv)
+    assert m.shape == (2, 1, 3, 4)
+    base = attention_mask(3, 4, offset=0)
+    assert torch.equal(m, base & kv[:, None, None, :])
+    assert torch.equal(base, torch.ones(3, 4, dtype=torch.bool).tril())
+
+
+# -- modes agree ---------------------------------------------------------------------------
+
+
+CASES = [
+    dict(),
+    dict(window=3),
+    dict(window=1),
+    dict(Tk=13),  # queries are the last 9 of 13 tokens (a cache prefill)
+    dict(Tk=13, window=4),
+    dict(Tk=12, prefix=3, window=4),  # memory tokens prefixed to a windowed sequence
+]
+
+
+def _call(q, k, v, mode, case, **kw):
+    extra = {key: val for key, val in case.items() if key in ("window", "prefix")}
+    return softmax_attention(q, k, v, mode=mode, scale=0.7, **extra, **kw)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "causal")
+def test_sdpa_equals_reference_with_grads_float64(case):
+    q, k, v = qkv(Tk=case.get("Tk"), grad=True)
+    outs = {}
+    for mode in ("parallel", "sdpa"):
+        o = _call(q, k, v, mode, case)
+        w = torch.randn(o.shape, generator=torch.Generator().manual_seed(3), dtype=o.dtype)
+        outs[mode] = (o.detach(), torch.autograd.grad((o * w).sum(), (q, k, v)))
+    assert max_abs(outs["sdpa"][0], outs["parallel"][0]) < F64_ATOL
+    for a, b in zip(outs["sdpa"][1], outs["parallel"][1]):
+        assert max_abs(a, b) < F64_ATOL
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "causal")
+def test_reference_equals_brute_force(case):
+    q, k, v = qkv(Tk=case.get("Tk"))
+    window, prefix = case.get("window"), case.get("prefix", 0)
+    Tq, Tk = q.shape[1], k.shape[1]
+
+    def visible(b, i, j):
+        if j < prefix:
+            return True
+        p, s = (Tk - prefix) - Tq + i, j - prefix
+        return s <= p and (window is None or p - s < window)
+
+    assert max_abs(_call(q, k, v, "parallel", case), brute_force(q, k, v, 0.7, visible)) < F64_ATOL
+
+
+def test_float32_sdpa_vs_reference():
+    q, k, v = qkv(Tq=40, dtype=torch.float32)
+    for case in ({}, {"window": 7}):
+        a = softmax_attention(q, k, v, mode="sdpa", **case)
+        b = softmax_attention(q, k, v, mode="parallel", **case)
+        assert a.dtype == torch.float32
+        assert rel_err(a, b) < F32_RTOL
+
+
+def test_default_scale_is_inverse_sqrt_K():
+    q, k, v = qkv()
+    a = softmax_attention(q, k, v, mode="parallel")
+    b = softmax_attention(q, k, v, mode="parallel", scale=1 / math.sqrt(q.shape[-1]))
+    c = softmax_attention(q, k, v, mode="parallel", scale=1.0)
+    assert max_abs(a, b) == 0 and max_abs(a, c) > 1e-3
+
+
+def test_probs_rows_and_output():
+    q, k, v = qkv()
+    P = attention_probs(q, k, scale=0.7, window=4)
+    assert P.shape == (2, 3, 9, 9)
+    assert max_abs(P.sum(-1), torch.ones(2, 3, 9, dtype=P.dtype)) < F64_ATOL
+    assert torch.triu(P, 1).abs().max() == 0 and torch.tril(P, -4).abs().max() == 0
+    o = torch.einsum("bhts,bshv->bthv", P, v)
+    assert max_abs(o, softmax_attention(q, k, v, scale=0.7, window=4, mode="sdpa")) < F64_ATOL
+
+
+def test_queries_without_keys_get_zero_and_finite_grads():
+    """B'MOJO's invalid memory slots: a key_valid mask may leave a query with no key at all."""
+    q, k, v = qkv(Tq=5, Tk=5, grad=True)
+    kv = torch.ones(2, 5, dtype=torch.bool)
+    kv[0, :2] = False  # batch 0: queries 0 and 1 see nothing (window 2)
+    for mode in ("parallel", "sdpa"):
+        o = softmax_attention(q, k, v, window=2, key_valid=kv, mode=mode)
+        assert o[0, :2].abs().max() == 0 and o[0, 2:].abs().min() > 0
+        grads = torch.autograd.grad(o.sum(), (q, k, v))
+        assert all(bool(torch.isfinite(g).all()) for g in grads)
+    P = attention_probs(q, k, window=2, key_valid=kv)
+    assert P[0, :, :2].abs().max() == 0
+    assert max_abs(P[0, :, 2:].sum(-1), torch.ones(3, 3, dtype=P.dtype)) < F64_ATOL
+
+
+# -- decoding ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 6])
+def test_step_loop_equals_parallel_and_cache_is_bounded(window):
+    q, k, v = qkv(Tq=11)
+    ref = softmax_attention(q, k, v, mode="parallel", window=window, scale=0.5)
+    kc = vc = None
+    outs = []
+    for q_t, k_t, v_t in zip(q.unbind(1), k.unbind(1), v.unbind(1)):
+        o, kc, vc = attention_step(q_t, k_t, v_t, kc, vc, window=window, scale=0.5)
+        outs.append(o)
+        if window is not None:
+            assert kc.shape[1] <= window - 1 and vc.shape[1] == kc.shape[1]
+    assert max_abs(torch.stack(outs, 1), ref) < F64_ATOL
+    assert kc.shape[1] == (11 if window is None else min(11, window - 1))
+
+
+def test_kv_cache_trim():
+    k, v = torch.randn(2, 7, 3, 4), torch.randn(2, 7, 3, 5)
+    assert kv_cache_trim(k, v, None)[0] is k
+    kt, vt = kv_cache_trim(k, v, 4)
+    assert torch.equal(kt, k[:, -3:]) and torch.equal(vt, v[:, -3:])
+    assert kv_cache_trim(k, v, 1)[0].shape[1] == 0
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+
+def test_bad_input_names_the_argument():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="'k'.*width"):
+        softmax_attention(q, k[..., :3], v)
+    with pytest.raises(ValueError, match="'k'.*width"):
+        attention_step(q[:, 0], k[:, 0, :, :3], v[:, 0])
+    for w in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="'window'"):
+            softmax_attention(q, k, v, window=w)
+        with pytest.raises(ValueError, match="'window'"):
+            attention_mask(4, window=w)
+    with pytest.raises(ValueError, match="'window'"):
+        attention_step(q[:, 0], k[:, 0], v[:, 0], window=0)
+    with pytest.raises(ValueError, match="mode"):
+        softmax_attention(q, k, v, mode="chunk")
+    with pytest.raises(ValueError, match="'scale'"):
+        softmax_attention(q, k, v, scale=-1.0)
+    with pytest.raises(ValueError, match="'prefix'"):
+        attention_mask(3, 4, prefix=5)
+    with pytest.raises(ValueError, match="'key_valid'"):
+        softmax_attention(q, k, v, key_valid=torch.ones(2, 9))
+    with pytest.raises(ValueError, match="'v'"):
+        softmax_attention(q, k, v[:, :4])
+    with pytest.raises(ValueError, match="'q'"):
+        softmax_attention(q.nan_to_num().fill_(float("nan")), k, v)
+    with pytest.raises(ValueError, match="'k_cache'"):
+        attention_step(q[:, 0], k[:, 0], v[:, 0], torch.zeros(2, 3, 3, 7), torch.zeros(2, 3, 3, 5))
+
+
+# -- feature maps --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("P", [0, 1, 2, 3, 5])
+def test_taylor_features_give_the_truncated_exponential(P):
+    g = torch.Generator().manual_seed(P)
+    x, y = torch.randn(6, 3, generator=g, dtype=torch.float64), torch.randn(6, 3, generator=g, dtype=torch.float64)
+    fx, fy = taylor_features(x, P), taylor_features(y, P)
+    assert fx.shape == (6, taylor_feature_dim(3, P)) == (6, sum(3**p for p in range(P + 1)))
+    s = (x * y).sum(-1)
+    expected = sum(s**p / math.factorial(p) for p in range(P + 1))
+    assert max_abs((fx * fy).sum(-1), expected) < 1e-12
+
+
+def test_feature_maps_by_name():
+    x = torch.randn(4, 5, dtype=torch.float64)
+    assert torch.equal(apply_feature_map("identity", x), x)
+    assert bool((apply_feature_map("elu1", x) > 0).all()) and max_abs(apply_feature_map("elu1", x), torch.nn.functional.elu(x) + 1) == 0
+    assert max_abs(apply_feature_map("exp", x), x.exp()) == 0
+    assert max_abs(apply_feature_map("relu", x), x.clamp(min=0)) == 0
+    with pytest.raises(ValueError, match="feature map"):
+        apply_feature_map("cosine", x)
+    with pytest.raises(ValueError, match="'order'"):
+        taylor_features(x, -1)

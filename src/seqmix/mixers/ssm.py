@@ -33,6 +33,7 @@ from torch import nn
 from ..dsf import DSF
 from ..ops import linear_recurrence, recurrence_map
 from ..ops.conv import fft_conv, toeplitz
+from ..ops.selective_scan import selective_scan
 from ..ops.ssm import (
     discretize, dplr_kernel, nplr_legs, s4d_init, ssm_final_state, ssm_free_response, ssm_scan,
     vandermonde, vandermonde_kernel, vandermonde_transpose,
@@ -459,8 +460,9 @@ class S6(Mixer):
 
     i.e. DSF eq. (19): Λ_t = exp(-(Δ_t ⊗ I_n) ⊙ A_paper) with A_paper = exp(A_log) > 0,
     B_t = Δ_t ⊗ b_t, C_t = I ⊗ c_tᵀ, D_t = diag(D) (Mamba's constant D; the dsf note's A8).
-    Run by ``linear_recurrence`` with one head per channel, K = n, V = 1: q = c_t,
-    k = Δ_t b_t, v = x_t, gk = Δ_t A.
+    Modes: "recurrent" (also the decoding step) runs ``selective_scan`` (Mamba's scan with a
+    hand-written backward); "chunk" runs ``linear_recurrence`` with one head per channel,
+    K = n, V = 1: q = c_t, k = Δ_t b_t, v = x_t, gk = Δ_t A (the same recurrence, chunkwise).
 
     block = False (``s6``, the DSF paper's MQAR mixer): x = u, no conv, no gate, then out_proj.
     block = True (``mamba``): (x, z) = in_proj(u) with d_inner = expand·d_model,
@@ -539,21 +541,25 @@ class S6(Mixer):
 
     def _forward(self, u, *, state, mode, need_state):
         x, z, delta, b, c, conv = self._inputs(u, state.get("conv") if state else None, need_state)
-        q, k, v, gk = self._recurrence(x, delta, b, c)
-        o, S = linear_recurrence(
-            q, k, v, gk,
-            initial_state=state["S"] if state else None,
-            output_final_state=need_state,
-            mode=mode,
-            chunk_size=self.config.chunk_size,
-            check_values=False,
-        )
-        y_core = o[..., 0] + self.D * x
+        S0 = state["S"] if state else None  # [B, D, n, 1], the linear_recurrence layout
+        if mode == "chunk":
+            q, k, v, gk = self._recurrence(x, delta, b, c)
+            o, S = linear_recurrence(
+                q, k, v, gk, initial_state=S0, output_final_state=need_state, mode="chunk",
+                chunk_size=self.config.chunk_size, check_values=False,
+            )
+            y_core = o[..., 0] + self.D * x
+        else:  # "recurrent", "step", "auto": Mamba's selective scan (the same recurrence, fused backward)
+            y_core, S = selective_scan(
+                x, delta, self.A, b, c, self.D,
+                initial_state=S0[..., 0] if S0 is not None else None, output_final_state=need_state, check_values=False,
+            )
+            S = S.unsqueeze(-1) if S is not None else None
         y = y_core * F.silu(z) if z is not None else y_core
         new_state = None
         if need_state:
             new_state = {"S": S, "conv": conv} if self.config.block else {"S": S}
-        return MixOut(self.out_proj(y), new_state, values=v, mixed=y_core.unsqueeze(-1))
+        return MixOut(self.out_proj(y), new_state, values=x.unsqueeze(-1), mixed=y_core.unsqueeze(-1))
 
     # -- DSF view --------------------------------------------------------------------------
 

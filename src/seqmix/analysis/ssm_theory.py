@@ -38,8 +38,11 @@ __all__ = [
 
 
 def softplus_transition(x: torch.Tensor, a) -> torch.Tensor:
-    """exp(-a·softplus(x)): S6's transition with A = a·I and Δ = softplus(x) (DSF eq. 19, 31-32)."""
-    return torch.exp(-a * F.softplus(x))
+    """exp(-a·softplus(x)): S6's transition with A = a·I and Δ = softplus(x) (DSF eq. 19, 31-32).
+
+    softplus(x) = log(1 + eˣ) exactly (``logaddexp``): torch's F.softplus, which the mixers use as
+    Mamba does, switches to x above x = 20 (an error of log(1 + e⁻ˣ) < 2e-9 there)."""
+    return torch.exp(-a * torch.logaddexp(x, torch.zeros((), dtype=x.dtype, device=x.device)))
 
 
 def reversed_sigmoid_transition(x: torch.Tensor, a) -> torch.Tensor:

@@ -10,9 +10,10 @@ with one SSM per channel (S4, S4D, S6) or per head (SSD):
   discretized system (S4: ``ssm_scan`` with a dense Ā; S4D: ``linear_recurrence``
   with a constant complex decay).
 * selective (S6, DSF paper eq. 4 and 19; SSD, Mamba-2): Λ_i = exp(Δ_i A), B_i = Δ_i b_i,
-  C_i = c_i with Δ_i = softplus(W_Δ u_i + b_Δ); run by ``linear_recurrence`` with
-  q = C_t, k = Δ_t B_t, v = x_t and log-decay gk = Δ_t A (A < 0, Mamba's sign: the
-  paper's positive A is exp(A_log), so Λ = exp(-Δ·exp(A_log))).
+  C_i = c_i with Δ_i = softplus(W_Δ u_i + b_Δ): ``linear_recurrence`` with q = C_t,
+  k = Δ_t B_t, v = x_t and log-decay gk = Δ_t A (A < 0, Mamba's sign: the paper's
+  positive A is exp(A_log), so Λ = exp(-Δ·exp(A_log))); S6's recurrent mode runs the
+  same recurrence through ``seqmix.ops.selective_scan`` (a hand-written backward).
 
 Conventions (docs/ssm.md has the full list): tensors [batch, time, ...]; S6's channels are
 heads of ``linear_recurrence`` with K = d_state, V = 1; SSD's heads have K = d_state,

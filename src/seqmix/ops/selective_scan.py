@@ -11,7 +11,8 @@ v = x, gk = ΔA); this op exists because, for S6's shapes on CPU, autograd throu
 loop of small steps is slow (bench/ssm.py times the three side by side). Modes:
 
 * ``reference``: the loop over time (``unbind``, never ``x[:, t]``), differentiated by autograd.
-* ``fused`` (default): a ``torch.autograd.Function``, time-major. Forward: the decays
+* ``fused`` (default): a ``torch.autograd.Function``, time-major (when a gradient is needed;
+  otherwise the reference loop, the faster forward). Forward: the decays
   a = exp(ΔA) and inputs b = Δx ⊗ B as whole-sequence ops, h_t = a_t h_(t-1) + b_t as one
   ``addcmul`` per step, y_t = C_t·h_t as one batched matmul; a and the states are kept.
   Backward: a hand-written reverse-time loop over the adjoint
@@ -168,7 +169,8 @@ def selective_scan(
     Cx = C if C.dim() == 4 else C.unsqueeze(2)
     h0 = initial_state.to(dt) if initial_state is not None else torch.zeros(Bt, Dc, N, dtype=dt, device=x.device)
     u = delta * x  # Δ_t x_t, the input of the Euler-discretized B̄ = ΔB
-    if mode == "reference":
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, delta, A, B, C, h0))
+    if mode == "reference" or not needs_grad:  # without gradients the plain loop is the faster forward
         a = torch.exp(delta.unsqueeze(-1) * A)  # [B, T, D, N]
         y, h = _scan_reference(a, u.unsqueeze(-1) * Bx, Cx, h0)
     else:

@@ -8,8 +8,14 @@ from .attention_theory import (
     normalization_study,
     normalized_attention_variants,
 )
+from .ssm_theory import (
+    equivalence_condition, equivalence_normalizer, linear_attention_dsf, map_difference, reversed_sigmoid_transition,
+    s6_dsf, softplus_transition,
+)
 
 __all__ = [
     "lemma1_study", "lemma2_check", "eta_telescoping_error", "finite_state_attention_mixers",
     "normalized_attention_variants", "normalization_study",
+    "equivalence_condition", "equivalence_normalizer", "linear_attention_dsf", "map_difference",
+    "reversed_sigmoid_transition", "s6_dsf", "softplus_transition",
 ]

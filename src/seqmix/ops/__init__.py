@@ -6,10 +6,17 @@ from .attention import attention_mask, attention_probs, attention_step, kv_cache
 from .conv import causal_conv1d, causal_conv1d_step, direct_conv, fft_conv, toeplitz
 from .features import FEATURE_MAPS, apply_feature_map, taylor_feature_dim, taylor_features
 from .recurrence import linear_recurrence, recurrence_map, recurrence_step
+from .selective_scan import selective_scan
+from .ssm import (
+    cauchy, discretize, dplr_kernel, hippo_legs, krylov_kernel, nplr_legs, s4d_init, ssm_final_state,
+    ssm_free_response, ssm_scan, vandermonde, vandermonde_kernel, vandermonde_transpose,
+)
 
 __all__ = [
     "linear_recurrence", "recurrence_step", "recurrence_map", "RECURRENCE_MODES",
     "fft_conv", "direct_conv", "toeplitz", "causal_conv1d", "causal_conv1d_step",
     "softmax_attention", "attention_probs", "attention_step", "attention_mask", "kv_cache_trim", "ATTENTION_MODES",
     "FEATURE_MAPS", "apply_feature_map", "taylor_features", "taylor_feature_dim",
+    "selective_scan", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose", "vandermonde_kernel",
+    "cauchy", "dplr_kernel", "hippo_legs", "nplr_legs", "s4d_init", "ssm_scan", "ssm_free_response", "ssm_final_state",
 ]

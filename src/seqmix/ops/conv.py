@@ -76,9 +76,11 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor, D: torch.Tensor | None = None, *,
     if dt in (torch.float16, torch.bfloat16):
         dt = torch.float32
     n = fft_size(T)
-    U = torch.fft.rfft(u.to(dt), n=n, dim=-2)
-    Kf = torch.fft.rfft(k.to(dt), n=n, dim=-2)
-    y = torch.fft.irfft(U * Kf, n=n, dim=-2)[..., :T, :]
+    # transforms along the last, contiguous dimension (channels first): about twice as fast on
+    # CPU as transforming the strided time dimension of [B, T, C] in place
+    U = torch.fft.rfft(u.to(dt).transpose(-1, -2).contiguous(), n=n)
+    Kf = torch.fft.rfft(k.to(dt).transpose(-1, -2).contiguous(), n=n)
+    y = torch.fft.irfft(U * Kf, n=n)[..., :T].transpose(-1, -2).contiguous()
     if D is not None:
         y = y + u.to(dt) * D.to(dt)
     return y.to(u.dtype)

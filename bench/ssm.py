@@ -1,0 +1,260 @@
+"""State space model kernels side by side (issue 4): FFT vs direct long convolution, S6's scan
+against the Mamba-reference-style loop and the unbind loop, SSD chunked vs recurrent.
+
+    python bench/ssm.py                     # the issue's shapes and targets (a few minutes on 2 cores)
+    python bench/ssm.py --full-reference    # also the x[:, t] loop at L = 2048 (+ about 7 minutes)
+    python bench/ssm.py --quick    # small shapes, seconds (no memory probes)
+
+1. Long causal convolution, one sequence of L = 4096 and 256 channels (S4/S4D's fft mode):
+   ``fft_conv`` (rfft, n >= 2L) against ``direct_conv`` (conv1d, O(L²)), forward.
+2. S6 forward+backward at (B=2, L=2048, d=256, d_state=16), the same computation by
+   * "mamba-ref x[:, t]": Mamba's selective_scan_ref written as there (materialized
+     deltaA and deltaB_u, a loop that indexes deltaA[:, :, i]: its backward is quadratic in L,
+     so it runs once, no warm-up, and by default at L = 512, where the target is checked as a
+     lower bound; --full-reference times it at L = 2048 too);
+   * "linear_recurrence recurrent": the general op, one head per channel, K = 16, V = 1 (an
+     unbind loop differentiated by autograd), and its "chunk" mode;
+   * "selective_scan reference": the op's own unbind loop (autograd);
+   * "selective_scan fused": the op S6 runs (hand-written reverse-time backward).
+3. SSD forward+backward at (B=1, L=4096, 8 heads, head dim 64, d_state 64): the SSD mixer's
+   op call, ``linear_recurrence`` with one log-decay per head, in "chunk" (the SSD algorithm,
+   chunk 64) and "recurrent" modes.
+
+Every competitor's output is compared with the first one's (max abs difference printed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from _common import base_parser, peak_memory_mb, print_table, setup, target_line, timeit, write_json
+
+from seqmix.ops import linear_recurrence
+from seqmix.ops.conv import direct_conv, fft_conv
+from seqmix.ops.selective_scan import selective_scan
+
+SSD_CHUNK = 64
+
+
+# ------------------------------------------------------------------------------------------
+# 1. long convolution
+# ------------------------------------------------------------------------------------------
+
+
+def bench_conv(args):
+    L, C = (1024, 64) if args.quick else (4096, 256)
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(1, L, C, generator=g).to(args.device)
+    k = (torch.randn(L, C, generator=g) * torch.exp(-torch.arange(L).float() / 500).unsqueeze(1)).to(args.device)
+    t_fft = timeit(lambda: fft_conv(u, k, check_values=False), repeats=args.repeats, device=args.device)["min_ms"]
+    t_dir = timeit(lambda: direct_conv(u, k), repeats=args.repeats, device=args.device)["min_ms"]
+    err = float((fft_conv(u, k) - direct_conv(u, k)).abs().max() / direct_conv(u, k).abs().max())
+    rows = [[f"L={L} C={C}", "direct_conv", t_dir, 1.0, None], [f"L={L} C={C}", "fft_conv", t_fft, t_dir / t_fft, err]]
+    print_table(f"long causal convolution, forward (min of {args.repeats})", ["case", "impl", "ms", "x direct", "rel err"], rows)
+    return dict(L=L, C=C, direct_ms=t_dir, fft_ms=t_fft, speedup=t_dir / t_fft, rel_err=err)
+
+
+# ------------------------------------------------------------------------------------------
+# 2. S6
+# ------------------------------------------------------------------------------------------
+
+
+def s6_inputs(B, L, D, N, device):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, L, D, generator=g)
+    delta = torch.nn.functional.softplus(torch.randn(B, L, D, generator=g) - 4)  # Δ ~ 0.02, Mamba's range
+    A = -torch.arange(1, N + 1, dtype=torch.float32).repeat(D, 1)  # S4D-Real
+    Bm, Cm = torch.randn(B, L, N, generator=g), torch.randn(B, L, N, generator=g)
+    Dv = torch.ones(D)
+    return [t.to(device).requires_grad_(True) for t in (x, delta, A, Bm, Cm, Dv)]
+
+
+def mamba_reference_style(x, delta, A, Bm, Cm, Dv):
+    """Mamba's selective_scan_ref, as written there (channel-first, x[:, t]-style indexing in the loop)."""
+    u, delta, Bm, Cm = x.transpose(1, 2), delta.transpose(1, 2), Bm.transpose(1, 2), Cm.transpose(1, 2)  # (b, d, l), (b, n, l)
+    deltaA = torch.exp(torch.einsum("bdl,dn->bdln", delta, A))
+    deltaB_u = torch.einsum("bdl,bnl,bdl->bdln", delta, Bm, u)
+    h = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])
+    ys = []
+    for i in range(u.shape[2]):
+        h = deltaA[:, :, i] * h + deltaB_u[:, :, i]
+        ys.append(torch.einsum("bdn,bn->bd", h, Cm[:, :, i]))
+    y = torch.stack(ys, dim=2) + u * Dv[:, None]
+    return y.transpose(1, 2)
+
+
+def via_linear_recurrence(mode):
+    def run(x, delta, A, Bm, Cm, Dv):
+        Bt, L, D = x.shape
+        N = A.shape[1]
+        o, _ = linear_recurrence(
+            Cm.unsqueeze(2).expand(Bt, L, D, N), delta.unsqueeze(-1) * Bm.unsqueeze(2), x.unsqueeze(-1),
+            delta.unsqueeze(-1) * A, mode=mode, check_values=False,
+        )
+        return o[..., 0] + Dv * x
+
+    return run
+
+
+def via_selective_scan(mode):
+    def run(x, delta, A, Bm, Cm, Dv):
+        return selective_scan(x, delta, A, Bm, Cm, Dv, mode=mode, check_values=False)[0]
+
+    return run
+
+
+S6_IMPLS = {
+    "mamba-ref x[:, t]": mamba_reference_style,
+    "linear_recurrence recurrent": via_linear_recurrence("recurrent"),
+    "linear_recurrence chunk": via_linear_recurrence("chunk"),
+    "selective_scan reference": via_selective_scan("reference"),
+    "selective_scan fused": via_selective_scan("fused"),
+}
+SLOW = ("mamba-ref x[:, t]", "linear_recurrence chunk")  # run once, no warm-up
+
+
+def s6_fwd_bwd(name, B, L, D, N, device):
+    """Module-level builder (the memory probe runs it in another process)."""
+    inputs = s6_inputs(B, L, D, N, device)
+    impl = S6_IMPLS[name]
+
+    def fwd_bwd():
+        impl(*inputs).sum().backward()
+        for t in inputs:
+            t.grad = None
+
+    return fwd_bwd
+
+
+def bench_s6(args, B, L, D, N, names):
+    dev = args.device
+    inputs = s6_inputs(B, L, D, N, dev)
+    with torch.no_grad():
+        y_ref = S6_IMPLS["selective_scan reference"](*inputs)
+    rows, res = [], {}
+    for name in names:
+        impl = S6_IMPLS[name]
+        slow = name in SLOW
+        reps = 1 if slow else args.repeats
+        with torch.no_grad():
+            err = float((impl(*inputs) - y_ref).abs().max())
+        t_f = timeit(lambda: impl(*[t.detach() for t in inputs]), repeats=reps, warmup=0 if slow else 1, device=dev)["min_ms"]
+        t_fb = timeit(s6_fwd_bwd(name, B, L, D, N, dev), repeats=reps, warmup=0 if slow else 1, device=dev)["min_ms"]
+        mem = None
+        if not (args.no_memory or args.quick or slow):
+            mem = peak_memory_mb(s6_fwd_bwd, name, B, L, D, N, dev, device=dev)
+        res[name] = dict(fwd_ms=t_f, fwd_bwd_ms=t_fb, repeats=reps, max_abs_diff=err, peak_mem_mb=mem)
+        print(f"  done: S6 L={L} {name}")
+    base = res.get("mamba-ref x[:, t]", {}).get("fwd_bwd_ms")
+    unbind = res["linear_recurrence recurrent"]["fwd_bwd_ms"]
+    for name, r in res.items():
+        r["x_mamba_ref"] = base / r["fwd_bwd_ms"] if base else None
+        r["x_unbind_loop"] = unbind / r["fwd_bwd_ms"]
+        rows.append([name, r["fwd_ms"], r["fwd_bwd_ms"], r["x_mamba_ref"], r["x_unbind_loop"], r["peak_mem_mb"], r["max_abs_diff"], r["repeats"]])
+    print_table(
+        f"S6 scan (B={B}, L={L}, d={D}, d_state={N}); min of the repeats",
+        ["impl", "fwd ms", "fwd+bwd ms", "x mamba-ref f+b", "x unbind f+b", "peak MB f+b", "max |Δy|", "repeats"],
+        rows,
+    )
+    return dict(shape=dict(B=B, L=L, d=D, d_state=N), results=res)
+
+
+# ------------------------------------------------------------------------------------------
+# 3. SSD
+# ------------------------------------------------------------------------------------------
+
+
+def ssd_inputs(B, L, H, P, N, device):
+    g = torch.Generator().manual_seed(0)
+    delta = torch.nn.functional.softplus(torch.randn(B, L, H, generator=g) - 3)
+    a = -torch.empty(H).uniform_(1, 16, generator=g)
+    q = torch.randn(B, L, H, N, generator=g) * N**-0.5  # C
+    k = delta.unsqueeze(-1) * torch.randn(B, L, H, N, generator=g)  # ΔB
+    v = torch.randn(B, L, H, P, generator=g)  # x
+    gk = delta * a  # Δ·a, one log-decay per head
+    return [t.to(device).requires_grad_(True) for t in (q, k, v, gk)]
+
+
+def ssd_fwd_bwd(mode, B, L, H, P, N, device):
+    q, k, v, gk = ssd_inputs(B, L, H, P, N, device)
+
+    def fwd_bwd():
+        o, _ = linear_recurrence(q, k, v, gk, mode=mode, chunk_size=SSD_CHUNK, check_values=False)
+        o.sum().backward()
+        for t in (q, k, v, gk):
+            t.grad = None
+
+    return fwd_bwd
+
+
+def bench_ssd(args):
+    B, L, H, P, N = (1, 256, 8, 64, 64) if args.quick else (1, 4096, 8, 64, 64)
+    dev = args.device
+    q, k, v, gk = (t.detach() for t in ssd_inputs(B, L, H, P, N, dev))
+    y_ref, _ = linear_recurrence(q, k, v, gk, mode="recurrent", check_values=False)
+    res, rows = {}, []
+    for mode in ("recurrent", "chunk"):
+        reps = max(1, args.repeats - 1) if mode == "recurrent" else args.repeats
+        y, _ = linear_recurrence(q, k, v, gk, mode=mode, chunk_size=SSD_CHUNK, check_values=False)
+        t_f = timeit(lambda: linear_recurrence(q, k, v, gk, mode=mode, chunk_size=SSD_CHUNK, check_values=False), repeats=reps, device=dev)["min_ms"]
+        t_fb = timeit(ssd_fwd_bwd(mode, B, L, H, P, N, dev), repeats=reps, device=dev)["min_ms"]
+        mem = None if (args.no_memory or args.quick) else peak_memory_mb(ssd_fwd_bwd, mode, B, L, H, P, N, dev, device=dev)
+        res[mode] = dict(fwd_ms=t_f, fwd_bwd_ms=t_fb, max_abs_diff=float((y - y_ref).abs().max()), peak_mem_mb=mem)
+        print(f"  done: SSD {mode}")
+    for mode, r in res.items():
+        r["x_recurrent_fwd"] = res["recurrent"]["fwd_ms"] / r["fwd_ms"]
+        r["x_recurrent_fwd_bwd"] = res["recurrent"]["fwd_bwd_ms"] / r["fwd_bwd_ms"]
+        rows.append([mode, r["fwd_ms"], r["fwd_bwd_ms"], r["x_recurrent_fwd"], r["x_recurrent_fwd_bwd"], r["peak_mem_mb"], r["max_abs_diff"]])
+    print_table(
+        f"SSD (B={B}, L={L}, heads={H}, head dim={P}, d_state={N}, chunk {SSD_CHUNK}); min of the repeats",
+        ["mode", "fwd ms", "fwd+bwd ms", "x rec fwd", "x rec f+b", "peak MB f+b", "max |Δy|"],
+        rows,
+    )
+    return dict(shape=dict(B=B, L=L, heads=H, headdim=P, d_state=N, chunk=SSD_CHUNK), results=res)
+
+
+def main():
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument(
+        "--full-reference", action="store_true",
+        help="also time the x[:, t] loop at the issue's L = 2048 (its backward is O(L²): about 7 minutes on 2 cores)",
+    )
+    args = p.parse_args()
+    info = setup(args)
+    print(f"machine: {info}\n")
+    conv = bench_conv(args)
+    B, L, D, N = (2, 128, 32, 16) if args.quick else (2, 2048, 256, 16)
+    L_ref = 64 if args.quick else 512  # where the x[:, t] loop is timed by default
+    every = list(S6_IMPLS)
+    s6 = bench_s6(args, B, L, D, N, every if args.full_reference else every[1:])
+    s6_short = None if args.full_reference else bench_s6(args, B, L_ref, D, N, ["mamba-ref x[:, t]", "linear_recurrence recurrent", "selective_scan fused"])
+    ssd = bench_ssd(args)
+
+    print("\ntargets (2-core CPU):")
+    targets = [
+        target_line(f"fft_conv >= 20x direct_conv (L={conv['L']}, {conv['C']} channels)", conv["speedup"] >= 20, f"{conv['speedup']:.1f}x"),
+    ]
+    r = s6["results"]
+    fused = r["selective_scan fused"]
+    ref_run = s6 if args.full_reference else s6_short
+    rr = ref_run["results"]
+    sp = rr["selective_scan fused"]["x_mamba_ref"]
+    where = f"L={ref_run['shape']['L']}" + ("" if args.full_reference else f" (a lower bound for L={L}: the loop's backward is O(L²), the scan's O(L); --full-reference times L={L})")
+    targets.append(target_line(
+        f"S6 fwd+bwd >= 5x the Mamba-reference x[:, t] loop, {where}", sp >= 5,
+        f"{sp:.1f}x ({rr['mamba-ref x[:, t]']['fwd_bwd_ms']:.0f} ms -> {rr['selective_scan fused']['fwd_bwd_ms']:.0f} ms)",
+    ))
+    targets.append(target_line(
+        f"S6 fwd+bwd against the unbind loop (report), L={L}", None,
+        f"{fused['x_unbind_loop']:.2f}x linear_recurrence recurrent ({r['linear_recurrence recurrent']['fwd_bwd_ms']:.0f} ms -> "
+        f"{fused['fwd_bwd_ms']:.0f} ms), {r['selective_scan reference']['fwd_bwd_ms'] / fused['fwd_bwd_ms']:.2f}x the selective_scan reference loop",
+    ))
+    sp = ssd["results"]["chunk"]["x_recurrent_fwd_bwd"]
+    targets.append(target_line(f"SSD chunked fwd+bwd >= 10x recurrent (L={ssd['shape']['L']})", sp >= 10, f"{sp:.1f}x"))
+    if args.quick:
+        print("  (--quick: small shapes; the targets are defined at the issue's shapes)")
+    write_json(args, "ssm", dict(machine=info, conv=conv, s6=s6, s6_reference_length=s6_short, ssd=ssd, targets=targets, quick=args.quick))
+
+
+if __name__ == "__main__":
+    main()

@@ -136,3 +136,12 @@ def test_bad_shapes():
         DSF(torch.rand(1, 4, 3), torch.rand(1, 4, 2, 2), torch.rand(1, 4, 2, 3))
     with pytest.raises(ValueError, match="'u'"):
         random_system().evaluate(torch.randn(2, 3, 3))
+
+
+def test_complex_system_with_real_skip():
+    T, N = 4, 2
+    lam = torch.polar(torch.rand(1, T, N, dtype=torch.float64), torch.rand(1, T, N, dtype=torch.float64))
+    D = torch.randn(1, T, 1, 1, dtype=torch.float64)
+    s = DSF(lam, torch.randn(1, T, N, 1, dtype=torch.complex128), torch.randn(1, T, 1, N, dtype=torch.complex128), D)
+    u = torch.randn(1, T, 1, dtype=torch.float64)
+    assert max_abs(s.evaluate(u).reshape(-1), s.phi()[0] @ u.reshape(-1)) < DSF_ATOL

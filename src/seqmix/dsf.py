@@ -105,7 +105,7 @@ class DSF:
                 f"{_WHERE}.evaluate: argument 'u' must have shape [batch, T, d_in] = [{self.batch}, {self.T}, {self.d_in}], got {fmt_shape(u.shape)}"
             )
         u = _to64(u).expand(self.batch, -1, -1)
-        u = u.to(torch.promote_types(u.dtype, self.B.dtype))
+        u = u.to(torch.promote_types(u.dtype, self.B.dtype if self.D is None else torch.promote_types(self.B.dtype, self.D.dtype)))
         h = torch.zeros(self.batch, self.N, dtype=torch.promote_types(self.lam.dtype, self.B.dtype), device=self.lam.device)
         if h0 is not None:
             h = h + _to64(h0)
@@ -114,7 +114,7 @@ class DSF:
             h = self.lam[:, i] * h + (self.B[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
             y = (self.C[:, i] @ h.unsqueeze(-1)).squeeze(-1)
             if self.D is not None:
-                y = y + (self.D[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
+                y = y + (self.D[:, i].to(u.dtype) @ u[:, i].unsqueeze(-1)).squeeze(-1)
             ys.append(y)
             hs.append(h)
         y = self._out(torch.stack(ys, 1))

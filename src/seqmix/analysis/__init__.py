@@ -19,3 +19,12 @@ __all__ = [
     "equivalence_condition", "equivalence_normalizer", "linear_attention_dsf", "map_difference",
     "reversed_sigmoid_transition", "s6_dsf", "softplus_transition",
 ]
+from .realization import (
+    attention_realization, ccf, companion_matrix, companion_realization, diagonal_to_ccf, linear_attention_realization,
+    poly_from_roots, run_strict, run_system, shift_matrix, strictly_causal,
+)
+
+__all__ += [
+    "attention_realization", "ccf", "companion_matrix", "companion_realization", "diagonal_to_ccf",
+    "linear_attention_realization", "poly_from_roots", "run_strict", "run_system", "shift_matrix", "strictly_causal",
+]

@@ -159,7 +159,7 @@ class Bmojo(_Attention):
                 )
             )
         if self.m_e:
-            self.register_buffer("predictor", predictor_weights(c.innovation_span, c.innovation_weights, c.innovation_decay, torch.float32))
+            self.register_buffer("predictor", predictor_weights(c.innovation_span, c.innovation_weights, c.innovation_decay, torch.float32), persistent=False)
         span = c.innovation_span if self.m_e else 0
         fading = (self.window - 1 + self.m_f if c.update == "token" else self.m_f) if self.m_f else 0
         #: P: SSM outputs kept for the predictor and the fading tokens

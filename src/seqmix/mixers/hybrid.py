@@ -443,6 +443,7 @@ class StripMamba(S6):
     converts). Maps and DSF: those of S6, [B, d_in, T, T].
     """
 
+    family = "hybrid"  # (the brief's grouping: B'MOJO and its App. E variants)
     Config = StripMambaConfig
 
     def __init__(self, config: StripMambaConfig | None = None, **kwargs):
@@ -481,6 +482,7 @@ class BilinearMamba(S6):
     ``linear_recurrence`` (q = C, k = ΔB, v = x, log-decay log(1 + ΔA)); maps and DSF as S6's.
     """
 
+    family = "hybrid"
     Config = BilinearMambaConfig
 
     def _recurrence(self, x, delta, b, c):

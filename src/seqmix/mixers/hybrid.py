@@ -286,6 +286,10 @@ class Bmojo(_Attention):
             }
             return {**{n: t.unsqueeze(1) for n, t in (("k", new["k"]), ("v", new["v"]))}, "ok": new["valid"].unsqueeze(1),
                     "pos": new["pos"].unsqueeze(1), "carry": new}
+        rolled = not token and (pos0 + T) % ch == 0
+        if G == 1 and not token and not rolled:  # inside one chunk: its memory is the cached one
+            ok = init["valid"].unsqueeze(1)
+            return {"k": init["k"].unsqueeze(1), "v": init["v"].unsqueeze(1), "ok": ok, "pos": init["pos"].unsqueeze(1), "carry": init}
         # candidates: from the first group's start (update "chunk": the ring's part of the chunk)
         n_pre = 0 if token else pos0 - (pos0 // ch) * ch
         first = pos0 - n_pre
@@ -298,14 +302,9 @@ class Bmojo(_Attention):
         cand_eps = F.pad(cand_eps, (0, pad))
         cand_ok = (torch.arange(n_pad, device=dev) < n).expand(Bt, n_pad)
         cand_pos = (first + torch.arange(n_pad, device=dev)).expand(Bt, n_pad)
-        rolled = not token and (pos0 + T) % ch == 0
-        if G == 1 and not token and not rolled:  # inside one chunk: its memory is the cached one
-            ids = torch.arange(m_e, device=dev).expand(Bt, 1, m_e)
-            vis = init["valid"].unsqueeze(1)
-        else:
-            ids, vis = eidetic_select(
-                cand_eps, cand_ok, m_e, group_size=size, init_eps=init["eps"], init_pos=init["pos"], init_valid=init["valid"], rule=c.selection
-            )  # [B, G+1, m_e]
+        ids, vis = eidetic_select(
+            cand_eps, cand_ok, m_e, group_size=size, init_eps=init["eps"], init_pos=init["pos"], init_valid=init["valid"], rule=c.selection
+        )  # [B, G+1, m_e]
         pool_k, pool_v = torch.cat([init["k"], cand_k], 1), torch.cat([init["v"], cand_v], 1)
         pool_eps, pool_pos = torch.cat([init["eps"], cand_eps], 1), torch.cat([init["pos"], cand_pos], 1)
 

@@ -13,8 +13,11 @@ Every mixer is built by name at d_model 64, float32, batch 1:
 
 1. Training: forward+backward (gradients of every parameter and of x) for each L; the
    competitors run alternately (min over the repeats) so that load bursts hit them alike; the
-   exponent p of time ~ L^p fitted over the Ls (target: B'MOJO linear, p <= 1.15), ratios to
-   attention and to Mamba.
+   exponent p of time ~ L^p fitted over the Ls, ratios to attention and to Mamba. Also timed
+   alone: "memory attention", the op B'MOJO adds to its Mamba block
+   (``chunked_memory_attention`` mode "chunk" on B'MOJO's shapes: 4 heads of 16, w = 128,
+   m = 20). Targets: the memory attention linear (p <= 1.15), and B'MOJO scaling as the
+   Mamba block inside it (p within 0.1 of Mamba's).
 2. Decoding: a context of L tokens is prefilled into a Cache (the chunked forward with state),
    then tokens are decoded one at a time (min over --decode-tokens); the floats each cache holds
    per sequence (Cache.floats()) against L. Target: B'MOJO's memory is the same for every L and
@@ -32,9 +35,11 @@ from _common import base_parser, fit_exponent, print_table, setup, target_line, 
 
 import seqmix
 from seqmix import Cache
+from seqmix.ops.memory_attention import chunked_memory_attention, n_chunks
 
 D_MODEL, HEADS, WINDOW, M_F, M_E, D_STATE = 64, 4, 128, 4, 16, 16
 NAMES = ("bmojo", "bmojo_f", "softmax_attention", "mamba")
+OP = "memory attention"
 
 
 def build(name: str, device: str):
@@ -61,13 +66,36 @@ def interleaved_min(fns: dict, repeats: int, device: str) -> dict:
     return best
 
 
+def memory_attention_step(L: int, device: str):
+    """forward+backward of the chunked interleaved attention alone, on B'MOJO's shapes."""
+    H, K = HEADS, D_MODEL // HEADS
+    G = n_chunks(0, L, WINDOW)
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=g, device=device).requires_grad_(True)
+
+    q, k, v = leaf(1, L, H, K), leaf(1, L, H, K), leaf(1, L, H, K)
+    k_mem, v_mem = leaf(1, G, M_F + M_E, H, K), leaf(1, G, M_F + M_E, H, K)
+    valid = torch.ones(1, G, M_F + M_E, dtype=torch.bool, device=device)
+    valid[:, 0] = False  # chunk 0 has no memory
+
+    def fb():
+        o = chunked_memory_attention(q, k, v, k_mem, v_mem, window=WINDOW, mem_valid=valid, mode="chunk", check_values=False)
+        o.sum().backward()
+        for t in (q, k, v, k_mem, v_mem):
+            t.grad = None
+
+    return fb
+
+
 def training(args, Ls):
     dev = args.device
     mixers = {name: build(name, dev) for name in NAMES}
     rows, res = [], {}
     for L in Ls:
         xg = torch.randn(1, L, D_MODEL, device=dev, requires_grad=True)
-        fns = {}
+        fns = {OP: memory_attention_step(L, dev)}
         for name, m in mixers.items():
 
             def fb(m=m):
@@ -78,8 +106,8 @@ def training(args, Ls):
             fns[name] = fb
         reps = max(args.repeats, 5) if L <= 1024 else args.repeats
         t = interleaved_min(fns, reps, dev)
-        res[L] = {name: t[name] for name in NAMES}
-        rows.append([L, reps, *(t[n] for n in NAMES), t["softmax_attention"] / t["bmojo"], t["bmojo"] / t["mamba"]])
+        res[L] = {name: t[name] for name in (*NAMES, OP)}
+        rows.append([L, reps, *(t[n] for n in NAMES), t[OP], t["softmax_attention"] / t["bmojo"], t["bmojo"] / t["mamba"]])
         print(f"done: training L={L}")
     return rows, res
 
@@ -120,11 +148,11 @@ def main():
     print_table(
         f"forward+backward ms, d_model {D_MODEL}, batch 1, float32 ({info['device']}, {info['threads']} threads; min over the repeats, "
         f"competitors alternate); bmojo: w={WINDOW}, m_f={M_F}, m_e={M_E}, mode chunk",
-        ["L", "repeats", *NAMES, "attention/bmojo", "bmojo/mamba"],
+        ["L", "repeats", *NAMES, OP, "attention/bmojo", "bmojo/mamba"],
         t_rows,
     )
-    exps = {n: fit_exponent(Ls, [t_res[L][n] for L in Ls]) for n in NAMES}
-    print("fitted exponent p of time ~ L^p: " + ", ".join(f"{n} {exps[n]:.2f}" for n in NAMES))
+    exps = {n: fit_exponent(Ls, [t_res[L][n] for L in Ls]) for n in (*NAMES, OP)}
+    print("fitted exponent p of time ~ L^p: " + ", ".join(f"{n} {exps[n]:.2f}" for n in exps))
 
     d_rows, d_res = decoding(args, Ls)
     print_table(
@@ -142,8 +170,11 @@ def main():
 
     print("\ntargets:")
     targets = [
-        target_line("B'MOJO forward+backward linear in L (fitted exponent <= 1.15)", exps["bmojo"] <= 1.15,
-                    f"p = {exps['bmojo']:.2f} (bmojo_f {exps['bmojo_f']:.2f}, mamba {exps['mamba']:.2f}, attention {exps['softmax_attention']:.2f})"),
+        target_line("B'MOJO's memory attention (chunked, interleaved) linear in L (fitted exponent <= 1.15)", exps[OP] <= 1.15,
+                    f"p = {exps[OP]:.2f}"),
+        target_line("B'MOJO forward+backward scales as its Mamba block (no quadratic term: exponent within 0.1 of Mamba's)",
+                    exps["bmojo"] <= exps["mamba"] + 0.1,
+                    f"p = {exps['bmojo']:.2f} (bmojo_f {exps['bmojo_f']:.2f}, mamba {exps['mamba']:.2f}, full attention {exps['softmax_attention']:.2f})"),
     ]
     mem = [d_res["bmojo"][L]["state_floats"] for L in Ls] + [d_res["bmojo"][L]["state_floats_after_decoding"] for L in Ls]
     targets.append(target_line(

@@ -1,0 +1,141 @@
+"""MetaLA and GLA (the general form, seqmix.mixers.linear_attention): chunk vs recurrent mode, and decoding.
+
+    python bench/linear_attention.py            # the issue's shapes and targets (a few minutes on 2 cores)
+    python bench/linear_attention.py --quick    # small shapes, seconds
+
+1. Training: forward+backward of the whole token mixer (projections, short conv, recurrence,
+   self-augmentation, norm, gate) at (B=2, T=4096, d=512, 4 heads), in ``chunk`` and in
+   ``recurrent`` mode, side by side; the ratio recurrent / chunk (target >= 10x on a 2-core
+   CPU). The recurrent mode is timed once (it takes tens of seconds), after a warm-up at a
+   short length (the first backward of a depthwise conv at a new shape pays oneDNN's
+   kernel generation); the chunk mode is the minimum of --repeats after a warm-up.
+2. Decoding: prefill a context of L tokens (chunk mode, no grad) for L = 1k, 4k, 16k, then
+   time one-token steps with each cache, round-robin over the lengths (the minimum over
+   --steps tokens per length; target: flat, the slowest within 1.5x of the fastest). Also
+   the floats of state each sequence holds.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from _common import base_parser, fit_exponent, print_table, setup, target_line, timeit, write_json
+
+import seqmix
+from seqmix.mixers.base import Cache
+
+MIXERS = ("metala", "gla")
+
+
+def build(name, d, heads, mode):
+    torch.manual_seed(0)
+    return seqmix.build_mixer(name, d_model=d, heads=heads, mode=mode)
+
+
+def fwd_bwd(m, x):
+    def run():
+        x.grad = None
+        m.zero_grad(set_to_none=True)
+        m(x).sum().backward()
+
+    return run
+
+
+def time_training(name, B, T, d, H, args):
+    x = torch.randn(B, T, d, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    m = build(name, d, H, "chunk")
+    chunk = timeit(fwd_bwd(m, x), repeats=args.repeats, device=args.device)["min_ms"]
+    m.mode = "recurrent"
+    fwd_bwd(m, torch.randn(B, 64, d, requires_grad=True))()  # warm-up at a short length
+    t0 = time.perf_counter()
+    fwd_bwd(m, x)()
+    rec = (time.perf_counter() - t0) * 1e3
+    return chunk, rec
+
+
+def time_decoding(name, B, d, H, contexts, steps, args):
+    """Prefill one cache per context length, then time one-token steps round-robin over the
+    caches (so that a change in the machine's load hits every length alike); min per length."""
+    m = build(name, d, H, "chunk")
+    caches, out = {}, {}
+    with torch.no_grad():
+        warm = Cache()
+        m(torch.randn(B, 64, d), cache=warm)
+        for _ in range(8):  # warm-up: the first calls at a new shape pay one-time costs
+            m(torch.randn(B, 1, d), cache=warm)
+        for L in contexts:
+            caches[L] = Cache()
+            t0 = time.perf_counter()
+            m(torch.randn(B, L, d, generator=torch.Generator().manual_seed(L)), cache=caches[L])
+            out[L] = dict(prefill_ms=(time.perf_counter() - t0) * 1e3, state_floats=caches[L].floats() // B)
+        per = {L: [] for L in contexts}
+        toks = torch.randn(steps, B, 1, d, generator=torch.Generator().manual_seed(0))
+        for tok in toks:
+            for L in contexts:
+                t0 = time.perf_counter()
+                m(tok, cache=caches[L])
+                per[L].append((time.perf_counter() - t0) * 1e3)
+    for L in contexts:
+        ts = sorted(per[L])
+        out[L].update(ms_per_token=ts[0], median_ms_per_token=ts[len(ts) // 2])
+    return out
+
+
+def main():
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=64, help="decoding steps timed per context length")
+    args = p.parse_args()
+    info = setup(args)
+    print(f"machine: {info}\n")
+    if args.quick:
+        B, T, d, H, contexts = 2, 512, 128, 4, [256, 1024, 4096]
+    else:
+        B, T, d, H, contexts = 2, 4096, 512, 4, [1024, 4096, 16384]
+
+    results, rows, targets = {}, [], []
+    for name in MIXERS:
+        chunk, rec = time_training(name, B, T, d, H, args)
+        tokens = B * T
+        results[name] = dict(shape=dict(B=B, T=T, d=d, heads=H), chunk_fwd_bwd_ms=chunk, recurrent_fwd_bwd_ms=rec,
+                             speedup=rec / chunk, chunk_tokens_per_s=tokens / (chunk * 1e-3))
+        rows.append([name, T, "chunk", chunk, tokens / (chunk * 1e-3), rec / chunk])
+        rows.append([name, T, "recurrent", rec, tokens / (rec * 1e-3), 1.0])
+        print(f"done: {name} training", flush=True)
+    print_table(
+        f"token mixer forward+backward, B={B} T={T} d={d} heads={H} ({info['threads']} threads; chunk: min of {args.repeats}, recurrent: one run)",
+        ["case", "T", "mode", "fwd+bwd ms", "tokens/s", "x recurrent"], rows,
+    )
+    r_m, r_g = results["metala"], results["gla"]
+    print(f"MetaLA / GLA chunk time: {r_m['chunk_fwd_bwd_ms'] / r_g['chunk_fwd_bwd_ms']:.2f}")
+
+    drows = []
+    for name in MIXERS:
+        dec = time_decoding(name, 1, d, H, contexts, args.steps, args)
+        results[name]["decoding"] = dec
+        for L, r in dec.items():
+            drows.append([name, L, r["ms_per_token"], r["median_ms_per_token"], r["prefill_ms"], r["state_floats"]])
+        print(f"done: {name} decoding", flush=True)
+    print_table(
+        f"decoding one token with the cache after a context of L tokens (B=1, d={d}; min over {args.steps} steps)",
+        ["case", "T", "ms/token", "median ms/token", "prefill ms", "state floats"], drows,
+    )
+
+    print(f"\ntargets (2-core CPU, B={B} T={T} d={d} heads={H}):")
+    for name in MIXERS:
+        r = results[name]
+        targets.append(target_line(f"{name}: chunk fwd+bwd >= 10x recurrent", r["speedup"] >= 10,
+                                   f"{r['speedup']:.1f}x ({r['recurrent_fwd_bwd_ms']:.0f} ms vs {r['chunk_fwd_bwd_ms']:.0f} ms)"))
+        per = [r["decoding"][L]["ms_per_token"] for L in contexts]
+        flat = max(per) / min(per)
+        slope = fit_exponent(contexts, per)
+        targets.append(target_line(f"{name}: decoding time per token flat from {contexts[0]} to {contexts[-1]}", flat <= 1.5,
+                                   f"{', '.join(f'{t:.3f}' for t in per)} ms/token; max/min {flat:.2f}, exponent {slope:.3f}"))
+    if args.quick:
+        print("  (--quick: small shapes; the targets are defined at B=2, T=4096, d=512, contexts 1k-16k)")
+    write_json(args, "linear_attention", dict(machine=info, results=results, targets=targets, quick=args.quick))
+
+
+if __name__ == "__main__":
+    main()

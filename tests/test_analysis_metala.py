@@ -177,3 +177,13 @@ def test_self_augmentation_changes_only_the_diagonal():
         metala_map(_metala(), x)
     with pytest.raises(ValueError, match="mixer"):
         metala_channel_weights(seqmix.build_mixer("gla", d_model=16), x.float())
+
+
+def test_cli_table2(capsys):
+    from seqmix.cli import main
+
+    assert main(["table2", "metala", "rwkv4"]) == 0
+    out = capsys.readouterr().out
+    assert "{Q, Λ_t}" in out and "{K, Λ}" in out
+    assert main(["table2", "no_such_preset"]) == 2
+    assert "known" in capsys.readouterr().err

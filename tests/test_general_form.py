@@ -62,6 +62,7 @@ VARIANTS = {
     "qlstm_rs_exp": ("qlstm_rs", dict(rs_exponent="exp")),
     "qlstm_rs_fixed": ("qlstm_rs_block", dict(rs_exponent="fixed")),
     "retnet_no_rotary": ("retnet", dict(rotary=False)),
+    "retnet_xpos": ("retnet", dict(xpos=True)),
     "rotary_no_decay": ("general_form", dict(decay="none", rotary=True, key="proj")),
     "mamba_block": ("mamba_gf", dict(expand=2, outer_gate="silu", conv_size=4, conv_bias=True, conv_activation="silu")),
     "linformer_decayed": ("linformer", dict(decay="sigmoid", tau=4.0)),
@@ -223,6 +224,12 @@ def test_retnet_rotary_is_rope():
     o = F.layer_norm(o, (V,), eps=1e-5) * m.norm.weight.view(H, V) + m.norm.bias.view(H, V)
     y_ref = lin(m.W_o, o.reshape(B, T, H * V) * F.silu(lin(m.W_g, x)))
     assert max_abs(m(x), y_ref) < F64_ATOL
+    # xPos: q_t ζ^{t/512}, k_s ζ^{-s/512} per pair (torchscale's XPOS), the same scores times ζ^{(t-s)/512}
+    m.config.xpos = True
+    zeta = (torch.arange(0, K, 2, dtype=x.dtype) + 0.4 * K) / (1.4 * K)
+    up = zeta.repeat_interleave(2) ** (n[:, None, None] / 512)  # [T, 1, K]
+    scores_x = torch.einsum("bthk,bshk->bhts", rope(q) * up, rope(k) / up) * K**-0.5 * decay
+    assert max_abs(m.phi(x), scores_x) < F64_ATOL
 
 
 def test_rwkv4_full_matches_wkv():
@@ -524,6 +531,7 @@ def test_retnet_and_gla_counts():
         ("general_form", dict(key="delta_proj"), "delta_A"),
         ("lru", dict(value="proj"), "lru"),
         ("qlstm", dict(expand_v=2.0, expand_k=2.0), "out_proj"),
+        ("general_form", dict(xpos=True), "xpos"),
     ],
 )
 def test_bad_config_raises_value_error_naming_the_field(name, overrides, field):

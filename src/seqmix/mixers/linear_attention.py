@@ -138,6 +138,10 @@ class GeneralFormConfig(MixerConfig):
     # -- positions, normalizer, RWKV, skip ------------------------------------------------------
     rotary: bool = Field(False, description="rotary positions as a complex decay e^{iθ} on pairs of key channels (RetNet/TransNormer λe^{jθ}); exact RoPE")
     rotary_base: float = Field(10000.0, gt=1, description="θ_j = base^{-2j/d_k'}")
+    xpos: bool = Field(
+        False, description="with rotary: xPos (RetNet's torchscale), q_t ζ^{t/512}, k_s ζ^{-s/512} with ζ_j = (2j + 0.4 d_k')/(1.4 d_k'): "
+        "a real decay ζ_j^{1/512} per rotary pair"
+    )
     normalizer: bool = Field(False, description="divide by the row sum q_t Σ_s (Πα) k_s (LinFormer's denominator, Eq. 5; RWKV-4's)")
     bonus: bool = Field(False, description="RWKV-4's current-token bonus: o_t = q_t S_{t-1} + (q_t ⊙ e^u ⊙ k_t)·1 v_t")
     token_shift: bool = Field(False, description="RWKV-4's token shift: f_k, f_v, f_g read μ ⊙ x_t + (1 - μ) ⊙ x_{t-1}")
@@ -217,6 +221,8 @@ class GeneralFormConfig(MixerConfig):
                 raise ValueError(f"rotary = True rotates pairs of key channels: d_k' = {self.head_k} must be even")
             if self.normalizer or self.bonus or self.self_aug:
                 raise ValueError("rotary = True does not combine with normalizer, bonus or self_aug")
+        if self.xpos and not self.rotary:
+            raise ValueError("xpos = True scales the rotary pairs: needs rotary = True")
         if self.shared_qk and self.key in ("sigmoid_proj", "exp_proj"):
             raise ValueError(f"shared_qk = True shares the q and k projections over heads; key = {self.key!r} is a per-head gate")
         if self.self_aug and self.query != "proj":
@@ -490,14 +496,17 @@ class GeneralForm(Mixer):
         """q, k, log α as the recurrence takes them: with rotary, channel pairs (2j, 2j+1) become one
         complex channel, q̃ = q_{2j} + i q_{2j+1}, k̃ = k_{2j} - i k_{2j+1}, and the decay gains the
         phase e^{iθ_j}: Re(q̃_t k̃_s e^{i(t-s)θ_j}) is the RoPE score of the pair (TransNormer's and
-        RetNet's λe^{jθ}, MetaLA Table A1)."""
+        RetNet's λe^{jθ}, MetaLA Table A1). xPos multiplies the pair's decay by ζ_j^{1/512}."""
         if not self.config.rotary:
             return P.q, P.k, P.gk
         B, T, H, K = P.q.shape
         q = torch.complex(P.q[..., 0::2], P.q[..., 1::2])
         k = torch.complex(P.k[..., 0::2], -P.k[..., 1::2])
-        theta = self.config.rotary_base ** (-torch.arange(0, K, 2, dtype=P.q.dtype, device=P.q.device) / K)
+        j2 = torch.arange(0, K, 2, dtype=P.q.dtype, device=P.q.device)
+        theta = self.config.rotary_base ** (-j2 / K)
         real = P.gk.unsqueeze(-1) if P.gk is not None else torch.zeros((), dtype=P.q.dtype, device=P.q.device)
+        if self.config.xpos:  # relative factor ζ_j^{(t-s)/512}: a decay per pair
+            real = real + torch.log((j2 + 0.4 * K) / (1.4 * K)) / 512
         gk = torch.complex(real.expand(B, T, H, K // 2), theta.expand(B, T, H, K // 2))
         return q, k, gk
 

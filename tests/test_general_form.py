@@ -63,6 +63,7 @@ VARIANTS = {
     "qlstm_rs_fixed": ("qlstm_rs_block", dict(rs_exponent="fixed")),
     "retnet_no_rotary": ("retnet", dict(rotary=False)),
     "retnet_xpos": ("retnet", dict(xpos=True)),
+    "lru_wider_state": ("lru", dict(expand_v=2.0)),
     "rotary_no_decay": ("general_form", dict(decay="none", rotary=True, key="proj")),
     "mamba_block": ("mamba_gf", dict(expand=2, outer_gate="silu", conv_size=4, conv_bias=True, conv_activation="silu")),
     "linformer_decayed": ("linformer", dict(decay="sigmoid", tau=4.0)),
@@ -530,7 +531,7 @@ def test_retnet_and_gla_counts():
         ("general_form", dict(rotary=True, decay="sigmoid"), "rotary"),
         ("general_form", dict(key="delta_proj"), "delta_A"),
         ("lru", dict(value="proj"), "lru"),
-        ("qlstm", dict(expand_v=2.0, expand_k=2.0), "out_proj"),
+        ("qlstm", dict(expand_v=2.0), "out_proj"),
         ("general_form", dict(xpos=True), "xpos"),
     ],
 )

@@ -90,7 +90,7 @@ class GeneralFormConfig(MixerConfig):
 
     # -- sizes ------------------------------------------------------------------------
     heads: int | None = Field(None, gt=0, description="H; None: one head per value channel (H = d_v, the LinRNNs and SSMs)")
-    expand_k: float = Field(1.0, gt=0, description="d_k = expand_k·d_in (the query/key/decay width over all heads)")
+    expand_k: float = Field(1.0, gt=0, description="d_k = expand_k·d_in (the query/key/decay width over all heads); with heads = None, d_k = expand_k·d_v")
     expand_v: float = Field(1.0, gt=0, description="d_v = expand_v·d_in (the value width over all heads)")
     d_state: int | None = Field(None, gt=0, description="d_k' per head, overriding expand_k (an SSM's state size N)")
     shared_qk: bool = Field(False, description="q and k projections of width d_k' shared by every head (Mamba's C_t, B_t)")
@@ -176,8 +176,13 @@ class GeneralFormConfig(MixerConfig):
         return self.heads if self.heads is not None else self.d_v
 
     @property
+    def _k_base(self) -> int:
+        """What expand_k multiplies: d_in, or d_v with one head per value channel (so that d_k' = expand_k)."""
+        return self.d_v if self.heads is None else self.d_in
+
+    @property
     def d_k(self) -> int:
-        return self.n_heads * self.d_state if self.d_state is not None else round(self.expand_k * self.d_in)
+        return self.n_heads * self.d_state if self.d_state is not None else round(self.expand_k * self._k_base)
 
     @property
     def head_k(self) -> int:
@@ -194,14 +199,17 @@ class GeneralFormConfig(MixerConfig):
     @model_validator(mode="after")
     def _check(self):
         d_in = self.d_in
-        for name, e in (("expand_v", self.expand_v), ("expand_k", self.expand_k if self.d_state is None else 1.0)):
-            if abs(e * d_in - round(e * d_in)) > 1e-9 or round(e * d_in) < 1:
-                raise ValueError(f"{name} = {e} times d_in = {d_in} must be a positive integer")
+        checks = [("expand_v", self.expand_v, d_in, "d_in")]
+        if self.d_state is None:
+            checks.append(("expand_k", self.expand_k, *((round(self.expand_v * d_in), "d_v") if self.heads is None else (d_in, "d_in"))))
+        for name, e, base, what in checks:
+            if abs(e * base - round(e * base)) > 1e-9 or round(e * base) < 1:
+                raise ValueError(f"{name} = {e} times {what} = {base} must be a positive integer")
         H, d_k, d_v = self.n_heads, self.d_k, self.d_v
         if d_v % H:
             raise ValueError(f"d_v = {d_v} (expand_v·d_in) must be divisible by heads = {H}")
         if d_k % H:
-            raise ValueError(f"d_k = {d_k} (expand_k·d_in) must be divisible by heads = {H}")
+            raise ValueError(f"d_k = {d_k} (expand_k·d_in, or d_state·heads) must be divisible by heads = {H}")
         if self.value in ("identity", "gated_identity") and d_v != d_in:
             raise ValueError(f"value = {self.value!r} needs d_v = d_in = {d_in} (expand_v = 1), got d_v = {d_v}")
         if self.key in ("one_minus_decay", "sqrt_one_minus_decay_sq") and self.decay in ("none", "lru"):

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from _common import base_parser, fit_exponent, print_table, setup, target_line, timeit, write_json
+from _common import base_parser, fit_exponent, print_table, setup, sync, target_line, timeit, write_json
 
 import seqmix
 from seqmix.mixers.base import Cache
@@ -29,9 +29,9 @@ from seqmix.mixers.base import Cache
 MIXERS = ("metala", "gla")
 
 
-def build(name, d, heads, mode):
+def build(name, d, heads, mode, device):
     torch.manual_seed(0)
-    return seqmix.build_mixer(name, d_model=d, heads=heads, mode=mode)
+    return seqmix.build_mixer(name, d_model=d, heads=heads, mode=mode).to(device)
 
 
 def fwd_bwd(m, x):
@@ -44,13 +44,16 @@ def fwd_bwd(m, x):
 
 
 def time_training(name, B, T, d, H, args):
-    x = torch.randn(B, T, d, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    m = build(name, d, H, "chunk")
-    chunk = timeit(fwd_bwd(m, x), repeats=args.repeats, device=args.device)["min_ms"]
+    dev = args.device
+    x = torch.randn(B, T, d, generator=torch.Generator().manual_seed(1)).to(dev).requires_grad_(True)
+    m = build(name, d, H, "chunk", dev)
+    chunk = timeit(fwd_bwd(m, x), repeats=args.repeats, device=dev)["min_ms"]
     m.mode = "recurrent"
-    fwd_bwd(m, torch.randn(B, 64, d, requires_grad=True))()  # warm-up at a short length
+    fwd_bwd(m, torch.randn(B, 64, d, device=dev, requires_grad=True))()  # warm-up at a short length
+    sync(dev)
     t0 = time.perf_counter()
     fwd_bwd(m, x)()
+    sync(dev)
     rec = (time.perf_counter() - t0) * 1e3
     return chunk, rec
 
@@ -58,24 +61,29 @@ def time_training(name, B, T, d, H, args):
 def time_decoding(name, B, d, H, contexts, steps, args):
     """Prefill one cache per context length, then time one-token steps round-robin over the
     caches (so that a change in the machine's load hits every length alike); min per length."""
-    m = build(name, d, H, "chunk")
+    dev = args.device
+    m = build(name, d, H, "chunk", dev)
     caches, out = {}, {}
     with torch.no_grad():
         warm = Cache()
-        m(torch.randn(B, 64, d), cache=warm)
+        m(torch.randn(B, 64, d, device=dev), cache=warm)
         for _ in range(8):  # warm-up: the first calls at a new shape pay one-time costs
-            m(torch.randn(B, 1, d), cache=warm)
+            m(torch.randn(B, 1, d, device=dev), cache=warm)
         for L in contexts:
             caches[L] = Cache()
+            sync(dev)
             t0 = time.perf_counter()
-            m(torch.randn(B, L, d, generator=torch.Generator().manual_seed(L)), cache=caches[L])
+            m(torch.randn(B, L, d, generator=torch.Generator().manual_seed(L)).to(dev), cache=caches[L])
+            sync(dev)
             out[L] = dict(prefill_ms=(time.perf_counter() - t0) * 1e3, state_floats=caches[L].floats() // B)
         per = {L: [] for L in contexts}
-        toks = torch.randn(steps, B, 1, d, generator=torch.Generator().manual_seed(0))
+        toks = torch.randn(steps, B, 1, d, generator=torch.Generator().manual_seed(0)).to(dev)
         for tok in toks:
             for L in contexts:
+                sync(dev)
                 t0 = time.perf_counter()
                 m(tok, cache=caches[L])
+                sync(dev)
                 per[L].append((time.perf_counter() - t0) * 1e3)
     for L in contexts:
         ts = sorted(per[L])

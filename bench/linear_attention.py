@@ -6,9 +6,8 @@
 1. Training: forward+backward of the whole token mixer (projections, short conv, recurrence,
    self-augmentation, norm, gate) at (B=2, T=4096, d=512, 4 heads), in ``chunk`` and in
    ``recurrent`` mode, side by side; the ratio recurrent / chunk (target >= 10x on a 2-core
-   CPU). The recurrent mode is timed once (it takes tens of seconds), after a warm-up at a
-   short length (the first backward of a depthwise conv at a new shape pays oneDNN's
-   kernel generation); the chunk mode is the minimum of --repeats after a warm-up.
+   CPU). After warm-ups, two rounds of (--repeats chunk runs, one recurrent run) alternate the
+   modes, so that the machine's load hits both alike; the minimum per mode is reported.
 2. Decoding: prefill a context of L tokens (chunk mode, no grad) for L = 1k, 4k, 16k, then
    time one-token steps with each cache, round-robin over the lengths (the minimum over
    --steps tokens per length; target: flat, the slowest within 1.5x of the fastest). Also
@@ -44,18 +43,23 @@ def fwd_bwd(m, x):
 
 
 def time_training(name, B, T, d, H, args):
+    """(chunk ms, recurrent ms): forward+backward, the two modes timed in alternation (rounds of
+    --repeats chunk runs and one recurrent run), so that a change in the machine's load hits
+    both alike; the minimum per mode."""
     dev = args.device
     x = torch.randn(B, T, d, generator=torch.Generator().manual_seed(1)).to(dev).requires_grad_(True)
     m = build(name, d, H, "chunk", dev)
-    chunk = timeit(fwd_bwd(m, x), repeats=args.repeats, device=dev)["min_ms"]
+    run = fwd_bwd(m, x)
+    run()  # warm-up (the first backward of a depthwise conv at a new shape pays oneDNN's kernel generation)
     m.mode = "recurrent"
     fwd_bwd(m, torch.randn(B, 64, d, device=dev, requires_grad=True))()  # warm-up at a short length
-    sync(dev)
-    t0 = time.perf_counter()
-    fwd_bwd(m, x)()
-    sync(dev)
-    rec = (time.perf_counter() - t0) * 1e3
-    return chunk, rec
+    chunk, rec = [], []
+    for _ in range(2):
+        m.mode = "chunk"
+        chunk.append(timeit(run, repeats=args.repeats, warmup=0, device=dev)["min_ms"])
+        m.mode = "recurrent"
+        rec.append(timeit(run, repeats=1, warmup=0, device=dev)["min_ms"])
+    return min(chunk), min(rec)
 
 
 def time_decoding(name, B, d, H, contexts, steps, args):
@@ -112,7 +116,7 @@ def main():
         rows.append([name, T, "recurrent", rec, tokens / (rec * 1e-3), 1.0])
         print(f"done: {name} training", flush=True)
     print_table(
-        f"token mixer forward+backward, B={B} T={T} d={d} heads={H} ({info['threads']} threads; chunk: min of {args.repeats}, recurrent: one run)",
+        f"token mixer forward+backward, B={B} T={T} d={d} heads={H} ({info['threads']} threads; min over 2 rounds of {args.repeats} chunk runs and 1 recurrent run)",
         ["case", "T", "mode", "fwd+bwd ms", "tokens/s", "x recurrent"], rows,
     )
     r_m, r_g = results["metala"], results["gla"]

@@ -10,8 +10,8 @@
    modes, so that the machine's load hits both alike; the minimum per mode is reported.
 2. Decoding: prefill a context of L tokens (chunk mode, no grad) for L = 1k, 4k, 16k, then
    time one-token steps with each cache, round-robin over the lengths (the minimum over
-   --steps tokens per length; target: flat, the slowest within 1.5x of the fastest). Also
-   the floats of state each sequence holds.
+   --steps tokens per length, --decode-threads threads; target: flat, the slowest within 1.5x
+   of the fastest). Also the floats of state each sequence holds.
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ def time_decoding(name, B, d, H, contexts, steps, args):
             sync(dev)
             out[L] = dict(prefill_ms=(time.perf_counter() - t0) * 1e3, state_floats=caches[L].floats() // B)
         per = {L: [] for L in contexts}
+        threads = torch.get_num_threads()
+        torch.set_num_threads(args.decode_threads)
         toks = torch.randn(steps, B, 1, d, generator=torch.Generator().manual_seed(0)).to(dev)
         for tok in toks:
             for L in contexts:
@@ -89,6 +91,7 @@ def time_decoding(name, B, d, H, contexts, steps, args):
                 m(tok, cache=caches[L])
                 sync(dev)
                 per[L].append((time.perf_counter() - t0) * 1e3)
+        torch.set_num_threads(threads)
     for L in contexts:
         ts = sorted(per[L])
         out[L].update(ms_per_token=ts[0], median_ms_per_token=ts[len(ts) // 2])
@@ -98,6 +101,9 @@ def time_decoding(name, B, d, H, contexts, steps, args):
 def main():
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=64, help="decoding steps timed per context length")
+    p.add_argument("--decode-threads", type=int, default=1,
+                   help="torch threads while timing decoding steps (default 1: a one-token step's ops are too small to split, "
+                        "and on a shared machine a parallel region waits for a descheduled thread)")
     args = p.parse_args()
     info = setup(args)
     print(f"machine: {info}\n")
@@ -130,7 +136,7 @@ def main():
             drows.append([name, L, r["ms_per_token"], r["median_ms_per_token"], r["prefill_ms"], r["state_floats"]])
         print(f"done: {name} decoding", flush=True)
     print_table(
-        f"decoding one token with the cache after a context of L tokens (B=1, d={d}; min over {args.steps} steps)",
+        f"decoding one token with the cache after a context of L tokens (B=1, d={d}; {args.decode_threads} thread(s); min over {args.steps} steps)",
         ["case", "T", "ms/token", "median ms/token", "prefill ms", "state floats"], drows,
     )
 

@@ -5,6 +5,7 @@ equivalences the issue names, parameter counts, bad input."""
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import pytest
 import torch
@@ -135,7 +136,7 @@ def test_every_option_value_is_exercised():
     ]
     fields = GeneralForm.Config.model_fields
     for fname in ("query", "key", "value", "decay", "gate", "feature_map", "xnorm", "skip", "rs_exponent", "head_decay", "aug_activation"):
-        allowed = set(fields[fname].annotation.__args__)
+        allowed = set(get_args(fields[fname].annotation))
         used = {getattr(c, fname) for c in cfgs}
         assert allowed <= used, f"{fname}: {sorted(allowed - used)} never tested"
 
@@ -533,6 +534,7 @@ def test_retnet_and_gla_counts():
         ("lru", dict(value="proj"), "lru"),
         ("qlstm", dict(expand_v=2.0), "out_proj"),
         ("general_form", dict(xpos=True), "xpos"),
+        ("general_form", dict(scale=-1.0), "scale"),
     ],
 )
 def test_bad_config_raises_value_error_naming_the_field(name, overrides, field):

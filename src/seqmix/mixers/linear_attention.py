@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -68,16 +68,18 @@ from ..ops import linear_recurrence, recurrence_map
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv
 
-QUERIES = ("proj", "one")
-KEYS = ("proj", "one", "one_minus_decay", "sqrt_one_minus_decay_sq", "sigmoid_proj", "exp_proj", "delta_proj")
-VALUES = ("proj", "identity", "silu_proj", "gated_identity", "lru")
-DECAYS = ("none", "fixed_head", "fixed", "lru", "sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru")
+# the vocabulary of each parameter function (the config fields below take exactly these names)
+Query = Literal["proj", "one"]
+Key = Literal["proj", "one", "one_minus_decay", "sqrt_one_minus_decay_sq", "sigmoid_proj", "exp_proj", "delta_proj"]
+Value = Literal["proj", "identity", "silu_proj", "gated_identity", "lru"]
+Decay = Literal["none", "fixed_head", "fixed", "lru", "sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru"]
+Gate = Literal["none", "silu", "sigmoid", "gelu", "linear"]
+FeatureMap = Literal["identity", "elu1", "silu", "relu"]
+QUERIES, KEYS, VALUES, DECAYS, GATES, FEATURE_MAPS = (get_args(t) for t in (Query, Key, Value, Decay, Gate, FeatureMap))
 #: decays that depend on the input (the group Λ_t); the others are Λ (fixed) or absent
 DYNAMIC_DECAYS = ("sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru")
 #: keys that are their own parameter group K (the others are 1 or tied to the decay)
 INDEPENDENT_KEYS = ("proj", "sigmoid_proj", "exp_proj", "delta_proj")
-GATES = ("none", "silu", "sigmoid", "gelu", "linear")
-FEATURE_MAPS = ("identity", "elu1", "silu", "relu")
 
 # LRU's ring initialization (Orvieto et al. 2023, §3.3): |λ| uniform on [R_MIN, R_MAX], phase in [0, MAX_PHASE]
 LRU_R_MIN, LRU_R_MAX, LRU_MAX_PHASE = 0.9, 0.999, 2 * math.pi
@@ -89,7 +91,7 @@ class GeneralFormConfig(MixerConfig):
     """The sizes and the five parameter functions of MetaLA's general form (Eqs. 11-15)."""
 
     # -- sizes ------------------------------------------------------------------------
-    heads: int | None = Field(None, gt=0, description="H; None: one head per value channel (H = d_v, the LinRNNs and SSMs)")
+    heads: int | None = Field(1, gt=0, description="H; None: one head per value channel (H = d_v, the LinRNNs and SSMs)")
     expand_k: float = Field(1.0, gt=0, description="d_k = expand_k·d_in (the query/key/decay width over all heads); with heads = None, d_k = expand_k·d_v")
     expand_v: float = Field(1.0, gt=0, description="d_v = expand_v·d_in (the value width over all heads)")
     d_state: int | None = Field(None, gt=0, description="d_k' per head, overriding expand_k (an SSM's state size N)")
@@ -104,26 +106,26 @@ class GeneralFormConfig(MixerConfig):
     conv_bias: bool = Field(False, description="bias in the short conv")
     conv_activation: Literal["none", "silu"] = Field("none", description="activation after the short conv")
     # -- parameter functions --------------------------------------------------------------
-    query: Literal["proj", "one"] = Field("proj", description="f_q: 'proj' φ(x W_Q); 'one' q = 1 (LinRNNs)")
-    key: Literal["proj", "one", "one_minus_decay", "sqrt_one_minus_decay_sq", "sigmoid_proj", "exp_proj", "delta_proj"] = Field(
+    query: Query = Field("proj", description="f_q: 'proj' φ(x W_Q); 'one' q = 1 (LinRNNs)")
+    key: Key = Field(
         "proj",
         description="f_k: 'proj' φ(x W_K); 'one'; 'one_minus_decay' 1 - α (MetaLA, HGRN); 'sqrt_one_minus_decay_sq' sqrt(1 - α²) (RG-LRU); "
         "'sigmoid_proj' σ(x W_K + b) (input gate: GLRU, qLSTM); 'exp_proj' exp(x W_K) (RWKV-4); 'delta_proj' Δ_t ⊙ x W_B (Mamba)",
     )
-    value: Literal["proj", "identity", "silu_proj", "gated_identity", "lru"] = Field(
+    value: Value = Field(
         "proj",
         description="f_v: 'proj' x W_V; 'identity' x (Mamba); 'silu_proj' SiLU(x W_V + b) (GLRU/HGRN); 'gated_identity' σ(x W_x + b) ⊙ x (RG-LRU); "
         "'lru' γ ⊙ (x B) with complex B and γ = sqrt(1 - |λ|²) normalization (LRU)",
     )
-    decay: Literal["none", "fixed_head", "fixed", "lru", "sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru"] = Field(
+    decay: Decay = Field(
         "sigmoid",
         description="f_α: 'none' α = 1; 'fixed_head' one fixed γ_h per head (RetNet, TransNormer); 'fixed' learned per channel exp(-exp(w)) (RWKV-4); "
         "'lru' complex exp(-exp(ν) + i exp(θ)); 'sigmoid' lb + (1 - lb)σ(x W_α + b) (MetaLA, HGRN, qLSTM); 'low_rank_sigmoid' σ(x W¹ W² + b) (GLA); "
         "'reversed_sigmoid' σ(-x W_f + b)^a, a learned (DSF eq. 23); 'delta_A' exp(-Δ_t A) (Mamba); 'rg_lru' σ(Λ)^{c σ(x W_a + b)} (Griffin). "
         "Every decay is then raised to 1/tau",
     )
-    gate: Literal["none", "silu", "sigmoid", "gelu", "linear"] = Field("none", description="f_g: act(x W_G + b) or 'linear' x W_U (TransNormer) or 'none' (g = 1)")
-    feature_map: Literal["identity", "elu1", "silu", "relu"] = Field("identity", description="φ applied to q and k of the 'proj' options (the LinFormer kernel)")
+    gate: Gate = Field("none", description="f_g: act(x W_G + b) or 'linear' x W_U (TransNormer) or 'none' (g = 1)")
+    feature_map: FeatureMap = Field("identity", description="φ applied to q and k of the 'proj' options (the LinFormer kernel)")
     # -- decay details --------------------------------------------------------------------
     tau: float = Field(1.0, gt=0, description="temperature: α <- α^{1/τ} (GLA and MetaLA: 16)")
     low_rank: int = Field(16, gt=0, description="rank of W_α¹ W_α² of 'low_rank_sigmoid' (GLA: 16)")
@@ -237,6 +239,8 @@ class GeneralFormConfig(MixerConfig):
             raise ValueError(f"self_aug = True weights the query (Σ_i q_i w_aug,i k_i): needs query = 'proj', got {self.query!r}")
         if not self.out_proj and (d_v != self.d_model or self.complex_values):
             raise ValueError(f"out_proj = False needs real values of width d_v = d_model = {self.d_model}, got d_v = {d_v}")
+        if not isinstance(self.scale, str) and not self.scale > 0:
+            raise ValueError(f"scale = {self.scale} must be > 0 (or 'none', 'inv_sqrt_k')")
         if self.decay == "none" and self.tau != 1.0:
             raise ValueError(f"tau = {self.tau} raises the decay to 1/tau; decay = 'none' has none")
         return self

@@ -2,6 +2,7 @@
 
     seqmix list                      the registered mixers: family, modes, state size
     seqmix info NAME                 one mixer: its config fields, defaults and docstring
+    seqmix table2 [NAME ...]         MetaLA's Table 2: parameter groups and conditions C0-C3 per preset
 
 Each subcommand is a pair of functions ``_add_<name>(subparsers)`` and
 ``_run_<name>(args) -> int``, listed in ``COMMANDS``.
@@ -67,9 +68,31 @@ def _run_info(args) -> int:
     return 0
 
 
+def _add_table2(sub):
+    p = sub.add_parser("table2", help="MetaLA's Table 2: parameter groups and conditions C0-C3 of the general-form presets")
+    p.add_argument("names", nargs="*", help="presets (default: every general-form preset)")
+
+
+def _run_table2(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from seqmix.analysis import table2
+
+    rows = [c.row() for c in table2(args.names or None)]
+    table = Table(title="MetaLA Table 2 (marks reconstructed from Props. A2.1-A2.3: * = inferred)")
+    for col in ("name", "group", "C0", "C1", "C2", "C3", "group_source", "table2_models"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*(r[c] for c in ("name", "group", "C0", "C1", "C2", "C3", "group_source", "table2_models")))
+    Console(width=max(120, Console().width)).print(table)
+    return 0
+
+
 COMMANDS = {
     "list": (_add_list, _run_list),
     "info": (_add_info, _run_info),
+    "table2": (_add_table2, _run_table2),
 }
 
 

@@ -451,7 +451,8 @@ def test_mamba_gf_equals_s6():
     state = s6.state_dict()
     p = next(v.shape[0] for k, v in state.items() if k.endswith("x_proj.weight")) - 2 * N
     prefix = next(k for k in state if k.endswith("x_proj.weight"))[: -len("x_proj.weight")]
-    names_map = {key: prefix + val for key, val in S6_NAMES.items()}  # adapt here if s6 names its parameters otherwise
+    names_map = {key: prefix + val for key, val in S6_NAMES.items()}
+    names_map["dt_proj.bias"] = prefix + "dt_bias"  # seqmix's s6 keeps Mamba's dt bias as its own parameter
     gf = seqmix.build_mixer("mamba_gf", d_model=d, d_state=N, dt_rank=p).double()
     gf.load_state_dict(mamba_gf_state_from_s6(state, d_state=N, dt_rank=p, names=names_map))
     x = randn(B, 13, d)

@@ -105,16 +105,22 @@ class DSF:
                 f"{_WHERE}.evaluate: argument 'u' must have shape [batch, T, d_in] = [{self.batch}, {self.T}, {self.d_in}], got {fmt_shape(u.shape)}"
             )
         u = _to64(u).expand(self.batch, -1, -1)
-        u = u.to(torch.promote_types(u.dtype, self.B.dtype if self.D is None else torch.promote_types(self.B.dtype, self.D.dtype)))
-        h = torch.zeros(self.batch, self.N, dtype=torch.promote_types(self.lam.dtype, self.B.dtype), device=self.lam.device)
+        dt = u.dtype
+        for t in (self.lam, self.B, self.C, self.D):
+            if t is not None:
+                dt = torch.promote_types(dt, t.dtype)
+        lam, Bm, Cm = self.lam.to(dt), self.B.to(dt), self.C.to(dt)
+        Dm = self.D.to(dt) if self.D is not None else None
+        u = u.to(dt)
+        h = torch.zeros(self.batch, self.N, dtype=dt, device=self.lam.device)
         if h0 is not None:
             h = h + _to64(h0)
         ys, hs = [], []
         for i in range(self.T):
-            h = self.lam[:, i] * h + (self.B[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
-            y = (self.C[:, i] @ h.unsqueeze(-1)).squeeze(-1)
-            if self.D is not None:
-                y = y + (self.D[:, i].to(u.dtype) @ u[:, i].unsqueeze(-1)).squeeze(-1)
+            h = lam[:, i] * h + (Bm[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
+            y = (Cm[:, i] @ h.unsqueeze(-1)).squeeze(-1)
+            if Dm is not None:
+                y = y + (Dm[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
             ys.append(y)
             hs.append(h)
         y = self._out(torch.stack(ys, 1))

@@ -146,11 +146,13 @@ def check_mixer_name(name) -> None:
 
 
 def build_for_show(name: str, *, seed: int = 0, **config) -> Mixer:
-    """A randomly initialized mixer (``torch.manual_seed(seed)`` before it is built). An unknown
-    name raises a ValueError naming the argument 'mixer'."""
+    """A randomly initialized mixer, in eval mode: the weights of ``torch.manual_seed(seed)`` then
+    ``build_mixer`` (the global RNG is left as it was). An unknown name raises a ValueError naming
+    the argument 'mixer'."""
     check_mixer_name(name)
-    torch.manual_seed(seed)
-    return build_mixer(name, **config)
+    with torch.random.fork_rng(devices=[]):  # the same weights as manual_seed(seed) then build_mixer, the caller's RNG untouched
+        torch.manual_seed(seed)
+        return build_mixer(name, **config).eval()
 
 
 def save_mixer_checkpoint(mixer: Mixer, path) -> None:
@@ -196,7 +198,7 @@ def load_mixer_checkpoint(name: str, path) -> Mixer:
                 parts.append(f"{label}: {', '.join(keys[:5])}{' …' if len(keys) > 5 else ''}")
         raise ValueError(f"argument 'checkpoint': the tensors of {str(p)!r} do not fit mixer {entry_name!r} ({'; '.join(parts)})")
     mixer.load_state_dict(state)
-    return mixer
+    return mixer.eval()
 
 
 def parse_overrides(items) -> dict:

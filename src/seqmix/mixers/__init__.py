@@ -2,6 +2,7 @@
 
 from . import attention  # noqa: F401  (registers)
 from . import ssm  # noqa: F401  (registers)
+from . import convolution  # noqa: F401  (registers)
 from .base import Cache, Mixer, MixerConfig, MixerEntry, MixOut, build_mixer, list_mixers, mixer_entry, register, register_preset
 
 __all__ = [

@@ -129,14 +129,25 @@ def vandermonde(c: torch.Tensor, log_z: torch.Tensor, L: int) -> torch.Tensor:
     """V[..., l] = Σ_n c[..., n] · z_n^l for l < L, with z_n = exp(log_z[..., n]).
 
     c [..., N] and log_z [..., N] broadcast in their leading dimensions (e.g. c [B, H, N]
-    against log_z [H, N]); the powers are exp(l·log_z), computed once per (H, N) and
-    contracted by a matmul. Returns [..., L] complex. O(N·L) per system.
+    against log_z [H, N]). Two levels (b ≈ √L): with l = j·b + r, z^l = z^(jb) · z^r, so
+
+        V[..., j, r] = Σ_n (c_n z_n^(jb)) · z_n^r,
+
+    one matmul [L/b, N] @ [N, b] per system; the powers z^(jb) and z^r are each exp of a
+    multiple of log_z (no repeated multiplication), 2N√L exponentials instead of N·L and no
+    [N, L] tensor. Returns [..., L] complex (real for real inputs). O(N·L) per system.
     """
     check_positive_int("L", L, "vandermonde")
-    ls = torch.arange(L, device=log_z.device, dtype=log_z.real.dtype)
-    powers = torch.exp(log_z.unsqueeze(-1) * ls)  # [..., N, L]
-    dtype = torch.promote_types(c.dtype, powers.dtype)
-    return (c.to(dtype).unsqueeze(-2) @ powers.to(dtype)).squeeze(-2)
+    b = math.isqrt(L - 1) + 1  # block length: b·b >= L
+    J = -(-L // b)
+    rdt = log_z.real.dtype
+    r = torch.arange(b, device=log_z.device, dtype=rdt)
+    P = torch.exp(log_z.unsqueeze(-1) * r)  # [..., N, b]: z^r
+    Q = torch.exp(log_z.unsqueeze(-1) * (torch.arange(J, device=log_z.device, dtype=rdt) * b))  # [..., N, J]: z^(jb)
+    dtype = torch.promote_types(c.dtype, P.dtype)
+    A = c.to(dtype).unsqueeze(-1) * Q.to(dtype)  # [..., N, J]
+    V = A.transpose(-1, -2) @ P.to(dtype)  # [..., J, b]
+    return V.flatten(-2)[..., :L]
 
 
 def vandermonde_transpose(u: torch.Tensor, log_z: torch.Tensor) -> torch.Tensor:

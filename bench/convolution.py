@@ -21,6 +21,10 @@ reason printed. The fitted exponent p of time ~ L^p is printed per mixer; an L l
 gives p = 1 + log(log L_max / log L_min)/log(L_max / L_min) (1.12 over 1024..16384) and an
 L² cost p = 2. Targets: Hyena's and H3's 0.8 < p < 1.4 (L log L, not L²).
 
+Also: the S4D kernel that H3 (and S4D, GSS) computes each call, ``vandermonde_kernel`` forward
++backward for 256 systems of 32 complex modes, in two levels (z^l = z^(jb)·z^r, one matmul: the
+op) against the one-level form it replaced (exp(l·log z) for every l, an [N, L] tensor).
+
 Threads: 1 by default (--threads N to change). On a 2-core machine shared with other
 processes, two OpenMP threads wait on each other at every barrier while the other process
 holds a core, and single calls then take 10-50x their time (measured: 212 ms against 3.6 ms
@@ -36,6 +40,7 @@ import torch
 from _common import base_parser, fit_exponent, peak_memory_mb, print_table, setup, target_line, timeit, write_json
 
 import seqmix
+from seqmix.ops.ssm import vandermonde_kernel
 
 D_MODEL = 256
 NAMES = ("hyena", "h3", "softmax_attention", "linear_attention")
@@ -90,6 +95,29 @@ def softmax_memory_ok(args, d, T_big, Ts):
         f"predicted {pred_gb:.2f} GB at L={T_big}, budget {args.memory_budget_gb:g} GB"
     )
     return pred_gb <= args.memory_budget_gb, reason
+
+
+def vandermonde_one_level(log_z, c, L):
+    """The one-level form: K_l = 2·Re Σ_n c_n exp(l·log z_n), all N·L exponentials (the competitor)."""
+    powers = torch.exp(log_z.unsqueeze(-1) * torch.arange(L, device=log_z.device, dtype=log_z.real.dtype))
+    return 2 * (c.unsqueeze(-2) @ powers).squeeze(-2).real
+
+
+def kernel_bench(args, Ts, H=256, M=32):
+    """vandermonde_kernel (two levels) against the one-level form, forward+backward, per L."""
+    g = torch.Generator().manual_seed(0)
+    log_z = torch.complex(-torch.rand(H, M, generator=g) * 0.05, torch.randn(H, M, generator=g)).to(args.device).requires_grad_(True)
+    c = torch.randn(H, M, generator=g, dtype=torch.complex64).to(args.device).requires_grad_(True)
+    rows, res = [], {}
+    for T in Ts:
+        fns = {
+            "two_level": lambda T=T: torch.autograd.grad(vandermonde_kernel(log_z, c, torch.ones_like(c), T).sum(), [log_z, c]),
+            "one_level": lambda T=T: torch.autograd.grad(vandermonde_one_level(log_z, c, T).sum(), [log_z, c]),
+        }
+        t = {name: timeit(fn, repeats=2, warmup=0, device=args.device)["min_ms"] for name, fn in fns.items()}
+        res[T] = dict(t, speedup=t["one_level"] / t["two_level"])
+        rows.append([T, t["two_level"], t["one_level"], res[T]["speedup"]])
+    return rows, res
 
 
 def rounds_for(T: int, Ts, args) -> int:
@@ -149,6 +177,13 @@ def main():
         rows,
     )
 
+    k_rows, k_res = kernel_bench(args, Ts[-2:])
+    print_table(
+        "S4D kernel (H3's diagonal SSM), vandermonde_kernel forward+backward, 256 systems × 32 complex modes, ms",
+        ["L", "two levels (op)", "one level (before)", "one / two"],
+        k_rows,
+    )
+
     lo, hi = Ts[0], Ts[-1]
     nlogn = 1 + math.log(math.log(hi) / math.log(lo)) / math.log(hi / lo)
     exps = {}
@@ -187,7 +222,7 @@ def main():
     write_json(args, "convolution", dict(
         machine=info, d_model=d, lengths=Ts, configs=CONFIGS,
         fwd_bwd_ms={name: {str(T): r for T, r in v.items()} for name, v in res.items()},
-        exponents=exps, nlogn_exponent=nlogn, softmax_largest=dict(run=run_softmax_big, reason=softmax_reason),
+        exponents=exps, nlogn_exponent=nlogn, vandermonde_kernel_ms={str(T): r for T, r in k_res.items()}, softmax_largest=dict(run=run_softmax_big, reason=softmax_reason),
         targets=targets, quick=args.quick,
     ))
 

@@ -446,7 +446,7 @@ def test_overrides():
         "heads": 4, "scale": None, "dt_max": 0.2, "block": True, "name": "x=y"}
     ms, _ = show.mixers_for_show(["gla", "s6"], overrides={"heads": 2, "d_state": 4}, d_model=32)
     assert ms[0].config.heads == 2 and ms[1].config.d_state == 4 and ms[0].d_model == ms[1].d_model == 32
-    with pytest.raises(ValueError, match="argument 'set': no shown mixer has the config field.*'nope'"):
+    with pytest.raises(ValueError, match="argument 'set': no randomly initialized mixer shown has the config field.*'nope'"):
         show.mixers_for_show(["gla"], overrides={"nope": 1})
     with pytest.raises(ValueError, match="argument 'set' must be KEY=VALUE"):
         show.parse_overrides(["heads"])

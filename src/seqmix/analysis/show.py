@@ -262,8 +262,9 @@ def mixers_for_show(names, *, checkpoints=(), seed: int = 0, overrides: dict | N
         mixers.append(build_for_show(n, seed=seed, **mine))
         sources.append(f"random init, seed {seed}")
     unknown = sorted(set(overrides) - used - {"d_model"})
-    if unknown and any(p is None for p in paths):
-        raise ValueError(f"argument 'set': no shown mixer has the config field(s) {', '.join(map(repr, unknown))}")
+    if unknown:
+        raise ValueError(f"argument 'set': no randomly initialized mixer shown has the config field(s) {', '.join(map(repr, unknown))} "
+                         "(a checkpoint keeps its own config)")
     return mixers, sources
 
 

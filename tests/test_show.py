@@ -367,7 +367,7 @@ def test_html_report_is_well_formed_and_self_contained(report):
         check_html(text.replace("</table>", "", 1))
 
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")  # Debian's package installs /usr/bin/chromium
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium); html.parser checks still run")

@@ -5,7 +5,7 @@ import pytest
 
 import seqmix
 from seqmix.experiments import PRESETS, Claim, ModelSpec, Preset, Scale, TaskSpec, evaluate_claims, reproduce
-from seqmix.experiments.presets import DSF_FIG2, TINY_LRS, tiny_mqar
+from seqmix.experiments.presets import DSF_FIG2, TINY_LRS, TINY_N, tiny_mqar
 
 #: the registry names every developer uses (BRIEF.md)
 CANONICAL = set("""softmax_attention separable_attention linear_attention generalized_linear_attention normalized_attention
@@ -19,7 +19,7 @@ def _private_cache(tmp_path, monkeypatch):
 
 
 def _mini(**kw) -> Preset:
-    data = tiny_mqar(16, 2, train=96, test=32).model_copy(update={"batch_size": 32})
+    data = tiny_mqar(16, 2, train=96, test=32, batch_size=32)
     return Preset(
         name="mini", title="mini", source="test", x="d_model",
         models=[ModelSpec(label="lin", mixer="linear_attention", state_field="n"),
@@ -70,7 +70,7 @@ def test_skip_missing_runs_the_registered_models():
     lin = [r for r in runs if r.label == "linear"]
     assert [r.model.d_model for r in lin] == [16, 32, 64]
     for r in lin:
-        assert r.model.mixer_kwargs == {"heads": 1, "n": 16} and r.train.lr in TINY_LRS
+        assert r.model.mixer_kwargs == {"heads": 1, "n": TINY_N} and r.train.lr in TINY_LRS
         assert r.data.train[0].seq_len == 32 and r.data.train[0].num_kv_pairs == 4 and r.data.vocab_size == 128
         assert r.experiment == "dsf-fig2/tiny"
 

@@ -5,7 +5,7 @@ import pytest
 
 import seqmix
 from seqmix.experiments import PRESETS, Claim, ModelSpec, Preset, Scale, TaskSpec, evaluate_claims, reproduce
-from seqmix.experiments.presets import DSF_FIG2, TINY_LRS, TINY_N, tiny_mqar
+from seqmix.experiments.presets import DSF_FIG2, TINY_LRS, TINY_N, TINY_SSM_LRS, tiny_mqar
 
 #: the registry names every developer uses (BRIEF.md)
 CANONICAL = set("""softmax_attention separable_attention linear_attention generalized_linear_attention normalized_attention
@@ -67,12 +67,25 @@ def test_skip_missing_runs_the_registered_models():
     runs = DSF_FIG2.runs("tiny", skip_missing=True)
     registered = {e.name for e in seqmix.list_mixers()}
     assert {r.model.mixer for r in runs} == {m.mixer for m in DSF_FIG2.models} & registered
+    for r in runs:
+        assert r.train.lr in TINY_SSM_LRS.get(r.label, TINY_LRS)
     lin = [r for r in runs if r.label == "linear"]
     assert [r.model.d_model for r in lin] == [16, 32, 64]
     for r in lin:
         assert r.model.mixer_kwargs == {"heads": 1, "n": TINY_N} and r.train.lr in TINY_LRS
         assert r.data.train[0].seq_len == 32 and r.data.train[0].num_kv_pairs == 4 and r.data.vocab_size == 128
         assert r.experiment == "dsf-fig2/tiny"
+
+
+def test_learning_rates_by_model():
+    p = _mini()
+    p = p.model_copy(update={"scales": {"tiny": p.scales["tiny"].model_copy(update={"lrs_by_model": {"lin-fixed": [1e-2]}})}})
+    runs = p.runs("tiny")
+    assert {r.train.lr for r in runs if r.label == "lin-fixed"} == {1e-2}
+    assert {r.train.lr for r in runs if r.label == "lin"} == {1e-3, 3e-3}
+    bad = p.model_copy(update={"scales": {"tiny": p.scales["tiny"].model_copy(update={"lrs_by_model": {"nope": [1e-2]}})}})
+    with pytest.raises(ValueError, match="lrs_by_model names 'nope'"):
+        bad.runs("tiny")
 
 
 def test_bad_fields_and_names_are_reported():

@@ -59,6 +59,9 @@ class Scale(_Frozen):
     d_models: list[int] = Field(min_length=1)
     ns: list[int | None] = Field(default_factory=lambda: [None], min_length=1)
     lrs: list[float] = Field(min_length=1)
+    lrs_by_model: dict[str, list[float]] = Field(
+        default_factory=dict, description="learning rates of particular models (by label) instead of lrs: a budget-sized "
+        "stand-in for best-over-LR, each model at the rate that was best for it in a calibration sweep")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     train: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields")
     model: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields shared by every model")
@@ -136,6 +139,10 @@ class Preset(_Frozen):
 
         sc = self.scale(scale)
         problems = []
+        known = {m.label for m in self.models}
+        for lab in sc.lrs_by_model:
+            if lab not in known:
+                problems.append(f"lrs_by_model names {lab!r}, which is not a model of the preset ({', '.join(sorted(known))})")
         missing = self.missing_mixers(labels)
         if missing:
             from ..mixers import list_mixers
@@ -189,7 +196,7 @@ class Preset(_Frozen):
                         kw = dict(m.mixer_kwargs)
                         if n is not None and m.state_field:
                             kw[m.state_field] = n
-                        for lr in sc.lrs:
+                        for lr in sc.lrs_by_model.get(m.label, sc.lrs):
                             for seed in sc.seeds:
                                 try:
                                     model = ModelConfig(**{**sc.model, **m.model, "mixer": m.mixer, "mixer_kwargs": kw, "d_model": d})

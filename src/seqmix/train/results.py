@@ -138,7 +138,7 @@ def plot(rows: list[dict], path: str | Path, *, x: str = "d_model", title: str =
         raise ValueError(f"results: unknown x axis {x!r}; expected one of {', '.join(X_AXES)}")
     groups = panels(rows, x)
     k = max(1, len(groups))
-    fig, axes = plt.subplots(1, k, figsize=(4.2 * k if x != "task" else 7 * k, 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, k, figsize=(max(6.0, 4.2 * k) if x != "task" else 7 * k, 4.0), squeeze=False)
     for ax, (ptitle, rs) in zip(axes[0], groups.items()):
         if x == "task":  # grouped bars: tasks on the x axis, one bar per model
             tasks = sorted({r["task"] for r in rs})
@@ -177,7 +177,9 @@ def plot(rows: list[dict], path: str | Path, *, x: str = "d_model", title: str =
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     if title:
-        fig.suptitle(title, fontsize=11)
+        import textwrap
+
+        fig.suptitle("\n".join(textwrap.wrap(title, 70)), fontsize=10)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

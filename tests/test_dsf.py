@@ -145,3 +145,11 @@ def test_complex_system_with_real_skip():
     s = DSF(lam, torch.randn(1, T, N, 1, dtype=torch.complex128), torch.randn(1, T, 1, N, dtype=torch.complex128), D)
     u = torch.randn(1, T, 1, dtype=torch.float64)
     assert max_abs(s.evaluate(u).reshape(-1), s.phi()[0] @ u.reshape(-1)) < DSF_ATOL
+
+
+def test_real_B_with_complex_input():
+    T, N = 4, 3
+    lam = torch.polar(torch.rand(1, T, N, dtype=torch.float64), torch.rand(1, T, N, dtype=torch.float64))
+    s = DSF(lam, torch.randn(1, T, N, 2, dtype=torch.float64), torch.randn(1, T, 2, N, dtype=torch.complex128), real_output=False)
+    u = torch.randn(1, T, 2, dtype=torch.complex128)
+    assert max_abs(s.evaluate(u).reshape(-1), s.phi()[0] @ u.reshape(-1)) < DSF_ATOL

@@ -57,10 +57,45 @@ class DSF:
             check_tensor("D", D, rank=4, layout="[batch, T, d_out, d_in]", complex_ok=True, where=_WHERE)
             if D.shape != (bt, T, d_out, d_in):
                 raise ValueError(f"{_WHERE}: argument 'D' must have shape [batch, T, d_out, d_in] = {fmt_shape((bt, T, d_out, d_in))}, got {fmt_shape(D.shape)}")
-        self.lam, self.B, self.C = _to64(lam), _to64(B), _to64(C)
+        self.lam, self._B, self._C = _to64(lam), _to64(B), _to64(C)
+        self._make_B = self._make_C = None
+        self._d_in, self._d_out = d_in, d_out
         self.D = _to64(D) if D is not None else None
-        is_complex = any(t is not None and t.is_complex() for t in (self.lam, self.B, self.C, self.D))
+        is_complex = any(t is not None and t.is_complex() for t in (self.lam, self._B, self._C, self.D))
         self.real_output = is_complex if real_output is None else real_output
+
+    @classmethod
+    def _deferred(cls, lam, make_B, make_C, *, d_in: int, d_out: int, complex_bc: bool, D=None) -> "DSF":
+        """A system whose B and C are built on first access by ``make_B()`` / ``make_C()``
+        (dense [batch, T, N, d_in] tensors can be large: ``dsf(x).lam`` alone stays cheap).
+        ``complex_bc``: whether they will be complex (for ``real_output``)."""
+        self = cls.__new__(cls)
+        self.lam = _to64(lam)
+        bt, T, _ = self.lam.shape
+        if D is not None:
+            check_tensor("D", D, rank=4, layout="[batch, T, d_out, d_in]", complex_ok=True, where=_WHERE)
+            if D.shape != (bt, T, d_out, d_in):
+                raise ValueError(f"{_WHERE}: argument 'D' must have shape [batch, T, d_out, d_in] = {fmt_shape((bt, T, d_out, d_in))}, got {fmt_shape(D.shape)}")
+        self._B = self._C = None
+        self._make_B, self._make_C = make_B, make_C
+        self._d_in, self._d_out = d_in, d_out
+        self.D = _to64(D) if D is not None else None
+        self.real_output = complex_bc or self.lam.is_complex() or (self.D is not None and self.D.is_complex())
+        return self
+
+    @property
+    def B(self) -> torch.Tensor:
+        """[batch, T, N, d_in] (built on first access for systems made by :meth:`from_recurrence`)."""
+        if self._B is None:
+            self._B, self._make_B = _to64(self._make_B()), None
+        return self._B
+
+    @property
+    def C(self) -> torch.Tensor:
+        """[batch, T, d_out, N] (built on first access for systems made by :meth:`from_recurrence`)."""
+        if self._C is None:
+            self._C, self._make_C = _to64(self._make_C()), None
+        return self._C
 
     # -- sizes ------------------------------------------------------------------------
 
@@ -79,11 +114,11 @@ class DSF:
 
     @property
     def d_in(self) -> int:
-        return self.B.shape[-1]
+        return self._d_in
 
     @property
     def d_out(self) -> int:
-        return self.C.shape[2]
+        return self._d_out
 
     def __repr__(self) -> str:
         kind = "complex" if self.lam.is_complex() else "real"
@@ -105,16 +140,22 @@ class DSF:
                 f"{_WHERE}.evaluate: argument 'u' must have shape [batch, T, d_in] = [{self.batch}, {self.T}, {self.d_in}], got {fmt_shape(u.shape)}"
             )
         u = _to64(u).expand(self.batch, -1, -1)
-        u = u.to(torch.promote_types(u.dtype, self.B.dtype if self.D is None else torch.promote_types(self.B.dtype, self.D.dtype)))
-        h = torch.zeros(self.batch, self.N, dtype=torch.promote_types(self.lam.dtype, self.B.dtype), device=self.lam.device)
+        dt = u.dtype
+        for t in (self.lam, self.B, self.C, self.D):
+            if t is not None:
+                dt = torch.promote_types(dt, t.dtype)
+        lam, Bm, Cm = self.lam.to(dt), self.B.to(dt), self.C.to(dt)
+        Dm = self.D.to(dt) if self.D is not None else None
+        u = u.to(dt)
+        h = torch.zeros(self.batch, self.N, dtype=dt, device=self.lam.device)
         if h0 is not None:
             h = h + _to64(h0)
         ys, hs = [], []
         for i in range(self.T):
-            h = self.lam[:, i] * h + (self.B[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
-            y = (self.C[:, i] @ h.unsqueeze(-1)).squeeze(-1)
-            if self.D is not None:
-                y = y + (self.D[:, i].to(u.dtype) @ u[:, i].unsqueeze(-1)).squeeze(-1)
+            h = lam[:, i] * h + (Bm[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
+            y = (Cm[:, i] @ h.unsqueeze(-1)).squeeze(-1)
+            if Dm is not None:
+                y = y + (Dm[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
             ys.append(y)
             hs.append(h)
         y = self._out(torch.stack(ys, 1))
@@ -233,11 +274,16 @@ class DSF:
         lam = (logv.unsqueeze(-1) + logk.unsqueeze(-2)).exp().reshape(Bt, T, H * V * K)
         eye_h = torch.eye(H, dtype=torch.float64)
         eye_v = torch.eye(V, dtype=torch.float64)
-        # B[t, (h, v, k), (h', v')] = k[t, h, k] δ_hh' δ_vv'
-        Bm = torch.einsum("btha,hg,vw->bthvagw", k, eye_h.to(k.dtype), eye_v.to(k.dtype)).reshape(Bt, T, H * V * K, H * V)
-        # C[t, (h', v'), (h, v, k)] = scale · q[t, h, k] δ_hh' δ_vv'
-        Cm = torch.einsum("btha,hg,vw->btgwhva", q * scale, eye_h.to(q.dtype), eye_v.to(q.dtype)).reshape(Bt, T, H * V, H * V * K)
-        return cls(lam, Bm, Cm, D)
+
+        def make_B():  # B[t, (h, v, k), (h', v')] = k[t, h, k] δ_hh' δ_vv'
+            return torch.einsum("btha,hg,vw->bthvagw", k, eye_h.to(k.dtype), eye_v.to(k.dtype)).reshape(Bt, T, H * V * K, H * V)
+
+        def make_C():  # C[t, (h', v'), (h, v, k)] = scale · q[t, h, k] δ_hh' δ_vv'
+            return torch.einsum("btha,hg,vw->btgwhva", q * scale, eye_h.to(q.dtype), eye_v.to(q.dtype)).reshape(Bt, T, H * V, H * V * K)
+
+        # B and C are dense [batch, T, N, H·V] Kronecker products: built on first use, so that
+        # reading Λ (dsf(x).lam, Mixer.decays) costs O(T·N) at any width
+        return cls._deferred(lam, make_B, make_C, d_in=H * V, d_out=H * V, complex_bc=q.is_complex() or k.is_complex(), D=D)
 
     @classmethod
     def from_separable(cls, q_feat, k_feat, eta, value_dim: int) -> "DSF":

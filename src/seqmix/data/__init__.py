@@ -1,1 +1,105 @@
-"""seqmix.data."""
+"""seqmix.data: the synthetic tasks, generated locally and deterministically by seed.
+
+    from seqmix.data import DataConfig, MQARConfig, build_data
+    cfg = DataConfig(train=[MQARConfig(seq_len=64, num_kv_pairs=4, num_examples=10_000)],
+                     test=[MQARConfig(seq_len=64, num_kv_pairs=4, num_examples=1_000)],
+                     batch_size=64, seed=0)
+    train, test = build_data(cfg)          # Split objects; cached on disk by config hash
+    for batch in train.batches():          # Batch(inputs [B, L], labels [B, L], segment, name)
+        ...
+
+Tasks: ``mqar`` (Zoology-compatible), ``selective_copying``, ``induction_heads``,
+``noisy_mqar``, ``fuzzy_mqar``. Protocol presets (Zoology ICLR'24, the Based mixture, the
+DSF paper, MetaLA's Table A7, the B'MOJO/MAD tasks) are in :mod:`seqmix.data.presets`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .base import IGNORE, Batch, Segment, Split, TaskArrays, TaskConfig, build_segment, cache_dir, config_hash
+from .mqar import MQARConfig, multiquery_ar
+from .synthetic import FuzzyMQARConfig, InductionHeadsConfig, NoisyMQARConfig, SelectiveCopyingConfig
+
+Task = Annotated[
+    Union[MQARConfig, SelectiveCopyingConfig, InductionHeadsConfig, NoisyMQARConfig, FuzzyMQARConfig],
+    Field(discriminator="task"),
+]
+
+#: task name -> config class (for the CLI and error messages)
+TASKS: dict[str, type[TaskConfig]] = {
+    c.model_fields["task"].default: c
+    for c in (MQARConfig, SelectiveCopyingConfig, InductionHeadsConfig, NoisyMQARConfig, FuzzyMQARConfig)
+}
+
+
+class DataConfig(BaseModel):
+    """Train and test segments, batch sizes and the data seed.
+
+    Batches never mix segments. ``shuffle=False`` keeps Zoology's fixed order (every
+    epoch the same batches in the same order; the DSF paper: "the data and its order are
+    constant for all runs"); ``shuffle=True`` permutes per epoch, seeded by (seed, epoch).
+    ``train_targets="all_tokens"`` trains on the next token at every position (MAD's
+    training loss); the test split always scores the task's labels only.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    train: list[Task] = Field(min_length=1, description="training segments")
+    test: list[Task] = Field(min_length=1, description="evaluation segments")
+    batch_size: int = Field(64, gt=0, description="training batch size")
+    test_batch_size: int | None = Field(None, gt=0, description="evaluation batch size (default: batch_size)")
+    seed: int = Field(0, ge=0, description="data seed: train segment i uses stream (seed, 0, i), test (seed, 1, i)")
+    shuffle: bool = Field(False, description="reshuffle the training examples every epoch")
+    train_targets: Literal["task", "all_tokens"] = Field("task", description="training labels: the task's, or every next token")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        vocabs = {t.vocab_size for t in self.train + self.test}
+        if len(vocabs) > 1:
+            raise ValueError(f"train/test: every segment must have the same vocab_size, got {sorted(vocabs)}")
+        return self
+
+    @property
+    def vocab_size(self) -> int:
+        return self.train[0].vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(t.seq_len for t in self.train + self.test)
+
+    @property
+    def sparse_labels(self) -> bool:
+        return self.train_targets == "task" and all(t.sparse_labels for t in self.train + self.test)
+
+    def describe(self) -> str:
+        tr = ", ".join(f"{t.slice_name}×{t.num_examples}" for t in self.train)
+        te = ", ".join(f"{t.slice_name}×{t.num_examples}" for t in self.test)
+        return f"train [{tr}] test [{te}]"
+
+
+def _all_tokens(seg: Segment) -> Segment:
+    """Labels = the next input token everywhere (the last position keeps the task's label)."""
+    labels = seg.labels.clone()
+    labels[:, :-1] = seg.inputs[:, 1:]
+    return Segment(seg.config, seg.inputs, labels, seg.name)
+
+
+def build_data(config: DataConfig, *, use_cache: bool = True) -> tuple[Split, Split]:
+    """Generates (or loads from the cache) the train and test splits of ``config``."""
+    train = [build_segment(t, (config.seed, 0, i), use_cache=use_cache) for i, t in enumerate(config.train)]
+    test = [build_segment(t, (config.seed, 1, i), use_cache=use_cache) for i, t in enumerate(config.test)]
+    if config.train_targets == "all_tokens":
+        train = [_all_tokens(s) for s in train]
+    return Split(train, config.batch_size), Split(test, config.test_batch_size or config.batch_size)
+
+
+__all__ = [
+    "IGNORE", "Batch", "DataConfig", "FuzzyMQARConfig", "InductionHeadsConfig", "MQARConfig", "NoisyMQARConfig",
+    "Segment", "SelectiveCopyingConfig", "Split", "TASKS", "Task", "TaskArrays", "TaskConfig", "build_data",
+    "build_segment", "cache_dir", "config_hash", "multiquery_ar",
+]

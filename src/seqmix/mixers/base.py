@@ -8,6 +8,7 @@ Every registered mixer is an ``nn.Module`` built from a typed config:
     mixer.phi(x)                    [batch, maps, time, time]: the token-mixing map(s) of the core
     mixer.core(x)                   (values, mixed), both [batch, time, maps, P], mixed = phi(x) @ values
     mixer.dsf(x)                    a :class:`~seqmix.dsf.DSF` with dsf(x).evaluate(values) == mixed
+    mixer.decays(x)                 [batch, time, N]: the diagonal of Λ_i (dsf(x).lam), None without a finite DSF
     mixer.state_size(seq_len)       floats of recurrent state per sequence (the memory budget)
     mixer.mode                      "auto" or one of ``mixer.modes``
 
@@ -230,6 +231,15 @@ class Mixer(nn.Module):
     def dsf(self, x: torch.Tensor, **kwargs):
         """The DSF system (input: the core's values flattened to [batch, T, maps·P]; output: mixed)."""
         raise ValueError(f"{type(self).__name__}: this mixer has no finite-state DSF form")
+
+    def decays(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The diagonal of the transition Λ_i over time, [batch, T, N] (complex for complex
+        systems), or None when the mixer has no finite-state DSF. Default: ``self.dsf(x).lam``
+        (cheap: the DSF builds its B and C only when they are read); a mixer may override it,
+        and must then return exactly dsf(x).lam."""
+        if not self.finite_state:
+            return None
+        return self.dsf(x).lam
 
     def state_size(self, seq_len: int | None = None) -> int:
         """Floats of recurrent state per sequence needed to continue after ``seq_len`` tokens."""

@@ -62,3 +62,27 @@ class ShortConv(nn.Module):
 
     def state_size(self) -> int:
         return self.channels * (self.width - 1)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dimension, optionally per group of channels (a per-head
+    LayerNorm, RetNet's GroupNorm, MetaLA's per-head norm without affine).
+
+    groups > 1 normalizes each of ``groups`` equal slices separately (mean and variance per
+    slice); ``affine`` adds a weight and a bias over all ``dim`` channels. Same API as
+    :class:`RMSNorm`.
+    """
+
+    def __init__(self, dim: int, *, eps: float = 1e-5, groups: int = 1, affine: bool = True):
+        super().__init__()
+        if dim % groups:
+            raise ValueError(f"LayerNorm: dim = {dim} must be divisible by groups = {groups}")
+        self.dim, self.eps, self.groups = dim, eps, groups
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        xg = x.reshape(*shape[:-1], self.groups, shape[-1] // self.groups)
+        y = torch.nn.functional.layer_norm(xg, xg.shape[-1:], eps=self.eps).reshape(shape)
+        return y * self.weight + self.bias if self.weight is not None else y

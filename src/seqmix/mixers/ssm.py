@@ -36,8 +36,8 @@ from ..ops import linear_recurrence, recurrence_map
 from ..ops.conv import fft_conv, toeplitz
 from ..ops.selective_scan import selective_scan
 from ..ops.ssm import (
-    discretize, dplr_kernel, nplr_legs, s4d_init, ssm_final_state, ssm_free_response, ssm_scan,
-    vandermonde, vandermonde_kernel, vandermonde_transpose,
+    diagonal_ssm_conv, discretize, dplr_kernel, nplr_legs, s4d_init, ssm_final_state, ssm_free_response, ssm_scan,
+    vandermonde_kernel,
 )
 from .base import Mixer, MixerConfig, MixOut, register, register_preset
 from .layers import RMSNorm, ShortConv
@@ -259,12 +259,13 @@ class S4(Mixer):
 # ------------------------------------------------------------------------------------------
 
 
-class S4DConfig(_DtRange):
-    d_state: int = Field(64, gt=0, description="state size N per channel (complex inits: N/2 conjugate pairs)")
+class DiagonalSSMConfig(_DtRange):
+    """Fields of a diagonal LTI SSM (S4D; also H3's diagonal SSM and GSS's DSS)."""
+
+    d_state: int = Field(64, gt=0, description="state size N of each SSM (complex inits: N/2 conjugate pairs)")
     init: Literal["lin", "inv", "real", "legs"] = Field("lin", description="S4D-Lin, S4D-Inv, S4D-Real or S4D-LegS")
     discretization: Literal["zoh", "bilinear"] = Field("zoh", description="ZOH (S4D default) or bilinear")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
-    activation: Literal["gelu", "none"] = Field("gelu", description="activation between the core and out_proj")
 
     @model_validator(mode="after")
     def _fits(self):
@@ -278,37 +279,22 @@ class S4DConfig(_DtRange):
         return self
 
 
-@register("s4d", description="S4D (Gu et al. 2022): diagonal SSM (Lin/Inv/Real/LegS), Vandermonde kernel")
-class S4D(Mixer):
-    """S4D: one diagonal SSM per channel (convblog note §9.4, dsf note §3.10).
+class DiagonalSSM:
+    """Mixin: H independent diagonal LTI SSMs (the S4D parametrization), shared by S4D, H3's
+    diagonal SSM (one per head) and GSS's DSS (one per channel). The class using it has a
+    ``config`` with the fields of :class:`DiagonalSSMConfig` and calls
+    :meth:`_init_diagonal_ssm` in its ``__init__``.
 
-    Per channel h: modes λ_n (init lin, inv, legs: M = N/2 complex conjugate pairs, output
-    2·Re; real: N real modes λ_n = -(n+1)), Ā = exp(Δλ), B̄ = (exp(Δλ)-1)/λ·B (ZOH) or the
-    bilinear rule, Δ = exp(log_dt) log-uniform in [dt_min, dt_max] at init,
+    Per SSM h: modes λ_n (init lin, inv, legs: M = N/2 complex conjugate pairs, output 2·Re;
+    real: N real modes λ_n = -(n+1)), Re λ = -exp(log_A_real) < 0, Ā = exp(Δλ) and
+    B̄ = (exp(Δλ)-1)/λ·B (ZOH) or the bilinear rule, Δ = exp(log_dt) log-uniform in
+    [dt_min, dt_max] at init, C complex normal, skip D normal:
 
-        K_l = 2·Re Σ_n C_n B̄_n Ā_nˡ  (Vandermonde),     y_core = K * u + D u,
-        y = out_proj(gelu(y_core)).
-
-    Modes: "fft" (``vandermonde_kernel`` + ``fft_conv``), "recurrent" and "chunk"
-    (``linear_recurrence`` with heads = channels, q = C, k = B̄, v = u and the constant
-    complex log-decay gk = log Ā). Re λ = -exp(log_A_real) < 0 keeps |Ā| < 1.
-
-    Maps of phi(x): one per channel, [B, d_model, T, T]. State: M complex (or N real)
-    entries per channel, d_model·d_state floats. dsf(x) is complex with real output
-    (DSF C = 2·C for conjugate pairs).
+        K_l = 2·Re Σ_n C_n B̄_n Ā_nˡ (Vandermonde),      y = K * u + D u.
     """
 
-    family = "ssm"
-    modes = ("recurrent", "chunk", "fft")
-    reference_mode = "recurrent"
-    state_formula = "d_model·d_state"
-    map_unit = "channel"
-    Config = S4DConfig
-
-    def __init__(self, config: S4DConfig | None = None, **kwargs):
-        super().__init__(config, **kwargs)
+    def _init_diagonal_ssm(self, H: int) -> None:
         c = self.config
-        H = c.d_model
         Lam, B = s4d_init(c.init, c.d_state)
         self.complex_modes = Lam.is_complex()
         self.log_dt = nn.Parameter(log_uniform(H, c.dt_min, c.dt_max).log())
@@ -321,16 +307,9 @@ class S4D(Mixer):
             self.B = nn.Parameter(B.float().repeat(H, 1))
             self.C = nn.Parameter(torch.randn(H, Lam.shape[0]))
         self.D = nn.Parameter(torch.randn(H))
-        self.out_proj = nn.Linear(H, H)
-
-    @classmethod
-    def example_config(cls) -> dict:
-        return {"d_model": 16, "d_state": 8, "chunk_size": 8}
-
-    # -- parametrization -------------------------------------------------------------------
 
     def discrete(self):
-        """(log Ā, B̄, C), each [H, M]: the discretized diagonal system."""
+        """(log Ā, B̄, C), each [H, M]: the discretized diagonal systems."""
         dt = self.log_dt.exp()
         re = -self.log_A_real.exp()
         if self.complex_modes:
@@ -346,43 +325,103 @@ class S4D(Mixer):
         return 2.0 if self.complex_modes else 1.0  # 2·Re for conjugate pairs
 
     def kernel(self, T: int) -> torch.Tensor:
-        """K [d_model, T]."""
+        """K [H, T] (the convolution kernel of each SSM, without D)."""
         log_Ab, Bb, C = self.discrete()
         return vandermonde_kernel(log_Ab, Bb, C, T, conj_pairs=self.complex_modes)
+
+    def _diagonal_ssm(self, u, *, state, mode, need_state):
+        """y = K * u + D u on u [B, T, H] in ``mode`` ("fft"/"auto": ``diagonal_ssm_conv``; else
+        ``linear_recurrence`` with heads = SSMs, q = C, k = B̄, v = u, gk = log Ā), continuing
+        from state["S"] [B, H, M, 1]. Returns (y [B, T, H], final state [B, H, M, 1] or None)."""
+        Bt, T, H = u.shape
+        log_Ab, Bb, C = self.discrete()
+        if mode in ("auto", "fft"):
+            y, S = diagonal_ssm_conv(
+                u, log_Ab, Bb, C, self.D,
+                initial_state=state["S"][..., 0] if state else None, output_final_state=need_state,
+                conj_pairs=self.complex_modes, check_values=False,
+            )
+            return y, (S.unsqueeze(-1) if S is not None else None)
+
+        def seq(t):  # [H, M] -> [B, T, H, M]
+            return t.expand(Bt, T, *t.shape)
+
+        o, S = linear_recurrence(
+            seq(C), seq(Bb), u.unsqueeze(-1), seq(log_Ab),
+            initial_state=state["S"] if state else None,
+            output_final_state=need_state,
+            mode=mode,
+            chunk_size=self.config.chunk_size,
+            check_values=False,
+        )
+        o = o[..., 0]
+        return (self._out_scale * o.real if o.is_complex() else o) + self.D * u, S
+
+    def _diagonal_phi(self, batch: int, T: int) -> torch.Tensor:
+        """[batch, H, T, T]: the Toeplitz map of K plus D on the diagonal."""
+        return _toeplitz_map(self.kernel(T), self.D, T, batch)
+
+    def _diagonal_dsf(self, batch: int, T: int) -> DSF:
+        """Λ_i = Ā, B_i = B̄, C_i = 2C (conjugate pairs; real output) or C, D_i = diag(D)."""
+        log_Ab, Bb, C = (t.detach() for t in self.discrete())
+        H = log_Ab.shape[0]
+
+        def seq(t):
+            return t.expand(batch, T, *t.shape)
+
+        dtype = torch.complex128 if self.complex_modes else torch.float64  # DSF.evaluate needs one dtype
+        D = torch.diag_embed(self.D.detach().to(dtype)).expand(batch, T, H, H)
+        return DSF.from_recurrence(seq(C), seq(Bb), 1, gk=seq(log_Ab), scale=self._out_scale, D=D)
+
+
+class S4DConfig(DiagonalSSMConfig):
+    activation: Literal["gelu", "none"] = Field("gelu", description="activation between the core and out_proj")
+
+
+@register("s4d", description="S4D (Gu et al. 2022): diagonal SSM (Lin/Inv/Real/LegS), Vandermonde kernel")
+class S4D(DiagonalSSM, Mixer):
+    """S4D: one diagonal SSM per channel (convblog note §9.4, dsf note §3.10).
+
+    Per channel h (the :class:`DiagonalSSM` parametrization): modes λ_n (init lin, inv, legs:
+    M = N/2 complex conjugate pairs, output 2·Re; real: N real modes λ_n = -(n+1)),
+    Ā = exp(Δλ), B̄ = (exp(Δλ)-1)/λ·B (ZOH) or the bilinear rule, Δ = exp(log_dt)
+    log-uniform in [dt_min, dt_max] at init,
+
+        K_l = 2·Re Σ_n C_n B̄_n Ā_nˡ  (Vandermonde),     y_core = K * u + D u,
+        y = out_proj(gelu(y_core)).
+
+    Modes: "fft" (``vandermonde_kernel`` + ``fft_conv``, with the state terms of
+    ``diagonal_ssm_conv``), "recurrent" and "chunk" (``linear_recurrence`` with heads =
+    channels, q = C, k = B̄, v = u and the constant complex log-decay gk = log Ā).
+    Re λ = -exp(log_A_real) < 0 keeps |Ā| < 1.
+
+    Maps of phi(x): one per channel, [B, d_model, T, T]. State: M complex (or N real)
+    entries per channel, d_model·d_state floats. dsf(x) is complex with real output
+    (DSF C = 2·C for conjugate pairs).
+    """
+
+    family = "ssm"
+    modes = ("recurrent", "chunk", "fft")
+    reference_mode = "recurrent"
+    state_formula = "d_model·d_state"
+    map_unit = "channel"
+    Config = S4DConfig
+
+    def __init__(self, config: S4DConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        H = self.config.d_model
+        self._init_diagonal_ssm(H)
+        self.out_proj = nn.Linear(H, H)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "d_state": 8, "chunk_size": 8}
 
     # -- forward ---------------------------------------------------------------------------
 
     def _forward(self, x, *, state, mode, need_state):
         u = x  # [B, T, H]
-        Bt, T, H = u.shape
-        log_Ab, Bb, C = self.discrete()
-        h0 = state["S"][..., 0] if state else None  # [B, H, M]
-        S = None
-        if mode in ("auto", "fft"):
-            K = vandermonde_kernel(log_Ab, Bb, C, T, conj_pairs=self.complex_modes)
-            y = fft_conv(u, K.transpose(0, 1), self.D, check_values=False)
-            if h0 is not None:  # free response: scale·Re Σ_n C_n Ā_n^(t+1) h0_n
-                free = vandermonde(C * log_Ab.exp() * h0, log_Ab, T)
-                y = y + (self._out_scale * free.real if free.is_complex() else free).transpose(1, 2)
-            if need_state:  # h_T = Ā^T h0 + B̄ Σ_s Ā^(T-1-s) u_s
-                S = Bb * vandermonde_transpose(u.transpose(1, 2), log_Ab)
-                if h0 is not None:
-                    S = S + (T * log_Ab).exp() * h0
-                S = S.unsqueeze(-1)
-        else:
-            def seq(t):  # [H, M] -> [B, T, H, M]
-                return t.expand(Bt, T, *t.shape)
-
-            o, S = linear_recurrence(
-                seq(C), seq(Bb), u.unsqueeze(-1), seq(log_Ab),
-                initial_state=state["S"] if state else None,
-                output_final_state=need_state,
-                mode=mode,
-                chunk_size=self.config.chunk_size,
-                check_values=False,
-            )
-            o = o[..., 0]
-            y = (self._out_scale * o.real if o.is_complex() else o) + self.D * u
+        y, S = self._diagonal_ssm(u, state=state, mode=mode, need_state=need_state)
         out = _readout(y, self.config.activation, self.out_proj)
         return MixOut(out, {"S": S} if need_state else None, values=u.unsqueeze(-1), mixed=y.unsqueeze(-1))
 
@@ -391,21 +430,12 @@ class S4D(Mixer):
     def phi(self, x):
         """[B, d_model, T, T]: the Toeplitz map of K plus D on the diagonal."""
         self.check_input(x)
-        T = x.shape[1]
-        return _toeplitz_map(self.kernel(T), self.D, T, x.shape[0])
+        return self._diagonal_phi(x.shape[0], x.shape[1])
 
     def dsf(self, x):
         """Λ_i = Ā, B_i = B̄, C_i = 2C (conjugate pairs; real output) or C, D_i = diag(D)."""
         self.check_input(x)
-        Bt, T, H = x.shape
-        log_Ab, Bb, C = (t.detach() for t in self.discrete())
-
-        def seq(t):
-            return t.expand(Bt, T, *t.shape)
-
-        dtype = torch.complex128 if self.complex_modes else torch.float64  # DSF.evaluate needs one dtype
-        D = torch.diag_embed(self.D.detach().to(dtype)).expand(Bt, T, H, H)
-        return DSF.from_recurrence(seq(C), seq(Bb), 1, gk=seq(log_Ab), scale=self._out_scale, D=D)
+        return self._diagonal_dsf(x.shape[0], x.shape[1])
 
     def state_size(self, seq_len: int | None = None) -> int:
         return self.config.d_model * self.config.d_state

@@ -8,7 +8,7 @@ from .features import FEATURE_MAPS, apply_feature_map, taylor_feature_dim, taylo
 from .recurrence import linear_recurrence, recurrence_map, recurrence_step
 from .selective_scan import selective_scan
 from .ssm import (
-    cauchy, discretize, dplr_kernel, hippo_legs, krylov_kernel, nplr_legs, s4d_init, ssm_final_state,
+    cauchy, diagonal_ssm_conv, discretize, dplr_kernel, hippo_legs, krylov_kernel, nplr_legs, s4d_init, ssm_final_state,
     ssm_free_response, ssm_scan, vandermonde, vandermonde_kernel, vandermonde_transpose,
 )
 
@@ -19,4 +19,5 @@ __all__ = [
     "FEATURE_MAPS", "apply_feature_map", "taylor_features", "taylor_feature_dim",
     "selective_scan", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose", "vandermonde_kernel",
     "cauchy", "dplr_kernel", "hippo_legs", "nplr_legs", "s4d_init", "ssm_scan", "ssm_free_response", "ssm_final_state",
+    "diagonal_ssm_conv",
 ]

@@ -194,7 +194,10 @@ def _map(q, k, gk, gv, scale):
     kh = rearrange(k, "b t h k -> b h t k")
     if gk is None:
         A = qh @ kh.transpose(-1, -2)
-    else:  # the whole sequence as one block of safe tiles (matmuls; no [T, T, K] tensor)
+    elif gk.shape[-1] == 1:  # one decay per head: exact segment sums (no difference of two cumulative sums)
+        D = _exp_where(_segsum(rearrange(gk[..., 0], "b t h -> b h t")), causal)
+        A = (qh @ kh.transpose(-1, -2)) * D
+    else:  # key-wise: the whole sequence as one block of safe tiles (matmuls; no [T, T, K] tensor)
         # cumulative sums over the whole sequence, in float64 so that their differences stay exact
         G = rearrange(gk, "b t h k -> b h t k").to(torch.complex128 if gk.is_complex() else torch.float64).cumsum(-2)
         A = _tiled_scores(qh, kh, G, _tile_size(T, None, G)).reshape(*qh.shape[:-2], T, T)

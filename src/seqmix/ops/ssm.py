@@ -33,11 +33,12 @@ import math
 import torch
 
 from .._checks import check_choice, check_positive_int, check_tensor, fmt_shape
+from .conv import fft_conv
 
 __all__ = [
     "DISCRETIZATIONS", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose",
     "vandermonde_kernel", "cauchy", "dplr_kernel", "hippo_legs", "nplr_legs", "s4d_init", "S4D_INITS",
-    "ssm_scan", "ssm_free_response", "ssm_final_state",
+    "ssm_scan", "ssm_free_response", "ssm_final_state", "diagonal_ssm_conv",
 ]
 
 DISCRETIZATIONS = ("zoh", "bilinear")
@@ -128,14 +129,25 @@ def vandermonde(c: torch.Tensor, log_z: torch.Tensor, L: int) -> torch.Tensor:
     """V[..., l] = Σ_n c[..., n] · z_n^l for l < L, with z_n = exp(log_z[..., n]).
 
     c [..., N] and log_z [..., N] broadcast in their leading dimensions (e.g. c [B, H, N]
-    against log_z [H, N]); the powers are exp(l·log_z), computed once per (H, N) and
-    contracted by a matmul. Returns [..., L] complex. O(N·L) per system.
+    against log_z [H, N]). Two levels (b ≈ √L): with l = j·b + r, z^l = z^(jb) · z^r, so
+
+        V[..., j, r] = Σ_n (c_n z_n^(jb)) · z_n^r,
+
+    one matmul [L/b, N] @ [N, b] per system; the powers z^(jb) and z^r are each exp of a
+    multiple of log_z (no repeated multiplication), 2N√L exponentials instead of N·L and no
+    [N, L] tensor. Returns [..., L] complex (real for real inputs). O(N·L) per system.
     """
     check_positive_int("L", L, "vandermonde")
-    ls = torch.arange(L, device=log_z.device, dtype=log_z.real.dtype)
-    powers = torch.exp(log_z.unsqueeze(-1) * ls)  # [..., N, L]
-    dtype = torch.promote_types(c.dtype, powers.dtype)
-    return (c.to(dtype).unsqueeze(-2) @ powers.to(dtype)).squeeze(-2)
+    b = math.isqrt(L - 1) + 1  # block length: b·b >= L
+    J = -(-L // b)
+    rdt = log_z.real.dtype
+    r = torch.arange(b, device=log_z.device, dtype=rdt)
+    P = torch.exp(log_z.unsqueeze(-1) * r)  # [..., N, b]: z^r
+    Q = torch.exp(log_z.unsqueeze(-1) * (torch.arange(J, device=log_z.device, dtype=rdt) * b))  # [..., N, J]: z^(jb)
+    dtype = torch.promote_types(c.dtype, P.dtype)
+    A = c.to(dtype).unsqueeze(-1) * Q.to(dtype)  # [..., N, J]
+    V = A.transpose(-1, -2) @ P.to(dtype)  # [..., J, b]
+    return V.flatten(-2)[..., :L]
 
 
 def vandermonde_transpose(u: torch.Tensor, log_z: torch.Tensor) -> torch.Tensor:
@@ -399,3 +411,61 @@ def ssm_final_state(u, Abar, Bbar, *, initial_state=None, chunk_size: int = 64):
     if initial_state is not None:
         h = h + _matvec(torch.linalg.matrix_power(Abar, T).to(dtype), initial_state.to(dtype))
     return h
+
+
+# ------------------------------------------------------------------------------------------
+# the convolution mode of a diagonal LTI system with a carried state (S4D, H3, GSS)
+# ------------------------------------------------------------------------------------------
+
+
+def diagonal_ssm_conv(
+    u: torch.Tensor,
+    log_Abar: torch.Tensor,
+    Bbar: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    *,
+    kernel: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    conj_pairs: bool = True,
+    check_values: bool = True,
+):
+    """One diagonal LTI system per channel, run as a convolution, continuing from a state.
+
+        y_t = Σ_(s<=t) K_(t-s) u_s + D u_t + c·Re Σ_n C_n Ā_n^(t+1) h0_n        (free response of h0)
+        h_T = Ā^T h0 + B̄ ⊙ Σ_s Ā^(T-1-s) u_s                                     (the final state)
+        K_l = c·Re Σ_n C_n B̄_n Ā_nˡ                                              (vandermonde_kernel)
+
+    with c = 2 for conjugate pairs (complex modes, ``conj_pairs``), else 1 (real modes: no
+    Re). The convolution is :func:`~seqmix.ops.conv.fft_conv`, the two state terms are
+    :func:`vandermonde` and :func:`vandermonde_transpose`, so the result equals the
+    recurrence h_t = Ā h_(t-1) + B̄ u_t, y_t = c·Re(C h_t) + D u_t started from h0.
+
+    u [B, T, H]; log_Abar = log Ā, Bbar, C [H, M]; D [H] or None; kernel: K [H, >=T] when the
+    caller has it already; initial_state [B, H, M] or None (zeros). Returns
+    (y [B, T, H], h_T [B, H, M] or None).
+    """
+    where = "diagonal_ssm_conv"
+    check_tensor("u", u, rank=3, layout="[B, T, H]", where=where)
+    Bt, T, H = u.shape
+    for name, t in (("log_Abar", log_Abar), ("Bbar", Bbar), ("C", C)):
+        check_tensor(name, t, rank=2, layout="[H, M]", complex_ok=True, where=where)
+        if t.shape[0] != H or t.shape != log_Abar.shape:
+            raise ValueError(f"{where}: argument '{name}' must be [H, M] = [{H}, {log_Abar.shape[-1]}], got {fmt_shape(t.shape)}")
+    M = log_Abar.shape[-1]
+    if initial_state is not None and initial_state.shape != (Bt, H, M):
+        raise ValueError(f"{where}: argument 'initial_state' must be [B, H, M] = [{Bt}, {H}, {M}], got {fmt_shape(initial_state.shape)}")
+    scale = 2.0 if conj_pairs and log_Abar.is_complex() else 1.0
+    if kernel is None:
+        kernel = vandermonde_kernel(log_Abar, Bbar, C, T, conj_pairs=conj_pairs)
+    y = fft_conv(u, kernel[:, :T].transpose(0, 1), D, check_values=check_values)
+    if initial_state is not None:  # c·Re Σ_n C_n Ā_n^(t+1) h0_n
+        free = vandermonde(C * log_Abar.exp() * initial_state, log_Abar, T)  # [B, H, T]
+        y = y + (scale * free.real if free.is_complex() else free).transpose(1, 2).to(y.dtype)
+    S = None
+    if output_final_state:
+        S = Bbar * vandermonde_transpose(u.transpose(1, 2), log_Abar)
+        if initial_state is not None:
+            S = S + (T * log_Abar).exp() * initial_state
+    return y, S

@@ -1,0 +1,281 @@
+"""Reproduction presets as typed configs (DESIGN.md: "experiments are data").
+
+A :class:`Preset` names the models of a figure or table (:class:`ModelSpec`: a label, a
+registered mixer, its fixed config fields and the field that receives the swept state
+expansion n), its scales (:class:`Scale`: the tasks, the grid over d_model × n × learning
+rate × seed, the training settings) and the paper's claims (:class:`Claim`), which
+:func:`evaluate_claims` checks against the results table.
+
+Nothing here touches the mixer registry at import time: :meth:`Preset.check` (called by
+:meth:`Preset.runs`) reports, at run time, every mixer of the preset that is not registered
+and every config field a registered one does not have, in one ValueError.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..data import DataConfig
+from ..mixers.base import config_error
+from ..models import ModelConfig
+from ..train import RunConfig, TrainConfig
+
+#: np.logspace(-4, -2, 4): the LR grid of Zoology ICLR'24 and the DSF paper
+LR_DSF = (1e-4, 4.6415888336127794e-4, 2.154434690031882e-3, 1e-2)
+#: np.logspace(-5, -3, 4): MetaLA's extra grid at L = 512
+LR_METALA_512 = (1e-5, 4.6415888336127795e-5, 2.1544346900318823e-4, 1e-3)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Frozen):
+    """One model of a preset (a line of a figure, a row of a table)."""
+
+    label: str = Field(description="name in tables and legends")
+    mixer: str = Field(description="registered mixer name")
+    mixer_kwargs: dict[str, Any] = Field(default_factory=dict, description="fixed mixer config fields")
+    state_field: str | None = Field(None, description="the mixer config field that receives the swept n (None: n not used)")
+    model: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields for this model (channel_mixer, hybrid, ...)")
+    note: str = ""
+
+
+class TaskSpec(_Frozen):
+    name: str = Field(description="panel name, e.g. 'mqar(512,64)'")
+    data: DataConfig
+    train: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields for this task (epochs, ...)")
+
+
+class Scale(_Frozen):
+    """One size of a preset: the grid and the training settings."""
+
+    description: str = ""
+    tasks: list[TaskSpec] = Field(min_length=1)
+    d_models: list[int] = Field(min_length=1)
+    ns: list[int | None] = Field(default_factory=lambda: [None], min_length=1)
+    lrs: list[float] = Field(min_length=1)
+    lrs_by_model: dict[str, list[float]] = Field(
+        default_factory=dict, description="learning rates of particular models (by label) instead of lrs: a budget-sized "
+        "stand-in for best-over-LR, each model at the rate that was best for it in a calibration sweep")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    train: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields")
+    model: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields shared by every model")
+    workers: int = Field(1, gt=0, description="default number of worker processes")
+    budget: str = Field("", description="expected cost, e.g. '≈ 6 min on 2 CPU cores'")
+
+
+class Claim(_Frozen):
+    """A claim of the paper, checked on the best-over-LR accuracies of each task panel.
+
+    checks: ``at_least`` (a >= value), ``above`` (a > b + value), ``not_below``
+    (a >= b − value), ``close`` (|a − b| <= value), ``increasing`` (a never drops by more
+    than value along x), ``gap_shrinks`` (b − a at the largest x < b − a at the smallest x);
+    ``where``: at every x (all), at the largest x (max) or on the mean over x (mean).
+    """
+
+    text: str
+    check: Literal["at_least", "above", "not_below", "close", "increasing", "gap_shrinks"]
+    a: str
+    b: str | None = None
+    value: float = 0.0
+    where: Literal["all", "max", "mean"] = "all"
+
+
+class Preset(_Frozen):
+    name: str
+    title: str
+    source: str = Field(description="where in which paper")
+    x: Literal["d_model", "n", "state_size", "task"] = "d_model"
+    models: list[ModelSpec] = Field(min_length=1)
+    scales: dict[str, Scale]
+    claims: list[Claim] = Field(default_factory=list)
+    paper: str = Field("", description="the paper's numbers, as a markdown table, printed beside ours")
+    notes: list[str] = Field(default_factory=list, description="choices where the paper is silent or ambiguous")
+
+    # -- lookup ------------------------------------------------------------------------
+
+    def scale(self, name: str) -> Scale:
+        if name not in self.scales:
+            raise ValueError(f"preset {self.name!r}: unknown scale {name!r}; expected one of {', '.join(self.scales)}")
+        return self.scales[name]
+
+    def select(self, labels: list[str] | None) -> list[ModelSpec]:
+        if not labels:
+            return list(self.models)
+        known = [m.label for m in self.models]
+        bad = [lab for lab in labels if lab not in known]
+        if bad:
+            raise ValueError(f"preset {self.name!r}: unknown model(s) {', '.join(bad)}; its models are {', '.join(known)}")
+        return [m for m in self.models if m.label in labels]
+
+    def mixers(self) -> list[str]:
+        names = []
+        for m in self.models:
+            for n in [m.mixer] + [h["mixer"] for h in m.model.get("hybrid", [])]:
+                if n not in names:
+                    names.append(n)
+        return names
+
+    def missing_mixers(self, labels: list[str] | None = None) -> list[str]:
+        """Mixers of the (selected) models that are not registered now."""
+        from ..mixers.base import _REGISTRY
+
+        out = []
+        for m in self.select(labels):
+            for n in [m.mixer] + [h["mixer"] for h in m.model.get("hybrid", [])]:
+                if n not in _REGISTRY and n not in out:
+                    out.append(n)
+        return out
+
+    def check(self, scale: str, labels: list[str] | None = None) -> None:
+        """Raises one ValueError listing every unregistered mixer and every mixer config field
+        the preset sets that the registered mixer does not accept."""
+        from ..mixers import mixer_entry
+
+        sc = self.scale(scale)
+        problems = []
+        known = {m.label for m in self.models}
+        for lab in sc.lrs_by_model:
+            if lab not in known:
+                problems.append(f"lrs_by_model names {lab!r}, which is not a model of the preset ({', '.join(sorted(known))})")
+        missing = self.missing_mixers(labels)
+        if missing:
+            from ..mixers import list_mixers
+
+            have = ", ".join(e.name for e in list_mixers())
+            problems.append(
+                f"{len(missing)} mixer(s) not registered: {', '.join(missing)} (registered: {have}); "
+                "they come with their own issues, or run the others with --models / --skip-missing"
+            )
+        for m in self.select(labels):
+            if m.mixer in missing:
+                continue
+            entry = mixer_entry(m.mixer)
+            fields = entry.cls.Config.model_fields
+            if m.state_field is not None and m.state_field not in fields:
+                problems.append(f"model {m.label!r}: state_field {m.state_field!r} is not a config field of {m.mixer!r} "
+                                f"(fields: {', '.join(fields)})")
+                continue
+            for n in sc.ns:
+                kw = dict(m.mixer_kwargs)
+                if n is not None and m.state_field:
+                    kw[m.state_field] = n
+                try:
+                    entry.config(d_model=sc.d_models[0], **kw)
+                except ValueError as e:
+                    problems.append(f"model {m.label!r}: {e}")
+                    break
+        if problems:
+            raise ValueError(f"preset {self.name!r} (scale {scale!r}) cannot run:\n  - " + "\n  - ".join(problems))
+
+    # -- the grid ----------------------------------------------------------------------
+
+    def experiment(self, scale: str) -> str:
+        return f"{self.name}/{scale}"
+
+    def runs(self, scale: str, labels: list[str] | None = None, *, skip_missing: bool = False) -> list[RunConfig]:
+        """Every run of the grid (models × tasks × d × n × lr × seed), validated."""
+        sc = self.scale(scale)
+        if skip_missing:
+            missing = set(self.missing_mixers(labels))
+            labels = [m.label for m in self.select(labels)
+                      if not ({m.mixer} | {h["mixer"] for h in m.model.get("hybrid", [])}) & missing]
+            if not labels:
+                raise ValueError(f"preset {self.name!r}: none of its mixers is registered ({', '.join(sorted(missing))})")
+        self.check(scale, labels)
+        out = []
+        for task in sc.tasks:
+            for m in self.select(labels):
+                for d in sc.d_models:
+                    for n in sc.ns:
+                        kw = dict(m.mixer_kwargs)
+                        if n is not None and m.state_field:
+                            kw[m.state_field] = n
+                        for lr in sc.lrs_by_model.get(m.label, sc.lrs):
+                            for seed in sc.seeds:
+                                try:
+                                    model = ModelConfig(**{**sc.model, **m.model, "mixer": m.mixer, "mixer_kwargs": kw, "d_model": d})
+                                    train = TrainConfig(**{**sc.train, **task.train, "lr": lr, "seed": seed})
+                                    out.append(RunConfig(
+                                        experiment=self.experiment(scale), label=m.label,
+                                        tags={"task": task.name, "n": n if m.state_field else None},
+                                        data=task.data, model=model, train=train))
+                                except pydantic.ValidationError as e:
+                                    raise config_error(f"preset {self.name!r} model {m.label!r}", e) from None
+        seen, unique = set(), []
+        for r in out:  # a model without a state field appears once, not once per n
+            if r.run_id not in seen:
+                seen.add(r.run_id)
+                unique.append(r)
+        return unique
+
+
+# ------------------------------------------------------------------------------------------
+# claims
+# ------------------------------------------------------------------------------------------
+
+
+def _series(rows: list[dict], label: str, x: str) -> dict:
+    return {r[x]: r["accuracy"] for r in rows if r["label"] == label and r[x] is not None}
+
+
+def _check_one(claim: Claim, rows: list[dict], x: str) -> tuple[str, str]:
+    a = _series(rows, claim.a, x)
+    b = _series(rows, claim.b, x) if claim.b else {}
+    if not a or (claim.b and not b):
+        return "n/a", "no results for " + (claim.a if not a else claim.b)
+    pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
+    if claim.check == "increasing":
+        xs = sorted(a)
+        drops = [(x0, x1) for x0, x1 in zip(xs, xs[1:]) if a[x1] < a[x0] - claim.value]
+        detail = " → ".join(pct(a[v]) for v in xs)
+        return ("agrees" if not drops else "does not agree"), f"{claim.a}: {detail}"
+    if claim.check == "gap_shrinks":
+        xs = sorted(set(a) & set(b))
+        if len(xs) < 2:
+            return "n/a", "needs two x values"
+        g0, g1 = b[xs[0]] - a[xs[0]], b[xs[-1]] - a[xs[-1]]
+        return ("agrees" if g1 < g0 else "does not agree"), f"gap {pct(g0)} at {xs[0]} → {pct(g1)} at {xs[-1]}"
+    xs = sorted(set(a) & set(b)) if claim.b else sorted(a)
+    if claim.where == "max":
+        xs = xs[-1:]
+    if claim.where == "mean":
+        va = {"mean": statistics.fmean(a[v] for v in xs)}
+        vb = {"mean": statistics.fmean(b[v] for v in xs)} if claim.b else {}
+        keys = ["mean"]
+    else:
+        va, vb, keys = a, b, xs
+    ok = []
+    for k in keys:
+        if claim.check == "at_least":
+            ok.append(va[k] >= claim.value)
+        elif claim.check == "above":
+            ok.append(va[k] > vb[k] + claim.value)
+        elif claim.check == "not_below":
+            ok.append(va[k] >= vb[k] - claim.value)
+        elif claim.check == "close":
+            ok.append(abs(va[k] - vb[k]) <= claim.value)
+    if claim.b:
+        detail = ", ".join(f"{k}: {pct(va[k])} vs {pct(vb[k])}" for k in keys)
+    else:
+        detail = ", ".join(f"{k}: {pct(va[k])}" for k in keys)
+    return ("agrees" if all(ok) else "does not agree"), detail
+
+
+def evaluate_claims(preset: Preset, rows: list[dict]) -> list[dict]:
+    """Each claim checked on each task panel of the best-over-LR rows: dicts with
+    text, panel, verdict ("agrees", "does not agree", "n/a") and the numbers behind it."""
+    from ..train.results import panels
+
+    x = "d_model" if preset.x == "task" else preset.x
+    out = []
+    for claim in preset.claims:
+        for pname, prow in panels(rows, x).items():
+            verdict, detail = _check_one(claim, prow, x)
+            out.append({"text": claim.text, "panel": pname, "verdict": verdict, "detail": detail})
+    return out

@@ -1,0 +1,849 @@
+"""The general form of linear attention, SSMs and linear RNNs, and MetaLA (seed 002).
+
+MetaLA paper §3 (Eqs. 11-15, Fig. 1, Tables 1, A1-A3): every linear model is a gated,
+decayed linear attention, fixed by five parameter functions f_q, f_k, f_v, f_α, f_g and
+the sizes d_k, d_v, H:
+
+    q_t = f_q(x_t),  k_t = f_k(x_t),  α_t = f_α(x_t)   ∈ R^{1×d_k}                       (11)
+    v_t = f_v(x_t),  g_t = f_g(x_t)                    ∈ R^{1×d_v}                       (12)
+    S_t^h = diag(α_t^h) S_{t-1}^h + (k_t^h)ᵀ v_t^h     ∈ R^{d_k'×d_v'}, d_k' = d_k/H     (13)
+    o_t = XNorm(concat_h q_t^h S_t^h)                  ∈ R^{1×d_v}                       (14)
+    y_t = (o_t ⊙ g_t) W_O                              ∈ R^{1×d}                         (15)
+
+:class:`GeneralForm` is that equation, built once on ``seqmix.ops.linear_recurrence``:
+each parameter function is chosen from a small vocabulary of named options (the config
+fields ``query``, ``key``, ``value``, ``decay``, ``gate``; the sizes ``heads``,
+``expand_k``, ``expand_v``, ``d_state``; ``xnorm``). Every model of the issue is a
+registered preset of it (:func:`register_preset`), never a copy:
+
+    preset        parameter group   f_q        f_k                 f_α                          f_g
+    linformer     {Q, K}            φ(xW_Q)    φ(xW_K)             1 (+ normalizer)             1
+    retnet        {Q, K, Λ}         xW_Q       xW_K                γ_h e^{iθ} (fixed, rotary)   SiLU(xW_G)
+    transnormer   {Q, K, Λ}         φ(xW_Q)    φ(xW_K)             λ_h e^{iθ} (fixed, rotary)   xW_U
+    gla           {Q, K, Λ_t}       xW_Q       xW_K                σ(xW¹W² + b)^{1/τ}           SiLU(xW_r + b)
+    mamba_gf      {Q, K, Λ_t}       xW_C       Δ_t ⊙ xW_B          exp(-Δ_t A)                  1
+    rwkv4         {K, Λ}            1          exp(xW_K)           exp(-exp(w))                 σ(xW_r)
+    hgrn          {Λ_t}             1          1 - α_t             lb + (1-lb)σ(xW_f)           SiLU(xW_g)
+    rg_lru        {Λ_t}             1          sqrt(1 - α_t²)      σ(Λ)^{c σ(xW_a + b)}         GeLU(xW_g + b)
+    lru           {Λ}               1          1                   exp(-e^ν + i e^θ) (complex)  1
+    qlstm         {K, Λ_t}          1          σ(xW_i)             σ(xW_f)                      σ(xW_o)
+    qlstm_rs      {K, Λ_t}          1          σ(xW_i)             σ(-xW_f)^a                   σ(xW_o)
+    metala        {Q, Λ_t}          xW_Q       1 - α_t             σ(xW_α)^{1/τ}                SiLU(xW_G + b)
+
+(qlstm_block / qlstm_rs_block: the gated block of the DSF paper's experiments, with an
+in-projection, a short conv and a GELU outer gate; general_form: the base class with plain
+projections.) The group of any config is computed by ``seqmix.analysis.conditions``.
+
+Layout inside: q, k [B, T, H, K], v [B, T, H, V], log-decays [B, T, H] (one per head) or
+[B, T, H, K] (key-wise), as ``linear_recurrence`` takes them. The core map Φ (``phi``) is
+LinAttMap of Eq. 18 per head (maps = heads; a head per channel for the LinRNNs and SSMs);
+``values`` = v and ``mixed`` = the core's output before self-augmentation, XNorm and the
+gates (those act on each token separately).
+
+Beyond Eqs. 11-15, options that the presets need, each documented at its field:
+a normalizer (LinFormer, Eq. 5), rotary positions as a complex decay e^{iθ} (RetNet's and
+TransNormer's λe^{jθ} of Table A1, exact RoPE), a current-token bonus and token shift
+(RWKV-4 in full), a skip term D (Mamba, LRU), self-augmentation (MetaLA Eq. A35), a
+short conv before the parameter functions (MetaLA Eq. A31), an in-projection with an outer
+gate branch (the qLSTM block, Mamba's block).
+
+Computation: heads with a vector state (d_k' = 1: the LinRNNs, LRU) are run as one head
+whose V = H·d_v' value channels carry their own (value-wise) decay, so the chunk mode
+does one [C, C]·[C, H·V] matmul per chunk instead of H thin ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+from torch import nn
+
+from ..dsf import DSF
+from ..ops import linear_recurrence, recurrence_map
+from .base import MixerConfig, Mixer, MixOut, register, register_preset
+from .layers import LayerNorm, RMSNorm, ShortConv
+
+# the vocabulary of each parameter function (the config fields below take exactly these names)
+Query = Literal["proj", "one"]
+Key = Literal["proj", "one", "one_minus_decay", "sqrt_one_minus_decay_sq", "sigmoid_proj", "exp_proj", "delta_proj"]
+Value = Literal["proj", "identity", "silu_proj", "gated_identity", "lru"]
+Decay = Literal["none", "fixed_head", "fixed", "lru", "sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru"]
+Gate = Literal["none", "silu", "sigmoid", "gelu", "linear"]
+FeatureMap = Literal["identity", "elu1", "silu", "relu"]
+QUERIES, KEYS, VALUES, DECAYS, GATES, FEATURE_MAPS = (get_args(t) for t in (Query, Key, Value, Decay, Gate, FeatureMap))
+#: decays that depend on the input (the group Λ_t); the others are Λ (fixed) or absent
+DYNAMIC_DECAYS = ("sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru")
+#: keys that are their own parameter group K (the others are 1 or tied to the decay)
+INDEPENDENT_KEYS = ("proj", "sigmoid_proj", "exp_proj", "delta_proj")
+
+# LRU's ring initialization (Orvieto et al. 2023, §3.3): |λ| uniform on [R_MIN, R_MAX], phase in [0, MAX_PHASE]
+LRU_R_MIN, LRU_R_MAX, LRU_MAX_PHASE = 0.9, 0.999, 2 * math.pi
+# RG-LRU (Griffin): a^c initialized uniform on [0.9, 0.999]
+RG_LRU_A_MIN, RG_LRU_A_MAX = 0.9, 0.999
+
+
+class GeneralFormConfig(MixerConfig):
+    """The sizes and the five parameter functions of MetaLA's general form (Eqs. 11-15)."""
+
+    # -- sizes ------------------------------------------------------------------------
+    heads: int | None = Field(1, gt=0, description="H; None: one head per value channel (H = d_v, the LinRNNs and SSMs)")
+    expand_k: float = Field(1.0, gt=0, description="d_k = expand_k·d_in (the query/key/decay width over all heads); with heads = None, d_k = expand_k·d_v")
+    expand_v: float = Field(1.0, gt=0, description="d_v = expand_v·d_in (the value width over all heads)")
+    d_state: int | None = Field(None, gt=0, description="d_k' per head, overriding expand_k (an SSM's state size N)")
+    shared_qk: bool = Field(False, description="q and k projections of width d_k' shared by every head (Mamba's C_t, B_t)")
+    expand: int | None = Field(
+        None, gt=0,
+        description="block form: an in-projection d -> 2·expand·d giving the stream the parameter functions read (d_in = expand·d) "
+        "and an outer gate branch z (the qLSTM block of the DSF paper, Mamba's block); None: they read x (d_in = d)",
+    )
+    outer_gate: Literal["gelu", "silu"] = Field("gelu", description="activation of the outer gate branch z (with expand)")
+    conv_size: int | None = Field(None, ge=1, description="kernel of a short causal depthwise conv on the stream before the parameter functions (MetaLA Eq. A31); None: no conv")
+    conv_bias: bool = Field(False, description="bias in the short conv")
+    conv_activation: Literal["none", "silu"] = Field("none", description="activation after the short conv")
+    # -- parameter functions --------------------------------------------------------------
+    query: Query = Field("proj", description="f_q: 'proj' φ(x W_Q); 'one' q = 1 (LinRNNs)")
+    key: Key = Field(
+        "proj",
+        description="f_k: 'proj' φ(x W_K); 'one'; 'one_minus_decay' 1 - α (MetaLA, HGRN); 'sqrt_one_minus_decay_sq' sqrt(1 - α²) (RG-LRU); "
+        "'sigmoid_proj' σ(x W_K + b) (input gate: GLRU, qLSTM); 'exp_proj' exp(x W_K) (RWKV-4); 'delta_proj' Δ_t ⊙ x W_B (Mamba)",
+    )
+    value: Value = Field(
+        "proj",
+        description="f_v: 'proj' x W_V; 'identity' x (Mamba); 'silu_proj' SiLU(x W_V + b) (GLRU/HGRN); 'gated_identity' σ(x W_x + b) ⊙ x (RG-LRU); "
+        "'lru' γ ⊙ (x B) with complex B and γ = sqrt(1 - |λ|²) normalization (LRU)",
+    )
+    decay: Decay = Field(
+        "sigmoid",
+        description="f_α: 'none' α = 1; 'fixed_head' one fixed γ_h per head (RetNet, TransNormer); 'fixed' learned per channel exp(-exp(w)) (RWKV-4); "
+        "'lru' complex exp(-exp(ν) + i exp(θ)); 'sigmoid' lb + (1 - lb)σ(x W_α + b) (MetaLA, HGRN, qLSTM); 'low_rank_sigmoid' σ(x W¹ W² + b) (GLA); "
+        "'reversed_sigmoid' σ(-x W_f + b)^a, a learned (DSF eq. 23); 'delta_A' exp(-Δ_t A) (Mamba); 'rg_lru' σ(Λ)^{c σ(x W_a + b)} (Griffin). "
+        "Every decay is then raised to 1/tau",
+    )
+    gate: Gate = Field("none", description="f_g: act(x W_G + b) or 'linear' x W_U (TransNormer) or 'none' (g = 1)")
+    feature_map: FeatureMap = Field("identity", description="φ applied to q and k of the 'proj' options (the LinFormer kernel)")
+    # -- decay details --------------------------------------------------------------------
+    tau: float = Field(1.0, gt=0, description="temperature: α <- α^{1/τ} (GLA and MetaLA: 16)")
+    low_rank: int = Field(16, gt=0, description="rank of W_α¹ W_α² of 'low_rank_sigmoid' (GLA: 16)")
+    decay_bias: bool = Field(False, description="bias in the decay's projection (GLA b_α, Griffin b_a; none in MetaLA)")
+    decay_lower_bound: float = Field(0.0, ge=0, lt=1, description="lb of 'sigmoid': α = lb + (1 - lb)σ(z) (HGRN's lower bound)")
+    head_decay: Literal["retnet", "transnormer"] = Field("retnet", description="'fixed_head' schedule: γ_h = 1 - 2^{-5-h} (RetNet) or exp(-8h/H) (TransNormerLLM, layer 0)")
+    rg_lru_c: float = Field(8.0, gt=0, description="c of 'rg_lru' (Griffin: 8)")
+    rs_exponent: Literal["relu", "exp", "fixed"] = Field(
+        "relu", description="exponent a of 'reversed_sigmoid': relu(a) of a learned scalar (the released code), exp(a_log) (S6's A > 0), or fixed a = 1"
+    )
+    dt_rank: int | None = Field(None, gt=0, description="rank p of Mamba's Δ projection (None: ceil(d_in/16))")
+    # -- positions, normalizer, RWKV, skip ------------------------------------------------------
+    rotary: bool = Field(False, description="rotary positions as a complex decay e^{iθ} on pairs of key channels (RetNet/TransNormer λe^{jθ}); exact RoPE")
+    rotary_base: float = Field(10000.0, gt=1, description="θ_j = base^{-2j/d_k'}")
+    xpos: bool = Field(
+        False, description="with rotary: xPos (RetNet's torchscale), q_t ζ^{t/512}, k_s ζ^{-s/512} with ζ_j = (2j + 0.4 d_k')/(1.4 d_k'): "
+        "a real decay ζ_j^{1/512} per rotary pair"
+    )
+    normalizer: bool = Field(False, description="divide by the row sum q_t Σ_s (Πα) k_s (LinFormer's denominator, Eq. 5; RWKV-4's)")
+    bonus: bool = Field(False, description="RWKV-4's current-token bonus: o_t = q_t S_{t-1} + (q_t ⊙ e^u ⊙ k_t)·1 v_t")
+    token_shift: bool = Field(False, description="RWKV-4's token shift: f_k, f_v, f_g read μ ⊙ x_t + (1 - μ) ⊙ x_{t-1}")
+    skip: Literal["none", "head", "input"] = Field("none", description="skip term D: 'head' o += D_h v_h inside the core (Mamba); 'input' y += D ⊙ x (LRU)")
+    scale: Literal["none", "inv_sqrt_k"] | float = Field("none", description="scale of q_t S_t: 'inv_sqrt_k' d_k'^{-1/2} (FLA's default), 'none' (1) or a number")
+    # -- MetaLA --------------------------------------------------------------------------
+    self_aug: bool = Field(False, description="MetaLA self-augmentation (Eq. A35): o_t += σ_aug((Σ_i q_i w_aug,i k_i) v_t), w_aug initialized to 0")
+    aug_activation: Literal["sigmoid", "none"] = Field("sigmoid", description="σ_aug: sigmoid (Eq. A35 and the code) or none (the linear Eq. A38)")
+    # -- readout ---------------------------------------------------------------------------
+    xnorm: Literal["none", "layernorm", "rmsnorm"] = Field("none", description="XNorm of Eq. 14")
+    norm_per_head: bool = Field(True, description="XNorm per head (GroupNorm-like) or over all d_v")
+    norm_affine: bool = Field(True, description="XNorm with a learned weight (and bias for LayerNorm)")
+    norm_eps: float = Field(1e-5, gt=0, description="XNorm epsilon")
+    gate_bias: bool = Field(False, description="biases in the gate-like functions: f_g, and the 'sigmoid_proj', 'silu_proj', 'gated_identity' options")
+    bias: bool = Field(False, description="biases in the linear projections W_Q, W_K, W_V, W_O")
+    out_proj: bool = Field(True, description="the output projection W_O (False: y = o ⊙ g, needs d_v = d_model)")
+    chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
+
+    # -- derived sizes -------------------------------------------------------------------
+
+    @property
+    def d_in(self) -> int:
+        """Width of the stream the parameter functions read."""
+        return self.d_model * (self.expand or 1)
+
+    @property
+    def d_v(self) -> int:
+        return round(self.expand_v * self.d_in)
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads if self.heads is not None else self.d_v
+
+    @property
+    def _k_base(self) -> int:
+        """What expand_k multiplies: d_in, or d_v with one head per value channel (so that d_k' = expand_k)."""
+        return self.d_v if self.heads is None else self.d_in
+
+    @property
+    def d_k(self) -> int:
+        return self.n_heads * self.d_state if self.d_state is not None else round(self.expand_k * self._k_base)
+
+    @property
+    def head_k(self) -> int:
+        return self.d_k // self.n_heads
+
+    @property
+    def head_v(self) -> int:
+        return self.d_v // self.n_heads
+
+    @property
+    def complex_values(self) -> bool:
+        return self.value == "lru"
+
+    @model_validator(mode="after")
+    def _check(self):
+        d_in = self.d_in
+        checks = [("expand_v", self.expand_v, d_in, "d_in")]
+        if self.d_state is None:
+            checks.append(("expand_k", self.expand_k, *((round(self.expand_v * d_in), "d_v") if self.heads is None else (d_in, "d_in"))))
+        for name, e, base, what in checks:
+            if abs(e * base - round(e * base)) > 1e-9 or round(e * base) < 1:
+                raise ValueError(f"{name} = {e} times {what} = {base} must be a positive integer")
+        H, d_k, d_v = self.n_heads, self.d_k, self.d_v
+        if d_v % H:
+            raise ValueError(f"d_v = {d_v} (expand_v·d_in) must be divisible by heads = {H}")
+        if d_k % H:
+            raise ValueError(f"d_k = {d_k} (expand_k·d_in, or d_state·heads) must be divisible by heads = {H}")
+        if self.value in ("identity", "gated_identity") and d_v != d_in:
+            raise ValueError(f"value = {self.value!r} needs d_v = d_in = {d_in} (expand_v = 1), got d_v = {d_v}")
+        if self.key in ("one_minus_decay", "sqrt_one_minus_decay_sq") and self.decay in ("none", "lru"):
+            raise ValueError(f"key = {self.key!r} ties the key to a real decay; decay = {self.decay!r} has none")
+        if self.key == "delta_proj" and self.decay != "delta_A":
+            raise ValueError(f"key = 'delta_proj' (Δ_t ⊙ x W_B) needs decay = 'delta_A' (it shares Δ_t), got {self.decay!r}")
+        if (self.decay == "lru") != (self.value == "lru"):
+            raise ValueError(f"decay = 'lru' and value = 'lru' go together (LRU's complex state), got decay = {self.decay!r}, value = {self.value!r}")
+        if self.decay == "lru" and self.head_k != 1:
+            raise ValueError(f"decay = 'lru' is a complex scalar per channel: needs d_k' = 1 (d_k = heads), got d_k' = {self.head_k}")
+        if self.complex_values and (self.xnorm != "none" or self.gate != "none" or self.normalizer or self.self_aug or self.bonus):
+            raise ValueError("value = 'lru' (complex) takes xnorm = 'none', gate = 'none', normalizer = False, self_aug = False, bonus = False")
+        if self.rotary:
+            if self.decay not in ("none", "fixed_head"):
+                raise ValueError(f"rotary = True needs one decay per head (decay = 'none' or 'fixed_head'), got decay = {self.decay!r}")
+            if self.head_k % 2:
+                raise ValueError(f"rotary = True rotates pairs of key channels: d_k' = {self.head_k} must be even")
+            if self.normalizer or self.bonus or self.self_aug:
+                raise ValueError("rotary = True does not combine with normalizer, bonus or self_aug")
+        if self.xpos and not self.rotary:
+            raise ValueError("xpos = True scales the rotary pairs: needs rotary = True")
+        if self.shared_qk and self.key in ("sigmoid_proj", "exp_proj"):
+            raise ValueError(f"shared_qk = True shares the q and k projections over heads; key = {self.key!r} is a per-head gate")
+        if self.self_aug and self.query != "proj":
+            raise ValueError(f"self_aug = True weights the query (Σ_i q_i w_aug,i k_i): needs query = 'proj', got {self.query!r}")
+        if not self.out_proj and (d_v != self.d_model or self.complex_values):
+            raise ValueError(f"out_proj = False needs real values of width d_v = d_model = {self.d_model}, got d_v = {d_v}")
+        if not isinstance(self.scale, str) and not self.scale > 0:
+            raise ValueError(f"scale = {self.scale} must be > 0 (or 'none', 'inv_sqrt_k')")
+        if self.decay == "none" and self.tau != 1.0:
+            raise ValueError(f"tau = {self.tau} raises the decay to 1/tau; decay = 'none' has none")
+        return self
+
+
+@dataclass
+class _Params:
+    """The outputs of the parameter functions on one input (shapes in GeneralForm._params)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    gk: torch.Tensor | None  # log α: [B, T, H] (one per head) or [B, T, H, K]; complex for 'lru'
+    g: torch.Tensor | None = None  # gate [B, T, d_v]
+    z: torch.Tensor | None = None  # outer gate (activated) [B, T, d_in]
+    state: dict = field(default_factory=dict)  # conv / token-shift states after the last token
+
+
+def _act(name: str, x: torch.Tensor) -> torch.Tensor:
+    return {"identity": lambda t: t, "none": lambda t: t, "linear": lambda t: t, "elu1": lambda t: F.elu(t) + 1,
+            "silu": F.silu, "relu": F.relu, "sigmoid": torch.sigmoid, "gelu": F.gelu}[name](x)
+
+
+def _shift_right(x: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
+    """[B, T, ...] -> the sequence delayed by one step, ``first`` (or zeros) in front."""
+    first = torch.zeros_like(x[:, :1]) if first is None else first.unsqueeze(1).to(x.dtype)
+    return torch.cat([first, x[:, :-1]], dim=1)
+
+
+@register("general_form", description="MetaLA's general form (Eqs. 11-15): configurable f_q, f_k, f_v, f_α, f_g; base of the presets below")
+class GeneralForm(Mixer):
+    """MetaLA's general form S_t = diag(α_t) S_{t-1} + k_tᵀ v_t, o_t = XNorm(concat_h q_t S_t),
+    y_t = (o_t ⊙ g_t) W_O (seed 002, Eqs. 11-15), each parameter function chosen by name.
+
+    Maps of phi(x): one per head [B, H, T, T] (LinAttMap, Eq. 18; with a normalizer divided
+    by its row sums, with the skip 'head' plus D_h on the diagonal; real part with rotary).
+    State per sequence: H·d_k'·(d_v' [+1 with a normalizer]) recurrent floats (×2 when complex;
+    rotary pairs the key channels into d_k'/2 complex ones), plus d_in·(conv_size - 1) for
+    the conv and d_in for the token shift.
+    """
+
+    family = "linear_attention"
+    modes = ("recurrent", "chunk", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "H·d_k'·(d_v' [+1]) (+ d_in·(conv-1), + d_in with token shift)"
+    map_unit = "head"
+    Config = GeneralFormConfig
+
+    def __init__(self, config: GeneralFormConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        d, d_in, d_k, d_v, H = c.d_model, c.d_in, c.d_k, c.d_v, c.n_heads
+        self.H, self.K, self.V = H, c.head_k, c.head_v
+        qk_width = self.K if c.shared_qk else d_k
+
+        # the stream: in-projection (block form), short conv
+        self.W_in = nn.Linear(d, 2 * d_in, bias=False) if c.expand else None
+        self.conv = ShortConv(d_in, c.conv_size, bias=c.conv_bias, activation=None if c.conv_activation == "none" else "silu") if c.conv_size else None
+        if c.token_shift:  # RWKV-4: μ_k, μ_v, μ_r (layer-0 initialization of the RWKV-4 code)
+            ramp = torch.arange(d_in, dtype=torch.float32) / d_in
+            self.mu_k = nn.Parameter(ramp.clone())
+            self.mu_v = nn.Parameter(ramp.clone())
+            self.mu_r = nn.Parameter(ramp.sqrt())
+
+        # f_q, f_k, f_v
+        self.W_q = nn.Linear(d_in, qk_width, bias=c.bias) if c.query == "proj" else None
+        if c.key in ("proj", "exp_proj", "delta_proj"):
+            self.W_k = nn.Linear(d_in, qk_width, bias=c.bias and c.key == "proj")
+        elif c.key == "sigmoid_proj":
+            self.W_k = nn.Linear(d_in, qk_width, bias=c.gate_bias)
+        else:
+            self.W_k = None
+        if c.value == "proj":
+            self.W_v = nn.Linear(d_in, d_v, bias=c.bias)
+        elif c.value in ("silu_proj", "gated_identity"):
+            self.W_v = nn.Linear(d_in, d_v, bias=c.gate_bias)
+        else:
+            self.W_v = None
+        if c.value == "lru":  # LRU: B = B_re + i B_im ~ N(0, 1/(2 d_in)), C = C_re + i C_im ~ N(0, 1/d_v)
+            self.B_re = nn.Parameter(torch.randn(d_v, d_in) / math.sqrt(2 * d_in))
+            self.B_im = nn.Parameter(torch.randn(d_v, d_in) / math.sqrt(2 * d_in))
+
+        # f_α
+        self._init_decay(c, d_in, d_k, H)
+
+        # RWKV-4 bonus u (time_first), per key channel
+        if c.bonus:
+            self.u = nn.Parameter(math.log(0.3) + 0.5 * torch.linspace(-1, 1, d_k))
+        # MetaLA self-augmentation weight, initialized to 0 (the official code)
+        if c.self_aug:
+            self.w_aug = nn.Parameter(torch.zeros(d_k))
+        # skip D
+        if c.skip == "head":
+            self.D = nn.Parameter(torch.ones(H))
+        elif c.skip == "input":
+            self.D = nn.Parameter(torch.randn(d))
+        # XNorm, f_g, W_O
+        groups = H if c.norm_per_head else 1
+        if c.xnorm == "layernorm":
+            self.norm = LayerNorm(d_v, eps=c.norm_eps, groups=groups, affine=c.norm_affine)
+        elif c.xnorm == "rmsnorm":
+            self.norm = RMSNorm(d_v, eps=c.norm_eps, groups=groups, affine=c.norm_affine)
+        else:
+            self.norm = None
+        self.W_g = nn.Linear(d_in, d_v, bias=c.gate_bias) if c.gate != "none" else None
+        if c.complex_values:
+            self.C_re = nn.Parameter(torch.randn(d, d_v) / math.sqrt(d_v))
+            self.C_im = nn.Parameter(torch.randn(d, d_v) / math.sqrt(d_v))
+            self.W_o = None
+        else:
+            self.W_o = nn.Linear(d_v, d, bias=c.bias) if c.out_proj else None
+
+        if c.scale == "inv_sqrt_k":
+            self._scale = self.K ** -0.5
+        elif c.scale == "none":
+            self._scale = 1.0
+        else:
+            self._scale = float(c.scale)
+
+    def _init_decay(self, c, d_in, d_k, H):
+        kind = c.decay
+        if kind == "fixed":  # RWKV-4: log α = -exp(w), w = -5 + 8 (i/(d-1))^0.7 (layer 0 of the RWKV-4 code)
+            ramp = torch.arange(d_k, dtype=torch.float32) / max(d_k - 1, 1)
+            self.w = nn.Parameter(-5 + 8 * ramp**0.7)
+        elif kind == "lru":  # λ = exp(-exp(ν) + i exp(θ)), ring initialization; γ = sqrt(1 - |λ|²)
+            u1, u2 = torch.rand(d_k), torch.rand(d_k)
+            r2 = u1 * (LRU_R_MAX**2 - LRU_R_MIN**2) + LRU_R_MIN**2
+            self.nu_log = nn.Parameter(torch.log(-0.5 * torch.log(r2)))
+            self.theta_log = nn.Parameter(torch.log(LRU_MAX_PHASE * u2 + 1e-8))
+            self.gamma_log = nn.Parameter(0.5 * torch.log1p(-r2))
+        elif kind in ("sigmoid", "reversed_sigmoid", "rg_lru"):
+            self.W_a = nn.Linear(d_in, d_k, bias=c.decay_bias)
+        elif kind == "low_rank_sigmoid":
+            self.W_a = nn.Sequential(nn.Linear(d_in, c.low_rank, bias=False), nn.Linear(c.low_rank, d_k, bias=c.decay_bias))
+        elif kind == "delta_A":  # Mamba: Δ_t = softplus(x W_u W_Δ + b_Δ) per head (channel), A = exp(A_log)
+            p = c.dt_rank or math.ceil(d_in / 16)
+            self.W_u = nn.Linear(d_in, p, bias=False)
+            self.W_delta = nn.Linear(p, H, bias=True)
+            nn.init.uniform_(self.W_delta.weight, -(p**-0.5), p**-0.5)
+            dt = torch.exp(torch.rand(H) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
+            with torch.no_grad():
+                self.W_delta.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
+            self.A_log = nn.Parameter(torch.log(torch.arange(1, self.K + 1, dtype=torch.float32)).repeat(H, 1))
+        if kind == "reversed_sigmoid":
+            if c.rs_exponent == "relu":
+                self.a = nn.Parameter(torch.tensor(1.0))
+            elif c.rs_exponent == "exp":
+                self.a_log = nn.Parameter(torch.tensor(0.0))
+        if kind == "rg_lru":  # σ(Λ)^c uniform on [0.9, 0.999]
+            a = torch.empty(d_k).uniform_(RG_LRU_A_MIN, RG_LRU_A_MAX) ** (1 / c.rg_lru_c)
+            self.Lambda = nn.Parameter(torch.log(a / (1 - a)))
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "heads": 2, "chunk_size": 8}
+
+    # -- the parameter functions -----------------------------------------------------------
+
+    def _stream(self, x, state, need_state):
+        """x [B, T, d] -> (u [B, T, d_in] the stream, z the outer gate branch or None, new states)."""
+        c, new = self.config, {}
+        z = None
+        u = x
+        if self.W_in is not None:
+            u, z = self.W_in(x).chunk(2, dim=-1)
+            z = _act(c.outer_gate, z)
+        if self.conv is not None:
+            u, conv_state = self.conv(u, state.get("conv") if state else None, output_final_state=need_state)
+            if need_state:
+                new["conv"] = conv_state
+        return u, z, new
+
+    def _decay(self, u):
+        """log α_t: [B, T, H] (one per head) or [B, T, H, K] (key-wise); complex for 'lru'. Also Δ_t [B, T, H] for 'delta_A'."""
+        c = self.config
+        B, T, _ = u.shape
+        H, K = self.H, self.K
+        kind, delta = c.decay, None
+        if kind == "none":
+            return None, None
+        if kind == "fixed_head":  # not learned (RetNet, TransNormer): computed here, in the input's precision
+            h = torch.arange(H, dtype=torch.float64, device=u.device)
+            log_gamma = torch.log1p(-(2.0 ** (-5 - h))) if c.head_decay == "retnet" else -8 * h / H
+            la = log_gamma.to(u.dtype).expand(B, T, H)
+        elif kind == "fixed":
+            la = (-torch.exp(self.w)).view(H, K).expand(B, T, H, K)
+        elif kind == "lru":
+            la = torch.complex(-torch.exp(self.nu_log), torch.exp(self.theta_log)).view(H, K).expand(B, T, H, K)
+        elif kind in ("sigmoid", "low_rank_sigmoid"):
+            z = self.W_a(u).view(B, T, H, K)
+            lb = c.decay_lower_bound
+            la = F.logsigmoid(z) if lb == 0 else torch.log(lb + (1 - lb) * torch.sigmoid(z))
+        elif kind == "reversed_sigmoid":  # DSF eq. (23): σ_rev(z)^a = σ(-z)^a
+            z = self.W_a(u).view(B, T, H, K)
+            a = {"relu": lambda: F.relu(self.a), "exp": lambda: torch.exp(self.a_log), "fixed": lambda: 1.0}[c.rs_exponent]()
+            la = a * F.logsigmoid(-z)
+        elif kind == "rg_lru":  # Griffin: log a_t = c r_t log σ(Λ) = -c r_t softplus(-Λ)
+            r = torch.sigmoid(self.W_a(u)).view(B, T, H, K)
+            la = -c.rg_lru_c * r * F.softplus(-self.Lambda).view(H, K)
+        else:  # delta_A, Mamba: log α = -Δ_t A
+            delta = F.softplus(self.W_delta(self.W_u(u)))  # [B, T, H]
+            la = -delta.unsqueeze(-1) * torch.exp(self.A_log)
+        if c.tau != 1.0:
+            la = la / c.tau
+        return la, delta
+
+    def _params(self, x, state, need_state) -> _Params:
+        """The parameter functions (Eqs. 11-12) on x [B, T, d]:
+        q, k [B, T, H, K]; v [B, T, H, V]; gk (log α) [B, T, H] or [B, T, H, K]; g [B, T, d_v]."""
+        c = self.config
+        B, T, _ = x.shape
+        H, K, V = self.H, self.K, self.V
+        u, z, new = self._stream(x, state, need_state)
+        u_k = u_v = u_g = u
+        if c.token_shift:  # RWKV-4: x_k = μ_k x_t + (1 - μ_k) x_{t-1}, the same for v and the receptance r
+            prev = _shift_right(u, state.get("x_prev") if state else None)
+            u_k = prev + self.mu_k * (u - prev)
+            u_v = prev + self.mu_v * (u - prev)
+            u_g = prev + self.mu_r * (u - prev)
+            if need_state:
+                new["x_prev"] = u[:, -1]
+        la, delta = self._decay(u)
+        # f_q
+        qk_heads = 1 if c.shared_qk else H
+        if c.query == "proj":
+            q = _act(c.feature_map, self.W_q(u)).view(B, T, qk_heads, K).expand(B, T, H, K)
+        else:
+            q = u.new_ones(B, T, H, K)
+        # f_k
+        kind = c.key
+        if kind == "proj":
+            k = _act(c.feature_map, self.W_k(u_k)).view(B, T, qk_heads, K).expand(B, T, H, K)
+        elif kind == "one":
+            k = u.new_ones(B, T, H, K)
+        elif kind in ("one_minus_decay", "sqrt_one_minus_decay_sq"):
+            la_k = la if la.dim() == 4 else la.unsqueeze(-1).expand(B, T, H, K)
+            k = -torch.expm1(la_k) if kind == "one_minus_decay" else torch.sqrt(-torch.expm1(2 * la_k))
+        elif kind == "sigmoid_proj":
+            k = torch.sigmoid(self.W_k(u_k)).view(B, T, H, K)
+        elif kind == "exp_proj":
+            k = torch.exp(self.W_k(u_k)).view(B, T, H, K)
+        else:  # delta_proj: Δ_t^h ⊙ x W_B (B_t shared by every head)
+            k = delta.unsqueeze(-1) * self.W_k(u_k).view(B, T, qk_heads, K)
+        # f_v
+        kind = c.value
+        if kind == "proj":
+            v = self.W_v(u_v)
+        elif kind == "identity":
+            v = u_v
+        elif kind == "silu_proj":
+            v = F.silu(self.W_v(u_v))
+        elif kind == "gated_identity":
+            v = torch.sigmoid(self.W_v(u_v)) * u_v
+        else:  # lru: γ ⊙ (x B), complex
+            gamma = torch.exp(self.gamma_log).unsqueeze(-1)
+            v = torch.complex(u_v @ (gamma * self.B_re).t(), u_v @ (gamma * self.B_im).t())
+        v = v.reshape(B, T, H, V)
+        # f_g
+        g = None if self.W_g is None else _act(c.gate, self.W_g(u_g))
+        return _Params(q=q, k=k, v=v, gk=la, g=g, z=z, state=new)
+
+    # -- the core (Eqs. 13-14 before XNorm) ----------------------------------------------------
+
+    def _rotary_form(self, P: _Params):
+        """q, k, log α as the recurrence takes them: with rotary, channel pairs (2j, 2j+1) become one
+        complex channel, q̃ = q_{2j} + i q_{2j+1}, k̃ = k_{2j} - i k_{2j+1}, and the decay gains the
+        phase e^{iθ_j}: Re(q̃_t k̃_s e^{i(t-s)θ_j}) is the RoPE score of the pair (TransNormer's and
+        RetNet's λe^{jθ}, MetaLA Table A1). xPos multiplies the pair's decay by ζ_j^{1/512}."""
+        if not self.config.rotary:
+            return P.q, P.k, P.gk
+        B, T, H, K = P.q.shape
+        q = torch.complex(P.q[..., 0::2], P.q[..., 1::2])
+        k = torch.complex(P.k[..., 0::2], -P.k[..., 1::2])
+        j2 = torch.arange(0, K, 2, dtype=P.q.dtype, device=P.q.device)
+        theta = self.config.rotary_base ** (-j2 / K)
+        real = P.gk.unsqueeze(-1) if P.gk is not None else torch.zeros((), dtype=P.q.dtype, device=P.q.device)
+        if self.config.xpos:  # relative factor ζ_j^{(t-s)/512}: a decay per pair
+            real = real + torch.log((j2 + 0.4 * K) / (1.4 * K)) / 512
+        gk = torch.complex(real.expand(B, T, H, K // 2), theta.expand(B, T, H, K // 2))
+        return q, k, gk
+
+    def _recur(self, q, k, v, gk, S0, mode, need_state):
+        """linear_recurrence on [B, T, H, K] inputs. With K == 1 (a vector state per head) the H
+        heads run as one head of H·V value channels with value-wise decays (k folded into v, q
+        applied to the output): the same numbers, one wide matmul per chunk instead of H thin ones."""
+        c = self.config
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        kw = dict(scale=self._scale, output_final_state=need_state, mode=mode, chunk_size=c.chunk_size, check_values=False)
+        if K > 1:
+            return linear_recurrence(q, k, v, gk, initial_state=S0, **kw)
+        vv = (k * v).reshape(B, T, 1, H * V)
+        gv = None
+        if gk is not None:
+            gv = gk.reshape(B, T, H, 1).expand(B, T, H, V).reshape(B, T, 1, H * V)
+        one = torch.ones(B, T, 1, 1, dtype=q.dtype, device=q.device)
+        S0f = S0.reshape(B, 1, 1, H * V) if S0 is not None else None
+        o, S = linear_recurrence(one, one, vv, None, gv, initial_state=S0f, **kw)
+        o = o.reshape(B, T, H, V) * q
+        return o, (S.reshape(B, H, 1, V) if S is not None else None)
+
+    def _bonus_term(self, P: _Params):
+        """RWKV's current-token term: scale·Σ_i q_i e^{u_i} k_i, one number per head [B, T, H, 1]."""
+        return self._scale * (P.q * torch.exp(self.u).view(self.H, self.K) * P.k).sum(-1, keepdim=True)
+
+    def _core(self, P: _Params, S0, mode, need_state):
+        """The core map on P.v: o_t = q_t S_t (Eq. 13-14), or with the bonus q_t S_{t-1} + bonus·v_t,
+        normalized by its row sums, plus D_h v_h. Returns (mixed [B, T, H, V], final state)."""
+        c = self.config
+        q, k, gk = self._rotary_form(P)
+        v = P.v
+        T = v.shape[1]
+        if c.normalizer:
+            v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # the last channel accumulates the denominator
+        if c.bonus:
+            # q_t S_{t-1}: the recurrence on (k, v, α) delayed by one step, read at T + 1 positions;
+            # its first step only decays by 1 and writes 0, so the state read at t is S_{t-1}
+            q2, k2, v2 = (torch.cat(p, dim=1) for p in ((q, torch.zeros_like(q[:, :1])), (torch.zeros_like(k[:, :1]), k), (torch.zeros_like(v[:, :1]), v)))
+            gk2 = torch.cat([torch.zeros_like(gk[:, :1]), gk], dim=1) if gk is not None else None
+            o, S = self._recur(q2, k2, v2, gk2, S0, "recurrent" if mode == "step" else mode, need_state)
+            o = o[:, :T] + self._bonus_term(P) * v
+        else:
+            o, S = self._recur(q, k, v, gk, S0, mode, need_state)
+        if c.rotary:
+            o = o.real
+        if c.normalizer:
+            o = o[..., :-1] / o[..., -1:]
+        if c.skip == "head":
+            o = o + self.D.view(self.H, 1) * P.v
+        return o, S
+
+    def _self_aug(self, P: _Params) -> torch.Tensor:
+        """MetaLA Eq. A35: σ_aug((Σ_i q_i w_aug,i k_i) v_t) per head, with the unscaled q (the code)."""
+        s = (P.q * self.w_aug.view(self.H, self.K) * P.k).sum(-1, keepdim=True)
+        return torch.sigmoid(s * P.v) if self.config.aug_activation == "sigmoid" else s * P.v
+
+    def _readout(self, o, P: _Params, x):
+        """Eq. 14-15 after the core: self-augmentation, XNorm, the gates, W_O, the skip on x."""
+        c = self.config
+        if c.self_aug:
+            o = o + self._self_aug(P)
+        o = o.flatten(2)
+        if self.norm is not None:
+            o = self.norm(o)
+        if P.g is not None:
+            o = o * P.g
+        if P.z is not None:
+            o = o * P.z
+        if c.complex_values:
+            y = o.real @ self.C_re.t() - o.imag @ self.C_im.t()  # Re(o Cᵀ)
+        else:
+            y = self.W_o(o) if self.W_o is not None else o
+        if c.skip == "input":
+            y = y + self.D * x
+        return y
+
+    def _forward(self, x, *, state, mode, need_state):
+        P = self._params(x, state, need_state)
+        o, S = self._core(P, state.get("S") if state else None, mode, need_state)
+        y = self._readout(o, P, x)
+        return MixOut(y, {"S": S, **P.state} if need_state else None, values=P.v, mixed=o)
+
+    # -- the DSF view --------------------------------------------------------------------------
+
+    def _numerator_map(self, P: _Params) -> torch.Tensor:
+        """LinAttMap (Eq. 18) [B, H, T, T] before the normalizer (with the bonus: the delayed map plus its diagonal)."""
+        q, k, gk = self._rotary_form(P)
+        T = q.shape[1]
+        if self.config.bonus:
+            q2 = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)
+            k2 = torch.cat([torch.zeros_like(k[:, :1]), k], dim=1)
+            gk2 = torch.cat([torch.zeros_like(gk[:, :1]), gk], dim=1) if gk is not None else None
+            A = recurrence_map(q2, k2, gk2, scale=self._scale, check_values=False)[:, :, :T, 1:]
+            return A + torch.diag_embed(self._bonus_term(P)[..., 0].transpose(1, 2))
+        A = recurrence_map(q, k, gk, scale=self._scale, check_values=False)
+        return A.real if self.config.rotary else A
+
+    def phi(self, x):
+        """[B, H, T, T]: the map from the values to the core output (LinAttMap, Eq. 18)."""
+        self.check_input(x)
+        P = self._params(x, None, False)
+        A = self._numerator_map(P)
+        if self.config.normalizer:
+            A = A / A.sum(-1, keepdim=True)
+        if self.config.skip == "head":
+            A = A + torch.diag_embed(self.D.view(1, self.H, 1).expand(A.shape[0], self.H, A.shape[-1]).to(A.dtype))
+        return A
+
+    def dsf(self, x):
+        """The core as a DSF (seed 000 eq. 11): input the values v (heads concatenated,
+        [B, T, H·d_v']), output the core output ``mixed``. Λ_t = α_t per key channel; with a
+        normalizer η_t: Λ_t = α_t η_{t-1}/η_t, B_t = k_t/η_t (seed 000, 15b); with the bonus:
+        C_t = q_t/α_t and D_t = Σ_i q_i (e^{u_i} - 1/α_i) k_i (the current token's weight; exact, but
+        it loses about log10(1/α_min) digits of float64 to cancellation for strong decays)."""
+        self.check_input(x)
+        c = self.config
+        P = self._params(x, None, False)
+        q, k, gk = self._rotary_form(P)
+        B, T, H, K = q.shape
+        V = self.V
+        cplx = q.is_complex() or c.complex_values  # (complex values: B and C complex too, so that DSF.evaluate's matmuls match)
+        q, k = (t.detach().to(torch.complex128 if cplx else torch.float64) for t in (q, k))
+        if gk is None:
+            gk = torch.zeros(B, T, H, K, dtype=torch.float64)
+        gk = gk.detach()
+        gk = (gk.unsqueeze(-1).expand(B, T, H, K) if gk.dim() == 3 else gk).to(torch.complex128 if gk.is_complex() else torch.float64)
+        Dh = torch.zeros(B, T, H, dtype=torch.float64)
+        if c.bonus:
+            u = self.u.detach().double().view(H, K)
+            Dh = self._scale * (q * (torch.exp(u) - torch.exp(-gk)) * k).sum(-1)
+            q = q * torch.exp(-gk)
+        if c.normalizer:
+            eta = self._numerator_map(P).detach().double().sum(-1).transpose(1, 2)  # [B, T, H]
+            log_eta = eta.log()
+            log_prev = torch.cat([torch.zeros_like(log_eta[:, :1]), log_eta[:, :-1]], dim=1)
+            gk = gk + (log_prev - log_eta).unsqueeze(-1)
+            k = k / eta.unsqueeze(-1)
+            Dh = Dh / eta
+        if c.skip == "head":
+            Dh = Dh + self.D.detach().double()
+        D = None
+        if c.bonus or c.skip == "head":
+            D = torch.diag_embed(Dh.unsqueeze(-1).expand(B, T, H, V).reshape(B, T, H * V))
+        system = DSF.from_recurrence(q, k, V, gk, scale=self._scale, D=D)
+        system.real_output = not c.complex_values
+        return system
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        c = self.config
+        n = self.H * self.K * (self.V + (1 if c.normalizer else 0))
+        if c.complex_values:
+            n *= 2
+        if self.conv is not None:
+            n += self.conv.state_size()
+        if c.token_shift:
+            n += c.d_in
+        return n
+
+
+# ------------------------------------------------------------------------------------------
+# the presets: each model of MetaLA Tables 1, A1-A3 (and the DSF paper's qLSTMs) as a config
+# ------------------------------------------------------------------------------------------
+
+#: the parameter group each preset documents (MetaLA Table 2); seqmix.analysis.conditions computes it from the config
+PRESETS: dict[str, dict] = {}
+
+
+def _preset(name: str, group: str, description: str, defaults: dict, example: dict | None = None) -> None:
+    PRESETS[name] = {"group": group, "defaults": dict(defaults)}
+    register_preset(name, GeneralForm, description=f"{description}; group {group}", defaults=defaults, example=example)
+
+
+_LINRNN = dict(heads=None, query="one")  # d_k = d_v = H = d: a vector state (MetaLA Table A3)
+
+_preset(
+    "linformer", "{Q, K}",
+    "Linear Transformer (Katharopoulos et al.; MetaLA Table A1): φ = elu+1 on q and k, no decay, the normalizer of Eq. 5",
+    dict(heads=1, query="proj", key="proj", value="proj", decay="none", feature_map="elu1", normalizer=True),
+)
+_preset(
+    "retnet", "{Q, K, Λ}",
+    "RetNet (Table A1): fixed decay γ_h = 1 - 2^{-5-h} per head with rotary phase e^{iθ}, per-head norm, SiLU gate, d_v = 2d (8d² weights)",
+    dict(heads=4, key="proj", value="proj", decay="fixed_head", head_decay="retnet", rotary=True, expand_v=2.0, scale="inv_sqrt_k",
+         xnorm="layernorm", gate="silu"),
+)
+_preset(
+    "transnormer", "{Q, K, Λ}",
+    "TransNormer(LLM) (Table A1): φ = SiLU on q and k, fixed decay λ_h = exp(-8h/H) with rotary phase, SRMSNorm, linear gate x W_U",
+    dict(heads=4, key="proj", value="proj", decay="fixed_head", head_decay="transnormer", rotary=True, feature_map="silu",
+         xnorm="rmsnorm", norm_per_head=False, norm_affine=False, gate="linear"),
+)
+_preset(
+    "gla", "{Q, K, Λ_t}",
+    "GLA (Table A1): α = σ(x W¹ W² + b)^{1/16} (rank 16), d_k = d/2, per-head RMSNorm, SiLU gate with bias",
+    dict(heads=4, key="proj", value="proj", decay="low_rank_sigmoid", tau=16.0, low_rank=16, decay_bias=True, expand_k=0.5,
+         scale="inv_sqrt_k", xnorm="rmsnorm", gate="silu", gate_bias=True),
+)
+_preset(
+    "mamba_gf", "{Q, K, Λ_t}",
+    "Mamba's S6 in the general form (Table A2): q = x W_C, k = Δ_t ⊙ x W_B, v = x, α = exp(-Δ_t A), D skip; one head per channel, d_k' = N",
+    dict(heads=None, d_state=16, shared_qk=True, query="proj", key="delta_proj", value="identity", decay="delta_A", skip="head"),
+    example={"heads": None, "d_state": 4},
+)
+_preset(
+    "rwkv4", "{K, Λ}",
+    "RWKV-4 as MetaLA Table A3 writes it: k = exp(x W_K), fixed α = exp(-exp(w)), σ receptance gate; the full WKV via RWKV4_FULL",
+    dict(_LINRNN, key="exp_proj", value="proj", decay="fixed", gate="sigmoid"),
+    example={"heads": None},
+)
+_preset(
+    "hgrn", "{Λ_t}",
+    "HGRN (Qin et al. 2023, real form): α = lb + (1-lb)σ(x W_f), input gate tied k = 1 - α, v = SiLU(x W_i), RMSNorm, SiLU gate",
+    dict(_LINRNN, key="one_minus_decay", value="silu_proj", decay="sigmoid", xnorm="rmsnorm", norm_per_head=False, gate="silu"),
+    example={"heads": None},
+)
+_preset(
+    "rg_lru", "{Λ_t}",
+    "Griffin's RG-LRU (Table A3, DSF §3.12): α = σ(Λ)^{c σ(x W_a + b)}, c = 8, k = sqrt(1 - α²), v = σ(x W_x + b) ⊙ x, GeLU gate",
+    dict(_LINRNN, key="sqrt_one_minus_decay_sq", value="gated_identity", decay="rg_lru", decay_bias=True, gate="gelu", gate_bias=True),
+    example={"heads": None},
+)
+_preset(
+    "lru", "{Λ}",
+    "LRU (Orvieto et al., Table A3): complex diagonal λ = exp(-e^ν + i e^θ), v = γ ⊙ x B with γ = sqrt(1 - |λ|²), y = Re(C h) + D ⊙ x",
+    dict(_LINRNN, key="one", value="lru", decay="lru", skip="input"),
+    example={"heads": None},
+)
+_preset(
+    "qlstm", "{K, Λ_t}",
+    "qLSTM in the DSF form (seed 000 eq. 8, 20; no tanh): f = σ(W_f u), i = σ(W_i u), o = σ(W_o u), h_t = f h_{t-1} + i ⊙ W_u u, y = o ⊙ h",
+    dict(_LINRNN, key="sigmoid_proj", value="proj", decay="sigmoid", gate="sigmoid", out_proj=False),
+    example={"heads": None},
+)
+_preset(
+    "qlstm_rs", "{K, Λ_t}",
+    "qLSTM with the reversed-sigmoid transition (seed 000 eq. 23): f = σ(-W_f u)^a, a learned (relu(a) as the released code)",
+    dict(_LINRNN, key="sigmoid_proj", value="proj", decay="reversed_sigmoid", rs_exponent="relu", gate="sigmoid", out_proj=False),
+    example={"heads": None},
+)
+_QLSTM_BLOCK = dict(_LINRNN, expand=2, outer_gate="gelu", conv_size=4, conv_bias=True, key="sigmoid_proj", value="identity",
+                    decay_bias=True, gate="sigmoid", gate_bias=True)
+_preset(
+    "qlstm_block", "{K, Λ_t}",
+    "the qLSTM block of the DSF paper's experiments (dsf note §5.1): 2x in-projection, short conv k=4, gates from the conv output, GELU outer gate",
+    dict(_QLSTM_BLOCK, decay="sigmoid"),
+    example={"heads": None},
+)
+_preset(
+    "qlstm_rs_block", "{K, Λ_t}",
+    "the qLSTM block with the reversed-sigmoid transition σ(-f)^relu(a) (the released dsf-mqar code)",
+    dict(_QLSTM_BLOCK, decay="reversed_sigmoid", rs_exponent="relu"),
+    example={"heads": None},
+)
+_preset(
+    "metala", "{Q, Λ_t}",
+    "MetaLA (seed 002 §5, official code): k = 1 - α, α = σ(x W_α)^{1/16}, d_k = d/2, self-augmentation, short conv 4 + SiLU, "
+    "SiLU gate with bias, per-head LayerNorm without affine; 4d² weights",
+    dict(heads=4, expand_k=0.5, query="proj", key="one_minus_decay", value="proj", decay="sigmoid", tau=16.0, decay_bias=False,
+         conv_size=4, conv_bias=False, conv_activation="silu", self_aug=True, aug_activation="sigmoid", scale="inv_sqrt_k",
+         xnorm="layernorm", norm_per_head=True, norm_affine=False, norm_eps=1e-5, gate="silu", gate_bias=True),
+)
+
+#: MetaLA as the paper writes it where the official code differs (metala note §4.7): no query scale,
+#: no SiLU after the conv, no gate bias (Eq. A33), XNorm = LayerNorm over d_v. The conv kernel of the
+#: paper's MQAR runs is 2 (METALA_MQAR); σ_aug stays sigmoid (Eq. A35; Eq. A38 omits it: aug_activation="none").
+METALA_PAPER = dict(scale="none", conv_activation="none", gate_bias=False, norm_per_head=False, norm_affine=True)
+#: MetaLA's MQAR setting (Table A7): H = 2, d_k = d_v = d, conv kernel 2
+METALA_MQAR = dict(heads=2, expand_k=1.0, conv_size=2)
+#: the ablations of MetaLA Table 8. "with_key": an explicit key x W_K (d -> d_k, no bias) in place of
+#: 1 - α (the paper does not specify the design; this is GLA's key with MetaLA's full-rank decay).
+METALA_ABLATIONS = {
+    "no_self_aug": dict(self_aug=False),
+    "no_conv": dict(conv_size=None),
+    "with_key": dict(key="proj"),
+}
+#: RWKV-4 in full (Peng et al. 2023): the current-token bonus u, token shift and the WKV denominator
+RWKV4_FULL = dict(bonus=True, token_shift=True, normalizer=True)
+
+
+# ------------------------------------------------------------------------------------------
+# the mapping between Mamba's S6 parameters and mamba_gf
+# ------------------------------------------------------------------------------------------
+
+#: mamba_gf parameter <- S6 (Mamba / zoology naming): x_proj = [W_u; W_B; W_C] stacked as [dt_rank, N, N] rows
+S6_NAMES = {"x_proj": "x_proj.weight", "dt_proj.weight": "dt_proj.weight", "dt_proj.bias": "dt_proj.bias",
+            "A_log": "A_log", "D": "D", "out_proj.weight": "out_proj.weight", "out_proj.bias": "out_proj.bias"}
+
+
+def mamba_gf_state_from_s6(s6_state: dict, *, d_state: int, dt_rank: int, names: dict | None = None) -> dict:
+    """The state dict of a ``mamba_gf`` mixer that computes what an S6 mixer computes.
+
+    S6 (seed 000 eq. 4, Mamba's selective scan with expand 1, no conv, no gate):
+    Δ_t = softplus(dt_proj(x_proj_Δ(x))), B_t = x_proj_B(x), C_t = x_proj_C(x), A = -exp(A_log),
+    h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_t, y_t = out_proj(C_t h_t + D x_t). In mamba_gf:
+
+        W_u      <- x_proj.weight[:dt_rank]                 (d -> p, the Δ low rank)
+        W_delta  <- dt_proj.weight, dt_proj.bias            (p -> d, b_Δ)
+        W_k      <- x_proj.weight[dt_rank:dt_rank + N]      (W_B: k_t = Δ_t ⊙ x W_B)
+        W_q      <- x_proj.weight[dt_rank + N:]             (W_C: q_t = x W_C)
+        A_log    <- A_log [d, N]                           (α_t = exp(-Δ_t exp(A_log)))
+        D        <- D [d]                                  (skip 'head': o += D ⊙ v, v = x)
+        W_o      <- out_proj.weight (and bias if present)
+
+    ``names`` maps the S6 names above to the keys of ``s6_state`` (default :data:`S6_NAMES`,
+    Mamba's and zoology's). Build the mixer with ``build_mixer("mamba_gf", d_model=d,
+    d_state=N, dt_rank=p)`` and ``load_state_dict`` the result.
+    """
+    n = {**S6_NAMES, **(names or {})}
+    W = s6_state[n["x_proj"]]
+    if W.shape[0] != dt_rank + 2 * d_state:
+        raise ValueError(
+            f"mamba_gf_state_from_s6: '{n['x_proj']}' must have dt_rank + 2·d_state = {dt_rank + 2 * d_state} rows, got {tuple(W.shape)}"
+        )
+    out = {
+        "W_u.weight": W[:dt_rank],
+        "W_k.weight": W[dt_rank : dt_rank + d_state],
+        "W_q.weight": W[dt_rank + d_state :],
+        "W_delta.weight": s6_state[n["dt_proj.weight"]],
+        "W_delta.bias": s6_state[n["dt_proj.bias"]],
+        "A_log": s6_state[n["A_log"]],
+        "D": s6_state[n["D"]],
+        "W_o.weight": s6_state[n["out_proj.weight"]],
+    }
+    if n["out_proj.bias"] in s6_state and s6_state[n["out_proj.bias"]] is not None:
+        out["W_o.bias"] = s6_state[n["out_proj.bias"]]
+    return {key: val.detach().clone() for key, val in out.items()}

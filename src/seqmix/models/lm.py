@@ -1,0 +1,288 @@
+"""The language-model backbone of the DSF / Zoology MQAR experiments (dsf note §5.1,
+peer-zoology note §1.5), with any registered mixer in it by name.
+
+    embed (+ learned absolute positions) -> dropout
+    N × [ h = h + mixer(norm(h));  h = h + channel(norm(h)) ]      (pre-norm residual blocks)
+    final norm -> head tied to the embedding
+
+* positions: ``"auto"`` = learned absolute positions for the attention, recurrent and
+  linear-attention families, none for SSMs, convolutions and hybrids (the DSF paper:
+  "positional embeddings for attention and RNN models, none for SSMs"; B'MOJO: none);
+* channel mixer: ``"mlp"`` (d -> r·d -> d, GELU), ``"swiglu"`` (hidden 2/3·r·d rounded up
+  to a multiple of 8) or ``"none"`` (the released DSF configs, peer-zoology note §2.1);
+* init (dsf note §5.1, GPT-2's scheme): every ``nn.Linear`` weight and every embedding
+  N(0, 0.02), Linear biases 0; the residual output projections (the channel mixer's
+  second layer and the mixer's output projection) N(0, 0.02/sqrt(2·n_layers)).
+  ``mixer_init`` says what happens inside mixers (module docstring of :class:`LanguageModel`).
+* logits only where labels exist: :meth:`LanguageModel.scored_logits` gathers the
+  labelled positions before the vocabulary-sized head (MQAR scores N of L positions).
+
+Conventions a mixer may use (docs/harness.md, "For mixer developers"):
+``out_proj_names`` (class attribute, default ("W_o", "out_proj", "W_out", "o_proj")):
+the output projection(s) rescaled as residual projections; ``no_reinit`` (class attribute:
+parameter names) or a tensor attribute ``_no_reinit = True``: parameters the backbone init
+leaves alone (Mamba's dt bias, A_log); ``no_weight_decay`` / ``_no_weight_decay``: see
+:mod:`seqmix.train.optim`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import pydantic
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from torch import nn
+
+from ..mixers import build_mixer, mixer_entry
+from ..mixers.layers import RMSNorm
+
+DEFAULT_OUT_PROJ = ("W_o", "out_proj", "W_out", "o_proj")
+#: families that get learned absolute positions when positions = "auto"
+POSITION_FAMILIES = ("attention", "recurrent", "linear_attention")
+
+
+class LayerMixer(BaseModel):
+    """One entry of a hybrid's cycle of mixers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mixer: str = Field(description="registered mixer name")
+    mixer_kwargs: dict[str, Any] = Field(default_factory=dict, description="its config fields besides d_model")
+
+
+def _check_mixer(name: str, kwargs: dict, d_model: int, where: str) -> None:
+    if "d_model" in kwargs:
+        raise ValueError(f"{where}: d_model is set by the model's d_model field")
+    try:
+        mixer_entry(name).config(d_model=d_model, **kwargs)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+class ModelConfig(BaseModel):
+    """The backbone around one registered mixer (or a cycle of them: ``hybrid``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mixer: str = Field(description="registered mixer name (seqmix list)")
+    mixer_kwargs: dict[str, Any] = Field(default_factory=dict, description="config fields of the mixer besides d_model")
+    d_model: int = Field(64, gt=0, description="width d")
+    n_layers: int = Field(2, gt=0, description="number of blocks")
+    vocab_size: int | None = Field(None, gt=1, description="vocabulary (default: the data's)")
+    max_seq_len: int | None = Field(None, gt=0, description="length of the position table (default: the data's)")
+    positions: Literal["auto", "learned", "none"] = Field("auto", description="learned absolute positions; auto = by mixer family")
+    channel_mixer: Literal["mlp", "swiglu", "none"] = Field("mlp", description="the per-token MLP of each block")
+    mlp_ratio: float = Field(4.0, gt=0, description="hidden width of the channel mixer / d_model")
+    norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="the block and final norms")
+    embed_dropout: float = Field(0.0, ge=0, lt=1, description="dropout after the embedding")
+    resid_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on each residual branch")
+    init_std: float = Field(0.02, gt=0, description="std of the N(0, std) init")
+    hybrid: list[LayerMixer] = Field(
+        default_factory=list, description="layer i uses hybrid[i % len(hybrid)] instead of mixer "
+        "(Zoology's Hybrid; e.g. Mamba interleaved with sliding-window attention)")
+    mixer_init: Literal["dsf", "dsf_all", "own"] = Field(
+        "dsf", description="dsf: backbone init of the mixers' Linear layers except no_reinit ones; "
+        "dsf_all: all of them (the released DSF code); own: keep the mixers' own init")
+
+    @field_validator("mixer")
+    @classmethod
+    def _registered(cls, v):
+        mixer_entry(v)  # ValueError listing the registered names
+        return v
+
+    @model_validator(mode="after")
+    def _mixer_config(self):
+        _check_mixer(self.mixer, self.mixer_kwargs, self.d_model, "mixer_kwargs")
+        for i, h in enumerate(self.hybrid):
+            _check_mixer(h.mixer, h.mixer_kwargs, self.d_model, f"hybrid.{i}")
+        return self
+
+    def layer_mixer(self, i: int) -> tuple[str, dict]:
+        """(name, kwargs) of layer i's mixer."""
+        if self.hybrid:
+            h = self.hybrid[i % len(self.hybrid)]
+            return h.mixer, h.mixer_kwargs
+        return self.mixer, self.mixer_kwargs
+
+    @property
+    def family(self) -> str:
+        return mixer_entry(self.mixer).family
+
+    @property
+    def use_positions(self) -> bool:
+        return self.positions == "learned" or (self.positions == "auto" and self.family in POSITION_FAMILIES)
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, ratio: float):
+        super().__init__()
+        h = int(round(ratio * d))
+        self.fc1, self.fc2 = nn.Linear(d, h), nn.Linear(h, d)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d: int, ratio: float):
+        super().__init__()
+        h = 8 * math.ceil(2 * ratio * d / 3 / 8)
+        self.fc1 = nn.Linear(d, 2 * h, bias=False)
+        self.fc2 = nn.Linear(h, d, bias=False)
+
+    def forward(self, x):
+        a, b = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(F.silu(a) * b)
+
+
+def _norm(kind: str, d: int) -> nn.Module:
+    return nn.LayerNorm(d) if kind == "layernorm" else RMSNorm(d, eps=1e-5)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: h + mixer(norm(h)), then h + channel(norm(h))."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.norm1 = _norm(cfg.norm, cfg.d_model)
+        name, kwargs = cfg.layer_mixer(layer_idx)
+        self.mixer = build_mixer(name, d_model=cfg.d_model, **kwargs)
+        if cfg.channel_mixer == "none":
+            self.norm2, self.channel = None, None
+        else:
+            self.norm2 = _norm(cfg.norm, cfg.d_model)
+            self.channel = (MLP if cfg.channel_mixer == "mlp" else SwiGLU)(cfg.d_model, cfg.mlp_ratio)
+        self.drop = nn.Dropout(cfg.resid_dropout)
+
+    def forward(self, h, cache=None):
+        h = h + self.drop(self.mixer(self.norm1(h), cache=cache))
+        if self.channel is not None:
+            h = h + self.drop(self.channel(self.norm2(h)))
+        return h
+
+
+class LanguageModel(nn.Module):
+    """Token LM around a registered mixer (module docstring).
+
+    ``mixer_init``: "dsf" re-initializes every ``nn.Linear`` inside the mixers with the
+    backbone's N(0, 0.02) / zero bias except parameters a mixer marks ``_no_reinit`` or lists
+    in ``no_reinit`` (a documented deviation from the released DSF code, which zeroes even
+    Mamba's dt bias: dsf note §5.1); "dsf_all" follows the released code exactly; "own"
+    keeps every mixer parameter as the mixer initialized it.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("LanguageModel: config field 'vocab_size' must be set (RunConfig fills it from the data)")
+        if config.use_positions and config.max_seq_len is None:
+            raise ValueError("LanguageModel: config field 'max_seq_len' must be set when positions are used")
+        self.config = config
+        d = config.d_model
+        self.embed = nn.Embedding(config.vocab_size, d)
+        self.pos = nn.Embedding(config.max_seq_len, d) if config.use_positions else None
+        self.drop = nn.Dropout(config.embed_dropout)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.norm_f = _norm(config.norm, d)
+        self._init_weights()
+
+    # -- init --------------------------------------------------------------------------
+
+    def _init_weights(self):
+        c = self.config
+        std, std_res = c.init_std, c.init_std / math.sqrt(2 * c.n_layers)
+        nn.init.normal_(self.embed.weight, std=std)
+        if self.pos is not None:
+            nn.init.normal_(self.pos.weight, std=std)
+        for block in self.blocks:
+            if block.channel is not None:
+                for m in block.channel.modules():
+                    if isinstance(m, nn.Linear):
+                        nn.init.normal_(m.weight, std=std)
+                        if m.bias is not None:
+                            nn.init.zeros_(m.bias)
+                nn.init.normal_(block.channel.fc2.weight, std=std_res)
+            mixer = block.mixer
+            if c.mixer_init == "own":
+                continue
+            keep = set(getattr(mixer, "no_reinit", ()))
+            for mname, m in mixer.named_modules():
+                if not isinstance(m, nn.Linear):
+                    continue
+                for pname, p in m.named_parameters(recurse=False):
+                    full = f"{mname}.{pname}" if mname else pname
+                    if c.mixer_init == "dsf" and (getattr(p, "_no_reinit", False) or full in keep or mname in keep):
+                        continue
+                    if pname == "weight":
+                        nn.init.normal_(p, std=std)
+                    else:
+                        nn.init.zeros_(p)
+            for name in getattr(mixer, "out_proj_names", DEFAULT_OUT_PROJ):
+                m = getattr(mixer, name, None)
+                if isinstance(m, nn.Linear):
+                    nn.init.normal_(m.weight, std=std_res)
+
+    # -- forward -----------------------------------------------------------------------
+
+    def hidden(self, input_ids: torch.Tensor, cache=None, start: int = 0) -> torch.Tensor:
+        """[B, T] token ids -> [B, T, d] final hidden states (after the final norm)."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"LanguageModel: argument 'input_ids' must be [batch, time], got shape {list(input_ids.shape)}")
+        T = input_ids.shape[1]
+        h = self.embed(input_ids)
+        if self.pos is not None:
+            if start + T > self.pos.num_embeddings:
+                raise ValueError(f"LanguageModel: sequence of {start + T} tokens exceeds max_seq_len = {self.pos.num_embeddings}")
+            h = h + self.pos.weight[start:start + T]
+        h = self.drop(h)
+        for block in self.blocks:
+            h = block(h, cache=cache)
+        return self.norm_f(h)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.embed.weight)  # tied to the embedding
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, vocab] at every position."""
+        return self.head(self.hidden(input_ids))
+
+    def scored_logits(self, input_ids: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100):
+        """(logits [M, vocab], targets [M]) at the M labelled positions only."""
+        if labels.shape != input_ids.shape:
+            raise ValueError(f"LanguageModel: 'labels' {list(labels.shape)} must have the shape of 'input_ids' {list(input_ids.shape)}")
+        h = self.hidden(input_ids)
+        mask = labels != ignore_index
+        return self.head(h[mask]), labels[mask]
+
+    # -- sizes -------------------------------------------------------------------------
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        """Floats of recurrent state per sequence, summed over the mixers (the memory axis of
+        the B'MOJO and MetaLA plots); ``seq_len`` defaults to max_seq_len (KV caches grow with it)."""
+        L = seq_len if seq_len is not None else self.config.max_seq_len
+        return int(sum(b.mixer.state_size(L) for b in self.blocks))
+
+    def num_params(self, *, embeddings: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if not embeddings:
+            n -= self.embed.weight.numel() + (self.pos.weight.numel() if self.pos is not None else 0)
+        return n
+
+
+def build_model(config: ModelConfig | dict, **overrides) -> LanguageModel:
+    """``build_model(ModelConfig(...))`` or ``build_model({"mixer": "s6", ...}, vocab_size=...)``."""
+    try:
+        if isinstance(config, dict):
+            config = ModelConfig(**{**config, **overrides})
+        elif overrides:
+            config = config.model_copy(update=overrides)
+            config = ModelConfig(**config.model_dump())
+    except pydantic.ValidationError as e:
+        from ..mixers.base import config_error
+
+        raise config_error("model", e) from None
+    return LanguageModel(config)

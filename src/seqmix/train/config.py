@@ -1,0 +1,113 @@
+"""Typed configs of one training run: :class:`TrainConfig` (optimizer, schedule, stopping)
+and :class:`RunConfig` (data + model + training + where it belongs in an experiment).
+
+Every config forbids unknown fields, so a typo fails before anything runs, with a message
+that names the field (``make_run_config`` turns pydantic's errors into one ValueError).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..data import DataConfig
+from ..mixers.base import config_error
+from ..models import ModelConfig
+
+#: TrainConfig fields that change how a run is executed, not what it computes (left out of the run id)
+EXECUTION_FIELDS = ("device", "threads")
+
+
+class TrainConfig(BaseModel):
+    """AdamW + warmup/cosine, clipping, early stopping (defaults: the DSF paper's MQAR protocol)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(1e-3, gt=0, description="peak learning rate")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (not on norms, biases, SSM A/D)")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    epochs: int = Field(64, gt=0, description="passes over the training set")
+    max_steps: int | None = Field(None, gt=0, description="cap on optimizer steps (the schedule spans min(epochs·batches, max_steps))")
+    warmup: float = Field(0.1, ge=0, lt=1, description="fraction of the steps with a linear warmup")
+    schedule: Literal["cosine", "constant"] = Field("cosine", description="after the warmup")
+    min_lr: float = Field(0.0, ge=0, le=1, description="final learning rate as a fraction of lr")
+    grad_clip: float | None = Field(1.0, gt=0, description="max global gradient norm (None: no clipping)")
+    early_stop: float | None = Field(0.99, gt=0, le=1, description="stop once the validation accuracy reaches this (None: never)")
+    eval_every: int = Field(1, gt=0, description="evaluate every this many epochs (and after the last)")
+    seed: int = Field(0, ge=0, description="seed of the init, dropout and shuffling")
+    device: str = Field("cpu", description="torch device")
+    threads: int | None = Field(None, gt=0, description="torch CPU threads (default: torch's choice)")
+
+
+class RunConfig(BaseModel):
+    """One training run. ``experiment``/``label``/``tags`` place it in a sweep's results
+    (``tags`` holds grid coordinates such as {"n": 32}); they are part of the run id."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    experiment: str = Field("", description="experiment (preset) name the run belongs to")
+    label: str = Field("", description="the model's name in tables and legends (default: the mixer)")
+    tags: dict[str, Any] = Field(default_factory=dict, description="grid coordinates (n, task, ...)")
+    data: DataConfig
+    model: ModelConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_model_sizes(cls, values):
+        """model.vocab_size and max_seq_len default to the data's."""
+        if not isinstance(values, dict):
+            return values
+        data, model = values.get("data"), values.get("model")
+        try:
+            data = data if isinstance(data, DataConfig) else DataConfig(**data) if isinstance(data, dict) else None
+        except pydantic.ValidationError:
+            return values  # reported by field validation
+        if data is None:
+            return values
+        m = model.model_dump() if isinstance(model, ModelConfig) else dict(model) if isinstance(model, dict) else None
+        if m is None:
+            return values
+        m.setdefault("vocab_size", None)
+        m.setdefault("max_seq_len", None)
+        if m["vocab_size"] is None:
+            m["vocab_size"] = data.vocab_size
+        if m["max_seq_len"] is None:
+            m["max_seq_len"] = data.max_seq_len
+        return {**values, "data": data, "model": m}
+
+    @model_validator(mode="after")
+    def _fits(self):
+        if self.model.vocab_size < self.data.vocab_size:
+            raise ValueError(f"model.vocab_size = {self.model.vocab_size} is smaller than the data's vocab_size = {self.data.vocab_size}")
+        if self.model.use_positions and self.model.max_seq_len < self.data.max_seq_len:
+            raise ValueError(f"model.max_seq_len = {self.model.max_seq_len} is shorter than the data's seq_len = {self.data.max_seq_len}")
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.label or self.model.mixer
+
+    def semantic_dict(self) -> dict:
+        d = self.model_dump(mode="json")
+        for f in EXECUTION_FIELDS:
+            d["train"].pop(f, None)
+        return d
+
+    @property
+    def run_id(self) -> str:
+        """Hash of everything that determines the result (not the device or thread count)."""
+        blob = json.dumps(self.semantic_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def make_run_config(**fields) -> RunConfig:
+    """RunConfig(**fields) with pydantic's errors turned into one ValueError naming each bad field."""
+    try:
+        return RunConfig(**fields)
+    except pydantic.ValidationError as e:
+        raise config_error("run", e) from None

@@ -1,0 +1,191 @@
+"""Tables and plots of the results store, as the papers report them.
+
+* :func:`best_over_lr`: for each (experiment, label, task, d_model, n) the learning rate
+  with the best mean accuracy over seeds, and that mean (± std over seeds): "only the
+  best LR is reported" (dsf note §5.1; Zoology's max over LRs);
+* :func:`table`: one table per task (and per n when several), rows = models, columns =
+  the x axis (d_model, n or state size), as markdown or CSV;
+* :func:`plot`: one panel per task, accuracy against the x axis, one line per model, the
+  seed std shaded (matplotlib PNG).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable
+
+X_AXES = ("d_model", "n", "state_size", "task")
+_X_LABEL = {"d_model": "model dimension d", "n": "state expansion n", "state_size": "state size (floats per sequence)", "task": "task"}
+
+
+def best_over_lr(rows: Iterable[dict], *, all_lrs: bool = False) -> list[dict]:
+    """Groups rows by (experiment, label, task, d_model, n[, lr]) and keeps, per group without
+    lr, the lr whose mean accuracy over seeds is best. Each output row has accuracy (mean),
+    std, seeds, lr, state_size, wall_time (summed over the group's runs), epochs (mean)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("status") != "finished":
+            continue
+        groups[(r["experiment"], r["label"], r["task"], r["d_model"], r["n"], r["lr"])].append(r)
+    per_lr = []
+    for (exp, label, task, d, n, lr), rs in groups.items():
+        accs = [x["accuracy"] for x in rs]
+        per_lr.append({
+            "experiment": exp, "label": label, "task": task, "d_model": d, "n": n, "lr": lr,
+            "accuracy": statistics.fmean(accs), "std": statistics.pstdev(accs) if len(accs) > 1 else 0.0,
+            "seeds": len(accs), "state_size": rs[0]["state_size"], "params": rs[0]["params"],
+            "epochs": statistics.fmean(x["epochs"] for x in rs), "wall_time": sum(x["wall_time"] for x in rs),
+            "mixer": rs[0]["mixer"],
+        })
+    if all_lrs:  # one row per learning rate: the lr joins the model's name
+        for r in per_lr:
+            r["label"] = f"{r['label']} lr={r['lr']:.2g}"
+        return sorted(per_lr, key=_order)
+    best: dict[tuple, dict] = {}
+    for r in per_lr:
+        k = (r["experiment"], r["label"], r["task"], r["d_model"], r["n"])
+        if k not in best or r["accuracy"] > best[k]["accuracy"]:
+            best[k] = r
+    return sorted(best.values(), key=_order)
+
+
+def _order(r):
+    return (r["experiment"], r["task"], r["label"], r["d_model"], r["n"] if r["n"] is not None else -1, r["lr"])
+
+
+def _fmt_x(v) -> str:
+    return "-" if v is None else f"{v:,}" if isinstance(v, int) and v >= 10_000 else str(v)
+
+
+def _cell(r: dict) -> str:
+    s = f"{100 * r['accuracy']:.1f}"
+    if r["seeds"] > 1:
+        s += f" ± {100 * r['std']:.1f}"
+    return s
+
+
+def panels(rows: list[dict], x: str) -> dict[str, list[dict]]:
+    """Rows split into panels: one per task (and per n when x is not n and several n exist)."""
+    out: dict[str, list[dict]] = defaultdict(list)
+    ns = sorted({r["n"] for r in rows if r["n"] is not None})
+    split_n = x != "n" and len(ns) > 1
+    ds = {q["d_model"] for q in rows}
+    for r in rows:
+        # a model without a state expansion (n = None) belongs to every n panel
+        for n in (ns if split_n and r["n"] is None else [r["n"]]):
+            if x == "task":  # one panel per (d, n): the tasks are the columns
+                key = f"d={r['d_model']}" + (f", n={n}" if split_n else "")
+            else:
+                key = r["task"] + (f", n={n}" if split_n else "")
+                if x != "d_model" and len(ds) > 1:
+                    key += f", d={r['d_model']}"
+            out[key].append(r)
+    return dict(out)
+
+
+def table(rows: list[dict], *, x: str = "d_model", fmt: str = "markdown", order: list[str] | None = None) -> str:
+    """Accuracy (%) tables, one per panel: rows = models, columns = values of ``x``."""
+    if x not in X_AXES:
+        raise ValueError(f"results: unknown x axis {x!r}; expected one of {', '.join(X_AXES)}")
+    if fmt == "csv":
+        cols = ["experiment", "task", "label", "mixer", "d_model", "n", "lr", "accuracy", "std", "seeds", "state_size", "params", "epochs", "wall_time"]
+        lines = [",".join(cols)]
+        for r in rows:
+            lines.append(",".join("" if r.get(c) is None else f"{r[c]:.6g}" if isinstance(r.get(c), float) else str(r[c]) for c in cols))
+        return "\n".join(lines)
+    if fmt != "markdown":
+        raise ValueError(f"results: unknown format {fmt!r}; expected 'markdown' or 'csv'")
+    out = []
+    for title, rs in panels(rows, x).items():
+        xs = sorted({r[x] for r in rs if r[x] is not None})
+        labels = _labels(rs, order)
+        lrs_shown = len({r["lr"] for r in rs}) > 1
+        out.append(f"**{title}** — accuracy (%), best over learning rates" + (" (best lr in brackets)" if lrs_shown else ""))
+        out.append("")
+        out.append(f"| model | " + " | ".join(f"{x}={_fmt_x(v)}" for v in xs) + " |")
+        out.append("|---|" + "---|" * len(xs))
+        for lab in labels:
+            by_x = {r[x]: r for r in rs if r["label"] == lab}
+            cells = []
+            for v in xs:
+                r = by_x.get(v)
+                cells.append("" if r is None else _cell(r) + (f" [{r['lr']:.2g}]" if lrs_shown else ""))
+            out.append(f"| {lab} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _labels(rows, order):
+    seen = []
+    for r in rows:
+        if r["label"] not in seen:
+            seen.append(r["label"])
+    if order:
+        seen.sort(key=lambda lab: order.index(lab) if lab in order else len(order))
+    return seen
+
+
+def plot(rows: list[dict], path: str | Path, *, x: str = "d_model", title: str = "", order: list[str] | None = None) -> Path:
+    """One panel per task: accuracy against ``x`` (log2 axis), a line per model, seed std shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if x not in X_AXES:
+        raise ValueError(f"results: unknown x axis {x!r}; expected one of {', '.join(X_AXES)}")
+    groups = panels(rows, x)
+    k = max(1, len(groups))
+    fig, axes = plt.subplots(1, k, figsize=(max(6.0, 4.2 * k) if x != "task" else 7 * k, 4.0), squeeze=False)
+    for ax, (ptitle, rs) in zip(axes[0], groups.items()):
+        if x == "task":  # grouped bars: tasks on the x axis, one bar per model
+            tasks = sorted({r["task"] for r in rs})
+            labs = _labels(rs, order)
+            w = 0.8 / max(1, len(labs))
+            for j, lab in enumerate(labs):
+                by = {r["task"]: r for r in rs if r["label"] == lab}
+                ax.bar([i + j * w for i in range(len(tasks))], [100 * by[t]["accuracy"] if t in by else 0 for t in tasks],
+                       w, yerr=[100 * by[t]["std"] if t in by else 0 for t in tasks], label=lab)
+            ax.set_xticks([i + 0.4 - w / 2 for i in range(len(tasks))])
+            ax.set_xticklabels(tasks, fontsize=7, rotation=15)
+            ax.set_ylim(0, 102)
+            ax.set_title(ptitle, fontsize=10)
+            ax.set_ylabel("accuracy (%)")
+            ax.grid(alpha=0.3, axis="y")
+            continue
+        for lab in _labels(rs, order):
+            pts = sorted((r[x], r["accuracy"], r["std"]) for r in rs if r["label"] == lab and r[x] is not None)
+            if not pts:
+                continue
+            xs, ys, ss = zip(*pts)
+            line, = ax.plot(xs, [100 * y for y in ys], marker="o", label=lab)
+            if any(ss):
+                ax.fill_between(xs, [100 * (y - s) for y, s in zip(ys, ss)], [100 * (y + s) for y, s in zip(ys, ss)],
+                                color=line.get_color(), alpha=0.2)
+        xs_all = sorted({r[x] for r in rs if r[x] is not None})
+        if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 4:
+            ax.set_xscale("log", base=2)
+        if xs_all and x != "state_size":
+            ax.set_xticks(xs_all)
+            ax.set_xticklabels([str(v) for v in xs_all])
+        ax.set_ylim(-2, 102)
+        ax.set_title(ptitle, fontsize=10)
+        ax.set_xlabel(_X_LABEL[x])
+        ax.set_ylabel("accuracy (%)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    if title:
+        import textwrap
+
+        fig.suptitle("\n".join(textwrap.wrap(title, 70)), fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["X_AXES", "best_over_lr", "panels", "plot", "table"]

@@ -1,0 +1,198 @@
+"""Sweeps: many runs, in parallel worker processes on one machine, restartable.
+
+    results = run_sweep(configs, out_dir="runs/dsf-fig2", workers=2)
+
+* every run has its own directory ``out_dir/runs/<run_id>`` (checkpoint, result.json);
+* runs already finished — in the results store or with a finished result.json — are
+  skipped, so a stopped sweep started again does only what is left (an interrupted run
+  resumes from its last epoch checkpoint);
+* the data of every distinct data config is generated once, by the parent, before the
+  workers start (they then read the disk cache);
+* workers are ``spawn``ed processes with ``threads`` torch threads each (default: the
+  CPU count divided by the workers); runs are handed out longest first;
+* the parent writes every result to the SQLite store as it arrives and prints one line
+  per run; ``plugins`` are modules each worker imports first (mixers registered outside
+  seqmix).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+from .config import RunConfig
+from .store import ResultsStore, task_name
+from .trainer import RESULT, RunResult, Trainer, git_commit
+
+
+@dataclass
+class SweepOutcome:
+    config: RunConfig
+    result: RunResult | None  # None when the run failed
+    skipped: bool = False  # finished before this sweep started
+    error: str = ""
+
+
+def _import_plugins(plugins) -> None:
+    for name in plugins or ():
+        importlib.import_module(name)
+
+
+def _cost(c: RunConfig) -> float:
+    """A rough relative cost for scheduling (longest first)."""
+    L = c.data.max_seq_len
+    n = sum(t.num_examples for t in c.data.train)
+    return c.train.epochs * n * L * c.model.d_model * c.model.n_layers * (1 + L / 256)
+
+
+def _worker(config_json: str, run_dir: str, threads: int | None, plugins: tuple[str, ...]) -> dict:
+    """Runs one config in a worker process; returns the result as a dict (or the error)."""
+    import torch
+
+    _import_plugins(plugins)
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        config = RunConfig.model_validate_json(config_json)
+        result = Trainer(config, run_dir=run_dir, progress=False).fit()
+        return {"result": result.to_json()}
+    except Exception:  # reported by the parent; the other runs go on
+        return {"error": traceback.format_exc(limit=6)}
+
+
+def _line(c: RunConfig, r: RunResult | None, err: str = "", note: str = "") -> str:
+    n = f" n={c.tags['n']}" if c.tags.get("n") is not None else ""
+    head = f"{c.name:<22} {task_name(c):<20} d={c.model.d_model:<4}{n} lr={c.train.lr:.2g} seed={c.train.seed}"
+    if r is None:
+        return f"{head}  FAILED: {err.strip().splitlines()[-1] if err else '?'}"
+    stop = " (early stop)" if r.early_stopped else ""
+    return f"{head}  acc {r.accuracy:.3f} @ep {r.best_epoch}/{r.epochs}{stop}  {r.wall_time:.0f}s  {r.tokens_per_s:,.0f} tok/s{note}"
+
+
+def run_sweep(
+    configs: list[RunConfig],
+    *,
+    out_dir: str | Path = "runs",
+    store: ResultsStore | str | Path | None = None,
+    workers: int = 1,
+    threads: int | None = None,
+    plugins: tuple[str, ...] | list[str] = (),
+    progress: bool = True,
+    console=None,
+) -> list[SweepOutcome]:
+    """Runs every config (module docstring); returns one outcome per distinct run, in input order."""
+    from rich.console import Console
+
+    import seqmix
+
+    console = console or Console()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if store is None or isinstance(store, (str, Path)):
+        store = ResultsStore(store or out_dir / "results.sqlite")
+    plugins = tuple(plugins)
+    _import_plugins(plugins)
+    version, commit = seqmix.__version__, git_commit()
+
+    unique: dict[str, RunConfig] = {}
+    for c in configs:
+        unique.setdefault(c.run_id, c)
+    outcomes: dict[str, SweepOutcome] = {}
+    todo: list[RunConfig] = []
+    done_ids = store.finished_ids()
+    for rid, c in unique.items():
+        res_file = out_dir / "runs" / rid / RESULT
+        if rid in done_ids:
+            row = store.result(rid)
+            outcomes[rid] = SweepOutcome(c, RunResult(**row["result"]), skipped=True)
+        elif res_file.exists():
+            blob = json.loads(res_file.read_text())
+            if blob.get("status") == "finished":
+                r = RunResult(**blob)
+                store.put(c, r, version=version, git_commit=commit)
+                outcomes[rid] = SweepOutcome(c, r, skipped=True)
+            else:
+                todo.append(c)
+        else:
+            todo.append(c)
+    if len(unique) - len(todo):
+        console.print(f"[dim]{len(unique) - len(todo)} of {len(unique)} runs already finished: skipped[/dim]")
+    todo.sort(key=_cost, reverse=True)
+
+    # generate (or load) each distinct dataset once, before the workers need it
+    from ..data import build_data
+
+    seen = set()
+    for c in todo:
+        key = c.data.model_dump_json()
+        if key not in seen:
+            seen.add(key)
+            t0 = time.perf_counter()
+            build_data(c.data)
+            dt = time.perf_counter() - t0
+            if dt > 1:
+                console.print(f"data {c.data.describe()}: {dt:.1f}s", markup=False, highlight=False, style="dim")
+
+    workers = max(1, min(workers, len(todo))) if todo else 1
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+
+    def record(c: RunConfig, payload: dict):
+        if "result" in payload:
+            r = RunResult(**payload["result"])
+            store.put(c, r, version=version, git_commit=commit)
+            outcomes[c.run_id] = SweepOutcome(c, r)
+            console.print(_line(c, r), markup=False, highlight=False)
+        else:
+            outcomes[c.run_id] = SweepOutcome(c, None, error=payload["error"])
+            console.print(_line(c, None, payload["error"]), style="red", markup=False, highlight=False)
+
+    t_start = time.perf_counter()
+    if todo and workers == 1:
+        import torch
+
+        torch.set_num_threads(threads)
+        for i, c in enumerate(todo):
+            if progress:
+                console.print(f"[dim]run {i + 1}/{len(todo)}[/dim]")
+            try:
+                r = Trainer(c, run_dir=out_dir / "runs" / c.run_id, progress=progress, console=console).fit()
+                record(c, {"result": r.to_json()})
+            except Exception:
+                record(c, {"error": traceback.format_exc(limit=6)})
+    elif todo:
+        console.print(f"[dim]{len(todo)} runs on {workers} workers × {threads} threads[/dim]")
+        ctx = get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            pending = {
+                pool.submit(_worker, c.model_dump_json(), str(out_dir / "runs" / c.run_id), threads, plugins): c
+                for c in todo
+            }
+            try:
+                while pending:
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in finished:
+                        c = pending.pop(f)
+                        try:
+                            payload = f.result()
+                        except Exception:
+                            payload = {"error": traceback.format_exc(limit=6)}
+                        record(c, payload)
+            except KeyboardInterrupt:
+                for f in pending:
+                    f.cancel()
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+    if todo:
+        console.print(f"[dim]sweep: {len(todo)} runs in {time.perf_counter() - t_start:.0f}s[/dim]")
+    return [outcomes[rid] for rid in unique]
+
+
+__all__ = ["SweepOutcome", "run_sweep"]

@@ -1,0 +1,144 @@
+"""Reproduction presets: the grid, validation of mixers and fields at run time, claims,
+and reproduce() end to end on a small preset built from linear attention."""
+
+import pytest
+
+import seqmix
+from seqmix.experiments import PRESETS, Claim, ModelSpec, Preset, Scale, TaskSpec, evaluate_claims, reproduce
+from seqmix.experiments.presets import DSF_FIG2, TINY_LRS, TINY_N, TINY_SSM_LRS, tiny_mqar
+
+#: the registry names every developer uses (BRIEF.md)
+CANONICAL = set("""softmax_attention separable_attention linear_attention generalized_linear_attention normalized_attention
+s4 s4d s6 mamba ssd mamba2 dsf_ssd general_form linformer retnet transnormer gla mamba_gf rwkv4 hgrn rg_lru lru
+qlstm qlstm_rs qlstm_block qlstm_rs_block metala h3 hyena gss bmojo bmojo_f strip_mamba bilinear_mamba""".split())
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+
+
+def _mini(**kw) -> Preset:
+    data = tiny_mqar(16, 2, train=96, test=32, batch_size=32)
+    return Preset(
+        name="mini", title="mini", source="test", x="d_model",
+        models=[ModelSpec(label="lin", mixer="linear_attention", state_field="n"),
+                ModelSpec(label="lin-fixed", mixer="linear_attention", mixer_kwargs={"n": 4})],
+        scales={"tiny": Scale(tasks=[TaskSpec(name="mqar(16,2)", data=data)], d_models=[8, 16], ns=[4, 8], lrs=[1e-3, 3e-3],
+                              seeds=[0, 1], train={"epochs": 1, "threads": 1}, model={"channel_mixer": "none"})},
+        claims=[Claim(text="lin is not below lin-fixed", check="not_below", a="lin", b="lin-fixed", value=1.0)], **kw)
+
+
+def test_every_preset_names_canonical_mixers_and_builds_its_data():
+    assert set(PRESETS) == {"dsf-fig1", "dsf-fig2", "dsf-fig3", "dsf-table2", "metala-table-a7", "bmojo-table3"}
+    for p in PRESETS.values():
+        assert set(p.mixers()) <= CANONICAL, p.name
+        assert set(p.scales) == {"tiny", "paper"}
+        labels = [m.label for m in p.models]
+        for c in p.claims:
+            assert c.a in labels and (c.b is None or c.b in labels), (p.name, c.text)
+
+
+def test_grid_of_a_preset():
+    p = _mini()
+    runs = p.runs("tiny")
+    # lin: 2 d × 2 n × 2 lr × 2 seeds; lin-fixed has no state field: n is not swept for it
+    assert len(runs) == 16 + 8
+    lin = [r for r in runs if r.label == "lin"]
+    assert {(r.model.d_model, r.model.mixer_kwargs["n"], r.tags["n"]) for r in lin} == {(d, n, n) for d in (8, 16) for n in (4, 8)}
+    fixed = [r for r in runs if r.label == "lin-fixed"]
+    assert all(r.tags["n"] is None and r.model.mixer_kwargs == {"n": 4} for r in fixed)
+    assert all(r.experiment == "mini/tiny" and r.model.channel_mixer == "none" and r.train.epochs == 1 for r in runs)
+    assert len({r.run_id for r in runs}) == len(runs)
+
+
+def test_missing_mixers_are_reported_at_run_time_not_import():
+    missing = DSF_FIG2.missing_mixers()
+    registered = {e.name for e in seqmix.list_mixers()}
+    assert set(missing) == {"softmax_attention", "normalized_attention", "s6", "dsf_ssd"} - registered
+    if missing:
+        with pytest.raises(ValueError) as e:
+            DSF_FIG2.runs("tiny")
+        msg = str(e.value)
+        assert "not registered" in msg and all(m in msg for m in missing)
+
+
+def test_skip_missing_runs_the_registered_models():
+    runs = DSF_FIG2.runs("tiny", skip_missing=True)
+    registered = {e.name for e in seqmix.list_mixers()}
+    assert {r.model.mixer for r in runs} == {m.mixer for m in DSF_FIG2.models} & registered
+    for r in runs:
+        assert r.train.lr in TINY_SSM_LRS.get(r.label, TINY_LRS)
+    lin = [r for r in runs if r.label == "linear"]
+    assert [r.model.d_model for r in lin] == [16, 32, 64]
+    for r in lin:
+        assert r.model.mixer_kwargs == {"heads": 1, "n": TINY_N} and r.train.lr in TINY_LRS
+        assert r.data.train[0].seq_len == 32 and r.data.train[0].num_kv_pairs == 4 and r.data.vocab_size == 128
+        assert r.experiment == "dsf-fig2/tiny"
+
+
+def test_learning_rates_by_model():
+    p = _mini()
+    p = p.model_copy(update={"scales": {"tiny": p.scales["tiny"].model_copy(update={"lrs_by_model": {"lin-fixed": [1e-2]}})}})
+    runs = p.runs("tiny")
+    assert {r.train.lr for r in runs if r.label == "lin-fixed"} == {1e-2}
+    assert {r.train.lr for r in runs if r.label == "lin"} == {1e-3, 3e-3}
+    bad = p.model_copy(update={"scales": {"tiny": p.scales["tiny"].model_copy(update={"lrs_by_model": {"nope": [1e-2]}})}})
+    with pytest.raises(ValueError, match="lrs_by_model names 'nope'"):
+        bad.runs("tiny")
+
+
+def test_bad_fields_and_names_are_reported():
+    bad_field = _mini().model_copy(update={"models": [ModelSpec(label="x", mixer="linear_attention", state_field="d_state")]})
+    with pytest.raises(ValueError, match="state_field 'd_state'"):
+        bad_field.runs("tiny")
+    bad_kw = _mini().model_copy(update={"models": [ModelSpec(label="x", mixer="linear_attention", mixer_kwargs={"heads": 3})]})
+    with pytest.raises(ValueError, match="heads"):
+        bad_kw.runs("tiny")
+    with pytest.raises(ValueError, match="unknown scale"):
+        _mini().runs("huge")
+    with pytest.raises(ValueError, match="unknown model"):
+        _mini().runs("tiny", ["nope"])
+
+
+def _rows(values: dict, x="d_model"):
+    return [{"experiment": "e", "label": lab, "task": "t", "d_model": d, "n": None, "lr": 1e-3, "accuracy": a,
+             "std": 0.0, "seeds": 1, "state_size": 1, "params": 1, "epochs": 1, "wall_time": 1.0, "mixer": "m"}
+            for lab, series in values.items() for d, a in series.items()]
+
+
+@pytest.mark.parametrize("claim,values,verdict", [
+    (Claim(text="", check="at_least", a="s", value=0.99), {"s": {16: 1.0, 32: 0.995}}, "agrees"),
+    (Claim(text="", check="at_least", a="s", value=0.99), {"s": {16: 0.5, 32: 1.0}}, "does not agree"),
+    (Claim(text="", check="at_least", a="s", value=0.99, where="max"), {"s": {16: 0.5, 32: 1.0}}, "agrees"),
+    (Claim(text="", check="above", a="a", b="b", where="mean"), {"a": {16: 0.9, 32: 0.3}, "b": {16: 0.5, 32: 0.5}}, "agrees"),
+    (Claim(text="", check="above", a="a", b="b"), {"a": {16: 0.9, 32: 0.3}, "b": {16: 0.5, 32: 0.5}}, "does not agree"),
+    (Claim(text="", check="not_below", a="a", b="b", value=0.02, where="mean"), {"a": {16: 0.49}, "b": {16: 0.5}}, "agrees"),
+    (Claim(text="", check="close", a="a", b="b", value=0.05, where="mean"), {"a": {16: 0.4}, "b": {16: 0.5}}, "does not agree"),
+    (Claim(text="", check="increasing", a="a", value=0.02), {"a": {16: 0.3, 32: 0.29, 64: 0.8}}, "agrees"),
+    (Claim(text="", check="increasing", a="a", value=0.02), {"a": {16: 0.3, 32: 0.2, 64: 0.8}}, "does not agree"),
+    (Claim(text="", check="gap_shrinks", a="a", b="b"), {"a": {4: 0.3, 8: 0.9}, "b": {4: 1.0, 8: 1.0}}, "agrees"),
+    (Claim(text="", check="above", a="a", b="missing"), {"a": {4: 0.3}}, "n/a"),
+])
+def test_claims(claim, values, verdict):
+    p = _mini().model_copy(update={"claims": [claim]})
+    out = evaluate_claims(p, _rows(values))
+    assert [o["verdict"] for o in out] == [verdict]
+
+
+def test_reproduce_end_to_end(tmp_path, monkeypatch, capsys):
+    small = _mini().model_copy(update={"scales": {"tiny": _mini().scales["tiny"].model_copy(
+        update={"d_models": [8], "ns": [4], "lrs": [3e-3], "seeds": [0]})}})
+    monkeypatch.setitem(PRESETS, "mini", small)
+    from rich.console import Console
+
+    con = Console(file=open(tmp_path / "log.txt", "w"), width=160)
+    r = reproduce("mini", "tiny", out_dir=tmp_path / "out", workers=1, progress=False, console=con)
+    assert r.failed == 0 and {row["label"] for row in r.rows} == {"lin", "lin-fixed"}
+    assert r.plot.exists() and (tmp_path / "out" / "mini-tiny.md").read_text() == r.table
+    assert "| lin |" in r.table and r.claims[0]["verdict"] == "agrees"
+    log = (tmp_path / "log.txt").read_text()
+    assert "the paper's claims" in log and "agrees" in log
+    r2 = reproduce("mini", "tiny", out_dir=tmp_path / "out", workers=1, progress=False, console=con)
+    assert r2.rows == r.rows  # every run was skipped, the same table
+    assert "already finished" in (tmp_path / "log.txt").read_text()

@@ -1,0 +1,111 @@
+"""Sweeps (skip finished runs, parallel workers), the results store, tables and plots."""
+
+import json
+import sqlite3
+
+import pytest
+
+from seqmix.data import DataConfig, MQARConfig
+from seqmix.train import RunConfig, TrainConfig
+from seqmix.train.results import best_over_lr, plot, table
+from seqmix.train.store import ResultsStore
+from seqmix.train.sweep import run_sweep
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+
+
+def _cfg(lr=3e-3, d=16, seed=0, experiment="exp", label="lin"):
+    t = dict(seq_len=16, num_kv_pairs=2, vocab_size=32)
+    data = DataConfig(train=[MQARConfig(num_examples=128, **t)], test=[MQARConfig(num_examples=64, **t)], batch_size=32)
+    return RunConfig(experiment=experiment, label=label, tags={"n": 8}, data=data,
+                     model=dict(mixer="linear_attention", d_model=d, mixer_kwargs={"n": 8}),
+                     train=TrainConfig(lr=lr, epochs=1, seed=seed, threads=1))
+
+
+def test_sweep_runs_stores_and_skips_finished(tmp_path):
+    cfgs = [_cfg(lr=1e-3), _cfg(lr=3e-3), _cfg(lr=1e-3)]  # the duplicate runs once
+    out = run_sweep(cfgs, out_dir=tmp_path, workers=1, progress=False)
+    assert len(out) == 2 and all(o.result is not None and not o.skipped for o in out)
+    store = ResultsStore(tmp_path / "results.sqlite")
+    rows = store.rows("exp")
+    assert {r["lr"] for r in rows} == {1e-3, 3e-3} and all(r["status"] == "finished" for r in rows)
+    assert all(r["state_size"] == 8 * 17 * 2 and r["params"] > 0 and r["version"] for r in rows)
+    full = store.result(rows[0]["run_id"])
+    assert full["config"]["model"]["mixer"] == "linear_attention" and len(full["result"]["history"]) == 1
+    again = run_sweep(cfgs + [_cfg(lr=1e-2)], out_dir=tmp_path, workers=1, progress=False)
+    assert [o.skipped for o in again] == [True, True, False]
+    assert again[0].result.accuracy == out[0].result.accuracy
+
+
+def test_restart_uses_result_files_of_runs_that_finished(tmp_path):
+    """A run whose result.json exists but whose row never reached the store (the sweep was
+    killed in between) is not trained again."""
+    c = _cfg()
+    run_sweep([c], out_dir=tmp_path, workers=1, progress=False)
+    with sqlite3.connect(tmp_path / "results.sqlite") as con:
+        con.execute("DELETE FROM runs")
+    again = run_sweep([c], out_dir=tmp_path, workers=1, progress=False)
+    assert again[0].skipped and ResultsStore(tmp_path / "results.sqlite").has(c.run_id)
+
+
+def test_parallel_workers(tmp_path):
+    cfgs = [_cfg(lr=1e-3), _cfg(lr=3e-3, d=32)]
+    out = run_sweep(cfgs, out_dir=tmp_path, workers=2, threads=1, progress=False)
+    assert all(o.result is not None for o in out)
+    assert len(ResultsStore(tmp_path / "results.sqlite").rows()) == 2
+    serial = run_sweep([_cfg(lr=1e-3)], out_dir=tmp_path / "serial", workers=1, progress=False)
+    assert serial[0].result.history == out[0].result.history  # same numbers in a worker process
+
+
+def test_failed_run_is_reported_and_others_go_on(tmp_path, monkeypatch):
+    from seqmix.train import sweep
+
+    real = sweep.Trainer.fit
+
+    def fit(self):
+        if self.config.train.lr == 1e-2:
+            raise RuntimeError("boom")
+        return real(self)
+
+    monkeypatch.setattr(sweep.Trainer, "fit", fit)
+    out = run_sweep([_cfg(lr=1e-2), _cfg(lr=1e-3)], out_dir=tmp_path, workers=1, progress=False)
+    assert out[0].result is None and "boom" in out[0].error and out[1].result is not None
+    assert len(ResultsStore(tmp_path / "results.sqlite").rows()) == 1
+
+
+def _row(label, d, lr, acc, seed=0, n=8, task="t", state=100):
+    return {"experiment": "e", "label": label, "task": task, "d_model": d, "n": n, "lr": lr, "seed": seed,
+            "accuracy": acc, "status": "finished", "state_size": state, "params": 1, "epochs": 1, "wall_time": 1.0,
+            "mixer": "m"}
+
+
+def test_best_over_lr_uses_the_mean_over_seeds():
+    rows = [_row("a", 16, 1e-3, 0.9, 0), _row("a", 16, 1e-3, 0.1, 1),  # mean 0.5
+            _row("a", 16, 3e-3, 0.6, 0), _row("a", 16, 3e-3, 0.6, 1),  # mean 0.6: best
+            _row("a", 32, 1e-3, 0.8), _row("b", 16, 1e-3, 0.3)]
+    best = {(r["label"], r["d_model"]): r for r in best_over_lr(rows)}
+    assert best[("a", 16)]["lr"] == 3e-3 and best[("a", 16)]["accuracy"] == pytest.approx(0.6)
+    assert best[("a", 16)]["seeds"] == 2 and best[("a", 16)]["std"] == 0.0
+    assert best[("a", 32)]["accuracy"] == 0.8 and len(best) == 3
+    every = best_over_lr(rows, all_lrs=True)
+    assert len(every) == 4 and {r["label"] for r in every} == {"a lr=0.001", "a lr=0.003", "b lr=0.001"}
+
+
+def test_table_and_plot(tmp_path):
+    rows = best_over_lr([_row("a", 16, 1e-3, 0.5), _row("a", 32, 1e-3, 0.75), _row("b", 16, 1e-3, 1.0),
+                         _row("a", 16, 1e-3, 0.25, task="u")])
+    md = table(rows, x="d_model", order=["b", "a"])
+    assert "| a | 50.0 | 75.0 |" in md and "| b | 100.0 |  |" in md and md.index("| b |") < md.index("| a |")
+    assert "**t**" in md and "**u**" in md
+    csv = table(rows, fmt="csv").splitlines()
+    assert csv[0].startswith("experiment,task,label") and len(csv) == 5
+    by_task = table(rows, x="task")
+    assert "task=t" in by_task and "task=u" in by_task
+    for x in ("d_model", "state_size", "task"):
+        p = plot(rows, tmp_path / f"p-{x}.png", x=x, title="t")
+        assert p.exists() and p.stat().st_size > 5000
+    with pytest.raises(ValueError, match="x axis"):
+        table(rows, x="depth")

@@ -30,7 +30,8 @@ def _mini(**kw) -> Preset:
 
 
 def test_every_preset_names_canonical_mixers_and_builds_its_data():
-    assert set(PRESETS) == {"dsf-fig1", "dsf-fig2", "dsf-fig3", "dsf-table2", "metala-table-a7", "bmojo-table3"}
+    assert set(PRESETS) == {"dsf-fig1", "dsf-fig2", "dsf-fig3", "dsf-table2", "metala-table-a7", "bmojo-table3",
+                            "bmojo-fig2", "bmojo-fig2-me"}
     for p in PRESETS.values():
         assert set(p.mixers()) <= CANONICAL, p.name
         assert set(p.scales) == {"tiny", "paper"}
@@ -124,6 +125,60 @@ def test_claims(claim, values, verdict):
     p = _mini().model_copy(update={"claims": [claim]})
     out = evaluate_claims(p, _rows(values))
     assert [o["verdict"] for o in out] == [verdict]
+
+
+def _budget_rows(points: dict):
+    """points: label -> [(d, state_size, accuracy)]"""
+    rows = _rows({lab: {d: a for d, _, a in pts} for lab, pts in points.items()})
+    sizes = {(lab, d): s for lab, pts in points.items() for d, s, _ in pts}
+    for r in rows:
+        r["state_size"] = sizes[(r["label"], r["d_model"])]
+    return rows
+
+
+@pytest.mark.parametrize("points,verdict", [
+    # a at 100 floats beats every b point with <= 100 floats; b's 500-float point is out of a's budget
+    ({"a": [(16, 100, 0.6)], "b": [(16, 80, 0.5), (32, 500, 0.9)]}, "agrees"),
+    # b reaches 0.7 with 90 floats, more than a's 0.6 with 100
+    ({"a": [(16, 100, 0.6)], "b": [(16, 90, 0.7), (32, 500, 0.9)]}, "does not agree"),
+    # within the tolerance of 1 point
+    ({"a": [(16, 100, 0.6)], "b": [(16, 90, 0.605)]}, "agrees"),
+    # nothing of b fits a's budget
+    ({"a": [(16, 100, 0.6)], "b": [(16, 200, 0.1)]}, "n/a"),
+])
+def test_not_dominated_claim(points, verdict):
+    claim = Claim(text="", check="not_dominated", a="a", b="b", value=0.01)
+    p = _mini().model_copy(update={"claims": [claim], "x": "state_size"})
+    out = evaluate_claims(p, _budget_rows(points))
+    assert [o["verdict"] for o in out] == [verdict]
+
+
+def test_bmojo_fig2_grid_uses_patterns_and_scale_models():
+    from seqmix.experiments.presets import BMOJO_FIG2, BMOJO_FIG2_ME
+
+    tiny, paper = BMOJO_FIG2.runs("tiny"), BMOJO_FIG2.runs("paper")
+    assert len(tiny) == 5 * 3 * 2 and len(paper) == 5 * 3 * 4 * 3
+    assert {r.data.train[0].num_kv_pairs for r in tiny} == {8, 16, 24}
+    hybrid = next(r for r in tiny if r.label == "Hybrid")
+    assert [(h.mixer, h.mixer_kwargs.get("window")) for h in hybrid.model.hybrid] == [("mamba", None), ("softmax_attention", 8)]
+    assert not hybrid.model.use_positions
+    transformer = next(r for r in tiny if r.label == "Transformer")
+    assert transformer.model.use_positions and "window" not in transformer.model.hybrid[0].mixer_kwargs
+    # the paper scale replaces the window and memory sizes of every model
+    hybrid_p = next(r for r in paper if r.label == "Hybrid")
+    assert hybrid_p.model.hybrid[1].mixer_kwargs["window"] == 32
+    bm = next(r for r in paper if r.label == "B'MOJO")
+    assert (bm.model.mixer_kwargs["window"], bm.model.mixer_kwargs["m_f"], bm.model.mixer_kwargs["m_e"]) == (32, 4, 16)
+    me = BMOJO_FIG2_ME.runs("tiny")
+    assert sorted({r.model.mixer_kwargs["m_e"] for r in me}) == [0, 4, 8, 16] and {r.tags["n"] for r in me} == {0, 4, 8, 16}
+    assert sorted({r.model.mixer_kwargs["m_e"] for r in BMOJO_FIG2_ME.runs("paper")}) == [0, 2, 4, 8, 16, 24, 32]
+
+
+def test_a_scale_model_must_belong_to_the_preset():
+    p = _mini()
+    sc = p.scales["tiny"].model_copy(update={"models": [ModelSpec(label="other", mixer="linear_attention")]})
+    with pytest.raises(ValueError, match="'other', which is not a model of the preset"):
+        p.model_copy(update={"scales": {"tiny": sc}}).runs("tiny")
 
 
 def test_reproduce_end_to_end(tmp_path, monkeypatch, capsys):

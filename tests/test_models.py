@@ -125,3 +125,32 @@ def test_input_checks():
         m(torch.randint(0, 97, (16,)))
     with pytest.raises(ValueError, match="labels"):
         m.scored_logits(torch.randint(0, 97, (2, 16)), torch.zeros(2, 15, dtype=torch.long))
+
+
+def test_layer_patterns():
+    from seqmix.models import layer_pattern, list_patterns
+
+    assert {p.name for p in list_patterns()} >= {"mamba_swa", "mamba_only", "attention_only", "bmojo", "bmojo_f"}
+    cfg = ModelConfig(pattern="mamba_swa", pattern_kwargs={"window": 4}, d_model=16, n_layers=4, vocab_size=97, max_seq_len=16)
+    assert cfg.mixer == "mamba" and not cfg.use_positions
+    assert [cfg.layer_mixer(i)[0] for i in range(4)] == ["mamba", "softmax_attention"] * 2
+    m = build_model(cfg)
+    names = [b.mixer.registry_name for b in m.blocks]
+    assert names == ["mamba", "softmax_attention"] * 2 and m.blocks[1].mixer.config.window == 4
+    assert m(torch.randint(0, 97, (2, 16))).shape == (2, 16, 97)
+    # a pattern is only a name for a hybrid list
+    explicit = ModelConfig(mixer="mamba", hybrid=layer_pattern("mamba_swa", window=4), d_model=16, n_layers=4, vocab_size=97)
+    assert explicit.hybrid == cfg.hybrid
+    att = ModelConfig(pattern="attention_only", d_model=16, vocab_size=97, max_seq_len=16)
+    assert att.mixer == "softmax_attention" and att.use_positions
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"pattern": "no_such_pattern"}, "unknown layer pattern 'no_such_pattern'"),
+    ({"pattern": "mamba_swa", "pattern_kwargs": {"window": 0}}, "window"),
+    ({"pattern": "mamba_only", "hybrid": [{"mixer": "s6"}]}, "either 'pattern' or 'hybrid'"),
+    ({"pattern": "mamba_swa", "pattern_kwargs": {"windw": 4}}, "windw"),
+])
+def test_bad_patterns(bad, match):
+    with pytest.raises(ValueError, match=match):
+        build_model({"d_model": 16, "vocab_size": 97, "max_seq_len": 16, **bad})

@@ -44,6 +44,15 @@ class ModelSpec(_Frozen):
     model: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields for this model (channel_mixer, hybrid, ...)")
     note: str = ""
 
+    def layer_mixers(self) -> list[str]:
+        """The mixer names this model uses: its mixer and those of its hybrid or pattern."""
+        cycle = list(self.model.get("hybrid", []))
+        if self.model.get("pattern"):
+            from ..models.patterns import layer_pattern
+
+            cycle = layer_pattern(self.model["pattern"], **self.model.get("pattern_kwargs", {}))
+        return list(dict.fromkeys([self.mixer] + [h["mixer"] for h in cycle]))
+
 
 class TaskSpec(_Frozen):
     name: str = Field(description="panel name, e.g. 'mqar(512,64)'")
@@ -66,6 +75,8 @@ class Scale(_Frozen):
     train: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields")
     model: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields shared by every model")
     workers: int = Field(1, gt=0, description="default number of worker processes")
+    models: list[ModelSpec] | None = Field(
+        None, description="this scale's versions of some of the preset's models (same labels), e.g. a longer window")
     budget: str = Field("", description="expected cost, e.g. '≈ 6 min on 2 CPU cores'")
 
 
@@ -74,12 +85,14 @@ class Claim(_Frozen):
 
     checks: ``at_least`` (a >= value), ``above`` (a > b + value), ``not_below``
     (a >= b − value), ``close`` (|a − b| <= value), ``increasing`` (a never drops by more
-    than value along x), ``gap_shrinks`` (b − a at the largest x < b − a at the smallest x);
+    than value along x), ``gap_shrinks`` (b − a at the largest x < b − a at the smallest x),
+    ``not_dominated`` (a memory-budget claim: at each of a's points, no point of b with at most
+    a's state size is more accurate by more than value);
     ``where``: at every x (all), at the largest x (max) or on the mean over x (mean).
     """
 
     text: str
-    check: Literal["at_least", "above", "not_below", "close", "increasing", "gap_shrinks"]
+    check: Literal["at_least", "above", "not_below", "close", "increasing", "gap_shrinks", "not_dominated"]
     a: str
     b: str | None = None
     value: float = 0.0
@@ -104,30 +117,33 @@ class Preset(_Frozen):
             raise ValueError(f"preset {self.name!r}: unknown scale {name!r}; expected one of {', '.join(self.scales)}")
         return self.scales[name]
 
-    def select(self, labels: list[str] | None) -> list[ModelSpec]:
+    def select(self, labels: list[str] | None, scale: str | None = None) -> list[ModelSpec]:
+        """The models (all, or those labelled), in the scale's version when it has its own."""
+        models = {m.label: m for m in self.models}
+        if scale is not None:
+            models.update({m.label: m for m in self.scale(scale).models or []})
         if not labels:
-            return list(self.models)
-        known = [m.label for m in self.models]
-        bad = [lab for lab in labels if lab not in known]
+            return list(models.values())
+        bad = [lab for lab in labels if lab not in models]
         if bad:
-            raise ValueError(f"preset {self.name!r}: unknown model(s) {', '.join(bad)}; its models are {', '.join(known)}")
-        return [m for m in self.models if m.label in labels]
+            raise ValueError(f"preset {self.name!r}: unknown model(s) {', '.join(bad)}; its models are {', '.join(models)}")
+        return [m for m in models.values() if m.label in labels]
 
     def mixers(self) -> list[str]:
         names = []
         for m in self.models:
-            for n in [m.mixer] + [h["mixer"] for h in m.model.get("hybrid", [])]:
+            for n in m.layer_mixers():
                 if n not in names:
                     names.append(n)
         return names
 
-    def missing_mixers(self, labels: list[str] | None = None) -> list[str]:
+    def missing_mixers(self, labels: list[str] | None = None, scale: str | None = None) -> list[str]:
         """Mixers of the (selected) models that are not registered now."""
         from ..mixers.base import _REGISTRY
 
         out = []
-        for m in self.select(labels):
-            for n in [m.mixer] + [h["mixer"] for h in m.model.get("hybrid", [])]:
+        for m in self.select(labels, scale):
+            for n in m.layer_mixers():
                 if n not in _REGISTRY and n not in out:
                     out.append(n)
         return out
@@ -143,7 +159,10 @@ class Preset(_Frozen):
         for lab in sc.lrs_by_model:
             if lab not in known:
                 problems.append(f"lrs_by_model names {lab!r}, which is not a model of the preset ({', '.join(sorted(known))})")
-        missing = self.missing_mixers(labels)
+        for m in sc.models or []:
+            if m.label not in known:
+                problems.append(f"scale {scale!r} has a model {m.label!r}, which is not a model of the preset")
+        missing = self.missing_mixers(labels, scale)
         if missing:
             from ..mixers import list_mixers
 
@@ -152,7 +171,7 @@ class Preset(_Frozen):
                 f"{len(missing)} mixer(s) not registered: {', '.join(missing)} (registered: {have}); "
                 "they come with their own issues, or run the others with --models / --skip-missing"
             )
-        for m in self.select(labels):
+        for m in self.select(labels, scale):
             if m.mixer in missing:
                 continue
             entry = mixer_entry(m.mixer)
@@ -182,15 +201,15 @@ class Preset(_Frozen):
         """Every run of the grid (models × tasks × d × n × lr × seed), validated."""
         sc = self.scale(scale)
         if skip_missing:
-            missing = set(self.missing_mixers(labels))
-            labels = [m.label for m in self.select(labels)
-                      if not ({m.mixer} | {h["mixer"] for h in m.model.get("hybrid", [])}) & missing]
+            missing = set(self.missing_mixers(labels, scale))
+            labels = [m.label for m in self.select(labels, scale)
+                      if not set(m.layer_mixers()) & missing]
             if not labels:
                 raise ValueError(f"preset {self.name!r}: none of its mixers is registered ({', '.join(sorted(missing))})")
         self.check(scale, labels)
         out = []
         for task in sc.tasks:
-            for m in self.select(labels):
+            for m in self.select(labels, scale):
                 for d in sc.d_models:
                     for n in sc.ns:
                         kw = dict(m.mixer_kwargs)
@@ -235,6 +254,8 @@ def _check_one(claim: Claim, rows: list[dict], x: str) -> tuple[str, str]:
         drops = [(x0, x1) for x0, x1 in zip(xs, xs[1:]) if a[x1] < a[x0] - claim.value]
         detail = " → ".join(pct(a[v]) for v in xs)
         return ("agrees" if not drops else "does not agree"), f"{claim.a}: {detail}"
+    if claim.check == "not_dominated":
+        return _not_dominated(claim, rows)
     if claim.check == "gap_shrinks":
         xs = sorted(set(a) & set(b))
         if len(xs) < 2:
@@ -267,12 +288,35 @@ def _check_one(claim: Claim, rows: list[dict], x: str) -> tuple[str, str]:
     return ("agrees" if all(ok) else "does not agree"), detail
 
 
+def _not_dominated(claim: Claim, rows: list[dict]) -> tuple[str, str]:
+    """a is never beaten (by more than claim.value) by a b configuration that uses no more state."""
+    pa = [(r["state_size"], r["accuracy"]) for r in rows if r["label"] == claim.a and r.get("state_size") is not None]
+    pb = [(r["state_size"], r["accuracy"]) for r in rows if r["label"] == claim.b and r.get("state_size") is not None]
+    if not pa or not pb:
+        return "n/a", "no results for " + (claim.a if not pa else claim.b)
+    compared, beaten = 0, []
+    for s_a, acc_a in sorted(pa):
+        rivals = [acc for s_b, acc in pb if s_b <= s_a]
+        if not rivals:
+            continue
+        compared += 1
+        if max(rivals) > acc_a + claim.value:
+            beaten.append(f"{claim.a} {100 * acc_a:.1f} at {s_a:,} floats < {claim.b} {100 * max(rivals):.1f}")
+    if not compared:
+        return "n/a", f"every {claim.b} point uses more state than every {claim.a} point"
+    if beaten:
+        return "does not agree", "; ".join(beaten)
+    return "agrees", f"{compared} budget(s) compared, {claim.a} never below {claim.b} by more than {100 * claim.value:.1f}"
+
+
 def evaluate_claims(preset: Preset, rows: list[dict]) -> list[dict]:
     """Each claim checked on each task panel of the best-over-LR rows: dicts with
     text, panel, verdict ("agrees", "does not agree", "n/a") and the numbers behind it."""
     from ..train.results import panels
 
-    x = "d_model" if preset.x == "task" else preset.x
+    # state sizes differ between models: claims pair the models at the same d (not_dominated
+    # compares state sizes itself)
+    x = "d_model" if preset.x in ("task", "state_size") else preset.x
     out = []
     for claim in preset.claims:
         for pname, prow in panels(rows, x).items():

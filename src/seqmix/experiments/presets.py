@@ -1,4 +1,4 @@
-"""The reproduction presets: DSF Fig. 1, 2, 3 and Table 2, MetaLA Table A7, B'MOJO Table 3.
+"""The reproduction presets: DSF Fig. 1, 2, 3 and Table 2, MetaLA Table A7, B'MOJO Table 3 and Fig. 2.
 
 Each has ``--scale paper`` (the paper's protocol, for a GPU machine) and ``--scale tiny``
 (the same comparison at CPU size). The tiny scale of ``dsf-fig2`` is the main job and is
@@ -238,14 +238,15 @@ METALA_TABLE_A7 = Preset(
 # ------------------------------------------------------------------------------------------
 
 
-def _bmojo_models(window: int) -> list[ModelSpec]:
+def _bmojo_models(window: int, *, m_f: int = 1, m_e: int | None = None) -> list[ModelSpec]:
+    """The five models of the B'MOJO experiments, as layer patterns (seqmix.models.patterns)."""
+    mem = {"window": window, "m_f": m_f} | ({} if m_e is None else {"m_e": m_e})
     return [
-        ModelSpec(label="Transformer", mixer="softmax_attention"),
-        ModelSpec(label="Mamba", mixer="mamba"),
-        ModelSpec(label="Hybrid", mixer="mamba", model={"hybrid": [
-            {"mixer": "mamba"}, {"mixer": "softmax_attention", "mixer_kwargs": {"window": window}}]}),
-        ModelSpec(label="B'MOJO-F", mixer="bmojo_f", mixer_kwargs={"window": window}),
-        ModelSpec(label="B'MOJO", mixer="bmojo", mixer_kwargs={"window": window}),
+        ModelSpec(label="Transformer", mixer="softmax_attention", model={"pattern": "attention_only"}),
+        ModelSpec(label="Mamba", mixer="mamba", model={"pattern": "mamba_only"}),
+        ModelSpec(label="Hybrid", mixer="mamba", model={"pattern": "mamba_swa", "pattern_kwargs": {"window": window}}),
+        ModelSpec(label="B'MOJO-F", mixer="bmojo_f", mixer_kwargs={"window": window, "m_f": m_f}),
+        ModelSpec(label="B'MOJO", mixer="bmojo", mixer_kwargs=mem),
     ]
 
 
@@ -297,6 +298,103 @@ BMOJO_TABLE3 = Preset(
            "SwiGLU channel mixer and RMSNorm (the Mistral/Mamba recipe); the paper's 130M column is an LM-sized model, not provided."],
 )
 
-PRESETS: dict[str, Preset] = {p.name: p for p in (DSF_FIG1, DSF_FIG2, DSF_FIG3, DSF_TABLE2, METALA_TABLE_A7, BMOJO_TABLE3)}
+# ------------------------------------------------------------------------------------------
+# B'MOJO Figure 2: MQAR accuracy vs memory budget (panels 1-3) and vs m_e (panel 4)
+# ------------------------------------------------------------------------------------------
 
-__all__ = ["PRESETS", "DSF_FIG1", "DSF_FIG2", "DSF_FIG3", "DSF_TABLE2", "METALA_TABLE_A7", "BMOJO_TABLE3", "TINY_LRS", "TINY_N", "TINY_SSM_LRS", "tiny_mqar"]
+#: window and memory of the Fig. 2 models: the window is well below the key-query distance,
+#: so that the window alone cannot solve the task (bmojo note §7.2, "Recommended grid")
+_FIG2_PAPER = {"window": 32, "m_f": 4, "m_e": 16}
+_FIG2_TINY = {"window": 8, "m_f": 1, "m_e": 8}
+_BMOJO_MODEL = {"n_layers": 2, "channel_mixer": "swiglu", "norm": "rmsnorm"}
+_BMOJO_NOTES = [
+    "Panel KV counts: only 24 is in the text; 8 and 16 are the bmojo note's suggestion (§7.2). Sequence lengths, "
+    "vocabulary, window, m_f, m_e, learning rates and epochs are not in the paper: Zoology's MQAR generator and "
+    "the note's recommended grid.",
+    "Memory axis: each model's state_size() at the task's length (SSM state + window KV + eidetic and fading "
+    "tokens; the Transformer's full KV cache), summed over the 2 layers (bmojo note §7.2).",
+    "Hybrid: Mamba and sliding-window attention layers alternating (pattern mamba_swa); Transformer: full causal "
+    "softmax attention (pattern attention_only; the paper's Mistral); no positions except for the Transformer.",
+]
+
+
+def _bmojo_mqar(L: int, kv: int, *, paper: bool) -> TaskSpec:
+    if paper:
+        data = mqar(L, kv, train=100_000, test=3_000, vocab_size=8192, batch_size=64, seed=0)
+    else:
+        data = mqar(L, kv, train=3_000, test=500, vocab_size=128, batch_size=16, seed=0)
+    return _task(L, kv, data)
+
+
+BMOJO_FIG2 = Preset(
+    name="bmojo-fig2",
+    title="B'MOJO Fig. 2: MQAR accuracy vs memory budget (KV ∈ {8, 16, 24})",
+    source="Zancato et al., NeurIPS 2024 (B'MOJO), Figure 2 panels 1-3 (bmojo note §7.2)",
+    x="state_size",
+    models=_bmojo_models(**_FIG2_TINY),
+    scales={
+        "paper": Scale(
+            description="MQAR (256, KV) for KV ∈ {8, 16, 24}, V = 8192, 100k/3k, d ∈ {32, 64, 128, 256}, "
+                        "w = 32, m_f = 4, m_e = 16, best of 3 LRs",
+            tasks=[_bmojo_mqar(256, kv, paper=True) for kv in (8, 16, 24)], d_models=[32, 64, 128, 256],
+            lrs=[5e-4, 1e-3, 3e-3], train={"epochs": 64, "warmup": 0.1, "weight_decay": 0.1, "grad_clip": 1.0,
+                                           "early_stop": 0.99},
+            model=_BMOJO_MODEL, workers=1, budget="GPU: 60 runs × 3 LRs", models=_bmojo_models(**_FIG2_PAPER)),
+        "tiny": Scale(
+            description="MQAR (96, KV) for KV ∈ {8, 16, 24}, V = 128, 3k/500, batch 16, d ∈ {16, 32}, "
+                        "w = 8, m_f = 1, m_e = 8, lr 3e-3, 8 epochs",
+            tasks=[_bmojo_mqar(96, kv, paper=False) for kv in (8, 16, 24)], d_models=[16, 32], lrs=[3e-3],
+            train={"epochs": 8, "warmup": 0.1, "weight_decay": 0.1, "grad_clip": 1.0, "early_stop": 0.99},
+            model=_BMOJO_MODEL, workers=2, budget="tens of minutes on 2 CPU cores (30 runs); smoke-sized, not calibrated"),
+    },
+    claims=[
+        Claim(text="the Transformer (full context) is the paragon: ≥ 99%", check="at_least", a="Transformer", value=0.99),
+        Claim(text="B'MOJO is best for a given memory budget: never beaten by Mamba at equal or less state",
+              check="not_dominated", a="B'MOJO", b="Mamba", value=0.01),
+        Claim(text="B'MOJO is best for a given memory budget: never beaten by the Hybrid at equal or less state",
+              check="not_dominated", a="B'MOJO", b="Hybrid", value=0.01),
+        Claim(text="B'MOJO-F is best for a given memory budget: never beaten by Mamba at equal or less state",
+              check="not_dominated", a="B'MOJO-F", b="Mamba", value=0.01),
+        Claim(text="all models improve with size: B'MOJO", check="increasing", a="B'MOJO", value=0.02),
+        Claim(text="all models improve with size: Mamba", check="increasing", a="Mamba", value=0.02),
+    ],
+    paper="The values are only in the figure. Text: the Transformer is the 100% paragon; all models improve with size; "
+          "B'MOJO and B'MOJO-F consistently achieve the best accuracy for a given memory budget, most visibly at "
+          "24 KV pairs; Mamba is limited by its state; the Hybrid needs a long window.",
+    notes=_BMOJO_NOTES,
+)
+
+BMOJO_FIG2_ME = Preset(
+    name="bmojo-fig2-me",
+    title="B'MOJO Fig. 2 panel 4: MQAR accuracy vs the number of eidetic tokens m_e",
+    source="Zancato et al., NeurIPS 2024 (B'MOJO), Figure 2 panel 4 (bmojo note §7.2)",
+    x="n",
+    models=[ModelSpec(label="B'MOJO", mixer="bmojo", mixer_kwargs={"window": 8, "m_f": 1}, state_field="m_e",
+                      note="the swept n is m_e")],
+    scales={
+        "paper": Scale(
+            description="MQAR (256, 24), V = 8192, 100k/3k, d ∈ {32, 64, 128}, w = 32, m_f = 4, "
+                        "m_e ∈ {0, 2, 4, 8, 16, 24, 32}, best of 3 LRs",
+            tasks=[_bmojo_mqar(256, 24, paper=True)], d_models=[32, 64, 128], ns=[0, 2, 4, 8, 16, 24, 32],
+            lrs=[5e-4, 1e-3, 3e-3], train={"epochs": 64, "warmup": 0.1, "weight_decay": 0.1, "grad_clip": 1.0,
+                                           "early_stop": 0.99},
+            model=_BMOJO_MODEL, workers=1, budget="GPU: 21 runs × 3 LRs",
+            models=[ModelSpec(label="B'MOJO", mixer="bmojo", mixer_kwargs={"window": 32, "m_f": 4}, state_field="m_e")]),
+        "tiny": Scale(
+            description="MQAR (96, 16), V = 128, 3k/500, batch 16, d ∈ {16, 32}, w = 8, m_f = 1, m_e ∈ {0, 4, 8, 16}, "
+                        "lr 3e-3, 8 epochs",
+            tasks=[_bmojo_mqar(96, 16, paper=False)], d_models=[16, 32], ns=[0, 4, 8, 16], lrs=[3e-3],
+            train={"epochs": 8, "warmup": 0.1, "weight_decay": 0.1, "grad_clip": 1.0, "early_stop": 0.99},
+            model=_BMOJO_MODEL, workers=2, budget="tens of minutes on 2 CPU cores (8 runs); smoke-sized, not calibrated"),
+    },
+    claims=[Claim(text="each added eidetic token increases recall accuracy (until the gains saturate)",
+                  check="increasing", a="B'MOJO", value=0.02)],
+    paper="The values are only in the figure. Text: each added eidetic token increases recall accuracy 'until the "
+          "dimension increases and saturates gains'.",
+    notes=_BMOJO_NOTES[:1] + ["The paper scale uses the window and m_f of bmojo-fig2; the m_e grid is the note's."],
+)
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (DSF_FIG1, DSF_FIG2, DSF_FIG3, DSF_TABLE2, METALA_TABLE_A7, BMOJO_TABLE3,
+                                                  BMOJO_FIG2, BMOJO_FIG2_ME)}
+
+__all__ = ["PRESETS", "DSF_FIG1", "DSF_FIG2", "DSF_FIG3", "DSF_TABLE2", "METALA_TABLE_A7", "BMOJO_TABLE3", "BMOJO_FIG2", "BMOJO_FIG2_ME", "TINY_LRS", "TINY_N", "TINY_SSM_LRS", "tiny_mqar"]

@@ -83,9 +83,27 @@ class ModelConfig(BaseModel):
     hybrid: list[LayerMixer] = Field(
         default_factory=list, description="layer i uses hybrid[i % len(hybrid)] instead of mixer "
         "(Zoology's Hybrid; e.g. Mamba interleaved with sliding-window attention)")
+    pattern: str | None = Field(
+        None, description="a registered layer pattern (seqmix.models.patterns: mamba_swa, mamba_only, attention_only, "
+        "bmojo, bmojo_f) expanded into hybrid; mixer defaults to its first layer's mixer")
+    pattern_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the pattern (window, ...)")
     mixer_init: Literal["dsf", "dsf_all", "own"] = Field(
         "dsf", description="dsf: backbone init of the mixers' Linear layers except no_reinit ones; "
         "dsf_all: all of them (the released DSF code); own: keep the mixers' own init")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_pattern(cls, data):
+        if isinstance(data, dict) and data.get("pattern") is not None:
+            from .patterns import layer_pattern
+
+            cycle = layer_pattern(data["pattern"], **(data.get("pattern_kwargs") or {}))
+            given = [h.model_dump() if isinstance(h, BaseModel) else {"mixer_kwargs": {}, **h} for h in data.get("hybrid") or []]
+            if given and given != cycle:  # a re-validated config carries its own expansion
+                raise ValueError("set either 'pattern' or 'hybrid', not both")
+            data = {**data, "hybrid": cycle}
+            data.setdefault("mixer", cycle[0]["mixer"])
+        return data
 
     @field_validator("mixer")
     @classmethod

@@ -12,6 +12,7 @@ import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from matplotlib.image import AxesImage
@@ -405,6 +406,13 @@ def test_inputs():
     assert bool((keys >= 1).all() and (keys < 4096).all() and (values >= 4096).all())
     queries = toks[16:]
     assert sorted(queries[queries > 0].tolist()) == sorted(keys.tolist())  # each key queried once
+    # the harness's generator, not a copy: the same example as seqmix.data's MQAR with this seed
+    from seqmix.data.mqar import multiquery_ar
+
+    same = multiquery_ar(np.random.default_rng(0), num_examples=1, vocab_size=8192, seq_len=64, num_kv_pairs=8)
+    assert toks.tolist() == same.inputs[0].tolist()
+    with pytest.raises(ValueError, match="'seq_len' = 63.*must be even"):
+        show.mqar_tokens(63, num_kv_pairs=8)
     x = show.embed(r, 8)
     assert x.shape == (1, 50, 8) and bool((x[0, r.tokens == r.tokens[0]] == x[0, 0]).all())
     with pytest.raises(ValueError, match="unknown input 'images'"):

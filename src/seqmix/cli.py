@@ -109,6 +109,11 @@ def _add_show(sub):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config field of every random-init mixer that has it (repeatable)")
     p.add_argument("--checkpoint", action="append", default=[], metavar="[MIXER=]PATH",
                    help="trained weights for a shown mixer (a seqmix mixer checkpoint or a state dict; repeatable)")
+    p.add_argument("--run", action="append", default=[], metavar="RUN_ID",
+                   help="a trained harness run (id, unique id prefix or folder): its first and last layer on its first test "
+                        "example, inside the model (repeatable; not with MIXER names)")
+    p.add_argument("--runs", default="runs", help="where --run looks: the --out of the sweep (default runs)")
+    p.add_argument("--layers", default="0,-1", help="layers of --run to show, comma-separated (default 0,-1: first and last)")
     p.add_argument("--seed", type=int, default=0, help="seed of the input, the embedding and the random init (default 0)")
     p.add_argument("--band", type=int, default=16, help="width w of the diagonal band for the band mass (default 16)")
     p.add_argument("--reference", help="label of a shown mixer whose map is the reference P (default: softmax attention, same seed)")
@@ -125,13 +130,16 @@ def _run_show(args) -> int:
     from pathlib import Path
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from seqmix.analysis import show
     from seqmix.analysis.theory_figures import THEORY_FIGURES
 
-    if not args.mixers and not args.theory:
-        raise ValueError("argument 'MIXER': give at least one mixer name (`seqmix list`) or a --theory figure")
+    if not args.mixers and not args.theory and not args.run:
+        raise ValueError("argument 'MIXER': give at least one mixer name (`seqmix list`), a --run or a --theory figure")
+    if args.run and args.mixers:
+        raise ValueError("argument '--run': a trained run is shown on its own data; show MIXER names in a separate call")
     for name, value, low in (("maps", args.maps, 1), ("dpi", args.dpi, 10), ("band", args.band, 1)):
         if value < low:
             raise ValueError(f"argument '--{name}' must be >= {low}, got {value}")
@@ -153,6 +161,21 @@ def _run_show(args) -> int:
                                                overrides=show.parse_overrides(args.set), d_model=args.d_model)
         views = show.inspect_mixers(mixers, inp, seed=args.seed, band=args.band, reference=args.reference, sources=sources,
                                     max_bytes=int(args.max_memory * 2**30))
+    if args.run:
+        from seqmix.analysis import trained
+
+        try:
+            layers = [int(v) for v in args.layers.split(",")]
+        except ValueError:
+            raise ValueError(f"argument '--layers': expected comma-separated layer indices, got {args.layers!r}") from None
+        descs = []
+        for r in args.run:
+            config, model = trained.load_run(r, args.runs)
+            tokens = trained.run_example(config)
+            views += trained.model_views(model, tokens, layers=layers, band=args.band, label=config.run_id[:8],
+                                         source=f"trained: {config.name}", max_bytes=int(args.max_memory * 2**30))
+            descs.append(f"run {config.run_id[:8]} ({config.name}): test example 0, {config.data.describe()}")
+        inp = show.ShowInput("run", tokens, config.data.vocab_size, "; ".join(descs))
     names = list(THEORY_FIGURES) if "all" in args.theory else list(dict.fromkeys(args.theory))
     theory = {n: THEORY_FIGURES[n](dpi=args.dpi)[0] for n in names}
     out.mkdir(parents=True, exist_ok=True)
@@ -169,11 +192,11 @@ def _run_show(args) -> int:
             (out / f"{n}.png").write_bytes(show.figure_png(fig))
             written.append(out / f"{n}.png")
     if views:
-        table = Table(title=f"seqmix show: {inp.description}; P = the reference softmax map")
+        table = Table(title=escape(f"seqmix show: {inp.description}; P = the reference softmax map"))
         facts = [v.facts() for v in views]
         table.add_column("")
         for v in views:
-            table.add_column(v.label)
+            table.add_column(escape(v.label))
         for i, (key, _) in enumerate(facts[0]):
             table.add_row(key, *(f[i][1] for f in facts))
         Console(width=max(120, Console().width)).print(table)
@@ -369,6 +392,8 @@ def _add_results(sub):
     p.add_argument("--x", default="d_model", help="columns / plot axis: d_model, n, state_size or task")
     p.add_argument("--all-lrs", action="store_true", help="one row per learning rate instead of the best")
     p.add_argument("--plot", help="write a PNG plot here")
+    p.add_argument("--maps", action="store_true",
+                   help="list each run's maps of its trained first and last layer (maps.png beside the run; `seqmix show --run ID`)")
 
 
 def _run_results(args) -> int:
@@ -394,7 +419,35 @@ def _run_results(args) -> int:
         print(table(rs, x=args.x, fmt=args.format))
     if args.plot:
         print(f"plot: {plot(rows, args.plot, x=args.x, title=args.experiment or '')}")
+    if args.maps:
+        _print_maps(store, args)
     return 0
+
+
+def _print_maps(store, args) -> None:
+    """One line per finished run: its labels, accuracy and the maps of its trained layers."""
+    import json
+    from pathlib import Path
+
+    from .analysis.trained import MAPS_JSON, MAPS_PNG
+
+    base = Path(args.db).parent / "runs"
+    print("\n## maps of the trained models (first and last layer; `seqmix show --run ID --runs "
+          f"{Path(args.db).parent}` redraws them)\n")
+    print("| run | model | task | d | n | lr | acc | maps |\n|---|---|---|---|---|---|---|---|")
+    for r in store.rows(args.experiment):
+        if r.get("status") != "finished":
+            continue
+        d = base / r["run_id"]
+        if (d / MAPS_PNG).exists():
+            where = str(d / MAPS_PNG)
+        elif (d / MAPS_JSON).exists():
+            where = "not drawn: " + json.loads((d / MAPS_JSON).read_text()).get("error", "?")
+        else:
+            where = "none (trained before maps were written; `seqmix show --run` draws them)"
+        n = "-" if r["n"] is None else r["n"]
+        print(f"| {r['run_id'][:8]} | {r['label']} | {r['task']} | {r['d_model']} | {n} | {r['lr']:.2g} | "
+              f"{100 * r['accuracy']:.1f} | {where} |")
 
 
 COMMANDS = {

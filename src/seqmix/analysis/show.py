@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from matplotlib.colors import LogNorm, Normalize, SymLogNorm
 from matplotlib.figure import Figure
@@ -75,24 +76,21 @@ class ShowInput:
 
 
 def mqar_tokens(seq_len: int, *, vocab: int = 8192, num_kv_pairs: int | None = None, seed: int = 0) -> torch.Tensor:
-    """One MQAR example (Zoology's layout, the dsf note §5.1): ``num_kv_pairs`` key-value pairs
-    k_1 v_1 … k_N v_N (keys from [1, V/2), values from [V/2, V), distinct), then a query region
-    of filler 0s in which every key appears once at an even offset. [seq_len] int64.
+    """One MQAR example of the harness's generator (:func:`seqmix.data.mqar.multiquery_ar`, Zoology's
+    layout and power-law query gaps): ``num_kv_pairs`` key-value pairs k_1 v_1 … k_N v_N (keys
+    from [1, V/2), values from [V/2, V), distinct), then a query region of filler 0s in which
+    every key appears once. [seq_len] int64; default N = min(64, seq_len // 4)."""
+    from ..data.mqar import MQARConfig
 
-    A local stand-in for the harness's generator (queries at uniformly drawn slots rather than
-    the power-law gaps of ``seqmix.data``); default N = min(64, seq_len // 4)."""
     check_positive_int("seq_len", seq_len, "mqar_tokens", minimum=4)
     n = num_kv_pairs if num_kv_pairs is not None else max(1, min(64, seq_len // 4))
-    if 2 * n + 2 * n > seq_len or n > vocab // 2 - 1:
-        raise ValueError(f"mqar_tokens: argument 'num_kv_pairs' = {n} does not fit seq_len = {seq_len} (needs 4·N <= seq_len) and vocab = {vocab}")
-    g = torch.Generator().manual_seed(seed)
-    keys = 1 + torch.randperm(vocab // 2 - 1, generator=g)[:n]
-    values = vocab // 2 + torch.randperm(vocab - vocab // 2, generator=g)[:n]
-    context = torch.stack([keys, values], 1).flatten()
-    region = torch.zeros(seq_len - 2 * n, dtype=torch.long)
-    slots = torch.randperm(region.shape[0] // 2, generator=g)[:n] * 2
-    region[slots] = keys[torch.randperm(n, generator=g)]
-    return torch.cat([context, region])
+    try:
+        cfg = MQARConfig(seq_len=seq_len, num_kv_pairs=n, vocab_size=vocab, num_examples=1)
+    except ValueError as e:  # pydantic's ValidationError is a ValueError
+        reason = "; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors()) if hasattr(e, "errors") else str(e)
+        raise ValueError(f"mqar_tokens: arguments 'seq_len' = {seq_len}, 'num_kv_pairs' = {n}, 'vocab' = {vocab} "
+                         f"do not make an MQAR example: {reason}") from None
+    return torch.from_numpy(cfg.generate(np.random.default_rng(seed)).inputs[0])
 
 
 def text_tokens(text: str, seq_len: int | None = None) -> torch.Tensor:
@@ -117,7 +115,7 @@ def make_input(kind: str = "random", seq_len: int = 256, *, text: str | None = N
         V = vocab or 8192
         n = max(1, min(64, seq_len // 4))
         toks = mqar_tokens(seq_len, vocab=V, num_kv_pairs=n, seed=seed)
-        return ShowInput("mqar", toks, V, f"MQAR example (local stand-in generator), T = {seq_len}, {n} key-value pairs, vocab {V}, seed {seed}")
+        return ShowInput("mqar", toks, V, f"MQAR example, T = {seq_len}, {n} key-value pairs, vocab {V}, seed {seed}")
     V = vocab or 256
     toks = torch.randint(0, V, (seq_len,), generator=torch.Generator().manual_seed(seed))
     return ShowInput("random", toks, V, f"random tokens, T = {seq_len}, vocab {V}, seed {seed}")

@@ -93,7 +93,11 @@ class RunConfig(BaseModel):
         return self.label or self.model.mixer
 
     def semantic_dict(self) -> dict:
-        d = self.model_dump(mode="json")
+        """The fields that determine the result, defaults left out: a field added later with a
+        default keeps the ids of the runs made before it (changing a default's value does not
+        change ids either: use a new --out folder then)."""
+        d = self.model_dump(mode="json", exclude_defaults=True)
+        d.setdefault("train", {})
         for f in EXECUTION_FIELDS:
             d["train"].pop(f, None)
         return d

@@ -95,11 +95,14 @@ class Interrupted(Exception):
 class Trainer:
     """Trains one run. ``run_dir`` (optional) holds the checkpoint and result.json;
     ``progress``: show a rich progress bar; ``on_epoch(epoch, record)`` is called after
-    each checkpoint (raise :class:`Interrupted` there to stop the run)."""
+    each checkpoint (raise :class:`Interrupted` there to stop the run); ``maps``: after a
+    finished run, write the maps of its first and last layer into ``run_dir``
+    (:func:`seqmix.analysis.trained.write_run_maps`: maps.png, maps.json)."""
 
     def __init__(self, config: RunConfig, *, run_dir: str | Path | None = None, progress: bool = True,
-                 on_epoch: Callable[[int, dict], None] | None = None, console=None):
+                 on_epoch: Callable[[int, dict], None] | None = None, console=None, maps: bool = True):
         self.config = config
+        self.maps = maps
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.progress = progress
         self.on_epoch = on_epoch
@@ -237,7 +240,19 @@ class Trainer:
         if self.run_dir is not None:
             (self.run_dir / RESULT).write_text(json.dumps(result.to_json(), indent=1))
             (self.run_dir / "config.json").write_text(json.dumps(c.model_dump(mode="json"), indent=1))
+            if self.maps:
+                self._write_maps(model)
         return result
+
+    def _write_maps(self, model: LanguageModel) -> None:
+        """maps.png / maps.json beside the result; a failure to draw never costs the run: its
+        reason goes into maps.json."""
+        from ..analysis.trained import MAPS_JSON, write_run_maps
+
+        try:
+            write_run_maps(self.run_dir, self.config, model.cpu())
+        except Exception as e:  # noqa: BLE001  (the trained run is already saved)
+            (self.run_dir / MAPS_JSON).write_text(json.dumps({"run_id": self.config.run_id, "error": f"{type(e).__name__}: {e}"}))
 
     def _result(self, state, status, state_size, params, stopped_early) -> RunResult:
         best = state["best"] or {"accuracy": 0.0, "epoch": 0, "loss": float("nan"), "slices": {}}

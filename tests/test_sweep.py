@@ -1,7 +1,12 @@
 """Sweeps (skip finished runs, parallel workers), the results store, tables and plots."""
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +114,41 @@ def test_table_and_plot(tmp_path):
         assert p.exists() and p.stat().st_size > 5000
     with pytest.raises(ValueError, match="x axis"):
         table(rows, x="depth")
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie may linger unreaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads worker processes from /proc (Linux)")
+def test_killing_a_sweep_stops_its_workers(tmp_path):
+    """SIGKILL the sweep's process while its workers train: they exit on their own, and the
+    next sweep resumes what they had checkpointed."""
+    long = _cfg().model_copy(update={"train": TrainConfig(lr=1e-3, epochs=10_000, threads=1, early_stop=None)})
+    long2 = long.model_copy(update={"train": long.train.model_copy(update={"seed": 1})})
+    (tmp_path / "cfgs.json").write_text(json.dumps([c.model_dump(mode="json") for c in (long, long2)]))
+    script = ("import json, sys; from seqmix.train import RunConfig; from seqmix.train.sweep import run_sweep; "
+              f"cfgs = [RunConfig(**c) for c in json.load(open({str(tmp_path / 'cfgs.json')!r}))]; "
+              f"run_sweep(cfgs, out_dir={str(tmp_path / 'out')!r}, workers=2, threads=1, progress=False)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env)
+    ckpts = [tmp_path / "out" / "runs" / c.run_id / "checkpoint.pt" for c in (long, long2)]
+    deadline = time.time() + 120
+    while not all(p.exists() for p in ckpts) and time.time() < deadline:  # both workers are training
+        time.sleep(0.2)
+    assert all(p.exists() for p in ckpts), "the workers never checkpointed"
+    children = [int(p) for t in Path(f"/proc/{parent.pid}/task").iterdir()
+                for p in (t / "children").read_text().split()]
+    workers = [pid for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert len(workers) >= 2
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while any(_alive(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers), "a worker outlived its sweep"

@@ -12,7 +12,10 @@
   CPU count divided by the workers); runs are handed out longest first;
 * the parent writes every result to the SQLite store as it arrives and prints one line
   per run; ``plugins`` are modules each worker imports first (mixers registered outside
-  seqmix).
+  seqmix);
+* stopping the sweep stops its workers: Ctrl-C terminates them, and a worker whose parent
+  is killed (SIGTERM, SIGKILL) exits within half a second; what they were training resumes
+  from its last epoch checkpoint next time.
 """
 
 from __future__ import annotations
@@ -50,6 +53,28 @@ def _cost(c: RunConfig) -> float:
     L = c.data.max_seq_len
     n = sum(t.num_examples for t in c.data.train)
     return c.train.epochs * n * L * c.model.d_model * c.model.n_layers * (1 + L / 256)
+
+
+def _exit_with_parent(parent_pid: int, every: float = 0.5) -> None:
+    """Worker initializer: a daemon thread ends this worker once the sweep's process is gone
+    (killed, say), so no orphan goes on training; the run resumes from its last epoch
+    checkpoint when the sweep is started again."""
+    import threading
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(every)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="seqmix-parent-watch").start()
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancels what has not started and terminates the running workers."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        if proc.is_alive():
+            proc.terminate()
 
 
 def _worker(config_json: str, run_dir: str, threads: int | None, plugins: tuple[str, ...]) -> dict:
@@ -170,7 +195,8 @@ def run_sweep(
     elif todo:
         console.print(f"[dim]{len(todo)} runs on {workers} workers × {threads} threads[/dim]")
         ctx = get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_exit_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
             pending = {
                 pool.submit(_worker, c.model_dump_json(), str(out_dir / "runs" / c.run_id), threads, plugins): c
                 for c in todo
@@ -185,10 +211,8 @@ def run_sweep(
                         except Exception:
                             payload = {"error": traceback.format_exc(limit=6)}
                         record(c, payload)
-            except KeyboardInterrupt:
-                for f in pending:
-                    f.cancel()
-                pool.shutdown(wait=False, cancel_futures=True)
+            except BaseException:  # Ctrl-C, SystemExit: no worker outlives the sweep
+                _stop_workers(pool)
                 raise
     if todo:
         console.print(f"[dim]sweep: {len(todo)} runs in {time.perf_counter() - t_start:.0f}s[/dim]")

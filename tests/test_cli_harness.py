@@ -47,15 +47,16 @@ def test_bad_configs_fail_before_training(tmp_path, capsys, args, field):
     assert not out.exists() and not (tmp_path / "cache").exists()  # nothing generated, nothing trained
 
 
-def test_reproduce_lists_presets_and_reports_missing_mixers(tmp_path, capsys):
+def test_reproduce_lists_presets_and_reports_missing_mixers(tmp_path, capsys, monkeypatch):
     assert main(["reproduce"]) == 0
     listing = capsys.readouterr().out
     assert all(name in listing for name in ("dsf-fig1", "dsf-fig2", "dsf-fig3", "dsf-table2", "metala-table-a7", "bmojo-table3"))
-    import seqmix
+    from seqmix.experiments import PRESETS, ModelSpec
 
-    if "s6" not in {e.name for e in seqmix.list_mixers()}:
-        assert main(["reproduce", "dsf-fig2", "--out", str(tmp_path)]) == 2
-        assert "not registered" in capsys.readouterr().err
+    ghost = PRESETS["dsf-fig2"].model_copy(update={"name": "ghost", "models": [ModelSpec(label="g", mixer="ghost_mixer")]})
+    monkeypatch.setitem(PRESETS, "ghost", ghost)
+    assert main(["reproduce", "ghost", "--out", str(tmp_path)]) == 2
+    assert "not registered: ghost_mixer" in capsys.readouterr().err
     assert main(["reproduce", "nope"]) == 2
     assert "unknown preset" in capsys.readouterr().err
     assert main(["reproduce", "dsf-fig2", "--scale", "huge"]) == 2

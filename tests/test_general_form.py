@@ -441,10 +441,6 @@ def test_linformer_equals_linear_attention():
 def test_mamba_gf_equals_s6():
     """mamba_gf and the SSM family's s6 compute the same function once the parameters are mapped
     by :func:`mamba_gf_state_from_s6`."""
-    names = {e.name for e in seqmix.list_mixers()}
-    if "s6" not in names:
-        pytest.skip("the SSM family's 's6' is not registered in this checkout (it comes with the SSM issue); "
-                    "mamba_gf_state_from_s6 holds the parameter mapping for this check")
     torch.manual_seed(0)
     d, N = 16, 4
     s6 = seqmix.build_mixer("s6", d_model=d, d_state=N).double()

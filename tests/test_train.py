@@ -170,8 +170,6 @@ def test_run_id_ignores_execution_fields():
 @pytest.mark.slow
 def test_softmax_attention_solves_mqar_64_4():
     """2-layer softmax attention reaches >= 99% on MQAR (64, 4) within a few CPU minutes."""
-    if "softmax_attention" not in {e.name for e in seqmix.list_mixers()}:
-        pytest.skip("softmax_attention is not registered on this branch (it comes with the attention issue)")
     t = dict(seq_len=64, num_kv_pairs=4, vocab_size=256)
     data = DataConfig(train=[MQARConfig(num_examples=10_000, **t)], test=[MQARConfig(num_examples=1_000, **t)], batch_size=32)
     cfg = RunConfig(data=data, model=dict(mixer="softmax_attention", d_model=64, n_layers=2, channel_mixer="none"),

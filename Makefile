@@ -1,7 +1,7 @@
 # seqmix: set-up and the common jobs. Every target creates .venv on first use.
 #   make main       the main job (see README)
-#   make test       the test suite (what CI runs)
-#   make test-slow  the tests marked slow
+#   make test       the whole test suite, slow tests included (what CI runs; ~2.5 min on 2 cores)
+#   make test-slow  only the tests marked slow (pytest -m "not slow" skips them while developing)
 #   make bench      every benchmark script at full size
 
 VENV   ?= .venv
@@ -34,7 +34,7 @@ test: setup
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; } || \
 	  echo "chromium not installed: the HTML-in-a-browser test will be skipped"
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

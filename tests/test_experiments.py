@@ -161,13 +161,13 @@ def test_bmojo_fig2_grid_uses_patterns_and_scale_models():
     assert len(tiny) == 5 * 3 * 2 and len(paper) == 5 * 3 * 4 * 3
     assert {r.data.train[0].num_kv_pairs for r in tiny} == {8, 16, 24}
     hybrid = next(r for r in tiny if r.label == "Hybrid")
-    assert [(h.mixer, h.mixer_kwargs.get("window")) for h in hybrid.model.hybrid] == [("mamba", None), ("softmax_attention", 8)]
+    assert [(h.mixer, h.mixer_kwargs.get("window")) for h in hybrid.model.layers] == [("mamba", None), ("softmax_attention", 8)]
     assert not hybrid.model.use_positions
     transformer = next(r for r in tiny if r.label == "Transformer")
-    assert transformer.model.use_positions and "window" not in transformer.model.hybrid[0].mixer_kwargs
+    assert transformer.model.use_positions and "window" not in transformer.model.layers[0].mixer_kwargs
     # the paper scale replaces the window and memory sizes of every model
     hybrid_p = next(r for r in paper if r.label == "Hybrid")
-    assert hybrid_p.model.hybrid[1].mixer_kwargs["window"] == 32
+    assert hybrid_p.model.layers[1].mixer_kwargs["window"] == 32
     bm = next(r for r in paper if r.label == "B'MOJO")
     assert (bm.model.mixer_kwargs["window"], bm.model.mixer_kwargs["m_f"], bm.model.mixer_kwargs["m_e"]) == (32, 4, 16)
     me = BMOJO_FIG2_ME.runs("tiny")

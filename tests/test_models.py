@@ -99,7 +99,7 @@ def test_state_size_sums_the_mixers():
 
 
 def test_hybrid_cycles_mixers():
-    m = build_model({**BASE, "n_layers": 3, "hybrid": [{"mixer": "linear_attention", "mixer_kwargs": {"n": 8}},
+    m = build_model({**BASE, "mixer_kwargs": {}, "n_layers": 3, "hybrid": [{"mixer": "linear_attention", "mixer_kwargs": {"n": 8}},
                                                         {"mixer": "linear_attention", "mixer_kwargs": {"n": 32}}]})
     assert [b.mixer.n for b in m.blocks] == [8, 32, 8]
     assert m.state_size() == sum(build_mixer("linear_attention", d_model=32, n=k).state_size() for k in (8, 32, 8))
@@ -140,7 +140,12 @@ def test_layer_patterns():
     assert m(torch.randint(0, 97, (2, 16))).shape == (2, 16, 97)
     # a pattern is only a name for a hybrid list
     explicit = ModelConfig(mixer="mamba", hybrid=layer_pattern("mamba_swa", window=4), d_model=16, n_layers=4, vocab_size=97)
-    assert explicit.hybrid == cfg.hybrid
+    assert explicit.layers == cfg.layers and not cfg.hybrid
+    # the pattern, not its expansion, is stored: a round trip and a changed pattern argument both work
+    again = ModelConfig.model_validate_json(cfg.model_dump_json())
+    assert again == cfg and again.layers == cfg.layers
+    wider = build_model(cfg, pattern_kwargs={"window": 8})
+    assert wider.blocks[1].mixer.config.window == 8
     att = ModelConfig(pattern="attention_only", d_model=16, vocab_size=97, max_seq_len=16)
     assert att.mixer == "softmax_attention" and att.use_positions
 
@@ -149,7 +154,12 @@ def test_layer_patterns():
     ({"pattern": "no_such_pattern"}, "unknown layer pattern 'no_such_pattern'"),
     ({"pattern": "mamba_swa", "pattern_kwargs": {"window": 0}}, "window"),
     ({"pattern": "mamba_only", "hybrid": [{"mixer": "s6"}]}, "either 'pattern' or 'hybrid'"),
-    ({"pattern": "mamba_swa", "pattern_kwargs": {"windw": 4}}, "windw"),
+    ({"pattern": "mamba_swa", "pattern_kwargs": {"windw": 4}}, "pattern_kwargs.*windw"),
+    ({"pattern": "attention_only", "mixer": "mamba"}, "'mixer' = 'mamba' is not the first layer's mixer"),
+    ({"pattern": "mamba_only", "mixer_kwargs": {"d_state": 4}}, "'mixer_kwargs' is not used with a 'pattern'"),
+    ({"mixer": "mamba", "pattern_kwargs": {"window": 4}}, "'pattern_kwargs' is set without a 'pattern'"),
+    ({"mixer": "mamba", "mixer_kwargs": {"d_state": 4}, "hybrid": [{"mixer": "s6"}]}, "'mixer_kwargs' is not used with 'hybrid'"),
+    ({"pattern": "mamba_only", "pattern_kwargs": [1]}, "pattern_kwargs"),
 ])
 def test_bad_patterns(bad, match):
     with pytest.raises(ValueError, match=match):

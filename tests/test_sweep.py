@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -126,9 +127,11 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads worker processes from /proc (Linux)")
-def test_killing_a_sweep_stops_its_workers(tmp_path):
-    """SIGKILL the sweep's process while its workers train: they exit on their own, and the
-    next sweep resumes what they had checkpointed."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_killing_a_sweep_stops_its_workers(tmp_path, sig):
+    """Signal the sweep's process alone (not its process group) while its workers train:
+    after SIGKILL the workers notice their parent is gone and exit; after SIGINT the sweep
+    terminates them and exits itself. (Resuming from the checkpoints is tested in test_train.)"""
     long = _cfg().model_copy(update={"train": TrainConfig(lr=1e-3, epochs=10_000, threads=1, early_stop=None)})
     long2 = long.model_copy(update={"train": long.train.model_copy(update={"seed": 1})})
     (tmp_path / "cfgs.json").write_text(json.dumps([c.model_dump(mode="json") for c in (long, long2)]))
@@ -146,8 +149,12 @@ def test_killing_a_sweep_stops_its_workers(tmp_path):
                 for p in (t / "children").read_text().split()]
     workers = [pid for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
     assert len(workers) >= 2
-    parent.kill()
-    parent.wait()
+    os.kill(parent.pid, sig)
+    try:
+        parent.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        parent.kill()
+        pytest.fail(f"the sweep did not exit after {sig.name}")
     deadline = time.time() + 10
     while any(_alive(pid) for pid in workers) and time.time() < deadline:
         time.sleep(0.1)

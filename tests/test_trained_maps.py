@@ -99,3 +99,20 @@ def test_a_map_that_cannot_be_drawn_is_explained_not_fatal(tmp_path):
     info = trained.write_run_maps(tmp_path, cfg, model, layers=(5,))
     assert "layers" in info["error"] and not (tmp_path / trained.MAPS_PNG).exists()
     assert json.loads((tmp_path / trained.MAPS_JSON).read_text()) == info
+
+
+def test_a_stopped_run_is_shown_from_its_checkpoint(tmp_path):
+    """A run stopped after its first epoch has no config.json yet: its checkpoint carries the config."""
+    from seqmix.train import Interrupted
+
+    cfg = _config(n=8).model_copy(update={"train": TrainConfig(epochs=3, threads=1)})
+
+    def stop(epoch, record):
+        raise Interrupted
+
+    d = tmp_path / "runs" / cfg.run_id
+    res = Trainer(cfg, run_dir=d, progress=False, on_epoch=stop).fit()
+    assert res.status == "interrupted" and not (d / "config.json").exists()
+    config, model = trained.load_run(cfg.run_id, tmp_path)
+    assert config.run_id == cfg.run_id and not model.training
+    assert len(trained.model_views(model, trained.run_example(config))) == 2

@@ -130,8 +130,9 @@ class Preset(_Frozen):
         return [m for m in models.values() if m.label in labels]
 
     def mixers(self) -> list[str]:
+        """Every mixer name the preset uses, in its models and in its scales' versions of them."""
         names = []
-        for m in self.models:
+        for m in [*self.models, *(m for sc in self.scales.values() for m in sc.models or [])]:
             for n in m.layer_mixers():
                 if n not in names:
                     names.append(n)
@@ -176,6 +177,10 @@ class Preset(_Frozen):
                 continue
             entry = mixer_entry(m.mixer)
             fields = entry.cls.Config.model_fields
+            if m.state_field is not None and (m.model.get("pattern") or m.model.get("hybrid")):
+                problems.append(f"model {m.label!r}: state_field {m.state_field!r} sweeps mixer_kwargs, which a model "
+                                "with a pattern or hybrid does not use")
+                continue
             if m.state_field is not None and m.state_field not in fields:
                 problems.append(f"model {m.label!r}: state_field {m.state_field!r} is not a config field of {m.mixer!r} "
                                 f"(fields: {', '.join(fields)})")

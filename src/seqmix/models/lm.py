@@ -33,7 +33,7 @@ from typing import Any, Literal
 import pydantic
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from torch import nn
 
 from ..mixers import build_mixer, mixer_entry
@@ -85,24 +85,22 @@ class ModelConfig(BaseModel):
         "(Zoology's Hybrid; e.g. Mamba interleaved with sliding-window attention)")
     pattern: str | None = Field(
         None, description="a registered layer pattern (seqmix.models.patterns: mamba_swa, mamba_only, attention_only, "
-        "bmojo, bmojo_f) expanded into hybrid; mixer defaults to its first layer's mixer")
+        "bmojo, bmojo_f): the cycle of layer mixers, as hybrid does; mixer defaults to its first layer's mixer")
     pattern_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the pattern (window, ...)")
     mixer_init: Literal["dsf", "dsf_all", "own"] = Field(
         "dsf", description="dsf: backbone init of the mixers' Linear layers except no_reinit ones; "
         "dsf_all: all of them (the released DSF code); own: keep the mixers' own init")
 
+    _cycle: list[LayerMixer] = PrivateAttr(default_factory=list)
+
     @model_validator(mode="before")
     @classmethod
-    def _expand_pattern(cls, data):
-        if isinstance(data, dict) and data.get("pattern") is not None:
+    def _pattern_mixer(cls, data):
+        """With a pattern, ``mixer`` defaults to the pattern's first layer's mixer."""
+        if isinstance(data, dict) and isinstance(data.get("pattern"), str) and "mixer" not in data:
             from .patterns import layer_pattern
 
-            cycle = layer_pattern(data["pattern"], **(data.get("pattern_kwargs") or {}))
-            given = [h.model_dump() if isinstance(h, BaseModel) else {"mixer_kwargs": {}, **h} for h in data.get("hybrid") or []]
-            if given and given != cycle:  # a re-validated config carries its own expansion
-                raise ValueError("set either 'pattern' or 'hybrid', not both")
-            data = {**data, "hybrid": cycle}
-            data.setdefault("mixer", cycle[0]["mixer"])
+            data = {**data, "mixer": layer_pattern(data["pattern"])[0]["mixer"]}  # names an unknown pattern
         return data
 
     @field_validator("mixer")
@@ -113,15 +111,44 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _mixer_config(self):
-        _check_mixer(self.mixer, self.mixer_kwargs, self.d_model, "mixer_kwargs")
-        for i, h in enumerate(self.hybrid):
-            _check_mixer(h.mixer, h.mixer_kwargs, self.d_model, f"hybrid.{i}")
+        if self.pattern is None:
+            if self.pattern_kwargs:
+                raise ValueError("'pattern_kwargs' is set without a 'pattern'")
+            if self.hybrid and self.mixer_kwargs:
+                raise ValueError("'mixer_kwargs' is not used with 'hybrid' (each layer takes its entry's mixer_kwargs)")
+            _check_mixer(self.mixer, self.mixer_kwargs, self.d_model, "mixer_kwargs")
+            cycle = list(self.hybrid)
+            for i, h in enumerate(cycle):
+                _check_mixer(h.mixer, h.mixer_kwargs, self.d_model, f"hybrid.{i}")
+        else:
+            from .patterns import layer_pattern
+
+            if self.hybrid:
+                raise ValueError("set either 'pattern' or 'hybrid', not both")
+            if self.mixer_kwargs:
+                raise ValueError(f"'mixer_kwargs' is not used with a 'pattern': give the layers' config fields in 'pattern_kwargs'")
+            try:
+                cycle = [LayerMixer(**c) for c in layer_pattern(self.pattern, **self.pattern_kwargs)]
+            except ValueError as e:
+                raise ValueError(f"pattern / pattern_kwargs: {e}") from None
+            if self.mixer != cycle[0].mixer:
+                raise ValueError(f"'mixer' = {self.mixer!r} is not the first layer's mixer {cycle[0].mixer!r} of pattern "
+                                 f"{self.pattern!r}: leave 'mixer' out")
+            for i, h in enumerate(cycle):
+                _check_mixer(h.mixer, h.mixer_kwargs, self.d_model, f"pattern_kwargs (layer {i} of {self.pattern!r}: {h.mixer})")
+        self._cycle = cycle
         return self
+
+    @property
+    def layers(self) -> list[LayerMixer]:
+        """The cycle of layer mixers: the pattern's expansion, the hybrid list, or [] (every
+        layer is ``mixer``)."""
+        return list(self._cycle)
 
     def layer_mixer(self, i: int) -> tuple[str, dict]:
         """(name, kwargs) of layer i's mixer."""
-        if self.hybrid:
-            h = self.hybrid[i % len(self.hybrid)]
+        if self._cycle:
+            h = self._cycle[i % len(self._cycle)]
             return h.mixer, h.mixer_kwargs
         return self.mixer, self.mixer_kwargs
 

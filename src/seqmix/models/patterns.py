@@ -1,9 +1,11 @@
 """Named layer patterns: the stacks the papers compare a mixer against.
 
 A pattern is a cycle of mixers: layer i of an N-layer model uses entry ``i % len(cycle)``.
-``ModelConfig(pattern="mamba_swa", pattern_kwargs={"window": 32}, d_model=64)`` expands the
-pattern into the config's ``hybrid`` list (and sets ``mixer`` to the first entry's mixer
-when it is not given), so a pattern is only a name for a ``hybrid`` list::
+``ModelConfig(pattern="mamba_swa", pattern_kwargs={"window": 32}, d_model=64)`` builds the
+same layers as the equivalent ``hybrid`` list (``ModelConfig.layers`` is the cycle either
+way; ``mixer`` defaults to the first layer's mixer). The config stores the pattern's name and
+arguments, not the expansion: a round trip through JSON, or a changed argument, re-expands
+it. The expansion of a name::
 
     seqmix.models.layer_pattern("mamba_swa", window=32)
     # [{'mixer': 'mamba'}, {'mixer': 'softmax_attention', 'mixer_kwargs': {'window': 32}}]

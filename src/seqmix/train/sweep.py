@@ -70,9 +70,11 @@ def _exit_with_parent(parent_pid: int, every: float = 0.5) -> None:
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Cancels what has not started and terminates the running workers."""
+    """Cancels what has not started and terminates the running workers (taken before the
+    shutdown, which forgets them)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+    for proc in procs:
         if proc.is_alive():
             proc.terminate()
 

@@ -226,7 +226,8 @@ class Trainer:
                 state["wall"] += time.perf_counter() - t_epoch
                 if ckpt is not None:
                     _atomic_save({
-                        "run_id": c.run_id, "model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
+                        "run_id": c.run_id, "config": c.model_dump(mode="json"),
+                        "model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
                         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
                     }, ckpt)
                 if self.on_epoch is not None:

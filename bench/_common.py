@@ -35,10 +35,55 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def add_decode_tokens(p: argparse.ArgumentParser, quick: int, full: int) -> None:
+    """The --decode-tokens option: decoding steps timed per context (default ``quick`` with
+    --quick, else ``full``); :func:`setup` fills the default."""
+    p.add_argument("--decode-tokens", type=int, default=None,
+                   help=f"decoding steps timed per context, the min is reported (default {full}; {quick} with --quick)")
+    p.set_defaults(decode_tokens_defaults=(quick, full))
+
+
 def setup(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
+    defaults = getattr(args, "decode_tokens_defaults", None)
+    if defaults is not None and args.decode_tokens is None:
+        args.decode_tokens = defaults[0] if args.quick else defaults[1]
     return machine_info(args.device)
+
+
+def decode_timings(m, contexts, *, d_model: int, tokens: int, device: str = "cpu", batch: int = 1, warmup: int = 3) -> dict:
+    """Decoding cost of mixer ``m`` after contexts of L tokens: one Cache per L, prefilled (no
+    grad; timed), then ``tokens`` one-token steps decoded round-robin over the caches, so that a
+    change in the machine's load hits every length alike. Returns {L: dict(prefill_ms,
+    state_floats (per sequence, after the prefill), state_floats_after (after decoding),
+    state_bytes, ms_per_token (min), median_ms)}."""
+    from seqmix import Cache
+
+    caches, out = {}, {}
+    with torch.no_grad():
+        for L in contexts:
+            caches[L] = Cache()
+            sync(device)
+            t0 = time.perf_counter()
+            m(torch.randn(batch, L, d_model, generator=torch.Generator().manual_seed(L)).to(device), cache=caches[L])
+            sync(device)
+            out[L] = dict(prefill_ms=(time.perf_counter() - t0) * 1e3, state_floats=caches[L].floats() // batch,
+                          state_bytes=caches[L].nbytes() // batch)
+        toks = torch.randn(warmup + tokens, batch, 1, d_model, generator=torch.Generator().manual_seed(0)).to(device)
+        times = {L: [] for L in contexts}
+        for i, tok in enumerate(toks):
+            for L in contexts:
+                sync(device)
+                t0 = time.perf_counter()
+                m(tok, cache=caches[L])
+                sync(device)
+                if i >= warmup:  # the first steps at a new shape pay one-time costs
+                    times[L].append((time.perf_counter() - t0) * 1e3)
+    for L in contexts:
+        out[L].update(state_floats_after=caches[L].floats() // batch, ms_per_token=min(times[L]),
+                      median_ms=statistics.median(times[L]))
+    return out
 
 
 def machine_info(device: str) -> dict:

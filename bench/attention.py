@@ -27,14 +27,12 @@ scaled_dot_product_attention, causal) against linear_attention in mode "chunk"
 
 from __future__ import annotations
 
-import statistics
 
 import torch
 
-from _common import base_parser, print_table, setup, target_line, timeit, write_json
+from _common import add_decode_tokens, base_parser, decode_timings, print_table, setup, target_line, timeit, write_json
 
 import seqmix
-from seqmix import Cache
 
 D_MODEL, HEADS, CHUNK = 256, 4, 64
 
@@ -112,31 +110,16 @@ def crossover(res, key):
 
 def decoding(args, contexts):
     """For each mixer: one Cache per context length, prefilled; then tokens are decoded round-robin
-    over the contexts (one step each in turn), so that load from other processes hits every
-    context alike; the min and median per context are reported."""
-    dev = args.device
+    over the contexts (_common.decode_timings); the min and median per context are reported."""
     rows, res = [], {}
     for name in ("softmax_attention", "linear_attention"):
-        m = build(name, dev)
-        caches, steps, stats = {}, {}, {}
-        with torch.no_grad():
-            for L in contexts:
-                caches[L] = Cache()
-                m(torch.randn(1, L, D_MODEL, device=dev), cache=caches[L])  # the context (prefill)
-                stats[L] = (caches[L].floats(), caches[L].nbytes())
-                x_t = torch.randn(1, 1, D_MODEL, device=dev)
-                steps[L] = lambda c=caches[L], x_t=x_t: m(x_t, cache=c)
-                for _ in range(3):
-                    steps[L]()  # warm-up
-            times = {L: [] for L in contexts}
-            for _ in range(args.decode_tokens):
-                for L in contexts:
-                    times[L].append(timeit(steps[L], repeats=1, warmup=0, device=dev)["min_ms"])
+        t = decode_timings(build(name, args.device), contexts, d_model=D_MODEL, tokens=args.decode_tokens, device=args.device)
         res[name] = {}
         for L in contexts:
-            t_min, t_med = min(times[L]), statistics.median(times[L])
-            res[name][L] = dict(ms_per_token=t_min, median_ms=t_med, state_floats=stats[L][0], state_bytes=stats[L][1])
-            rows.append([name, L, t_min, t_med, stats[L][0], stats[L][1] / 2**20])
+            r = t[L]
+            res[name][L] = dict(ms_per_token=r["ms_per_token"], median_ms=r["median_ms"], state_floats=r["state_floats"],
+                                state_bytes=r["state_bytes"])
+            rows.append([name, L, r["ms_per_token"], r["median_ms"], r["state_floats"], r["state_bytes"] / 2**20])
         print(f"done: decoding {name}")
     for L in contexts:
         res[f"ratio_{L}"] = res["softmax_attention"][L]["ms_per_token"] / res["linear_attention"][L]["ms_per_token"]
@@ -145,11 +128,9 @@ def decoding(args, contexts):
 
 def main():
     p = base_parser(__doc__.splitlines()[0])
-    p.add_argument("--decode-tokens", type=int, default=None, help="decoding steps timed per context (the min is reported)")
+    add_decode_tokens(p, quick=20, full=60)
     args = p.parse_args()
     info = setup(args)
-    if args.decode_tokens is None:
-        args.decode_tokens = 20 if args.quick else 60
     Ts = [128, 256, 512] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     contexts = [128, 512, 2048] if args.quick else [1024, 4096, 16384]
     print(f"machine: {info}\n")

@@ -19,7 +19,7 @@ Every mixer is built by name at d_model 64, float32, batch 1:
    m = 20). Targets: the memory attention linear (p <= 1.15), and B'MOJO scaling as the
    Mamba block inside it (p within 0.1 of Mamba's).
 2. Decoding: a context of L tokens is prefilled into a Cache (the chunked forward with state),
-   then tokens are decoded one at a time (min over --decode-tokens); the floats each cache holds
+   then tokens are decoded round-robin over the contexts (min over --decode-tokens); the floats each cache holds
    per sequence (Cache.floats()) against L. Target: B'MOJO's memory is the same for every L and
    equals the bound w - 1 raw tokens + m_f + m_e memory tokens (keys and values) + the SSM state
    + its bookkeeping (Bmojo.state_breakdown), while attention's KV cache grows with L.
@@ -27,14 +27,12 @@ Every mixer is built by name at d_model 64, float32, batch 1:
 
 from __future__ import annotations
 
-import statistics
 
 import torch
 
-from _common import base_parser, fit_exponent, print_table, setup, target_line, timeit, write_json
+from _common import add_decode_tokens, base_parser, decode_timings, fit_exponent, print_table, setup, target_line, timeit, write_json
 
 import seqmix
-from seqmix import Cache
 from seqmix.ops.memory_attention import chunked_memory_attention, n_chunks
 
 D_MODEL, HEADS, WINDOW, M_F, M_E, D_STATE = 64, 4, 128, 4, 16, 16
@@ -113,34 +111,25 @@ def training(args, Ls):
 
 
 def decoding(args, contexts):
-    dev = args.device
+    """Per mixer: prefill a Cache per context, decode tokens round-robin (_common.decode_timings)."""
     rows, res = [], {}
     for name in NAMES:
-        m = build(name, dev)
+        t = decode_timings(build(name, args.device), contexts, d_model=D_MODEL, tokens=args.decode_tokens, device=args.device)
         res[name] = {}
-        with torch.no_grad():
-            for L in contexts:
-                cache = Cache()
-                m(torch.randn(1, L, D_MODEL, device=dev), cache=cache)  # prefill
-                floats = cache.floats()
-                x_t = torch.randn(1, 1, D_MODEL, device=dev)
-                times = [timeit(lambda: m(x_t, cache=cache), repeats=1, warmup=0, device=dev)["min_ms"] for _ in range(args.decode_tokens)]
-                after = cache.floats()
-                res[name][L] = dict(
-                    state_floats=floats, state_floats_after_decoding=after, ms_per_token=min(times), median_ms=statistics.median(times)
-                )
-                rows.append([name, L, floats, after, min(times), statistics.median(times)])
+        for L in contexts:
+            r = t[L]
+            res[name][L] = dict(state_floats=r["state_floats"], state_floats_after_decoding=r["state_floats_after"],
+                                ms_per_token=r["ms_per_token"], median_ms=r["median_ms"])
+            rows.append([name, L, r["state_floats"], r["state_floats_after"], r["ms_per_token"], r["median_ms"]])
         print(f"done: decoding {name}")
     return rows, res
 
 
 def main():
     p = base_parser(__doc__.splitlines()[0])
-    p.add_argument("--decode-tokens", type=int, default=None, help="decoding steps timed per context (the min is reported)")
+    add_decode_tokens(p, quick=10, full=40)
     args = p.parse_args()
     info = setup(args)
-    if args.decode_tokens is None:
-        args.decode_tokens = 10 if args.quick else 40
     Ls = [256, 512, 1024] if args.quick else [1024, 4096, 16384]
     print(f"machine: {info}\n")
 

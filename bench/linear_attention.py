@@ -19,14 +19,12 @@
 
 from __future__ import annotations
 
-import time
 
 import torch
 
-from _common import base_parser, fit_exponent, print_table, setup, sync, target_line, timeit, write_json
+from _common import base_parser, decode_timings, fit_exponent, print_table, setup, target_line, timeit, write_json
 
 import seqmix
-from seqmix.mixers.base import Cache
 
 MIXERS = ("metala", "gla")
 
@@ -88,38 +86,16 @@ def time_training(name, B, T, d, H, args):
 
 def time_decoding(name, B, d, H, contexts, steps, args):
     """Prefill one cache per context length, then time one-token steps round-robin over the
-    caches (so that a change in the machine's load hits every length alike); min per length."""
-    dev = args.device
-    m = build(name, d, H, "chunk", dev)
-    caches, out = {}, {}
-    with torch.no_grad():
-        warm = Cache()
-        m(torch.randn(B, 64, d, device=dev), cache=warm)
-        for _ in range(8):  # warm-up: the first calls at a new shape pay one-time costs
-            m(torch.randn(B, 1, d, device=dev), cache=warm)
-        for L in contexts:
-            caches[L] = Cache()
-            sync(dev)
-            t0 = time.perf_counter()
-            m(torch.randn(B, L, d, generator=torch.Generator().manual_seed(L)).to(dev), cache=caches[L])
-            sync(dev)
-            out[L] = dict(prefill_ms=(time.perf_counter() - t0) * 1e3, state_floats=caches[L].floats() // B)
-        per = {L: [] for L in contexts}
-        threads = torch.get_num_threads()
-        torch.set_num_threads(args.decode_threads)
-        toks = torch.randn(steps, B, 1, d, generator=torch.Generator().manual_seed(0)).to(dev)
-        for tok in toks:
-            for L in contexts:
-                sync(dev)
-                t0 = time.perf_counter()
-                m(tok, cache=caches[L])
-                sync(dev)
-                per[L].append((time.perf_counter() - t0) * 1e3)
+    caches with --decode-threads threads (_common.decode_timings); min per length."""
+    m = build(name, d, H, "chunk", args.device)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.decode_threads)
+    try:
+        t = decode_timings(m, contexts, d_model=d, tokens=steps, device=args.device, batch=B, warmup=8)
+    finally:
         torch.set_num_threads(threads)
-    for L in contexts:
-        ts = sorted(per[L])
-        out[L].update(ms_per_token=ts[0], median_ms_per_token=ts[len(ts) // 2])
-    return out
+    return {L: dict(prefill_ms=r["prefill_ms"], state_floats=r["state_floats"], ms_per_token=r["ms_per_token"],
+                    median_ms_per_token=r["median_ms"]) for L, r in t.items()}
 
 
 def main():

@@ -12,7 +12,7 @@ import torch
 
 import seqmix
 from seqmix.mixers.base import Cache
-from tolerances import F64_ATOL, F32_RTOL, max_abs, rel_err
+from tolerances import F32_RTOL, F64_ATOL, assert_modes_agree_f64, forward_and_grads, max_abs, rel_err
 
 ENTRIES = seqmix.list_mixers()
 NAMES = [e.name for e in ENTRIES]
@@ -37,17 +37,6 @@ def inputs(m, T, dtype=torch.float64, seed=1):
     return torch.randn(BATCH, T, m.d_model, generator=g, dtype=dtype)
 
 
-def forward_and_grads(m, x, mode):
-    """Output and gradients (w.r.t. x and every parameter) of a random projection of the output."""
-    m.mode = mode
-    x = x.clone().requires_grad_(True)
-    y = m(x)
-    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(7), dtype=y.dtype)
-    params = [p for p in m.parameters() if p.requires_grad]
-    grads = torch.autograd.grad((y * w).sum(), [x, *params], allow_unused=True)
-    return y.detach(), grads
-
-
 def other_modes(m):
     return [mode for mode in m.modes if mode != m.reference_mode]
 
@@ -67,16 +56,7 @@ def test_modes_agree_float64(name):
     if len(m.modes) < 2:
         pytest.skip(f"{name} has a single mode {m.modes}; nothing to compare")
     for T in lengths(m):
-        x = inputs(m, T)
-        y_ref, g_ref = forward_and_grads(m, x, m.reference_mode)
-        for mode in other_modes(m):
-            y, g = forward_and_grads(m, x, mode)
-            assert max_abs(y, y_ref) < F64_ATOL, f"{name}: mode {mode} vs {m.reference_mode}, T={T}"
-            for i, (a, b) in enumerate(zip(g, g_ref)):
-                if a is None or b is None:
-                    assert a is None and b is None, f"{name}: gradient {i} missing in one mode"
-                    continue
-                assert max_abs(a, b) < F64_ATOL, f"{name}: gradient {i} of mode {mode}, T={T}"
+        assert_modes_agree_f64(m, inputs(m, T), f"{name}, T={T}")
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -21,7 +21,7 @@ from seqmix.mixers.convolution import positional_encoding
 from seqmix.ops import linear_recurrence
 from seqmix.ops.conv import causal_conv1d, direct_conv, fft_conv, toeplitz
 from seqmix.ops.ssm import diagonal_ssm_conv, krylov_kernel, vandermonde
-from tolerances import F64_ATOL, max_abs
+from tolerances import F64_ATOL, assert_modes_agree_f64, max_abs
 
 
 def build(name, **cfg):
@@ -107,16 +107,7 @@ def test_any_length_works_in_every_mode(name, T):
 def test_h3_recurrent_equals_convolution(cfg):
     m = build("h3", d_model=8, d_state=6, shift_size=3, chunk_size=4, dt_max=0.5, **cfg)
     x = inputs(2, 13, 8)
-    outs = {}
-    for mode in m.modes:
-        m.mode = mode
-        xr = x.clone().requires_grad_(True)
-        y = m(xr)
-        outs[mode] = (y.detach(), torch.autograd.grad(y.pow(2).sum(), [xr, *m.parameters()]))
-    y_ref, g_ref = outs["recurrent"]
-    for mode, (y, g) in outs.items():
-        assert max_abs(y, y_ref) < F64_ATOL, mode
-        assert all(max_abs(a, b) < F64_ATOL for a, b in zip(g, g_ref)), mode
+    y_ref = assert_modes_agree_f64(m, x, "h3")
     # a prompt in one mode, then decoding: the state has one layout in every mode
     for mode in ("fft", "chunk"):
         m.mode = mode

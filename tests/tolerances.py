@@ -1,4 +1,7 @@
-"""Every numerical tolerance of the test suite, stated once (DESIGN.md)."""
+"""Every numerical tolerance of the test suite, stated once (DESIGN.md), and the mode
+comparison that uses them."""
+
+import torch
 
 #: max abs error between two modes of an op or a mixer, in float64 (outputs and gradients are O(1))
 F64_ATOL = 1e-9
@@ -17,3 +20,32 @@ def rel_err(a, b) -> float:
     a, b = a.detach(), b.detach()
     den = float(b.abs().max())
     return float((a - b).abs().max()) / max(den, 1e-30)
+
+
+def forward_and_grads(m, x, mode):
+    """Output and gradients (w.r.t. x and every parameter) of a random projection of the output."""
+    m.mode = mode
+    x = x.clone().requires_grad_(True)
+    y = m(x)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(7), dtype=y.dtype)
+    params = [p for p in m.parameters() if p.requires_grad]
+    grads = torch.autograd.grad((y * w).sum(), [x, *params], allow_unused=True)
+    return y.detach(), grads
+
+
+def assert_modes_agree_f64(m, x, where: str = ""):
+    """Every mode of mixer m equals its reference mode on x (float64): outputs and gradients
+    within F64_ATOL. Returns the reference output."""
+    y_ref, g_ref = forward_and_grads(m, x, m.reference_mode)
+    for mode in m.modes:
+        if mode == m.reference_mode:
+            continue
+        y, g = forward_and_grads(m, x, mode)
+        assert max_abs(y, y_ref) < F64_ATOL, f"{where}: mode {mode} vs {m.reference_mode}"
+        for i, (a, b) in enumerate(zip(g, g_ref)):
+            if a is None or b is None:
+                assert a is None and b is None, f"{where}: gradient {i} missing in one mode"
+                continue
+            assert max_abs(a, b) < F64_ATOL, f"{where}: gradient {i} of mode {mode}"
+    m.mode = m.reference_mode
+    return y_ref

@@ -543,15 +543,5 @@ class GSS(DiagonalSSM, Mixer):
         uc = self.W_3(V_hat) if self.W_3 is not None else V_hat
         return MixOut(self.W_o(U * uc), {"S": S} if need_state else None, values=V.unsqueeze(-1), mixed=V_hat.unsqueeze(-1))
 
-    def phi(self, x):
-        """[B, d_ssm, T, T]: the Toeplitz map of each DSS kernel plus D on the diagonal."""
-        self.check_input(x)
-        return self._diagonal_phi(x.shape[0], x.shape[1])
-
-    def dsf(self, x):
-        """The DSS as a DSF (as S4D's): input V, output V̂."""
-        self.check_input(x)
-        return self._diagonal_dsf(x.shape[0], x.shape[1])
-
     def state_size(self, seq_len: int | None = None) -> int:
         return self.d_ssm * self.config.d_state

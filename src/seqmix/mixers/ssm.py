@@ -357,6 +357,18 @@ class DiagonalSSM:
         o = o[..., 0]
         return (self._out_scale * o.real if o.is_complex() else o) + self.D * u, S
 
+    def phi(self, x):
+        """[B, H, T, T]: the Toeplitz map of each SSM's kernel K plus D on the diagonal (S4D: H =
+        d_model, from u to y; GSS: H = d_ssm, from V to V̂; H3 overrides it)."""
+        self.check_input(x)
+        return self._diagonal_phi(x.shape[0], x.shape[1])
+
+    def dsf(self, x):
+        """The SSMs as one DSF: Λ_i = Ā, B_i = B̄, C_i = 2C (conjugate pairs; real output) or C,
+        D_i = diag(D), on the same input and output as :meth:`phi`."""
+        self.check_input(x)
+        return self._diagonal_dsf(x.shape[0], x.shape[1])
+
     def _diagonal_phi(self, batch: int, T: int) -> torch.Tensor:
         """[batch, H, T, T]: the Toeplitz map of K plus D on the diagonal."""
         return _toeplitz_map(self.kernel(T), self.D, T, batch)
@@ -425,17 +437,7 @@ class S4D(DiagonalSSM, Mixer):
         out = _readout(y, self.config.activation, self.out_proj)
         return MixOut(out, {"S": S} if need_state else None, values=u.unsqueeze(-1), mixed=y.unsqueeze(-1))
 
-    # -- DSF view --------------------------------------------------------------------------
-
-    def phi(self, x):
-        """[B, d_model, T, T]: the Toeplitz map of K plus D on the diagonal."""
-        self.check_input(x)
-        return self._diagonal_phi(x.shape[0], x.shape[1])
-
-    def dsf(self, x):
-        """Λ_i = Ā, B_i = B̄, C_i = 2C (conjugate pairs; real output) or C, D_i = diag(D)."""
-        self.check_input(x)
-        return self._diagonal_dsf(x.shape[0], x.shape[1])
+    # -- DSF view: phi and dsf come from DiagonalSSM ------------------------------------------
 
     def state_size(self, seq_len: int | None = None) -> int:
         return self.config.d_model * self.config.d_state

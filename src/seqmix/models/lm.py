@@ -303,6 +303,19 @@ class LanguageModel(nn.Module):
         mask = labels != ignore_index
         return self.head(h[mask]), labels[mask]
 
+    # -- generation --------------------------------------------------------------------
+
+    def generate(self, input_ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, **kwargs) -> torch.Tensor:
+        """Prefill in each mixer's parallel mode, then decode step by step through the Cache
+        (temperature 0 = greedy). [B, T] (or a list of prompts) -> [B, T + new]. See
+        :func:`seqmix.models.generation.generate` for every argument (attention_mask,
+        eos_token_id, use_cache, callback) and the rule for prompts of different lengths."""
+        from .generation import generate
+
+        return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        seed=seed, **kwargs)
+
     # -- sizes -------------------------------------------------------------------------
 
     def state_size(self, seq_len: int | None = None) -> int:

@@ -173,11 +173,14 @@ def check_positions(model, total: int, where: str, arg: str = "max_new_tokens") 
 # ------------------------------------------------------------------------------------------
 
 
-def prefill(model, input_ids: torch.Tensor, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, RaggedState]:
-    """Runs the (left-padded) prompts through the model with fresh caches.
+def prefill(model, input_ids: torch.Tensor, lengths: torch.Tensor | None = None, *,
+            last_only: bool = False) -> tuple[torch.Tensor, RaggedState]:
+    """Runs the (left-padded) prompts through the model with fresh caches, one call per group
+    of equal prompt length.
 
     input_ids: [B, T]; lengths: [B] real tokens of each row (right-aligned), default all T.
-    Returns (logits [B, T, vocab], state); logits at padding positions are 0.
+    Returns (logits [B, T, vocab] with 0 at padding positions, or [B, 1, vocab] with
+    ``last_only``, and the state).
     """
     B, T = input_ids.shape
     lengths = torch.full((B,), T, dtype=torch.long) if lengths is None else lengths.cpu()
@@ -187,26 +190,34 @@ def prefill(model, input_ids: torch.Tensor, lengths: torch.Tensor | None = None)
         rows = (lengths == L).nonzero().reshape(-1).to(input_ids.device)
         cache = Cache()
         h = model.hidden(input_ids[rows, T - L:], cache=cache, start=0)
-        lg = model.head(h)
+        lg = model.head(h[:, -1:] if last_only else h)
         if logits is None:
-            logits = lg.new_zeros(B, T, lg.shape[-1])
-        logits[rows, T - L:] = lg
+            logits = lg.new_zeros(B, 1 if last_only else T, lg.shape[-1])
+        logits[rows, logits.shape[1] - lg.shape[1]:] = lg
         groups.append(Group(rows, cache, int(L)))
     return logits, RaggedState(B, groups)
 
 
-def step(model, tokens: torch.Tensor, state: RaggedState) -> torch.Tensor:
-    """Feeds one token per row ([B] or [B, 1]) and returns the next-token logits [B, vocab]."""
-    tokens = tokens.reshape(-1)
+def extend(model, input_ids: torch.Tensor, state: RaggedState, *, last_only: bool = False) -> torch.Tensor:
+    """Feeds n more tokens per row ([B, n]) through the state: [B, n, vocab] logits ([B, 1, vocab]
+    with ``last_only``). n == 1 is a decoding step (each mixer's "step" mode)."""
+    B, n = input_ids.shape
+    if B != state.batch_size:
+        raise ValueError(f"extend: argument 'input_ids' has {B} rows, the cache holds {state.batch_size}")
     out = None
     for g in state.groups:
-        h = model.hidden(tokens[g.rows].unsqueeze(1), cache=g.cache, start=g.pos)
-        lg = model.head(h[:, -1])
+        h = model.hidden(input_ids[g.rows], cache=g.cache, start=g.pos)
+        lg = model.head(h[:, -1:] if last_only else h)
         if out is None:
-            out = lg.new_empty(tokens.shape[0], lg.shape[-1])
+            out = lg.new_empty(B, lg.shape[1], lg.shape[-1])
         out[g.rows] = lg
-        g.pos += 1
+        g.pos += n
     return out
+
+
+def step(model, tokens: torch.Tensor, state: RaggedState) -> torch.Tensor:
+    """Feeds one token per row ([B] or [B, 1]) and returns the next-token logits [B, vocab]."""
+    return extend(model, tokens.reshape(-1, 1), state)[:, -1]
 
 
 # ------------------------------------------------------------------------------------------
@@ -294,7 +305,7 @@ def stream(model, input_ids, max_new_tokens: int, *, temperature: float = 1.0, t
             B, T = input_ids.shape
             finished = torch.zeros(B, dtype=torch.bool, device=device)
             if use_cache:
-                logits, state = prefill(model, input_ids, lengths)
+                logits, state = prefill(model, input_ids, lengths, last_only=True)
                 last = logits[:, -1]
             else:
                 rows = [input_ids[i, T - int(lengths[i]):] for i in range(B)]
@@ -345,4 +356,4 @@ def generate(model, input_ids, max_new_tokens: int, *, temperature: float = 1.0,
 
 
 __all__ = ["Group", "RaggedState", "filter_logits", "generate", "left_pad", "next_token", "prefill", "prompt_lengths",
-           "step", "stream"]
+           "step", "stream", "extend"]

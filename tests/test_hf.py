@@ -1,0 +1,167 @@
+"""seqmix.hf (issue 14): SeqmixConfig / SeqmixForCausalLM around LanguageModel, the Auto
+classes, save -> from_pretrained -> equal logits and cached generate() == uncached generate()
+for every registered mixer and layer pattern, left-padded batches, sampling, beam search, eos,
+bad input. Skipped when the optional extra 'hf' (transformers, safetensors) is absent."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the optional extra 'hf' is not installed: pip install 'seqmix[hf]'")
+pytest.importorskip("safetensors", reason="the optional extra 'hf' is not installed: pip install 'seqmix[hf]'")
+
+import seqmix.hf as H  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+from seqmix.models.generation import left_pad  # noqa: E402
+from tiny_models import CASES, VOCAB, tiny_model  # noqa: E402
+
+PROMPTS = [[3, 1, 4, 1, 5, 9], [2, 7, 1], [8, 2, 8, 1, 8, 2]]
+LOGITS_ATOL = 1e-6  # issue 14: float32 logits after a round trip
+
+
+def hf_greedy(model, ids, mask=None, n=5, **kw):
+    return model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0, **kw)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_round_trip_and_cached_generate(case, tmp_path):
+    """save_pretrained -> AutoModelForCausalLM.from_pretrained gives the same logits (float32),
+    and greedy generate() with the SeqmixCache equals generate() without a cache (float64)."""
+    lm = tiny_model(case, dtype=torch.float32)
+    model = H.SeqmixForCausalLM.wrap(lm)
+    assert model.model is lm
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(loaded) is H.SeqmixForCausalLM
+    x = torch.randint(0, VOCAB, (2, 7))
+    with torch.no_grad():
+        err = (loaded(x).logits - model(x).logits).abs().max().item()
+    assert err <= LOGITS_ATOL, f"{case}: {err}"
+    loaded = loaded.double()
+    ids, mask = left_pad(PROMPTS)
+    cached = hf_greedy(loaded, ids, mask)
+    assert torch.equal(cached, hf_greedy(loaded, ids, mask, use_cache=False)), case
+    assert torch.equal(cached, loaded.model.generate(PROMPTS, 5, temperature=0)), case
+
+
+def test_auto_config_and_model_type(tmp_path):
+    model = H.SeqmixForCausalLM.wrap(tiny_model("mamba", dtype=torch.float32))
+    model.save_pretrained(tmp_path)
+    cfg = AutoConfig.from_pretrained(tmp_path)
+    assert type(cfg) is H.SeqmixConfig and cfg.model_type == "seqmix"
+    assert cfg.model_config == model.model.config
+    assert json.loads((tmp_path / "config.json").read_text())["seqmix"]["mixer"] == "mamba"
+    fresh = AutoModelForCausalLM.from_config(cfg)
+    assert isinstance(fresh.model, type(model.model))
+
+
+def test_generate_uses_the_seqmix_cache_in_step_mode(monkeypatch):
+    """With use_cache the first call prefills, every later call feeds one token per row."""
+    model = H.SeqmixForCausalLM.wrap(tiny_model("gla"))
+    seen = []
+    orig = model.model.hidden
+    monkeypatch.setattr(model.model, "hidden", lambda ids, cache=None, start=0: seen.append((ids.shape[1], start, cache is not None)) or orig(ids, cache, start))
+    out = model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    assert seen == [(6, 0, True), (1, 6, True), (1, 7, True), (1, 8, True)]
+    assert isinstance(out.past_key_values, H.SeqmixCache) and out.past_key_values.floats() > 0
+
+
+def test_sampling_top_k_top_p_eos():
+    model = H.SeqmixForCausalLM.wrap(tiny_model("mamba", dtype=torch.float32))
+    ids, mask = left_pad(PROMPTS)
+    greedy = hf_greedy(model, ids, mask, n=6)
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True, top_k=1, pad_token_id=0), greedy)
+    torch.manual_seed(1)
+    a = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True, top_p=0.9, temperature=1.3, pad_token_id=0)
+    torch.manual_seed(1)
+    b = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True, top_p=0.9, temperature=1.3, pad_token_id=0)
+    assert torch.equal(a, b) and a.shape == greedy.shape
+    eos = int(greedy[0, ids.shape[1]])  # row 0's first new token
+    out = hf_greedy(model, ids, mask, n=6, eos_token_id=eos)
+    assert int(out[0, ids.shape[1]]) == eos and (out[0, ids.shape[1] + 1:] == 0).all()
+
+
+def test_beam_search_reorders_the_state():
+    model = H.SeqmixForCausalLM.wrap(tiny_model("pattern:mamba_swa"))
+    ids, mask = left_pad(PROMPTS)
+    kw = dict(num_beams=3, num_return_sequences=2)
+    cached = hf_greedy(model, ids, mask, n=5, **kw)
+    assert cached.shape == (6, ids.shape[1] + 5)
+    assert torch.equal(cached, hf_greedy(model, ids, mask, n=5, use_cache=False, **kw))
+
+
+def test_assisted_decoding_is_refused():
+    model = H.SeqmixForCausalLM.wrap(tiny_model("gla"))
+    with pytest.raises(ValueError, match="stateful"):
+        model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=3, assistant_model=model, do_sample=False)
+
+
+def test_labels_give_the_next_token_loss():
+    lm = tiny_model("gla")
+    model = H.SeqmixForCausalLM.wrap(lm)
+    x = torch.randint(0, VOCAB, (2, 8))
+    loss = model(x, labels=x).loss
+    ref = torch.nn.functional.cross_entropy(lm(x)[:, :-1].reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+    assert abs(float(loss) - float(ref)) < 1e-10
+
+
+# -- bad input (issue 14 item 5) ---------------------------------------------------------
+
+
+def _saved(tmp_path, case="gla"):
+    H.SeqmixForCausalLM.wrap(tiny_model(case, dtype=torch.float32)).save_pretrained(tmp_path)
+    return json.loads((tmp_path / "config.json").read_text())
+
+
+def test_unknown_mixer_in_config_file(tmp_path):
+    cfg = _saved(tmp_path)
+    cfg["seqmix"]["mixer"] = "no_such_mixer"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="unknown mixer 'no_such_mixer'"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_unknown_config_field(tmp_path):
+    cfg = _saved(tmp_path)
+    cfg["seqmix"]["flux_capacitor"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="flux_capacitor"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+    cfg["seqmix"].pop("flux_capacitor")
+    cfg["seqmix"]["mixer_kwargs"]["warp"] = 9
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="warp"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_missing_and_unexpected_state_dict_keys(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    _saved(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state.pop("model.norm_f.weight")
+    state["model.extra.weight"] = torch.zeros(2)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"missing keys \['model.norm_f.weight'\].*unexpected keys \['model.extra.weight'\]"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_generate_past_the_position_table():
+    model = H.SeqmixForCausalLM.wrap(tiny_model("softmax_attention", max_seq_len=8))
+    x = torch.randint(0, VOCAB, (1, 6))
+    hf_greedy(model, x, n=3)  # 6 + 3 - 1 = 8 positions: fits
+    with pytest.raises(ValueError, match="max_seq_len = 8"):
+        hf_greedy(model, x, n=4)
+
+
+def test_bad_forward_arguments():
+    model = H.SeqmixForCausalLM.wrap(tiny_model("gla"))
+    x = torch.randint(0, VOCAB, (2, 4))
+    with pytest.raises(ValueError, match="left padding"):
+        model(x, attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match="inputs_embeds"):
+        model(inputs_embeds=torch.randn(2, 4, 16))
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.tensor([[1, VOCAB]]))

@@ -165,3 +165,31 @@ def test_bad_forward_arguments():
         model(inputs_embeds=torch.randn(2, 4, 16))
     with pytest.raises(ValueError, match="input_ids"):
         model(torch.tensor([[1, VOCAB]]))
+
+
+def test_lm_eval_hflm_loglikelihood():
+    """lm-evaluation-harness's HFLM scores a seqmix model: loglikelihood of hand-written
+    requests equals the sum of the model's own next-token log-probabilities."""
+    pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed: pip install 'seqmix[eval]'")
+    pytest.importorskip("accelerate", reason="lm_eval's HFLM needs accelerate: pip install 'seqmix[eval]'")
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from seqmix.hf.tokenizer import byte_level_tokenizer, byte_to_char
+    from seqmix.models import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    lm = build_model(ModelConfig(mixer="gla", d_model=16, n_layers=1, vocab_size=256, max_seq_len=64,
+                                 mixer_kwargs={"heads": 2})).eval()
+    tok = byte_level_tokenizer(eos_token=byte_to_char()[0])
+    ev = HFLM(pretrained=H.SeqmixForCausalLM.wrap(lm), tokenizer=tok, batch_size=2, device="cpu")
+    pairs = [("The cat", " sat"), ("ab", "c"), ("Hello,", " world")]  # no trailing space in a context
+    out = ev.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)])
+    for (ctx, cont), (ll, greedy) in zip(pairs, out):
+        ids = torch.tensor([list((ctx + cont).encode())])
+        with torch.no_grad():
+            logp = torch.log_softmax(lm(ids)[0].double(), -1)
+        T, n = ids.shape[1], len(cont.encode())
+        ref = sum(float(logp[t - 1, ids[0, t]]) for t in range(T - n, T))
+        want_greedy = all(int(logp[t - 1].argmax()) == int(ids[0, t]) for t in range(T - n, T))
+        assert abs(ll - ref) < 1e-4 and greedy == want_greedy, (ctx, cont, ll, ref)

@@ -66,35 +66,35 @@ def check_same_ids(seqmix_tok: Any, hf_tok, text: str) -> None:
                          f"sample text ({a[first:first + 5]} vs {b[first:first + 5]})")
 
 
-def to_hf_tokenizer(tok: Any, sample: str = "Hello, world! Ça va? 123\n\tend"):
-    """A seqmix tokenizer (seqmix.data.text) -> an equivalent PreTrainedTokenizerFast.
-
-    Recognized by what the tokenizer saves: a ``tokenizer.json`` of the ``tokenizers`` library
-    (BPE) is wrapped as is; otherwise its ``kind`` ("byte" or "char", with ``chars``) decides.
-    """
+def to_hf_tokenizer(tok: Any, sample: str = "Hello, world! Ça va? 123\n\tend", **special):
+    """A seqmix tokenizer (seqmix.data.text: kind "byte", "char" or "bpe") -> an equivalent
+    PreTrainedTokenizerFast, checked on ``sample`` (the characters the tokenizer knows)."""
     from transformers import PreTrainedTokenizerFast
 
     kind = getattr(tok, "kind", None)
-    hf = None
-    if kind == "byte" or (kind is None and getattr(tok, "vocab_size", None) == 256 and not hasattr(tok, "chars")):
-        hf = byte_level_tokenizer()
-    elif kind == "char" or hasattr(tok, "chars"):
-        chars = list(getattr(tok, "chars"))
-        hf = char_level_tokenizer(chars, getattr(tok, "unk", None))
+    if kind == "byte":
+        hf = byte_level_tokenizer(**special)
+    elif kind == "char":
+        hf = char_level_tokenizer(list(tok.chars), **special)
+        known = set(tok.chars)
+        sample = "".join(c for c in sample if c in known) or "".join(tok.chars[:20])
     else:
-        with tempfile.TemporaryDirectory() as d:
-            tok.save(d)
-            path = os.path.join(d, "tokenizer.json") if os.path.isdir(d) else d
-            if not os.path.exists(path):
-                raise ValueError(f"to_hf_tokenizer: cannot convert a {type(tok).__name__} (kind {kind!r}): it saves no "
-                                 "tokenizer.json of the tokenizers library")
-            data = json.load(open(path))
-            if "model" not in data:  # a seqmix json, not a tokenizers one
-                raise ValueError(f"to_hf_tokenizer: cannot convert a {type(tok).__name__} of kind {kind!r}")
-            hf = PreTrainedTokenizerFast(tokenizer_file=path)
-    sample_ok = sample if kind != "char" else "".join(c for c in sample if c in set(getattr(tok, "chars", [])))
-    if sample_ok:
-        check_same_ids(tok, hf, sample_ok)
+        inner = getattr(tok, "tok", None)
+        if inner is None:  # anything that saves a tokenizers-library tokenizer.json
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "tokenizer.json")
+                try:
+                    tok.save(path)
+                    data = json.load(open(path, encoding="utf-8"))
+                except Exception as e:  # noqa: BLE001
+                    raise ValueError(f"to_hf_tokenizer: cannot convert a {type(tok).__name__} (kind {kind!r}): {e}") from None
+                if not isinstance(data, dict) or "model" not in data:
+                    raise ValueError(f"to_hf_tokenizer: cannot convert a {type(tok).__name__} (kind {kind!r}): it saves "
+                                     "no tokenizer.json of the tokenizers library")
+                hf = PreTrainedTokenizerFast(tokenizer_file=path, **special)
+        else:
+            hf = PreTrainedTokenizerFast(tokenizer_object=inner, **special)
+    check_same_ids(tok, hf, sample)
     return hf
 
 

@@ -1,0 +1,95 @@
+"""HuggingFace generate() against seqmix's own LanguageModel.generate (issue 14).
+
+    python bench/hf.py            # context 2048, 64 new tokens (a few minutes on 2 cores)
+    python bench/hf.py --quick    # context 256, 16 new tokens
+
+For softmax attention, GLA and Mamba, one LanguageModel (4 layers, d = 256, vocab 256) is
+wrapped by ``SeqmixForCausalLM`` (the same module: same weights, same Cache), and one prompt
+of the context length is decoded greedily by both paths:
+
+    native:  model.generate(ids, N, temperature=0)
+    HF:      SeqmixForCausalLM.generate(ids, max_new_tokens=N, min_new_tokens=N, do_sample=False)
+
+Decoding speed is isolated from the prefill: each path is timed generating 1 token and N
+tokens, alternately, ``--repeats`` times; decode tokens/s = (N - 1) / (min t(N) - min t(1)).
+Both paths must give the same tokens (checked). Target: HF within 1.3x of native (ratio of
+the decode time per token).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from _common import base_parser, print_table, setup, sync, target_line, write_json
+
+from seqmix.models import ModelConfig, build_model
+
+D_MODEL, N_LAYERS, VOCAB = 256, 4, 256
+MIXERS = {"softmax_attention": {"heads": 4}, "gla": {"heads": 4}, "mamba": {}}
+TARGET = 1.3
+
+
+def bench_hf(args) -> dict:
+    import seqmix.hf as H
+
+    L, N = (256, 16) if args.quick else (2048, 64)
+    rows, results, targets = [], {}, []
+    for name, kw in MIXERS.items():
+        torch.manual_seed(0)
+        lm = build_model(ModelConfig(mixer=name, mixer_kwargs=kw, d_model=D_MODEL, n_layers=N_LAYERS, vocab_size=VOCAB,
+                                     max_seq_len=L + N)).to(args.device).eval()
+        hf = H.SeqmixForCausalLM.wrap(lm)
+        ids = torch.randint(0, VOCAB, (1, L), generator=torch.Generator().manual_seed(1)).to(args.device)
+
+        def native(n):
+            return lm.generate(ids, n, temperature=0)
+
+        def via_hf(n):
+            return hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+
+        same = torch.equal(native(N), via_hf(N))
+        times = {(p, n): [] for p in ("native", "hf") for n in (1, N)}
+        with torch.inference_mode():
+            for _ in range(args.repeats):
+                for p, fn in (("native", native), ("hf", via_hf)):
+                    for n in (1, N):
+                        sync(args.device)
+                        t0 = time.perf_counter()
+                        fn(n)
+                        sync(args.device)
+                        times[(p, n)].append(time.perf_counter() - t0)
+        res = {}
+        for p in ("native", "hf"):
+            t1, tN = min(times[(p, 1)]), min(times[(p, N)])
+            res[p] = dict(prefill_s=t1, decode_ms_per_token=(tN - t1) / (N - 1) * 1e3, tokens_per_s=(N - 1) / (tN - t1))
+        ratio = res["hf"]["decode_ms_per_token"] / res["native"]["decode_ms_per_token"]
+        results[name] = dict(res, ratio=ratio, same_tokens=same)
+        rows.append([name, res["native"]["tokens_per_s"], res["hf"]["tokens_per_s"], ratio, res["native"]["prefill_s"],
+                     res["hf"]["prefill_s"], str(same)])
+    print_table(f"greedy decoding after a {L}-token prompt, {N} new tokens ({N_LAYERS} layers, d = {D_MODEL}, batch 1; "
+                f"min of {args.repeats})", ["case", "native tok/s", "HF tok/s", "HF/native time", "native prefill s",
+                                            "HF prefill s", "same tokens"], rows)
+    print(f"targets (issue 14):")
+    for name, r in results.items():
+        targets.append(target_line(f"{name}: HF generate() within {TARGET}x of LanguageModel.generate at context {L}",
+                                   r["ratio"] <= TARGET and r["same_tokens"],
+                                   f"time per token ratio {r['ratio']:.2f}; same tokens: {r['same_tokens']}"))
+    return dict(context=L, new_tokens=N, results=results, targets=targets)
+
+
+def main(argv=None):
+    p = base_parser(__doc__.splitlines()[0])
+    args = p.parse_args(argv)
+    info = setup(args)
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("transformers is not installed (pip install 'seqmix[hf]'): nothing to compare")
+        return
+    write_json(args, "hf", dict(machine=info, hf=bench_hf(args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -72,7 +72,9 @@ def load_run(run: str | Path, runs: str | Path = "runs"):
         raise ValueError(f"argument 'run': {str(d)!r} has no config.json (the run has not finished; its config is in the "
                          "results store of its sweep)")
     model = LanguageModel(config.model)  # RunConfig filled vocab_size and max_seq_len from the data
-    model.load_state_dict(blob["model"])
+    from ..models.lm import load_state_checked
+
+    load_state_checked(model, blob["model"], f"argument 'run': {str(ckpt)!r}")
     return config, model.eval()
 
 

@@ -38,6 +38,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .. import __version__
 from ..mixers.base import config_error
 from ..models import LanguageModel, ModelConfig
+from ..models.lm import load_state_checked
 from ..models.generation import RaggedState, check_ids, check_positions, extend, prefill, prompt_lengths
 
 WEIGHTS_NAME = "model.safetensors"
@@ -294,19 +295,7 @@ class SeqmixForCausalLM(SeqmixPreTrainedModel, GenerationMixin):
             raise ValueError(f"{where}: no {WEIGHTS_NAME} in {path!r} ({e})") from None
         state = load_file(weights)
         model = cls(config)
-        expected = set(model.state_dict())
-        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-        if missing or unexpected:
-            raise ValueError(f"{where}: the state dict in {weights} does not match the model built from its config "
-                             f"({config.seqmix.get('mixer')!r}, {config.num_hidden_layers} layers): "
-                             f"missing keys {missing[:8]}{' ...' if len(missing) > 8 else ''}, "
-                             f"unexpected keys {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-        own = model.state_dict()
-        bad = [k for k in state if tuple(state[k].shape) != tuple(own[k].shape)]
-        if bad:
-            raise ValueError(f"{where}: shape mismatch for {bad[:8]}: file {[list(state[k].shape) for k in bad[:8]]}, "
-                             f"model {[list(own[k].shape) for k in bad[:8]]}")
-        model.load_state_dict(state, strict=True)
+        load_state_checked(model, state, f"{where}({path!r}: {WEIGHTS_NAME})")
         dtype = dtype if dtype is not None else torch_dtype
         if dtype == "auto":
             dtype = next((t.dtype for t in state.values() if t.is_floating_point()), None)

@@ -331,6 +331,22 @@ class LanguageModel(nn.Module):
         return n
 
 
+def load_state_checked(model: nn.Module, state: dict, where: str) -> None:
+    """``model.load_state_dict(state)`` with a ValueError that names the missing and unexpected
+    keys and the mismatched shapes (a checkpoint from another config or seqmix version)."""
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        more = lambda ks: f"{ks[:8]}{' and %d more' % (len(ks) - 8) if len(ks) > 8 else ''}"  # noqa: E731
+        raise ValueError(f"{where}: the state dict does not match the model built from its config: "
+                         f"missing keys {more(missing)}, unexpected keys {more(unexpected)}")
+    bad = [k for k in own if tuple(own[k].shape) != tuple(state[k].shape)]
+    if bad:
+        raise ValueError(f"{where}: shape mismatch: " + ", ".join(
+            f"{k} {list(state[k].shape)} in the file, {list(own[k].shape)} in the model" for k in bad[:8]))
+    model.load_state_dict(state, strict=True)
+
+
 def build_model(config: ModelConfig | dict, **overrides) -> LanguageModel:
     """``build_model(ModelConfig(...))`` or ``build_model({"mixer": "s6", ...}, vocab_size=...)``."""
     try:

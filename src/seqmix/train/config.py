@@ -14,7 +14,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..data import DataConfig
+from ..data import CorpusConfig, DataConfig
 from ..mixers.base import config_error
 from ..models import ModelConfig
 
@@ -60,7 +60,7 @@ class RunConfig(BaseModel):
     experiment: str = Field("", description="experiment (preset) name the run belongs to")
     label: str = Field("", description="the model's name in tables and legends (default: the mixer)")
     tags: dict[str, Any] = Field(default_factory=dict, description="grid coordinates (n, task, ...)")
-    data: DataConfig
+    data: DataConfig | CorpusConfig = Field(description="a synthetic task set, or a text corpus (kind='corpus')")
     model: ModelConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
 
@@ -72,8 +72,11 @@ class RunConfig(BaseModel):
             return values
         data, model = values.get("data"), values.get("model")
         try:
-            data = data if isinstance(data, DataConfig) else DataConfig(**data) if isinstance(data, dict) else None
-        except pydantic.ValidationError:
+            if isinstance(data, dict):
+                data = CorpusConfig(**data) if data.get("kind") == "corpus" else DataConfig(**data)
+            elif not isinstance(data, (DataConfig, CorpusConfig)):
+                data = None
+        except (pydantic.ValidationError, ValueError):
             return values  # reported by field validation
         if data is None:
             return values
@@ -94,7 +97,14 @@ class RunConfig(BaseModel):
             raise ValueError(f"model.vocab_size = {self.model.vocab_size} is smaller than the data's vocab_size = {self.data.vocab_size}")
         if self.model.use_positions and self.model.max_seq_len < self.data.max_seq_len:
             raise ValueError(f"model.max_seq_len = {self.model.max_seq_len} is shorter than the data's seq_len = {self.data.max_seq_len}")
+        if isinstance(self.data, CorpusConfig) and not (self.train.max_steps or self.train.max_tokens):
+            raise ValueError("train: a corpus run counts tokens: set train.max_tokens or train.max_steps")
         return self
+
+    @property
+    def is_lm(self) -> bool:
+        """A language-modelling run (a text corpus)."""
+        return isinstance(self.data, CorpusConfig)
 
     @property
     def name(self) -> str:

@@ -133,12 +133,13 @@ class Trainer:
     ``progress``: show a rich progress bar; ``on_epoch(epoch, record)`` is called after each
     epoch's checkpoint and ``on_checkpoint(step, record)`` after every checkpoint (raise
     :class:`Interrupted` in either to stop the run); ``maps``: after a finished run, write the
-    maps of its first and last layer into ``run_dir`` (:func:`seqmix.analysis.trained.write_run_maps`);
+    maps of its first and last layer into ``run_dir`` (:func:`seqmix.analysis.trained.write_run_maps`;
+    default: for task sets, not for corpus runs, whose T×T maps are large);
     ``peak_flops``: the machine's FLOP/s, for the MFU estimate (:func:`seqmix.train.flops.matmul_peak_flops`);
     ``tensorboard``: write event files to run_dir/tb (default: for stream runs, when installed)."""
 
     def __init__(self, config: RunConfig, *, run_dir: str | Path | None = None, progress: bool = True,
-                 on_epoch: Callable[[int, dict], None] | None = None, console=None, maps: bool = True,
+                 on_epoch: Callable[[int, dict], None] | None = None, console=None, maps: bool | None = None,
                  on_checkpoint: Callable[[int, dict], None] | None = None, peak_flops: float | None = None,
                  tensorboard: bool | None = None):
         self.config = config
@@ -250,7 +251,7 @@ class Trainer:
             return
         (self.run_dir / RESULT).write_text(json.dumps(result.to_json(), indent=1))
         (self.run_dir / "config.json").write_text(json.dumps(self.config.model_dump(mode="json"), indent=1))
-        if self.maps:
+        if self.maps or (self.maps is None and not self.config.is_lm):
             self._write_maps(model)
 
     # -- the budget --------------------------------------------------------------------

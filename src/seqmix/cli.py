@@ -611,10 +611,115 @@ def _run_lm_eval(args) -> int:
     return 0
 
 
+def _add_lm_generate(sub):
+    p = sub.add_parser("generate", help="generate text from a trained LM run, streaming tokens as they are made")
+    p.add_argument("run", help="a run folder, or a run id (prefix) under --runs")
+    p.add_argument("--runs", default="runs", help="where runs live (the --out of lm train; default runs/)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default=None, help="the prompt text (default: a newline)")
+    src.add_argument("--prompt-file", default=None, help="read the prompt from this UTF-8 file")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="default 200, fewer when a learned position table ends sooner (an explicit value past it is an error)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-samples", type=int, default=1, help="samples of the same prompt (drawn one after the other)")
+    p.add_argument("--no-stream", action="store_true", help="print each sample when it is complete")
+    p.add_argument("--threads", type=int, default=None)
+
+
+def _run_lm_generate(args) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from .analysis.trained import find_run_dir, load_run
+    from .data.text import load_tokenizer
+    from .train.trainer import TOKENIZER
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run_dir = find_run_dir(args.run, args.runs)
+    if not (run_dir / TOKENIZER).is_file():
+        raise ValueError(f"argument 'run': {str(run_dir)!r} has no {TOKENIZER} (generate needs an `seqmix lm train` run)")
+    tok = load_tokenizer(run_dir / TOKENIZER)
+    if args.prompt_file is not None:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise ValueError(f"argument --prompt-file: {str(path)!r} is not a file")
+        try:
+            prompt = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"argument --prompt-file: {str(path)!r} is not UTF-8 text") from None
+    else:
+        prompt = "\n" if args.prompt is None else args.prompt
+    if not prompt:
+        raise ValueError("argument --prompt: the prompt is empty (give at least one character)")
+    ids = tok.encode(prompt)
+    _, model = load_run(run_dir)
+    n_new = args.max_new_tokens
+    if n_new is None:
+        n_new = 200
+        if model.pos is not None:  # learned positions: prompt + new - 1 <= max_seq_len
+            n_new = min(n_new, model.pos.num_embeddings - len(ids) + 1)
+            if n_new < 200:
+                print(f"(at most {n_new} new tokens: the model's learned position table ends at max_seq_len = "
+                      f"{model.pos.num_embeddings})", file=sys.stderr)
+    from .models.generation import check_positions
+
+    check_positions(model, len(ids) + max(n_new, 1) - 1, "seqmix lm generate", "--max-new-tokens")
+    for i in range(args.num_samples):
+        if args.num_samples > 1:
+            print(f"--- sample {i + 1} ---")
+        sys.stdout.write(prompt)
+        new: list[int] = []
+        shown = [0]  # characters of the decoded continuation already printed
+
+        def show(tokens, final=False):
+            new.extend(int(t) for t in tokens.reshape(-1))
+            text = tok.decode(new)
+            if not final:  # a byte or BPE token may end inside a UTF-8 character: wait for the rest
+                text = text.rstrip("\ufffd")
+            if len(text) > shown[0]:
+                sys.stdout.write(text[shown[0]:])
+                sys.stdout.flush()
+                shown[0] = len(text)
+
+        out = model.generate(torch.tensor([ids]), n_new, temperature=args.temperature, top_k=args.top_k,
+                             top_p=args.top_p, seed=args.seed + i, callback=None if args.no_stream else show)
+        if args.no_stream:
+            sys.stdout.write(tok.decode(out[0, len(ids):].tolist()))
+        else:
+            show(torch.tensor([], dtype=torch.long), final=True)
+        sys.stdout.write("\n")
+    return 0
+
+
+def _add_lm_export(sub):
+    p = sub.add_parser("export", help="export a trained LM run (docs/hf.md): --hf DIR writes a HuggingFace folder")
+    p.add_argument("run", help="a run folder, or a run id (prefix) under --runs")
+    p.add_argument("--runs", default="runs", help="where runs live (the --out of lm train; default runs/)")
+    p.add_argument("--hf", required=True, metavar="DIR",
+                   help="write config.json, model.safetensors and the tokenizer (PreTrainedTokenizerFast) into DIR")
+
+
+def _run_lm_export(args) -> int:
+    try:
+        from .hf.export import export_hf
+    except ImportError as e:
+        raise ValueError(f"seqmix lm export --hf needs the optional extra 'hf': pip install 'seqmix[hf]' ({e})") from None
+    out = export_hf(args.run, args.hf, runs=args.runs)
+    print(f"wrote {out} (load it with: import seqmix.hf; AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+    return 0
+
+
 #: `seqmix lm <command>`: name -> (add parser, run)
 LM_COMMANDS = {
     "train": (_add_lm_train, _run_lm_train),
     "eval": (_add_lm_eval, _run_lm_eval),
+    "generate": (_add_lm_generate, _run_lm_generate),
+    "export": (_add_lm_export, _run_lm_export),
 }
 
 

@@ -42,12 +42,14 @@ def bench_hf(args) -> dict:
                                      max_seq_len=L + N)).to(args.device).eval()
         hf = H.SeqmixForCausalLM.wrap(lm)
         ids = torch.randint(0, VOCAB, (1, L), generator=torch.Generator().manual_seed(1)).to(args.device)
+        mask = torch.ones_like(ids)  # else generate() infers a mask from the pad id's positions in the prompt
 
         def native(n):
             return lm.generate(ids, n, temperature=0)
 
         def via_hf(n):
-            return hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            return hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                               pad_token_id=0)
 
         same = torch.equal(native(N), via_hf(N))
         times = {(p, n): [] for p in ("native", "hf") for n in (1, N)}

@@ -22,6 +22,7 @@ LOGITS_ATOL = 1e-6  # issue 14: float32 logits after a round trip
 
 
 def hf_greedy(model, ids, mask=None, n=5, **kw):
+    mask = torch.ones_like(ids) if mask is None else mask  # else generate() infers one from pad_token_id's positions
     return model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0, **kw)
 
 
@@ -161,6 +162,8 @@ def test_bad_forward_arguments():
     x = torch.randint(0, VOCAB, (2, 4))
     with pytest.raises(ValueError, match="left padding"):
         model(x, attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match="pass attention_mask explicitly"):  # token 0 = pad inside the prompt
+        model.generate(torch.tensor([[3, 0, 5]]), max_new_tokens=2, pad_token_id=0)
     with pytest.raises(ValueError, match="inputs_embeds"):
         model(inputs_embeds=torch.randn(2, 4, 16))
     with pytest.raises(ValueError, match="input_ids"):

@@ -246,7 +246,12 @@ class SeqmixForCausalLM(SeqmixPreTrainedModel, GenerationMixin):
             logits = extend(self.model, input_ids, cache.state, last_only=last_only)
             cache.seen_tokens += T
         else:
-            lengths = prompt_lengths(input_ids, attention_mask, where)
+            try:
+                lengths = prompt_lengths(input_ids, attention_mask, where)
+            except ValueError as e:
+                raise ValueError(f"{e} (when no attention_mask is passed, generate() builds one from the positions of "
+                                 "pad_token_id in input_ids: pass attention_mask explicitly if pad_token_id is a real "
+                                 "token of the prompt)") from None
             check_positions(self.model, int(lengths.max()), where, "input_ids")
             if use_cache or bool((lengths < T).any()):
                 logits, state = prefill(self.model, input_ids, lengths, last_only=last_only)

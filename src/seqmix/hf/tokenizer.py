@@ -4,7 +4,9 @@
   byte symbols of the ByteLevel pre-tokenizer's alphabet (the GPT-2 byte-to-character map),
   so encoding any UTF-8 text gives exactly its bytes;
 * character-level: a BPE with no merges over the corpus' characters (no pre-tokenizer, a
-  decoder that concatenates), unknown characters -> the tokenizer's unknown id if it has one;
+  decoder that concatenates). A character outside the vocabulary is dropped by the converted
+  tokenizer (the tokenizers library's BPE has no unknown token here), where seqmix's
+  CharTokenizer raises a ValueError;
 * BPE trained with ``tokenizers``: its own ``tokenizer.json``, wrapped as it is.
 
 The converted tokenizer is checked against the seqmix one on a sample text before it is
@@ -46,7 +48,8 @@ def byte_level_tokenizer(**special):
 
 
 def char_level_tokenizer(chars: list[str], unk: str | None = None, **special):
-    """A PreTrainedTokenizerFast with id i = chars[i] (one token per character)."""
+    """A PreTrainedTokenizerFast with id i = chars[i] (one token per character; unknown
+    characters map to ``unk`` when it is one of ``chars``, else they are dropped)."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 

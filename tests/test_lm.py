@@ -173,3 +173,37 @@ def test_cli_lm_train_eval_and_results(tmp_path, corpus, capsys):
     # bad input: a clear one-line error, exit code 2
     assert main(["lm", "train", "--corpus", str(tmp_path / "missing.txt"), "--out", str(out)]) == 2
     assert "corpus" in capsys.readouterr().err
+
+
+def test_lm_preset_grid_and_every_tiny_model_trains(monkeypatch, corpus):
+    """dsf-table1-lm: the paper grid expands without touching the network (BPE vocabulary
+    known from the config); each model of the tiny scale takes real steps on a small corpus."""
+    from seqmix.experiments import PRESETS
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    p = PRESETS["dsf-table1-lm"]
+    paper = p.runs("paper")
+    assert {r.label for r in paper} == {"softmax", "linear", "normalized"} and len(paper) == 12
+    r0 = paper[0]
+    assert (r0.model.d_model, r0.model.n_layers, r0.model.mixer_kwargs.get("heads"), r0.data.seq_len) == (512, 6, 8, 1024)
+    assert r0.train.betas == (0.9, 0.95) and r0.train.grad_clip == 1.0 and r0.data.batch_size * r0.train.grad_accum == 128
+    tiny = p.runs("tiny")
+    assert [r.label for r in tiny] == ["softmax", "linear", "normalized", "S6", "GLA", "MetaLA"]
+    for r in tiny:
+        small = r.data.model_copy(update={"corpus": corpus, "seq_len": 16, "batch_size": 2, "eval_batch_size": 8})
+        cfg = r.model_copy(update={"data": small, "train": r.train.model_copy(update={
+            "max_tokens": None, "max_steps": 2, "eval_batches": 1, "threads": 1})})
+        res = Trainer(cfg, progress=False).fit()
+        assert res.steps == 2 and math.isfinite(res.bpb), r.label
+
+
+def test_lm_claims_in_bits_per_byte():
+    from seqmix.experiments import PRESETS, evaluate_claims
+
+    p = PRESETS["dsf-table1-lm"]
+    rows = [{"label": lab, "task": "t", "bpb": v} for lab, v in (("softmax", 2.0), ("linear", 3.0), ("normalized", 2.75))]
+    gap, below = evaluate_claims(p, rows)
+    assert gap["verdict"] == "agrees" and "25% of the gap" in gap["detail"] and below["verdict"] == "agrees"
+    rows[2]["bpb"] = 3.1
+    assert evaluate_claims(p, rows)[0]["verdict"] == "does not agree"
+    assert evaluate_claims(p, rows[:2])[0]["verdict"] == "n/a"

@@ -89,7 +89,7 @@ def test_char_and_bpe_corpora_and_folders(tmp_path, corpus):
     assert text == TEXT[:5000] + "\n" + TEXT[5000:]  # files in path order, joined by a newline
     bpe = CorpusConfig(corpus=str(corpus), tokenizer="bpe", bpe_vocab_size=300, seq_len=16, batch_size=4)
     tr, va = build_data(bpe)
-    assert tr.tokenizer.vocab_size == bpe.vocab_size <= 300
+    assert tr.tokenizer.vocab_size <= bpe.vocab_size == 300
     assert (corpus_dir(bpe) / "tokenizer.json").exists()
     # a saved tokenizer.json by path gives the same tokens
     by_path = CorpusConfig(corpus=str(corpus), tokenizer=str(corpus_dir(bpe) / "tokenizer.json"), seq_len=16, batch_size=4)

@@ -243,6 +243,13 @@ class CorpusConfig(BaseModel):
 
     @property
     def vocab_size(self) -> int:
+        """Token ids are < this: 256 for bytes, bpe_vocab_size for BPE (the trained one may
+        have fewer symbols on a small corpus), the corpus' characters or the saved file's
+        vocabulary otherwise (read or built, and cached, on first use)."""
+        if self.tokenizer == "byte":
+            return 256
+        if self.tokenizer == "bpe":
+            return self.bpe_vocab_size
         return corpus_tokenizer(self).vocab_size
 
     @property

@@ -13,7 +13,7 @@ A :class:`CorpusConfig` is the other kind of data config (beside the synthetic
 trainer reads both through the same two objects (a training source and an evaluation
 split).
 
-Tokenizers (:func:`load_tokenizer`, :func:`build_tokenizer`): ``"byte"`` (the 256 UTF-8
+Tokenizers (:func:`load_tokenizer`, :func:`corpus_tokenizer`): ``"byte"`` (the 256 UTF-8
 byte values, nothing trained), ``"char"`` (the characters of the whole corpus, sorted),
 ``"bpe"`` (byte-level BPE trained on the training split with HuggingFace ``tokenizers``,
 the optional extra ``text``; ``bpe_vocab_size`` symbols), or a path to a saved
@@ -29,7 +29,8 @@ Split (deterministic, no seed): a dataset with its own train/validation/test spl
 them; any other text is cut by position, at the first line break after the
 ``1 − val_fraction − test_fraction`` and ``1 − test_fraction`` points of its UTF-8 bytes
 (nanoGPT's contiguous split: no window straddles two splits). Each split is tokenized once,
-line by line in chunks (memory stays bounded), into ``<cache>/text/<hash>/<split>.bin`` —
+in pieces cut where the byte-level pre-tokenization cuts anyway (:func:`text_pieces`: the
+same ids as one pass, memory bounded, ``encode_batch`` in parallel), into ``<cache>/text/<hash>/<split>.bin`` —
 uint16 when the vocabulary fits, else uint32 — with meta.json (tokens, UTF-8 bytes) and the
 tokenizer beside it; the hash covers the corpus (path, size and mtime of each file, or its
 name), the tokenizer, the fractions and :data:`TEXT_VERSION`. The files are opened as
@@ -242,6 +243,13 @@ class CorpusConfig(BaseModel):
 
     @property
     def vocab_size(self) -> int:
+        """Token ids are < this: 256 for bytes, bpe_vocab_size for BPE (the trained one may
+        have fewer symbols on a small corpus), the corpus' characters or the saved file's
+        vocabulary otherwise (read or built, and cached, on first use)."""
+        if self.tokenizer == "byte":
+            return 256
+        if self.tokenizer == "bpe":
+            return self.bpe_vocab_size
         return corpus_tokenizer(self).vocab_size
 
     @property
@@ -422,11 +430,35 @@ class _Source:
                 yield t if t.endswith("\n") else t + "\n"
 
 
-def _chunks(lines: Iterator[str], size: int = _CHUNK_BYTES) -> Iterator[list[str]]:
-    buf, n = [], 0
+def _safe_boundary(prev: str, nxt: str) -> bool:
+    """Cutting the text between line ``prev`` and line ``nxt`` leaves the byte-level
+    pre-tokenization unchanged: ``prev`` ends in a non-space character and '\\n', ``nxt``
+    starts with a non-space character (GPT-2's regex then splits there anyway)."""
+    return len(prev) >= 2 and prev[-1] == "\n" and not prev[-2].isspace() and bool(nxt) and not nxt[0].isspace()
+
+
+def text_pieces(lines: Iterator[str], piece_chars: int = 1 << 16) -> Iterator[str]:
+    """The lines joined into pieces of about ``piece_chars`` characters, cut only at safe
+    boundaries (:func:`_safe_boundary`): encoding the pieces one by one gives the ids of
+    encoding the whole text, while bounding memory and letting ``encode_batch`` run in parallel."""
+    buf: list[str] = []
+    n = 0
     for line in lines:
+        if n >= piece_chars and _safe_boundary(buf[-1], line):
+            yield "".join(buf)
+            buf, n = [], 0
         buf.append(line)
         n += len(line)
+    if buf:
+        yield "".join(buf)
+
+
+def _chunks(lines: Iterator[str], size: int = _CHUNK_BYTES) -> Iterator[list[str]]:
+    """Lists of pieces of about ``size`` characters in all (one encode_batch call each)."""
+    buf, n = [], 0
+    for piece in text_pieces(lines):
+        buf.append(piece)
+        n += len(piece)
         if n >= size:
             yield buf
             buf, n = [], 0

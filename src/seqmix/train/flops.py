@@ -3,8 +3,10 @@
 The estimate (Kaplan et al. 2020, §2.1; PaLM appendix B's "model FLOPs"): a forward pass
 costs 2 FLOPs per multiply-accumulate of every weight matrix, the backward twice that, so
 training costs ``6·N`` FLOPs per token for N non-embedding matrix parameters plus the tied
-head (d·V); attention-family mixers add ``6·n_layers·T·d`` for the scores and the weighted
-sum over a context of T (half of 12·n_layers·T·d: the map is causal). Recurrent and
+head (d·V); every layer whose mixer keeps a growing KV cache (its ``state_size`` grows with
+the length: softmax attention and the hybrids' attention) adds ``6·T·d`` for the scores and
+the weighted sum over a context of T (half of 12·T·d: the map is causal; a sliding window is
+counted as if it saw all T, an over-count). Recurrent and
 convolutional mixers' state updates are O(d·n) per token and are inside the ``6·N`` term's
 order of magnitude only when n is small; they are not counted (the estimate is a floor for
 them, as MFU conventionally is). Activation recomputation is never counted.
@@ -18,8 +20,6 @@ import torch
 
 from ..models import LanguageModel
 
-#: mixer families whose core costs O(T) per token (a T×T map)
-QUADRATIC_FAMILIES = ("attention",)
 
 
 def flops_per_token(model: LanguageModel, seq_len: int, *, training: bool = True) -> float:
@@ -28,10 +28,8 @@ def flops_per_token(model: LanguageModel, seq_len: int, *, training: bool = True
     c = model.config
     n = model.num_params(embeddings=False) + c.vocab_size * c.d_model  # matrices + the tied head
     quad = 0
-    for i, block in enumerate(model.blocks):
-        from ..mixers import mixer_entry
-
-        if mixer_entry(c.layer_mixer(i)[0]).family in QUADRATIC_FAMILIES:
+    for block in model.blocks:
+        if block.mixer.state_size(2 * seq_len) > block.mixer.state_size(seq_len):  # a KV cache: O(T) per token
             quad += seq_len * c.d_model
     fwd = 2 * n + 2 * quad
     return float(3 * fwd if training else fwd)
@@ -62,4 +60,4 @@ def matmul_peak_flops(device: str = "cpu", sizes=(512, 1024), repeats: int = 3) 
     return _PEAK[key]
 
 
-__all__ = ["QUADRATIC_FAMILIES", "flops_per_token", "matmul_peak_flops"]
+__all__ = ["flops_per_token", "matmul_peak_flops"]

@@ -247,4 +247,37 @@ def lm_table(rows: list[dict], *, fmt: str = "markdown", order: list[str] | None
     return "\n".join(out).rstrip() + "\n"
 
 
-__all__ = ["X_AXES", "best_lm_over_lr", "best_over_lr", "is_lm_row", "lm_table", "panels", "plot", "table"]
+def lm_plot(rows: list[dict], path: str | Path, *, title: str = "", order: list[str] | None = None) -> Path:
+    """Validation bits per byte, one bar per model (and task), seed std as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({r["task"] for r in rows})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(max(5.0, 0.9 * len(rows) + 2), 3.8), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        rs = [r for r in rows if r["task"] == task]
+        if order:
+            rs.sort(key=lambda r: order.index(r["label"]) if r["label"] in order else len(order))
+        ax.bar(range(len(rs)), [r["bpb"] for r in rs], yerr=[r["bpb_std"] for r in rs], color=[f"C{i}" for i in range(len(rs))])
+        ax.set_xticks(range(len(rs)))
+        ax.set_xticklabels([r["label"] for r in rs], fontsize=8, rotation=20)
+        lo = min(r["bpb"] for r in rs)
+        ax.set_ylim(lo * 0.9, max(r["bpb"] for r in rs) * 1.03)
+        ax.set_ylabel("validation bits per byte (lower is better)")
+        ax.set_title(task, fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+    if title:
+        import textwrap
+
+        fig.suptitle("\n".join(textwrap.wrap(title, 70)), fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["X_AXES", "best_lm_over_lr", "lm_plot", "best_over_lr", "is_lm_row", "lm_table", "panels", "plot", "table"]

@@ -309,7 +309,7 @@ class Trainer:
         seed_everything(tc.seed)
         model = self.build_model()
         opt = torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr, betas=tc.betas)
-        scaler = torch.amp.GradScaler(device.type) if tc.precision == "fp16" and device.type == "cuda" else None
+        scaler = torch.amp.GradScaler(device.type) if tc.precision == "fp16" else None  # fp16 gradients need scaling
         total, per_epoch = self.plan(train)
         epochs = -(-total // per_epoch) if per_epoch else 0
 

@@ -5,8 +5,7 @@ alone, sampling filters, positions, eos, beam reordering of the state, bad input
 import pytest
 import torch
 
-from seqmix.models import build_model
-from seqmix.models.generation import RaggedState, filter_logits, left_pad, prefill, step
+from seqmix.models.generation import filter_logits, left_pad, prefill, step
 from tiny_models import CASES, VOCAB, tiny_model
 
 PROMPTS = [[3, 1, 4, 1, 5, 9], [2, 7, 1], [8, 2, 8, 1, 8, 2]]  # lengths 6, 3, 6: two groups

@@ -9,6 +9,10 @@ F64_ATOL = 1e-9
 F32_RTOL = 1e-4
 #: DSF identities (Lemma 2 embedding, converters) in float64
 DSF_ATOL = 1e-12
+#: a language model's validation loss under bf16 autocast vs float32 (relative)
+BF16_LOSS_RTOL = 2e-2
+#: the same loss summed in two orders (trainer evaluation vs a direct loop), float32
+LOSS_RTOL = 1e-5
 
 
 def max_abs(a, b) -> float:

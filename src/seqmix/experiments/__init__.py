@@ -3,8 +3,8 @@
     from seqmix.experiments import PRESETS, reproduce
     reproduce("dsf-fig2", "tiny")            # trains the grid, prints the table, writes the plot
 
-Presets: dsf-fig1, dsf-fig2, dsf-fig3, dsf-table2, metala-table-a7, bmojo-table3, each with
-scales "paper" and "tiny". How to add one: docs/harness.md, "Presets".
+Presets: dsf-fig1, dsf-fig2, dsf-fig3, dsf-table2, metala-table-a7, bmojo-table3,
+dsf-table1-lm (language modelling), each with scales "paper" and "tiny". How to add one: docs/harness.md, "Presets".
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
     Results go to ``out_dir/results.sqlite``; runs already there are not run again."""
     from rich.console import Console
 
-    from ..train.results import best_over_lr, plot, table
+    from ..train.results import best_lm_over_lr, best_over_lr, lm_plot, lm_table, plot, table
     from ..train.store import ResultsStore
     from ..train.sweep import run_sweep
 
@@ -58,10 +58,15 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
     outcomes = run_sweep(configs, out_dir=out_dir, store=store, workers=workers or sc.workers, threads=threads,
                          plugins=plugins, progress=progress, console=console)
     ids = [o.config.run_id for o in outcomes if o.result is not None]
-    rows = best_over_lr(store.rows(preset.experiment(scale), run_ids=ids))
     order = [m.label for m in preset.models]
     x = preset.x
-    text = table(rows, x=x, order=order)
+    lm = preset.metric == "bpb"
+    if lm:  # language modelling: validation bits per byte, lower is better
+        rows = best_lm_over_lr(store.rows(preset.experiment(scale), run_ids=ids))
+        text = lm_table(rows, order=order)
+    else:
+        rows = best_over_lr(store.rows(preset.experiment(scale), run_ids=ids))
+        text = table(rows, x=x, order=order)
     console.rule("results")
     console.print(text, markup=False, highlight=False)
     if preset.paper:
@@ -73,7 +78,9 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
         for c in claims:
             style = {"agrees": "green", "does not agree": "red"}.get(c["verdict"], "yellow")
             console.print(f"[{style}]{c['verdict']:>15}[/{style}]  {c['text']}  [dim]({c['panel']}: {c['detail']})[/dim]")
-    path = plot(rows, out_dir / f"{preset.name}-{scale}.png", x=x, title=f"{preset.title} ({scale})", order=order) if rows else None
+    draw = lm_plot if lm else plot
+    kw = {} if lm else {"x": x}
+    path = draw(rows, out_dir / f"{preset.name}-{scale}.png", title=f"{preset.title} ({scale})", order=order, **kw) if rows else None
     if path:
         console.print(f"plot: {path}")
     (out_dir / f"{preset.name}-{scale}.md").write_text(text)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..data import DataConfig
+from ..data import CorpusConfig, DataConfig
 from ..mixers.base import config_error
 from ..models import ModelConfig
 from ..train import RunConfig, TrainConfig
@@ -55,8 +55,8 @@ class ModelSpec(_Frozen):
 
 
 class TaskSpec(_Frozen):
-    name: str = Field(description="panel name, e.g. 'mqar(512,64)'")
-    data: DataConfig
+    name: str = Field(description="panel name, e.g. 'mqar(512,64)' or 'tinyshakespeare(char)'")
+    data: DataConfig | CorpusConfig = Field(description="a synthetic task set or a text corpus")
     train: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields for this task (epochs, ...)")
 
 
@@ -78,6 +78,7 @@ class Scale(_Frozen):
     models: list[ModelSpec] | None = Field(
         None, description="this scale's versions of some of the preset's models (same labels), e.g. a longer window")
     budget: str = Field("", description="expected cost, e.g. '≈ 6 min on 2 CPU cores'")
+    labels: list[str] | None = Field(None, description="the preset's models this scale runs (default: all)")
 
 
 class Claim(_Frozen):
@@ -89,12 +90,16 @@ class Claim(_Frozen):
     ``not_dominated`` (a memory-budget claim: at each of a's points, no point of b with at most
     a's state size is more accurate by more than value);
     ``where``: at every x (all), at the largest x (max) or on the mean over x (mean).
+    Language-modelling presets (``metric="bpb"``, lower is better) check validation bits
+    per byte: ``below`` (a < b − value) and ``closes_gap`` (a lies below b: it closes part of
+    the gap from b down to c; the fraction closed, (b − a)/(b − c), is reported).
     """
 
     text: str
-    check: Literal["at_least", "above", "not_below", "close", "increasing", "gap_shrinks", "not_dominated"]
+    check: Literal["at_least", "above", "not_below", "close", "increasing", "gap_shrinks", "not_dominated", "below", "closes_gap"]
     a: str
     b: str | None = None
+    c: str | None = Field(None, description="closes_gap: the better end of the gap (a closes part of the gap from b to c)")
     value: float = 0.0
     where: Literal["all", "max", "mean"] = "all"
 
@@ -108,6 +113,7 @@ class Preset(_Frozen):
     scales: dict[str, Scale]
     claims: list[Claim] = Field(default_factory=list)
     paper: str = Field("", description="the paper's numbers, as a markdown table, printed beside ours")
+    metric: Literal["accuracy", "bpb"] = Field("accuracy", description="what the table and claims compare (bpb: language modelling)")
     notes: list[str] = Field(default_factory=list, description="choices where the paper is silent or ambiguous")
 
     # -- lookup ------------------------------------------------------------------------
@@ -122,6 +128,8 @@ class Preset(_Frozen):
         models = {m.label: m for m in self.models}
         if scale is not None:
             models.update({m.label: m for m in self.scale(scale).models or []})
+            if not labels and self.scale(scale).labels:
+                labels = self.scale(scale).labels
         if not labels:
             return list(models.values())
         bad = [lab for lab in labels if lab not in models]
@@ -314,10 +322,36 @@ def _not_dominated(claim: Claim, rows: list[dict]) -> tuple[str, str]:
     return "agrees", f"{compared} budget(s) compared, {claim.a} never below {claim.b} by more than {100 * claim.value:.1f}"
 
 
+def _check_lm(claim: Claim, rows: list[dict]) -> tuple[str, str]:
+    """A bits-per-byte claim (lower is better) on one task's best-over-LR LM rows."""
+    bpb = {r["label"]: r["bpb"] for r in rows}
+    need = [x for x in (claim.a, claim.b, claim.c) if x]
+    if any(x not in bpb for x in need):
+        return "n/a", "no results for " + ", ".join(x for x in need if x not in bpb)
+    a, b = bpb[claim.a], bpb[claim.b]
+    if claim.check == "below":
+        return ("agrees" if a < b - claim.value else "does not agree"), f"{claim.a} {a:.4f} vs {claim.b} {b:.4f} bits/byte"
+    if claim.check == "closes_gap":
+        c = bpb[claim.c]
+        frac = (b - a) / (b - c) if b != c else float("nan")
+        detail = (f"{claim.b} {b:.4f}, {claim.a} {a:.4f}, {claim.c} {c:.4f} bits/byte: {100 * frac:.0f}% of the gap closed"
+                  if b > c else f"{claim.b} {b:.4f} is not above {claim.c} {c:.4f}: no gap; {claim.a} {a:.4f}")
+        return ("agrees" if b > c and a < b else "does not agree"), detail
+    return "n/a", f"check {claim.check!r} is not defined for bits per byte"
+
+
 def evaluate_claims(preset: Preset, rows: list[dict]) -> list[dict]:
     """Each claim checked on each task panel of the best-over-LR rows: dicts with
     text, panel, verdict ("agrees", "does not agree", "n/a") and the numbers behind it."""
     from ..train.results import panels
+
+    if preset.metric == "bpb":
+        out = []
+        for claim in preset.claims:
+            for task in sorted({r["task"] for r in rows}):
+                verdict, detail = _check_lm(claim, [r for r in rows if r["task"] == task])
+                out.append({"text": claim.text, "panel": task, "verdict": verdict, "detail": detail})
+        return out
 
     # state sizes differ between models: claims pair the models at the same d (not_dominated
     # compares state sizes itself)

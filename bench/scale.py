@@ -34,6 +34,17 @@ def rel(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
+def matmul_dtypes(repeats, device, n=512):
+    """ms of one n×n×n matmul per dtype: whether the device has fast bf16 / fp16 matmuls (the
+    trainer refuses fp16 on the CPU: emulated here)."""
+    a = torch.randn(n, n, device=device)
+    out = {}
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        x = a.to(dt)
+        out[name] = timeit(lambda: x @ x, repeats=repeats, device=device)["min_ms"]
+    return out
+
+
 def mixer_rows(names, T, repeats, device):
     rows, data = [], {}
     for name in names:
@@ -184,21 +195,27 @@ def main():
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--mixers", default=None, help="comma-separated mixers (default: every registered one)")
     p.add_argument("--no-ddp", action="store_true")
+    p.add_argument("--no-mixers", action="store_true")
     args = p.parse_args()
     info = setup(args)
     device = "cpu" if args.device != "cuda" else "cuda"
     T = 128 if args.quick else 512
     names = args.mixers.split(",") if args.mixers else (
         ["linear_attention", "retnet", "hyena", "mamba"] if args.quick else [e.name for e in seqmix.list_mixers()])
+    mm = matmul_dtypes(args.repeats, device)
+    print(f"512x512x512 matmul, {torch.get_num_threads()} threads: " + ", ".join(f"{k} {v:.2f} ms" for k, v in mm.items()))
+    payload = {"machine": info, "T": T, "matmul_ms": mm}
+    if args.no_mixers:
+        names = []
     print(f"mixers at d_model 64, batch 2, T = {T}, forward + backward, {device}, {torch.get_num_threads()} threads")
     rows, data = mixer_rows(names, T, args.repeats, device)
     print_table(f"bf16 autocast vs fp32 (T = {T})",
                 ["case", "fp32 ms", "bf16 ms", "fp32/bf16", "fp32 tok/s", "bf16 tok/s", "rel.err autocast", "rel.err bf16 params", "target"],
                 rows)
-    worst = max(max(d["rel_err_bf16_autocast"], d["rel_err_bf16_params"]) for d in data.values())
-    targets = [target_line(f"bf16 relative error <= {BF16_TARGET} at T = {T}", worst <= BF16_TARGET if T == 512 else None,
+    worst = max((max(d["rel_err_bf16_autocast"], d["rel_err_bf16_params"]) for d in data.values()), default=float("nan"))
+    targets = [target_line(f"bf16 relative error <= {BF16_TARGET} at T = {T}", worst <= BF16_TARGET if T == 512 and data else None,
                            f"worst {worst:.4f} over {len(data)} mixers" + ("" if T == 512 else " (T = 512 only without --quick)"))]
-    payload = {"machine": info, "T": T, "mixers": data, "targets": targets}
+    payload.update(mixers=data, targets=targets)
     if not args.no_ddp:
         print("\nDDP: 2 gloo processes vs 1 process, same global batch ...", flush=True)
         drows, ddata = ddp_rows(args.quick, max(args.repeats, 5))

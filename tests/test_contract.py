@@ -12,7 +12,9 @@ import torch
 
 import seqmix
 from seqmix.mixers.base import Cache
-from tolerances import F32_RTOL, F64_ATOL, assert_modes_agree_f64, forward_and_grads, max_abs, rel_err
+from tolerances import (
+    F32_RTOL, F64_ATOL, MP_GRAD_RTOL, MP_RTOL, assert_modes_agree_f64, forward_and_grads, max_abs, mixed_forward_and_grads, rel_err,
+)
 
 ENTRIES = seqmix.list_mixers()
 NAMES = [e.name for e in ENTRIES]
@@ -187,3 +189,43 @@ def test_bad_input_raises_value_error(name):
 def test_unknown_mixer_lists_known_names():
     with pytest.raises(ValueError, match="linear_attention"):
         seqmix.build_mixer("no_such_mixer")
+
+
+# -- mixed precision (issue 15, docs/scale.md) ------------------------------------------------
+
+
+def mp_length(m) -> int:
+    """Several chunks long, within the filter/kernel length of the example config."""
+    return min(4 * (getattr(m.config, "chunk_size", 8) or 8) + 3, getattr(m.config, "l_max", None) or 1 << 30)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", NAMES)
+def test_mixed_precision_autocast(name, dtype):
+    """Forward and backward under autocast: finite, and within MP_RTOL / MP_GRAD_RTOL of float32
+    (the T = 512 figures at the default config: bench/scale.py)."""
+    m = make(name, torch.float32).train()
+    x = inputs(m, mp_length(m), torch.float32)
+    y_ref, g_ref = mixed_forward_and_grads(m, x)
+    y, g = mixed_forward_and_grads(m, x, dtype)
+    assert torch.isfinite(y).all(), f"{name}: non-finite output under autocast {dtype}"
+    assert rel_err(y, y_ref) < MP_RTOL[dtype], f"{name}: output under autocast {dtype}, rel. error {rel_err(y, y_ref):.3g}"
+    for i, (a, b) in enumerate(zip(g, g_ref)):
+        if b is None or float(b.abs().max()) == 0:
+            continue
+        assert a is not None and torch.isfinite(a).all(), f"{name}: gradient {i} missing or non-finite under {dtype}"
+        assert rel_err(a, b) < MP_GRAD_RTOL[dtype], f"{name}: gradient {i} under {dtype}, rel. error {rel_err(a, b):.3g}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mixed_precision_bf16_parameters(name):
+    """mixer.to(bfloat16) on bf16 input runs forward and backward with finite gradients, and
+    matches float32 on the same (rounded) weights and input within MP_RTOL: the decays,
+    states, complex systems and FFTs inside run in float32/complex64 whatever the parameters."""
+    m = make(name, torch.bfloat16).train()
+    ref = make(name, torch.bfloat16).float().train()
+    x = inputs(m, mp_length(m), torch.float32).bfloat16()
+    y_ref, _ = mixed_forward_and_grads(ref, x.float())
+    y, g = mixed_forward_and_grads(m, x)
+    assert rel_err(y, y_ref) < MP_RTOL[torch.bfloat16], f"{name}: bf16 parameters, rel. error {rel_err(y, y_ref):.3g}"
+    assert all(a is None or torch.isfinite(a).all() for a in g), f"{name}: non-finite gradient with bf16 parameters"

@@ -53,3 +53,41 @@ def assert_modes_agree_f64(m, x, where: str = ""):
             assert max_abs(a, b) < F64_ATOL, f"{where}: gradient {i} of mode {mode}"
     m.mode = m.reference_mode
     return y_ref
+
+#: mixed precision (tests/test_contract.py, bench/scale.py): relative error max|y - y32| / max|y32|
+#: of a mixer's output under autocast (or with half parameters) against float32. bf16 keeps 8
+#: significant bits (2⁻⁹ ≈ 2e-3 per rounding): 3e-2 is issue 15's bound at T = 512 with the default
+#: config (measured worst: 0.017, metala with bf16 parameters). fp16 keeps 11 bits, 8x finer.
+MP_RTOL = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
+#: the same for the gradients (w.r.t. x and every parameter), relative to each gradient's max:
+#: a gradient sums T·B products of rounded terms, hence the looser bound (measured worst at the
+#: example configs: bf16 0.037, hyena's filter.freq; fp16 0.005, dsf_ssd's A_log)
+MP_GRAD_RTOL = {torch.bfloat16: 1e-1, torch.float16: 2e-2}
+
+
+#: the fixed loss scale of the float16 checks (what torch.amp.GradScaler does dynamically):
+#: without it, small gradients (Mamba's dt_proj) underflow float16
+FP16_LOSS_SCALE = 2.0**10
+
+
+def mixed_forward_and_grads(m, x, dtype=None):
+    """Output (float32) and gradients of a mean-scaled random projection of m(x) (a loss of
+    the size training uses: a sum would overflow float16 gradients), under
+    ``torch.autocast(x.device.type, dtype)`` when ``dtype`` is given; float16 scales the loss
+    by FP16_LOSS_SCALE and the gradients back."""
+    x = x.clone().requires_grad_(True)
+    if dtype is None:
+        y = m(x)
+    else:
+        with torch.autocast(x.device.type, dtype=dtype):
+            y = m(x)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(7))
+    params = [p for p in m.parameters() if p.requires_grad]
+    scale = FP16_LOSS_SCALE if dtype == torch.float16 else 1.0
+    grads = torch.autograd.grad((y.float() * w).mean() * scale, [x, *params], allow_unused=True)
+    return y.detach().float(), [g.float() / scale if g is not None else None for g in grads]
+
+#: 2 ranks × batch b against 1 process × batch 2b (tests/test_distributed.py): relative error of
+#: each step's training loss and each evaluation's loss, float32 (gradients are summed in
+#: another order by the all-reduce, and Adam carries the differences on)
+DIST_RTOL = 1e-4

@@ -268,8 +268,29 @@ def _add_train(sub):
     g.add_argument("--early-stop", type=float, default=0.99, help="stop at this validation accuracy (0: never)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="cpu")
+    _add_parallel(p)
     _add_harness_common(p)
     p.add_argument("--no-progress", action="store_true")
+
+
+def _add_parallel(p):
+    """--parallel / --dist-timeout (issue 15, docs/scale.md): for a run launched by torchrun or srun."""
+    g = p.add_argument_group("torch.distributed (launch with torchrun --nproc_per_node N)")
+    g.add_argument("--parallel", choices=["none", "ddp", "fsdp"], default=None,
+                   help="DDP or FSDP2 over the ranks of torchrun, each on its slice of the global batch (default: the config's, none)")
+    g.add_argument("--dist-timeout", type=float, default=None, help="seconds a collective may wait before the run fails (default 600)")
+
+
+def _with_parallel(config, args):
+    """config with --parallel / --dist-timeout applied (execution fields: the run id does not change)."""
+    upd = {k: v for k, v in (("parallel", args.parallel), ("dist_timeout", args.dist_timeout)) if v is not None}
+    return config.model_copy(update={"train": config.train.model_copy(update=upd)}) if upd else config
+
+
+def _is_rank0() -> bool:
+    import os
+
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _train_config(args):
@@ -307,12 +328,15 @@ def _run_train(args) -> int:
     from .train.store import ResultsStore
 
     _import_plugins(args)
-    config = _train_config(args)  # every field checked before anything is generated or trained
+    config = _with_parallel(_train_config(args), args)  # every field checked before anything is generated or trained
     run_dir = Path(args.out) / "runs" / config.run_id
-    console = Console()
+    console = Console(quiet=not _is_rank0())  # under torchrun only rank 0 prints
     console.print(f"run {config.run_id}: {config.name} d={config.model.d_model} on {config.data.describe()} -> {run_dir}",
                   markup=False, highlight=False)
-    result = Trainer(config, run_dir=run_dir, progress=not args.no_progress, console=console).fit()
+    trainer = Trainer(config, run_dir=run_dir, progress=not args.no_progress, console=console)
+    result = trainer.fit()
+    if not trainer.parallel.is_main:
+        return 0
     ResultsStore(Path(args.out) / "results.sqlite").put(config, result, version=seqmix.__version__, git_commit=git_commit())
     console.print(f"accuracy {result.accuracy:.4f} (best epoch {result.best_epoch} of {result.epochs}), "
                   f"{result.tokens_per_s:,.0f} tokens/s, {result.wall_time:.1f}s, state {result.state_size:,} floats, "
@@ -328,6 +352,29 @@ def _add_sweep(sub):
     p.add_argument("--models", help="comma-separated model labels of the preset to run")
     p.add_argument("--skip-missing", action="store_true", help="run the models whose mixers are registered, skip the others")
     _add_harness_common(p)
+    _add_launcher(p)
+
+
+def _add_launcher(p):
+    """--launcher and the job resources (issue 15, docs/scale.md; seqmix.cluster)."""
+    g = p.add_argument_group("cluster (each run as one job; needs the 'cluster' extra)")
+    g.add_argument("--launcher", choices=["local", "submitit"], default="local",
+                   help="local: worker processes on this machine (default); submitit: one Slurm job per run")
+    g.add_argument("--cluster", choices=["auto", "slurm", "local"], default="auto",
+                   help="submitit's executor: auto (Slurm when sbatch exists, else local processes), slurm, local")
+    g.add_argument("--slurm-partition", default=None)
+    g.add_argument("--timeout-min", type=int, default=60, help="wall-clock limit of each job in minutes (default 60)")
+    g.add_argument("--cpus-per-task", type=int, default=None)
+    g.add_argument("--gpus-per-node", type=int, default=0)
+
+
+def _launcher(args):
+    from .cluster import make_launcher
+
+    if args.launcher == "local":
+        return None
+    return make_launcher(args.launcher, args.out, cluster=args.cluster, partition=args.slurm_partition,
+                         timeout_min=args.timeout_min, cpus_per_task=args.cpus_per_task, gpus_per_node=args.gpus_per_node)
 
 
 def _sweep_configs(args):
@@ -353,7 +400,8 @@ def _run_sweep(args) -> int:
 
     _import_plugins(args)
     configs, _, workers = _sweep_configs(args)
-    outcomes = run_sweep(configs, out_dir=args.out, workers=args.workers or workers, threads=args.threads, plugins=tuple(args.plugins))
+    outcomes = run_sweep(configs, out_dir=args.out, workers=args.workers or workers, threads=args.threads, plugins=tuple(args.plugins),
+                         launcher=_launcher(args))
     return 1 if any(o.result is None for o in outcomes) else 0
 
 
@@ -365,6 +413,7 @@ def _add_reproduce(sub):
     p.add_argument("--models", help="comma-separated model labels to run (default: all)")
     p.add_argument("--skip-missing", action="store_true", help="run the models whose mixers are registered, skip the others")
     _add_harness_common(p)
+    _add_launcher(p)
 
 
 def _run_reproduce(args) -> int:
@@ -379,7 +428,7 @@ def _run_reproduce(args) -> int:
         return 0
     models = args.models.split(",") if args.models else None
     r = reproduce(args.name, args.scale, out_dir=args.out, workers=args.workers, threads=args.threads, models=models,
-                  skip_missing=args.skip_missing, plugins=tuple(args.plugins))
+                  skip_missing=args.skip_missing, plugins=tuple(args.plugins), launcher=_launcher(args))
     return 1 if r.failed else 0
 
 
@@ -497,6 +546,7 @@ def _add_lm_train(sub):
     g.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="cpu")
+    _add_parallel(p)
     _add_harness_common(p)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-mfu", action="store_true", help="do not measure the matmul peak for the MFU estimate")
@@ -541,11 +591,11 @@ def _run_lm_train(args) -> int:
     from .train.store import ResultsStore
 
     _import_plugins(args)
-    config = _lm_config(args)  # every field checked (and the tokenizer built) before training
+    config = _with_parallel(_lm_config(args), args)  # every field checked (and the tokenizer built) before training
     if not config.is_lm:
         raise ValueError("argument --config: the run's data is not a corpus (use `seqmix train` for synthetic tasks)")
     run_dir = Path(args.out) / "runs" / config.run_id
-    console = Console()
+    console = Console(quiet=not _is_rank0())  # under torchrun only rank 0 prints
     console.print(f"run {config.run_id}: {config.name} d={config.model.d_model} x{config.model.n_layers} on "
                   f"{config.data.describe()}, vocab {config.data.vocab_size} -> {run_dir}", markup=False, highlight=False)
     if config.train.threads:
@@ -553,7 +603,10 @@ def _run_lm_train(args) -> int:
 
         torch.set_num_threads(config.train.threads)
     peak = None if args.no_mfu else matmul_peak_flops(config.train.device)
-    result = Trainer(config, run_dir=run_dir, progress=not args.no_progress, console=console, peak_flops=peak).fit()
+    trainer = Trainer(config, run_dir=run_dir, progress=not args.no_progress, console=console, peak_flops=peak)
+    result = trainer.fit()
+    if not trainer.parallel.is_main:
+        return 0
     ResultsStore(Path(args.out) / "results.sqlite").put(config, result, version=seqmix.__version__, git_commit=git_commit())
     mfu = f", MFU {100 * result.mfu:.1f}% of {peak / 1e9:.0f} GFLOP/s" if result.mfu is not None else ""
     console.print(f"val ppl {result.ppl:.3f}, {result.bpb:.4f} bits/byte (best at step {result.best_step} of {result.steps}), "

@@ -35,7 +35,7 @@ class Reproduction:
 
 def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", workers: int | None = None,
               threads: int | None = None, models: list[str] | None = None, skip_missing: bool = False,
-              plugins: tuple[str, ...] = (), progress: bool = True, console=None) -> Reproduction:
+              plugins: tuple[str, ...] = (), progress: bool = True, console=None, launcher=None) -> Reproduction:
     """Runs (or resumes) a preset's grid, then prints the best-over-LR table, the paper's
     numbers and the claims check, and writes the plot to ``out_dir/<preset>-<scale>.png``.
     Results go to ``out_dir/results.sqlite``; runs already there are not run again."""
@@ -56,7 +56,7 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
     console.print(f"{preset.source}\n{sc.description}\n{len(configs)} runs; {sc.budget}")
     store = ResultsStore(out_dir / "results.sqlite")
     outcomes = run_sweep(configs, out_dir=out_dir, store=store, workers=workers or sc.workers, threads=threads,
-                         plugins=plugins, progress=progress, console=console)
+                         plugins=plugins, progress=progress, console=console, launcher=launcher)
     ids = [o.config.run_id for o in outcomes if o.result is not None]
     order = [m.label for m in preset.models]
     x = preset.x

@@ -68,6 +68,7 @@ from torch import nn
 
 from ..dsf import DSF
 from ..ops import attention_probs, attention_step, kv_cache_trim, linear_recurrence, recurrence_map, softmax_attention
+from ..ops.precision import linear_f32
 from ..ops.features import FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, taylor_feature_dim
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 
@@ -155,10 +156,11 @@ class _Attention(Mixer):
         s = self.config.scale
         return 1.0 / math.sqrt(self.head_qk) if s == "sqrt" else 1.0 if s == "none" else float(s)
 
-    def _qkv(self, x):
-        """q (scaled), k: [B, T, H, K]; v: [B, T, H, V]."""
+    def _qkv(self, x, *, qk_f32: bool = False):
+        """q (scaled), k: [B, T, H, K]; v: [B, T, H, V]. ``qk_f32``: q and k in float32 or wider
+        under autocast and with half parameters (docs/scale.md)."""
         B, T, _ = x.shape
-        q, k = self.W_qk(x).chunk(2, dim=-1)
+        q, k = (linear_f32(self.W_qk, x) if qk_f32 else self.W_qk(x)).chunk(2, dim=-1)
         q = q.view(B, T, self.heads, self.head_qk)
         if self.qk_scale != 1.0:
             q = q * self.qk_scale
@@ -254,7 +256,9 @@ class SeparableAttention(_Attention):
 
     def _features(self, x):
         """φ(q), ψ(k): [B, T, H, n_φ]; v: [B, T, H, V]; z = W_η x: [B, T, H] or None."""
-        q, k, v = self._qkv(x)
+        # a signed η = 1 + |φ(q)ᵀΣψ(k)| cancels: with q, k rounded to bf16 its error grows with T
+        # (relative error 0.29 at T = 512), so q and k stay in float32 there (docs/scale.md)
+        q, k, v = self._qkv(x, qk_f32=self.config.normalizer == "abs_row_sum")
         P = self.config.taylor_order
         fq = apply_feature_map(self.phi_name, q, P)
         fk = apply_feature_map(self.psi_name, k, P)
@@ -287,6 +291,7 @@ class SeparableAttention(_Attention):
             o = o / eta_from(self.config.normalizer, s=s)
         elif z is not None:
             o = o / eta_from(self.config.normalizer, z=z).unsqueeze(-1)
+        o = o.to(v.dtype)  # the projections' dtype (q, k may be wider: _features)
         return MixOut(self._readout(o), {"S": S} if need_state else None, values=v, mixed=o)
 
     # -- DSF view --------------------------------------------------------------------------

@@ -62,6 +62,7 @@ from .._checks import check_choice, check_positive_int
 from ..dsf import DSF
 from ..ops import linear_recurrence
 from ..ops.conv import causal_conv1d, direct_conv, fft_conv, toeplitz
+from ..ops.precision import linear_f32, upcast
 from ..ops.ssm import diagonal_ssm_conv
 from .base import Mixer, MixerConfig, MixOut, register
 from .layers import ShortConv
@@ -285,12 +286,16 @@ class HyenaFilter(nn.Module):
         """The first L taps [L, channels] (L <= l_max)."""
         if L > self.l_max:
             raise ValueError(f"HyenaFilter: {L} taps asked, more than l_max = {self.l_max} (the filter length)")
-        a = torch.sin(self.freq * self.ffn_in(self.z[:L]))
+        # the filter network runs in float32 or wider under autocast and with half parameters:
+        # sin(ω·a) of a bf16 argument is wrong by up to |ω·a|·2⁻⁸, and each tap multiplies T
+        # inputs (relative error 0.42 of the layer's output at T = 256 in bf16; docs/scale.md)
+        freq = upcast(self.freq)
+        a = torch.sin(freq * linear_f32(self.ffn_in, self.z[:L]))
         for lin in self.ffn_hidden:
-            a = torch.sin(self.freq * lin(a))
-        h = self.ffn_out(a)
+            a = torch.sin(freq * linear_f32(lin, a))
+        h = linear_f32(self.ffn_out, a)
         if self.modulate:
-            h = h * (torch.exp(-self.t[:L] * self.decay) + self.shift)
+            h = h * (torch.exp(-upcast(self.t[:L]) * upcast(self.decay)) + self.shift)
         return h
 
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..ops.conv import causal_conv1d, causal_conv1d_step
+from ..ops.precision import upcast
 
 
 class RMSNorm(nn.Module):
@@ -29,12 +30,14 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         """With ``gate`` z: norm(x · silu(z)) (Mamba-2's gated RMSNorm, gate applied before the norm)."""
+        dtype = x.dtype  # computed in float32 or wider (1/rms and its gradient overflow float16), cast back
+        x = upcast(x)
         if gate is not None:
-            x = x * torch.nn.functional.silu(gate)
+            x = x * torch.nn.functional.silu(upcast(gate))
         shape = x.shape
         xg = x.reshape(*shape[:-1], self.groups, shape[-1] // self.groups)
         xg = xg * torch.rsqrt(xg.pow(2).mean(-1, keepdim=True) + self.eps)
-        y = xg.reshape(shape)
+        y = xg.reshape(shape).to(dtype)
         return y * self.weight if self.weight is not None else y
 
 

@@ -65,6 +65,7 @@ from torch import nn
 
 from ..dsf import DSF
 from ..ops import linear_recurrence, recurrence_map
+from ..ops.precision import complex_, compute_dtype, upcast
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv
 
@@ -424,25 +425,25 @@ class GeneralForm(Mixer):
         if kind == "fixed_head":  # not learned (RetNet, TransNormer): computed here, in the input's precision
             h = torch.arange(H, dtype=torch.float64, device=u.device)
             log_gamma = torch.log1p(-(2.0 ** (-5 - h))) if c.head_decay == "retnet" else -8 * h / H
-            la = log_gamma.to(u.dtype).expand(B, T, H)
+            la = log_gamma.to(compute_dtype(u)).expand(B, T, H)  # float32 or wider: docs/scale.md
         elif kind == "fixed":
-            la = (-torch.exp(self.w)).view(H, K).expand(B, T, H, K)
+            la = (-torch.exp(upcast(self.w))).view(H, K).expand(B, T, H, K)
         elif kind == "lru":
-            la = torch.complex(-torch.exp(self.nu_log), torch.exp(self.theta_log)).view(H, K).expand(B, T, H, K)
+            la = complex_(-torch.exp(upcast(self.nu_log)), torch.exp(upcast(self.theta_log))).view(H, K).expand(B, T, H, K)
         elif kind in ("sigmoid", "low_rank_sigmoid"):
-            z = self.W_a(u).view(B, T, H, K)
+            z = upcast(self.W_a(u)).view(B, T, H, K)  # decays in float32 or wider (docs/scale.md)
             lb = c.decay_lower_bound
             la = F.logsigmoid(z) if lb == 0 else torch.log(lb + (1 - lb) * torch.sigmoid(z))
         elif kind == "reversed_sigmoid":  # DSF eq. (23): σ_rev(z)^a = σ(-z)^a
-            z = self.W_a(u).view(B, T, H, K)
+            z = upcast(self.W_a(u)).view(B, T, H, K)
             a = {"relu": lambda: F.relu(self.a), "exp": lambda: torch.exp(self.a_log), "fixed": lambda: 1.0}[c.rs_exponent]()
             la = a * F.logsigmoid(-z)
         elif kind == "rg_lru":  # Griffin: log a_t = c r_t log σ(Λ) = -c r_t softplus(-Λ)
-            r = torch.sigmoid(self.W_a(u)).view(B, T, H, K)
-            la = -c.rg_lru_c * r * F.softplus(-self.Lambda).view(H, K)
+            r = torch.sigmoid(upcast(self.W_a(u))).view(B, T, H, K)
+            la = -c.rg_lru_c * r * F.softplus(-upcast(self.Lambda)).view(H, K)
         else:  # delta_A, Mamba: log α = -Δ_t A
-            delta = F.softplus(self.W_delta(self.W_u(u)))  # [B, T, H]
-            la = -delta.unsqueeze(-1) * torch.exp(self.A_log)
+            delta = F.softplus(upcast(self.W_delta(self.W_u(u))))  # [B, T, H]
+            la = -delta.unsqueeze(-1) * torch.exp(upcast(self.A_log))
         if c.tau != 1.0:
             la = la / c.tau
         return la, delta
@@ -496,7 +497,7 @@ class GeneralForm(Mixer):
             v = torch.sigmoid(self.W_v(u_v)) * u_v
         else:  # lru: γ ⊙ (x B), complex
             gamma = torch.exp(self.gamma_log).unsqueeze(-1)
-            v = torch.complex(u_v @ (gamma * self.B_re).t(), u_v @ (gamma * self.B_im).t())
+            v = complex_(u_v @ (gamma * self.B_re).t(), u_v @ (gamma * self.B_im).t())
         v = v.reshape(B, T, H, V)
         # f_g
         g = None if self.W_g is None else _act(c.gate, self.W_g(u_g))
@@ -512,14 +513,14 @@ class GeneralForm(Mixer):
         if not self.config.rotary:
             return P.q, P.k, P.gk
         B, T, H, K = P.q.shape
-        q = torch.complex(P.q[..., 0::2], P.q[..., 1::2])
-        k = torch.complex(P.k[..., 0::2], -P.k[..., 1::2])
-        j2 = torch.arange(0, K, 2, dtype=P.q.dtype, device=P.q.device)
+        q = complex_(P.q[..., 0::2], P.q[..., 1::2])
+        k = complex_(P.k[..., 0::2], -P.k[..., 1::2])
+        j2 = torch.arange(0, K, 2, dtype=compute_dtype(q.real), device=P.q.device)  # the phases in float32 or wider
         theta = self.config.rotary_base ** (-j2 / K)
-        real = P.gk.unsqueeze(-1) if P.gk is not None else torch.zeros((), dtype=P.q.dtype, device=P.q.device)
+        real = P.gk.unsqueeze(-1) if P.gk is not None else torch.zeros((), dtype=j2.dtype, device=P.q.device)
         if self.config.xpos:  # relative factor ζ_j^{(t-s)/512}: a decay per pair
             real = real + torch.log((j2 + 0.4 * K) / (1.4 * K)) / 512
-        gk = torch.complex(real.expand(B, T, H, K // 2), theta.expand(B, T, H, K // 2))
+        gk = complex_(real.expand(B, T, H, K // 2), theta.expand(B, T, H, K // 2))
         return q, k, gk
 
     def _recur(self, q, k, v, gk, S0, mode, need_state):
@@ -568,6 +569,8 @@ class GeneralForm(Mixer):
             o = o.real
         if c.normalizer:
             o = o[..., :-1] / o[..., -1:]
+        if not o.is_complex():  # back to the projections' dtype (the op may have run in float32/complex64)
+            o = o.to(P.v.dtype)
         if c.skip == "head":
             o = o + self.D.view(self.H, 1) * P.v
         return o, S
@@ -590,8 +593,9 @@ class GeneralForm(Mixer):
         if P.z is not None:
             o = o * P.z
         if c.complex_values:
-            y = o.real @ self.C_re.t() - o.imag @ self.C_im.t()  # Re(o Cᵀ)
+            y = o.real.to(self.C_re.dtype) @ self.C_re.t() - o.imag.to(self.C_im.dtype) @ self.C_im.t()  # Re(o Cᵀ)
         else:
+            o = o.to(P.v.dtype)  # the projections' dtype (decays and keys from them may be wider)
             y = self.W_o(o) if self.W_o is not None else o
         if c.skip == "input":
             y = y + self.D * x

@@ -33,6 +33,7 @@ from torch import nn
 
 from ..dsf import DSF
 from ..ops import linear_recurrence, recurrence_map
+from ..ops.precision import complex_, upcast
 from ..ops.conv import fft_conv, toeplitz
 from ..ops.selective_scan import selective_scan
 from ..ops.ssm import (
@@ -65,7 +66,8 @@ def _complex_param(z: torch.Tensor) -> nn.Parameter:
 
 
 def _as_complex(p: torch.Tensor) -> torch.Tensor:
-    return torch.view_as_complex(p)
+    """The complex tensor a :func:`_complex_param` stores (complex64 at least: a half parameter is upcast)."""
+    return torch.view_as_complex(upcast(p).contiguous())
 
 
 class _DtRange(MixerConfig):
@@ -163,8 +165,8 @@ class S4(Mixer):
 
     def _dplr(self):
         """(Δ [H], Λ [H, M], P [H, M], B [H, M], C̃ [H, M]) of the continuous-time DPLR system."""
-        Lam = torch.complex(-self.log_A_real.exp(), self.A_imag)
-        return self.log_dt.exp(), Lam, _as_complex(self.P), _as_complex(self.B), _as_complex(self.C)
+        Lam = complex_(-self.log_A_real.exp(), self.A_imag)  # complex64 or wider (docs/scale.md)
+        return upcast(self.log_dt).exp(), Lam, _as_complex(self.P), _as_complex(self.B), _as_complex(self.C)
 
     def _real_system(self):
         """The discretized system in real form: (Ā [H, N, N], B̄ [H, N], C [H, N]).
@@ -200,7 +202,7 @@ class S4(Mixer):
             eye = torch.eye(Ab.shape[-1], dtype=Ab.dtype, device=Ab.device)
             Ct_real = (C.unsqueeze(-2) @ (eye - torch.linalg.matrix_power(Ab, T))).squeeze(-2)
             M = Ct_real.shape[-1] // 2
-            Ct = torch.complex(Ct_real[..., :M], -Ct_real[..., M:]) / 2
+            Ct = complex_(Ct_real[..., :M], -Ct_real[..., M:]) / 2
             L = T
         return dplr_kernel(Lam, P.unsqueeze(0), B, Ct, dt, L)[:, :T]
 
@@ -310,12 +312,12 @@ class DiagonalSSM:
 
     def discrete(self):
         """(log Ā, B̄, C), each [H, M]: the discretized diagonal systems."""
-        dt = self.log_dt.exp()
-        re = -self.log_A_real.exp()
+        dt = upcast(self.log_dt).exp()  # the system in float32 or wider, complex64 or wider (docs/scale.md)
+        re = -upcast(self.log_A_real).exp()
         if self.complex_modes:
-            Lam, B, C = torch.complex(re, self.A_imag), _as_complex(self.B), _as_complex(self.C)
+            Lam, B, C = complex_(re, self.A_imag), _as_complex(self.B), _as_complex(self.C)
         else:
-            Lam, B, C = re, self.B, self.C
+            Lam, B, C = re, upcast(self.B), upcast(self.C)
         Ab, Bb = discretize(Lam, B, dt, self.config.discretization)
         log_Ab = dt.unsqueeze(-1) * Lam if self.config.discretization == "zoh" else Ab.log()
         return log_Ab, Bb, C

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_choice, check_finite, check_shape, check_tensor, fmt_shape
+from .precision import autocast_off
 
 MODES = ("parallel", "sdpa")
 
@@ -191,8 +192,9 @@ def _visible(Tq, Tk, window, prefix, offset, key_valid, device, plain):
 def _probs(qh, kh, scale, mask, empty):
     """The reference: softmax of the masked score matrix. qh [B, H, Tq, K], kh [B, H, Tk, K] -> [B, H, Tq, Tk]."""
     dt = torch.float32 if qh.dtype in (torch.float16, torch.bfloat16) else qh.dtype
-    scores = (qh.to(dt) @ kh.to(dt).transpose(-1, -2)) * scale
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    with autocast_off(qh.device.type):  # scores and softmax in float32 (docs/scale.md)
+        scores = (qh.to(dt) @ kh.to(dt).transpose(-1, -2)) * scale
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
     return probs.masked_fill(empty, 0.0) if empty is not None else probs
 
 
@@ -250,7 +252,8 @@ def softmax_attention(
         mask, empty = _visible(Tq, Tk, window, prefix, offset, key_valid, q.device, plain)
         if mode == "parallel":
             probs = _probs(qh, kh, scale, mask, empty)
-            o = (probs @ vh.to(probs.dtype)).to(v.dtype)
+            with autocast_off(q.device.type):  # the reference: float32 for half inputs, autocast or not
+                o = (probs @ vh.to(probs.dtype)).to(v.dtype)
         else:
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
             if empty is not None:

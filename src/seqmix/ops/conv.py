@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+from .precision import full_precision
 
 __all__ = ["fft_conv", "direct_conv", "toeplitz", "causal_conv1d", "causal_conv1d_step", "fft_size"]
 
@@ -62,6 +63,7 @@ def _check_long(u, k, D, where):
     return B, T, C
 
 
+@full_precision
 def fft_conv(u: torch.Tensor, k: torch.Tensor, D: torch.Tensor | None = None, *, check_values: bool = True) -> torch.Tensor:
     """Causal long convolution by FFT. u [B, T, C]; k [L, C] or [B, L, C] with L >= T (only the
     first T taps matter); D [C] optional skip. Returns y [B, T, C] in u's dtype (half

@@ -47,6 +47,7 @@ import torch
 
 from .._checks import check_choice, check_positive_int, check_shape, check_tensor, fmt_shape
 from .conv import causal_conv1d
+from .precision import autocast_off, upcast
 
 RULES = ("topk", "literal")
 ERRORS = ("l2sq", "l2", "relative_l2", "cosine")
@@ -104,8 +105,9 @@ def innovation(y: torch.Tensor, weights: torch.Tensor, *, error: str = "l2sq", s
     k = weights.shape[0]
     if state is not None:
         check_shape("state", state, (B, d, k), "[B, d, k]", where)
-    with torch.no_grad():
-        y = y.detach()
+    with torch.no_grad(), autocast_off(y.device.type):
+        y = upcast(y.detach())  # the scores rank tokens: float32 or wider, so that rounding flips fewer ranks
+        state = upcast(state)
         # causal_conv1d's last tap multiplies y_t: set it to 0 and put c_j on the tap of y_{t-j}
         taps = torch.cat([weights.flip(0), weights.new_zeros(1)]).to(y.dtype)
         y_hat, new_state = causal_conv1d(y, taps.expand(d, k + 1), None, state, output_final_state=True)

@@ -51,6 +51,7 @@ import torch
 from einops import rearrange
 
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+from .precision import full_precision
 
 MODES = ("recurrent", "chunk", "parallel", "step")
 
@@ -447,6 +448,7 @@ def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex
     return "chunk"
 
 
+@full_precision
 def linear_recurrence(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -524,6 +526,7 @@ def linear_recurrence(
     return o.to(out_dtype), (S if output_final_state else None)
 
 
+@full_precision
 def recurrence_step(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -551,6 +554,7 @@ def recurrence_step(
     return o.to(out_dtype), S
 
 
+@full_precision
 def recurrence_map(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -32,6 +32,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._checks import check_choice, check_finite, check_shape, check_tensor, fmt_shape
+from .precision import full_precision
 
 MODES = ("reference", "fused")
 _WHERE = "selective_scan"
@@ -119,6 +120,7 @@ class _FusedScan(torch.autograd.Function):
         return stack(d_delta), acc_A.sum(0), stack(d_u), stack(d_B), stack(d_C), dh0
 
 
+@full_precision
 def selective_scan(
     x: torch.Tensor,
     delta: torch.Tensor,

@@ -34,6 +34,7 @@ import torch
 
 from .._checks import check_choice, check_positive_int, check_tensor, fmt_shape
 from .conv import fft_conv
+from .precision import full_precision
 
 __all__ = [
     "DISCRETIZATIONS", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose",
@@ -330,6 +331,7 @@ def _matvec(A, x):  # A [H, N, N], x [B, H, N] -> [B, H, N]
     return (A @ x.unsqueeze(-1)).squeeze(-1)
 
 
+@full_precision
 def ssm_scan(u, Abar, Bbar, C, *, initial_state=None, output_final_state: bool = False):
     """The recurrence of a dense LTI system, one channel per head (the reference loop):
 
@@ -350,6 +352,7 @@ def ssm_scan(u, Abar, Bbar, C, *, initial_state=None, output_final_state: bool =
     return torch.stack(ys, 1), (h if output_final_state else None)
 
 
+@full_precision
 def ssm_free_response(Abar, C, initial_state, T: int, *, chunk_size: int = 64):
     """y_t = C Ā^(t+1) h_0 for t < T: what a dense LTI system outputs from the state h_0 with
     zero input (the initial-state term of the convolution mode).
@@ -381,6 +384,7 @@ def ssm_free_response(Abar, C, initial_state, T: int, *, chunk_size: int = 64):
     return y.reshape(y.shape[0], n * c, H)[:, :T]
 
 
+@full_precision
 def ssm_final_state(u, Abar, Bbar, *, initial_state=None, chunk_size: int = 64):
     """h_T = Ā^T h_0 + Σ_s Ā^(T-1-s) B̄ u_s: the state after reading u [B, T, H] (the final
     state of the convolution mode).
@@ -418,6 +422,7 @@ def ssm_final_state(u, Abar, Bbar, *, initial_state=None, chunk_size: int = 64):
 # ------------------------------------------------------------------------------------------
 
 
+@full_precision
 def diagonal_ssm_conv(
     u: torch.Tensor,
     log_Abar: torch.Tensor,

@@ -19,7 +19,7 @@ from ..mixers.base import config_error
 from ..models import ModelConfig
 
 #: TrainConfig fields that change how a run is executed, not what it computes (left out of the run id)
-EXECUTION_FIELDS = ("device", "threads", "checkpoint_every")
+EXECUTION_FIELDS = ("device", "threads", "checkpoint_every", "parallel", "dist_timeout")
 
 
 class TrainConfig(BaseModel):
@@ -49,6 +49,9 @@ class TrainConfig(BaseModel):
     seed: int = Field(0, ge=0, description="seed of the init, dropout and shuffling")
     device: str = Field("cpu", description="torch device")
     threads: int | None = Field(None, gt=0, description="torch CPU threads (default: torch's choice)")
+    parallel: Literal["none", "ddp", "fsdp"] = Field(
+        "none", description="under torchrun: DDP or FSDP2 over the ranks, each training on its slice of the global batch (docs/scale.md)")
+    dist_timeout: float = Field(600.0, gt=0, description="seconds a collective may wait before the run fails (a dead or hung rank)")
 
 
 class RunConfig(BaseModel):

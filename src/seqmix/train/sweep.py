@@ -16,6 +16,12 @@
 * stopping the sweep stops its workers: Ctrl-C terminates them, and a worker whose parent
   is killed (SIGTERM, SIGKILL) exits within half a second; what they were training resumes
   from its last epoch checkpoint next time.
+* ``launcher``: instead of the local pool, each run becomes one job of a cluster launcher
+  (:class:`seqmix.cluster.SubmititLauncher`: Slurm through submitit, docs/scale.md). A job
+  writes only its own run folder (checkpoint, result.json); the sweep's process reads each
+  finished job's result.json and is the only writer of the SQLite store (no concurrent
+  SQLite writes over a network filesystem). A sweep restarted after a crash skips the runs
+  whose result.json says finished.
 """
 
 from __future__ import annotations
@@ -119,6 +125,7 @@ def run_sweep(
     plugins: tuple[str, ...] | list[str] = (),
     progress: bool = True,
     console=None,
+    launcher=None,
 ) -> list[SweepOutcome]:
     """Runs every config (module docstring); returns one outcome per distinct run, in input order."""
     from rich.console import Console
@@ -188,7 +195,9 @@ def run_sweep(
             console.print(_line(c, None, payload["error"]), style="red", markup=False, highlight=False)
 
     t_start = time.perf_counter()
-    if todo and workers == 1:
+    if todo and launcher is not None:
+        _run_jobs(todo, launcher, out_dir, threads, plugins, record, console)
+    elif todo and workers == 1:
         import torch
 
         torch.set_num_threads(threads)
@@ -225,6 +234,42 @@ def run_sweep(
     if todo:
         console.print(f"[dim]sweep: {len(todo)} runs in {time.perf_counter() - t_start:.0f}s[/dim]")
     return [outcomes[rid] for rid in unique]
+
+
+def _run_jobs(todo, launcher, out_dir: Path, threads, plugins, record, console) -> None:
+    """One launcher job per run; each finished run's result.json goes to the store (through
+    ``record``, in this process only). ``launcher``: ``submit(fn, *args) -> job`` (job.done(),
+    job.result()), ``cancel(jobs)``, ``name``, ``poll_interval``."""
+    console.print(f"[dim]{len(todo)} runs as {launcher.name} jobs[/dim]")
+    pending = {}
+    try:
+        for c in todo:
+            job = launcher.submit(_worker, c.model_dump_json(), str(out_dir / "runs" / c.run_id), threads, plugins)
+            pending[job] = c
+        while pending:
+            for job in [j for j in pending if j.done()]:
+                c = pending.pop(job)
+                record(c, _job_payload(job, out_dir / "runs" / c.run_id / RESULT))
+            if pending:
+                time.sleep(launcher.poll_interval)
+    except BaseException:  # Ctrl-C: cancel what is queued or running
+        launcher.cancel(list(pending))
+        raise
+
+
+def _job_payload(job, result_file: Path) -> dict:
+    """{"result": ...} from the run's own result file, else {"error": ...} from the job."""
+    if result_file.exists():
+        blob = json.loads(result_file.read_text())
+        if blob.get("status") == "finished":
+            return {"result": blob}
+    try:
+        payload = job.result()
+    except Exception:  # the job itself failed (killed, out of time, import error)
+        return {"error": traceback.format_exc(limit=3)}
+    if isinstance(payload, dict) and "error" in payload:
+        return payload
+    return {"error": f"job {getattr(job, 'job_id', '?')} ended without a finished {result_file}"}
 
 
 __all__ = ["SweepOutcome", "run_sweep"]

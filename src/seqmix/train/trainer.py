@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from ..data import build_data
 from ..models import LanguageModel
 from .config import RunConfig
+from .distributed import Parallel, check_precision
 from .optim import lr_at, param_groups
 
 CHECKPOINT = "checkpoint.pt"
@@ -152,6 +153,7 @@ class Trainer:
         self.peak_flops = peak_flops
         self.tensorboard = tensorboard
         self.device = torch.device(config.train.device)
+        self.parallel = Parallel.single(self.device)  # fit() sets the run's (torchrun: DDP / FSDP2)
 
     # -- pieces ------------------------------------------------------------------------
 
@@ -184,7 +186,7 @@ class Trainer:
     def loss(self, model: LanguageModel, inputs: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"):
         """(cross-entropy over the labelled positions, logits [M, V], targets [M])."""
         with autocast(self.config.train.precision, self.device):
-            logits, target = model.scored_logits(inputs, labels)
+            logits, target = self.parallel.forward(model, inputs, labels)
         return F.cross_entropy(logits.float(), target, reduction=reduction), logits, target
 
     def evaluate(self, model: LanguageModel, test, *, max_batches: int | None = None) -> dict:
@@ -221,9 +223,12 @@ class Trainer:
         """run_dir/checkpoint.pt, atomically ("config" = the RunConfig JSON, "model" = the state dict)."""
         if self.run_dir is None:
             return
+        model_sd, opt_sd = self.parallel.state_dicts(model, opt)  # every rank (FSDP gathers), rank 0 writes
+        if not self.parallel.is_main:
+            return
         _atomic_save({
             "run_id": self.config.run_id, "config": self.config.model_dump(mode="json"),
-            "model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
+            "model": model_sd, "optimizer": opt_sd, "state": state, "world_size": self.parallel.world,
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
         }, self.run_dir / CHECKPOINT)
@@ -236,8 +241,7 @@ class Trainer:
         blob = torch.load(ckpt, weights_only=False, map_location=self.device)
         if blob.get("run_id") != self.config.run_id:
             return None
-        model.load_state_dict(blob["model"])
-        opt.load_state_dict(blob["optimizer"])
+        self.parallel.load_state_dicts(model, opt, blob["model"], blob["optimizer"])  # full state dicts: any world size
         if scaler is not None and blob.get("scaler"):
             scaler.load_state_dict(blob["scaler"])
         torch.set_rng_state(blob["rng"]["torch"])
@@ -293,7 +297,20 @@ class Trainer:
         tc = c.train
         if tc.threads:
             torch.set_num_threads(tc.threads)
-        device = self.device
+        self.parallel = par = Parallel(tc.parallel, tc.device, timeout=tc.dist_timeout)  # torch.distributed (a world of one outside torchrun)
+        try:
+            with par.guard("training"):  # a failed or timed-out collective (a dead or hung rank) -> DistributedError
+                return self._fit(par)
+        finally:
+            par.close()
+
+    def _fit(self, par: Parallel) -> RunResult:
+        c = self.config
+        tc = c.train
+        self.device = device = par.device
+        check_precision(tc.precision, device)
+        par.check_same(c.model_dump(mode="json"))
+        par.check_batch(c.data.batch_size)
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             done = self.run_dir / RESULT
@@ -304,10 +321,11 @@ class Trainer:
 
         train, test = build_data(c.data)
         tokenizer = getattr(train, "tokenizer", None)
-        if tokenizer is not None and self.run_dir is not None:
+        if tokenizer is not None and self.run_dir is not None and par.is_main:
             tokenizer.save(self.run_dir / TOKENIZER)  # the run folder is self-contained
         seed_everything(tc.seed)
         model = self.build_model()
+        par.wrap(model)  # DDP / FSDP2 (before the optimizer: FSDP replaces the parameters)
         opt = torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr, betas=tc.betas)
         scaler = torch.amp.GradScaler(device.type) if tc.precision == "fp16" else None  # fp16 gradients need scaling
         total, per_epoch = self.plan(train)
@@ -326,10 +344,10 @@ class Trainer:
 
         fpt = flops_per_token(model, c.data.max_seq_len)
         stopped_early = bool(state["best"] and tc.early_stop and state["best"]["accuracy"] >= tc.early_stop)
-        writer = self._tensorboard(stream)
+        writer = self._tensorboard(stream) if par.is_main else None
 
         bar = task = None
-        if self.progress:
+        if self.progress and par.is_main:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
             bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
@@ -352,12 +370,13 @@ class Trainer:
                 loss_v = 0.0
                 for _ in range(tc.grad_accum):
                     b = next(batches)
-                    inputs, labels = self.to_device(b)
+                    inputs, labels, weight = par.shard(*self.to_device(b))  # this rank's rows of the global batch
                     loss, _, _ = self.loss(model, inputs, labels)
-                    loss = loss / tc.grad_accum
+                    loss = loss * weight / tc.grad_accum
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                     loss_v += float(loss.detach())
                     state["tokens"] += b.inputs.numel()
+                loss_v = par.mean(loss_v)  # the global batch's loss
                 if scaler is not None:
                     scaler.unscale_(opt)
                 if tc.grad_clip:
@@ -421,7 +440,9 @@ class Trainer:
                 writer.close()
         state["wall"] += time.perf_counter() - t_session
         result = self._result(state, "finished", state_size, params, stopped_early, fpt)
-        self.write_result(result, model)
+        model = par.plain_model(model, self.build_model)  # FSDP: the whole model on rank 0 for the maps
+        if par.is_main:
+            self.write_result(result, model)
         return result
 
     # -- helpers -----------------------------------------------------------------------

@@ -71,3 +71,16 @@ def test_show_draws_the_eigenvalues_of_the_transition():
     for row in arr:  # every plotted row is a column of |eig Λ_i|
         assert float((mag - row.unsqueeze(1)).abs().amax(0).min()) < 1e-6
     assert any("non-diagonal" in ax.get_title() for ax in fig.axes)
+
+
+def test_delta_models_are_extras_of_the_mqar_presets():
+    from seqmix.experiments import get_preset
+
+    for name in ("dsf-fig2", "metala-table-a7"):
+        p = get_preset(name)
+        default = [m.label for m in p.select(None, "tiny")]
+        assert "DeltaNet" not in default and "Gated DeltaNet" not in default  # the paper's set is unchanged
+        runs = p.runs("tiny", ["DeltaNet", "Gated DeltaNet"])
+        assert {r.label for r in runs} == {"DeltaNet", "Gated DeltaNet"}
+        assert {r.model.mixer for r in runs} == {"deltanet", "gated_deltanet"}
+        assert {"deltanet", "gated_deltanet"} <= set(p.mixers())

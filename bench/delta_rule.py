@@ -110,13 +110,16 @@ def run_case(name, B, T, H, K, V, decay, args, peak):
 
 def main():
     p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--lengths", default=None, help="comma-separated T (default 1024,4096; 256,512 with --quick)")
+    p.add_argument("--decays", default="none,head", help="comma-separated decays of the main cases (none, head, key)")
     args = p.parse_args()
     info = setup(args)
     peak = matmul_peak_gflops(args.device, sizes=(512, 1024) if args.quick else (1024, 2048))
     print(f"machine: {info}\nfloat32 matmul peak measured now: {peak:.1f} GFLOP/s\n")
-    Ts = [256, 512] if args.quick else [1024, 4096]
-    cases = [(f"{decay} K=V=64", 2, T, 4, 64, 64, decay) for decay in ("none", "head") for T in Ts]
-    cases.append(("key K=V=64", 2, Ts[0], 4, 64, 64, "key"))
+    Ts = [int(t) for t in args.lengths.split(",")] if args.lengths else ([256, 512] if args.quick else [1024, 4096])
+    decays = args.decays.split(",")
+    cases = [(f"{decay} K=V=64", 2, T, 4, 64, 64, decay) for decay in decays if decay != "key" for T in Ts]
+    cases.append(("key K=V=64", 2, Ts[0], 4, 64, 64, "key"))  # KDA-style: at the smallest T only
     all_rows, results = [], {}
     for name, B, T, H, K, V, decay in cases:
         rows, res = run_case(name, B, T, H, K, V, decay, args, peak)
@@ -131,7 +134,7 @@ def main():
     T_big = Ts[-1]
     print(f"\ntargets (T={T_big}, K=V=64):")
     targets = []
-    for decay in ("none", "head"):
+    for decay in (d for d in decays if d != "key"):
         r = results[f"{decay} K=V=64 T={T_big}"]["chunk"]
         targets.append(target_line(f"chunk fwd+bwd >= 8x recurrent ({decay} decay, T={T_big})", r["speedup_fwd_bwd"] >= 8, f"{r['speedup_fwd_bwd']:.1f}x"))
         targets.append(target_line(f"chunk fwd % of matmul peak ({decay} decay, T={T_big}; reported, no target)", None,

@@ -169,9 +169,10 @@ def _block(q, k, v, beta, G):
         Kt, Qt = k * E, q * E
         Kw = k * (G[..., -1:, :] - G).exp()
         dC = E[..., -1, :].unsqueeze(-1)
-    # the UT transform: (I + A) [U0, W] = Diag(β) [V, K̃], one unit lower-triangular solve
-    rhs = beta.unsqueeze(-1) * torch.cat([v, Kt], dim=-1)
-    X = torch.linalg.solve_triangular(I + A, rhs, upper=False, unitriangular=True)
+    # the UT transform: T = (I + A)⁻¹ Diag(β) by one unit lower-triangular solve (C right-hand
+    # sides, fewer than the K + V of solving for [U0, W] directly), then [U0, W] = T [V, K̃] as a matmul
+    Tm = torch.linalg.solve_triangular(I + A, torch.diag_embed(beta), upper=False, unitriangular=True)
+    X = Tm @ torch.cat([v, Kt], dim=-1)
     V = v.shape[-1]
     return P, X[..., :V], X[..., V:], Qt, Kw, dC
 

@@ -5,9 +5,14 @@ DSF paper (seed 000), eq. (11)-(12):
     h_i = Λ_i h_{i-1} + B_i u_i,        y_i = C_i h_i + D_i u_i,        h_{-1} = 0
     y = Φ u,   Φ[i, j] = C_i (Λ_i Λ_{i-1} ⋯ Λ_{j+1}) B_j  (j < i),   Φ[i, i] = C_i B_i + D_i
 
-with a diagonal Λ_i. Shapes (a leading batch dimension is always present):
+with a diagonal Λ_i (the DSF paper's assumption), or, beyond the paper, a
+diagonal-plus-low-rank one, Λ_i = diag(lam_i) + U_i W_iᵀ (the delta-rule mixers: DeltaNet,
+Gated DeltaNet, KDA), or a dense one (:meth:`DSF.from_dense`). The diagonal case keeps its
+fast paths; the others step through the products of transitions explicitly.
+Shapes (a leading batch dimension is always present):
 
-    lam  [batch, T, N]           the diagonal of Λ_i (may exceed 1: attention's Λ does)
+    lam  [batch, T, N]           the diagonal of Λ_i, or its diagonal part (may exceed 1: attention's Λ does)
+    U, W [batch, T, N, r]        the low-rank part of Λ_i (None: diagonal)
     B    [batch, T, N, d_in]
     C    [batch, T, d_out, N]
     D    [batch, T, d_out, d_in] or None
@@ -37,9 +42,10 @@ def _to64(x: torch.Tensor) -> torch.Tensor:
 
 
 class DSF:
-    """A causal linear time-varying system with diagonal transition (DSF eq. 11)."""
+    """A causal linear time-varying system (DSF eq. 11) with a diagonal transition, or a
+    diagonal-plus-low-rank one Λ_i = diag(lam_i) + U_i W_iᵀ (``U``, ``W`` [batch, T, N, r])."""
 
-    def __init__(self, lam, B, C, D=None, *, real_output: bool | None = None):
+    def __init__(self, lam, B, C, D=None, *, U=None, W=None, real_output: bool | None = None):
         lam = check_tensor("lam", lam, rank=(2, 3), layout="[batch, T, N]", complex_ok=True, where=_WHERE)
         B = check_tensor("B", B, rank=(3, 4), layout="[batch, T, N, d_in]", complex_ok=True, where=_WHERE)
         C = check_tensor("C", C, rank=(3, 4), layout="[batch, T, d_out, N]", complex_ok=True, where=_WHERE)
@@ -59,10 +65,72 @@ class DSF:
                 raise ValueError(f"{_WHERE}: argument 'D' must have shape [batch, T, d_out, d_in] = {fmt_shape((bt, T, d_out, d_in))}, got {fmt_shape(D.shape)}")
         self.lam, self._B, self._C = _to64(lam), _to64(B), _to64(C)
         self._make_B = self._make_C = None
+        self._set_low_rank(U, W)
         self._d_in, self._d_out = d_in, d_out
         self.D = _to64(D) if D is not None else None
         is_complex = any(t is not None and t.is_complex() for t in (self.lam, self._B, self._C, self.D))
         self.real_output = is_complex if real_output is None else real_output
+
+    def _set_low_rank(self, U, W, *, make_UW=None, rank: int | None = None, eig=None):
+        """Stores U, W (or a function building them on first access) and an optional exact
+        eigenvalue function (a structured shortcut for :meth:`eigenvalues`)."""
+        self._U = self._W = None
+        self._make_UW, self._rank, self._eig = make_UW, rank, eig
+        if (U is None) != (W is None):
+            raise ValueError(f"{_WHERE}: arguments 'U' and 'W' (Λ_i = diag(lam_i) + U_i W_iᵀ) go together; got only one")
+        if U is not None:
+            bt, T, N = self.lam.shape
+            for name, t in (("U", U), ("W", W)):
+                check_tensor(name, t, rank=4, layout="[batch, T, N, r]", complex_ok=True, where=_WHERE)
+                if t.shape[:3] != (bt, T, N) or t.shape != U.shape:
+                    raise ValueError(
+                        f"{_WHERE}: arguments 'U' and 'W' must both have shape [batch, T, N, r] = [{bt}, {T}, {N}, r], "
+                        f"got {fmt_shape(U.shape)} and {fmt_shape(W.shape)}"
+                    )
+            self._U, self._W, self._rank = _to64(U), _to64(W), U.shape[-1]
+
+    @property
+    def is_diagonal(self) -> bool:
+        """Whether Λ_i is diagonal (the DSF paper's form; then ``lam`` is all of it)."""
+        return self._U is None and self._make_UW is None
+
+    @property
+    def U(self) -> torch.Tensor | None:
+        """[batch, T, N, r]: Λ_i = diag(lam_i) + U_i W_iᵀ; None for a diagonal system."""
+        if self._U is None and self._make_UW is not None:
+            U, W = self._make_UW()
+            self._U, self._W, self._make_UW = _to64(U), _to64(W), None
+        return self._U
+
+    @property
+    def W(self) -> torch.Tensor | None:
+        """[batch, T, N, r] (see :attr:`U`)."""
+        self.U
+        return self._W
+
+    def transition(self) -> torch.Tensor:
+        """The dense Λ_i [batch, T, N, N] (for inspection; O(T·N²) memory)."""
+        L = torch.diag_embed(self.lam)
+        if not self.is_diagonal:
+            L = L.to(torch.promote_types(L.dtype, self.U.dtype)) + self.U @ self.W.transpose(-1, -2)
+        return L
+
+    def eigenvalues(self) -> torch.Tensor:
+        """The eigenvalues of each Λ_i, [batch, T, N] (complex128 for a non-diagonal system; the
+        diagonal itself for a diagonal one). Systems built by :meth:`from_delta_rule` use their
+        block structure (K×K blocks); others the dense Λ_i."""
+        if self.is_diagonal:
+            return self.lam
+        if self._eig is not None:
+            return self._eig()
+        return torch.linalg.eigvals(self.transition())
+
+    def _apply(self, i: int, X: torch.Tensor) -> torch.Tensor:
+        """Λ_i X for X [batch, N, m]."""
+        Y = self.lam[:, i].unsqueeze(-1) * X
+        if not self.is_diagonal:
+            Y = Y + self.U[:, i] @ (self.W[:, i].transpose(-1, -2) @ X)
+        return Y
 
     @classmethod
     def _deferred(cls, lam, make_B, make_C, *, d_in: int, d_out: int, complex_bc: bool, D=None) -> "DSF":
@@ -78,6 +146,7 @@ class DSF:
                 raise ValueError(f"{_WHERE}: argument 'D' must have shape [batch, T, d_out, d_in] = {fmt_shape((bt, T, d_out, d_in))}, got {fmt_shape(D.shape)}")
         self._B = self._C = None
         self._make_B, self._make_C = make_B, make_C
+        self._set_low_rank(None, None)
         self._d_in, self._d_out = d_in, d_out
         self.D = _to64(D) if D is not None else None
         self.real_output = complex_bc or self.lam.is_complex() or (self.D is not None and self.D.is_complex())
@@ -122,7 +191,8 @@ class DSF:
 
     def __repr__(self) -> str:
         kind = "complex" if self.lam.is_complex() else "real"
-        return f"DSF(batch={self.batch}, T={self.T}, N={self.N}, d_in={self.d_in}, d_out={self.d_out}, {kind}, D={'yes' if self.D is not None else 'no'})"
+        lr = "" if self.is_diagonal else f", Λ = diag + rank {self._rank}"
+        return f"DSF(batch={self.batch}, T={self.T}, N={self.N}, d_in={self.d_in}, d_out={self.d_out}, {kind}, D={'yes' if self.D is not None else 'no'}{lr})"
 
     # -- evaluation ----------------------------------------------------------------------
 
@@ -144,7 +214,11 @@ class DSF:
         for t in (self.lam, self.B, self.C, self.D):
             if t is not None:
                 dt = torch.promote_types(dt, t.dtype)
+        if not self.is_diagonal:
+            dt = torch.promote_types(dt, self.U.dtype)
         lam, Bm, Cm = self.lam.to(dt), self.B.to(dt), self.C.to(dt)
+        Um = self.U.to(dt) if not self.is_diagonal else None
+        Wm = self.W.to(dt).transpose(-1, -2) if not self.is_diagonal else None
         Dm = self.D.to(dt) if self.D is not None else None
         u = u.to(dt)
         h = torch.zeros(self.batch, self.N, dtype=dt, device=self.lam.device)
@@ -152,7 +226,10 @@ class DSF:
             h = h + _to64(h0)
         ys, hs = [], []
         for i in range(self.T):
-            h = lam[:, i] * h + (Bm[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
+            hn = lam[:, i] * h + (Bm[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
+            if Um is not None:
+                hn = hn + (Um[:, i] @ (Wm[:, i] @ h.unsqueeze(-1))).squeeze(-1)
+            h = hn
             y = (Cm[:, i] @ h.unsqueeze(-1)).squeeze(-1)
             if Dm is not None:
                 y = y + (Dm[:, i] @ u[:, i].unsqueeze(-1)).squeeze(-1)
@@ -165,11 +242,20 @@ class DSF:
         """Φ as blocks [batch, T, T, d_out, d_in]: Φ[:, i, j] = C_i (Λ_i ⋯ Λ_{j+1}) B_j for j <= i.
 
         The product of transitions is accumulated in the exact order Λ_{j+1}, Λ_{j+2}, …
-        (no division, so Λ = 0 is fine)."""
+        (no division, so Λ = 0 is fine). A non-diagonal Λ_i is applied to Λ_{i-1} ⋯ B_j as
+        diag(lam_i) X + U_i (W_iᵀ X), never formed."""
         T = self.T
         out = torch.zeros(self.batch, T, T, self.d_out, self.d_in, dtype=torch.promote_types(self.C.dtype, self.B.dtype))
+        if not self.is_diagonal:
+            out = out.to(torch.promote_types(out.dtype, self.U.dtype))
+            for j in range(T):
+                X = self.B[:, j].to(out.dtype)  # [batch, N, d_in]
+                for i in range(j, T):
+                    if i > j:
+                        X = self._apply(i, X)
+                    out[:, i, j] = self.C[:, i] @ X
         ones = torch.ones_like(self.lam[:, :1])
-        for j in range(T):
+        for j in range(T if self.is_diagonal else 0):
             # prods[:, i - j] = Λ_{j+1} ⋯ Λ_i (the empty product for i = j)
             prods = torch.cat([ones, torch.cumprod(self.lam[:, j + 1 :], dim=1)], dim=1)  # [batch, T-j, N]
             out[:, j:, j] = self.C[:, j:] @ (prods.unsqueeze(-1) * self.B[:, j].unsqueeze(1))
@@ -210,11 +296,15 @@ class DSF:
                 f"got {fmt_shape(lam_extra.shape)} and {fmt_shape(B_extra.shape)}"
             )
         C_extra = torch.zeros(self.batch, self.T, self.d_out, extra, dtype=self.C.dtype)
+        U = W = None
+        if not self.is_diagonal:  # the added states do not feed the low-rank part: zero rows
+            U, W = (torch.cat([t, t.new_zeros(self.batch, self.T, extra, t.shape[-1])], -2) for t in (self.U, self.W))
         return DSF(
             torch.cat([self.lam, lam_extra.to(self.lam.dtype)], -1),
             torch.cat([self.B, B_extra.to(self.B.dtype)], -2),
             torch.cat([self.C, C_extra], -1),
             self.D,
+            U=U, W=W,
             real_output=self.real_output,
         )
 
@@ -236,7 +326,7 @@ class DSF:
                 raise ValueError(f"{_WHERE}.compose: argument 'out_proj' must be [d_y, d_out={self.d_out}], got {fmt_shape(W.shape)}")
             C = W.to(torch.promote_types(W.dtype, C.dtype)) @ C
             D = W.to(torch.promote_types(W.dtype, D.dtype)) @ D if D is not None else None
-        return DSF(self.lam, B, C, D, real_output=self.real_output)
+        return DSF(self.lam, B, C, D, U=self.U, W=self.W, real_output=self.real_output)
 
     # -- converters to and from the op-level form ---------------------------------------------
 
@@ -286,6 +376,69 @@ class DSF:
         return cls._deferred(lam, make_B, make_C, d_in=H * V, d_out=H * V, complex_bc=q.is_complex() or k.is_complex(), D=D)
 
     @classmethod
+    def from_dense(cls, Lam, B, C, D=None, *, real_output: bool | None = None) -> "DSF":
+        """A system with a dense transition Lam [batch, T, N, N] (stored as 0 + Lam · Iᵀ, so every
+        method of the diagonal-plus-low-rank form applies unchanged)."""
+        Lam = check_tensor("Lam", Lam, rank=4, layout="[batch, T, N, N]", complex_ok=True, where=f"{_WHERE}.from_dense")
+        if Lam.shape[-1] != Lam.shape[-2]:
+            raise ValueError(f"{_WHERE}.from_dense: argument 'Lam' must be square in its last two dimensions [batch, T, N, N], got {fmt_shape(Lam.shape)}")
+        bt, T, N, _ = Lam.shape
+        eye = torch.eye(N, dtype=torch.float64).expand(bt, T, N, N)
+        return cls(torch.zeros(bt, T, N, dtype=torch.float64), B, C, D, U=Lam, W=eye, real_output=real_output)
+
+    @classmethod
+    def from_delta_rule(cls, q, k, beta, value_dim: int, g=None, *, scale: float = 1.0) -> "DSF":
+        """The DSF of ``seqmix.ops.delta_rule`` (zero initial state): input v, output o.
+
+        q, k [B, T, H, K]; beta [B, T, H]; g (log α) [B, T, H], [B, T, H, K] or None;
+        value_dim = V. Layout as :meth:`from_recurrence` (entry (h, v, k) at (h·V + v)·K + k).
+        Per head and value channel the state is one column of S, and the delta rule's
+        transition is the K×K block M_i = (I − β_i k_iᵀk_i) Diag(α_i) = Diag(α_i) − (β_i k_i)ᵀ(α_i ⊙ k_i):
+
+            lam_i = α_i,   U_i = −I_V ⊗ β_i k_iᵀ,   W_i = I_V ⊗ (α_i ⊙ k_i)ᵀ   (rank H·V),
+            B_i = I_V ⊗ β_i k_iᵀ,   C_i = scale · I_V ⊗ q_i.
+
+        So Λ_i is block diagonal with H·V blocks, identical over the V channels of a head.
+        :meth:`eigenvalues` uses the blocks: for a scalar α, α (K − 1 times) and α(1 − β‖k‖²).
+        """
+        where = f"{_WHERE}.from_delta_rule"
+        check_tensor("q", q, rank=4, layout="[B, T, H, K]", where=where)
+        check_tensor("k", k, rank=4, layout="[B, T, H, K]", where=where)
+        if k.shape != q.shape:
+            raise ValueError(f"{where}: argument 'k' must have the shape of q {fmt_shape(q.shape)}, got {fmt_shape(k.shape)}")
+        Bt, T, H, K = q.shape
+        V = int(value_dim)
+        check_tensor("beta", beta, rank=3, layout="[B, T, H]", where=where)
+        if beta.shape != (Bt, T, H):
+            raise ValueError(f"{where}: argument 'beta' must be [B, T, H] = {fmt_shape((Bt, T, H))}, got {fmt_shape(beta.shape)}")
+        q, k, beta = _to64(q.detach()), _to64(k.detach()), _to64(beta.detach())
+        logk = torch.zeros(Bt, T, H, K, dtype=torch.float64)
+        if g is not None:
+            g = _to64(g.detach())
+            if g.shape not in ((Bt, T, H, K), (Bt, T, H)):
+                raise ValueError(f"{where}: argument 'g' must be [B, T, H, K] or [B, T, H], got {fmt_shape(g.shape)}")
+            logk = g.unsqueeze(-1).expand(Bt, T, H, K) if g.dim() == 3 else g
+        alpha = logk.exp()
+        bk = beta.unsqueeze(-1) * k
+        system = cls.from_recurrence(q, bk, V, logk, scale=scale)
+        eye_h, eye_v = torch.eye(H, dtype=torch.float64), torch.eye(V, dtype=torch.float64)
+
+        def kron(x):  # [B, T, H, K] -> [B, T, H·V·K, H·V]: x[t, h, k] δ_hh' δ_vv' (as B of from_recurrence)
+            return torch.einsum("btha,hg,vw->bthvagw", x, eye_h, eye_v).reshape(Bt, T, H * V * K, H * V)
+
+        def make_UW():
+            return -kron(bk), kron(alpha * k)
+
+        def eig():
+            M = torch.diag_embed(alpha) - bk.unsqueeze(-1) * (alpha * k).unsqueeze(-2)  # [B, T, H, K, K]
+            ev = torch.linalg.eigvals(M)
+            ev = torch.gather(ev, -1, ev.abs().argsort(-1, descending=True))  # by magnitude: smooth trajectories
+            return ev.unsqueeze(3).expand(Bt, T, H, V, K).reshape(Bt, T, H * V * K)
+
+        system._set_low_rank(None, None, make_UW=make_UW, rank=H * V, eig=eig)
+        return system
+
+    @classmethod
     def from_separable(cls, q_feat, k_feat, eta, value_dim: int) -> "DSF":
         """Separable attention (DSF eq. 13-15, the corrected 15b of Appendix B), per head.
 
@@ -312,6 +465,8 @@ class DSF:
         """
         where = f"{_WHERE}.to_recurrence"
         H, K = heads, key_dim
+        if not self.is_diagonal:
+            raise ValueError(f"{where}: the system's Λ_i is not diagonal; a linear recurrence has a diagonal one")
         if self.N % (H * K) or self.d_in != self.d_out or self.d_in * K != self.N or self.d_in % H:
             raise ValueError(
                 f"{where}: a system with N={self.N}, d_in={self.d_in}, d_out={self.d_out} is not of the form "

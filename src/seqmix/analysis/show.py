@@ -7,8 +7,9 @@ input, side by side, as a PNG or a self-contained HTML report (docs/show.md).
     fig.savefig("maps.png")                                 # pixel size: figure_size_px(len(views), dpi)
     write_html("report.html", views, theory={"lemma1": lemma1_figure()})
 
-Everything goes through the Mixer contract only: ``phi(x)`` for the maps, ``decays(x)`` (the
-diagonal of Λ_i, ``dsf(x).lam`` by default) for the spectrum, ``state_size``, ``family``,
+Everything goes through the Mixer contract only: ``phi(x)`` for the maps, ``spectrum(x)`` (the
+diagonal of Λ_i, ``dsf(x).lam`` by default; the eigenvalues of a non-diagonal Λ_i, e.g. the
+delta rule's α(I − βkᵀk)) for the spectrum, ``state_size``, ``family``,
 ``map_unit`` and ``finite_state`` for the facts, and ``seqmix.analysis.conditions`` for the
 parameter groups and MetaLA's conditions where they are defined.
 
@@ -282,13 +283,14 @@ class MixerView:
     source: str
     T: int
     phi: torch.Tensor  # [maps, T, T]: mixer.phi(x)[0], as the mixer returned it
-    lam: torch.Tensor | None  # [T, N]: mixer.decays(x)[0], or None
+    lam: torch.Tensor | None  # [T, N]: mixer.spectrum(x)[0] (= decays(x)[0] for a diagonal Λ_i), or None
     decay: dict | None  # decay_summary(lam)
     numbers: dict  # means over maps: frobenius, frobenius_rel, kl, effective_rank, band_mass, lag90
     band: int
     state_size: int
     conditions: object | None  # seqmix.analysis.Conditions, or None
     config: dict = field(default_factory=dict)
+    diagonal: bool = True  # whether Λ_i is diagonal; if not, lam holds the eigenvalues of Λ_i (mixer.spectrum)
 
     @property
     def maps(self) -> int:
@@ -301,7 +303,7 @@ class MixerView:
             ("family / maps", f"{self.family}, {self.maps} × {self.map_unit}"),
             (f"state size (floats, T={self.T})", f"{self.state_size:,}"),
             ("DSF state N", f"{d['N']:,}" if d else "∞ (no finite DSF)"),
-            ("distinct Λ_i values", f"{d['distinct_values']:,}" if d else "–"),
+            ("distinct Λ_i values" if self.diagonal else "distinct eig(Λ_i) values", f"{d['distinct_values']:,}" if d else "–"),
             ("Λ parameters", (f"{d['parameters']:,}" if d["time_varying"] else "0 (time-invariant)") if d else "–"),
             ("memory (e-fold steps)", _fmt_len(d["memory"]) if d else "–"),
             ("parameter groups", c.label if c is not None else "–"),
@@ -355,7 +357,7 @@ def inspect_mixer(mixer: Mixer, x: torch.Tensor, reference: torch.Tensor, *, lab
     check_seq_len(T, _maps_of(mixer, x), max_bytes=max_bytes, what=f"mixer {label!r}")
     with torch.no_grad():
         phi = _first(mixer.phi(x))
-        lam = mixer.decays(x)
+        lam = mixer.spectrum(x)  # decays(x) for a diagonal Λ_i, its eigenvalues otherwise
     if phi.is_complex():
         phi = phi.real
     lam = _first(lam) if lam is not None else None
@@ -373,7 +375,7 @@ def inspect_mixer(mixer: Mixer, x: torch.Tensor, reference: torch.Tensor, *, lab
     return MixerView(
         label=label, name=mixer.registry_name, family=type(mixer).family, map_unit=type(mixer).map_unit, source=source, T=T,
         phi=phi, lam=lam, decay=decay, numbers=numbers, band=band, state_size=int(mixer.state_size(T)),
-        conditions=_conditions(mixer), config=mixer.config.model_dump(),
+        conditions=_conditions(mixer), config=mixer.config.model_dump(), diagonal=type(mixer).diagonal_transition,
     )
 
 
@@ -522,7 +524,8 @@ def _draw_column(col: _Column, view: MixerView, *, log: bool, max_maps: int) -> 
         ax.set_ylabel("state (by memory)", fontsize=6, labelpad=1)
         if mag.shape[0] <= 8:
             ax.set_yticks(range(mag.shape[0]))
-        ax.set_title(f"|Λ_i|: {d['trajectories']:,} distinct of N = {d['N']:,}; memory ≈ {_fmt_len(d['memory'])}", fontsize=7, pad=3)
+        what = "|Λ_i|" if view.diagonal else "|eig Λ_i| (non-diagonal)"
+        ax.set_title(f"{what}: {d['trajectories']:,} distinct of N = {d['N']:,}; memory ≈ {_fmt_len(d['memory'])}", fontsize=7, pad=3)
         cb = col.fig.colorbar(im, cax=col.axes(3.5, 4.95, 0.1, 1.55))
         cb.ax.tick_params(labelsize=5)
     # the facts

@@ -110,6 +110,8 @@ class Preset(_Frozen):
     source: str = Field(description="where in which paper")
     x: Literal["d_model", "n", "state_size", "task"] = "d_model"
     models: list[ModelSpec] = Field(min_length=1)
+    extra_models: list[ModelSpec] = Field(
+        default_factory=list, description="models beyond the paper's set (e.g. DeltaNet on MQAR): run only when named with --models")
     scales: dict[str, Scale]
     claims: list[Claim] = Field(default_factory=list)
     paper: str = Field("", description="the paper's numbers, as a markdown table, printed beside ours")
@@ -124,7 +126,7 @@ class Preset(_Frozen):
         return self.scales[name]
 
     def select(self, labels: list[str] | None, scale: str | None = None) -> list[ModelSpec]:
-        """The models (all, or those labelled), in the scale's version when it has its own."""
+        """The models (the paper's set, or those labelled, extras included), in the scale's version when it has its own."""
         models = {m.label: m for m in self.models}
         if scale is not None:
             models.update({m.label: m for m in self.scale(scale).models or []})
@@ -132,6 +134,7 @@ class Preset(_Frozen):
                 labels = self.scale(scale).labels
         if not labels:
             return list(models.values())
+        models.update({m.label: m for m in self.extra_models if m.label not in models})
         bad = [lab for lab in labels if lab not in models]
         if bad:
             raise ValueError(f"preset {self.name!r}: unknown model(s) {', '.join(bad)}; its models are {', '.join(models)}")
@@ -140,7 +143,7 @@ class Preset(_Frozen):
     def mixers(self) -> list[str]:
         """Every mixer name the preset uses, in its models and in its scales' versions of them."""
         names = []
-        for m in [*self.models, *(m for sc in self.scales.values() for m in sc.models or [])]:
+        for m in [*self.models, *self.extra_models, *(m for sc in self.scales.values() for m in sc.models or [])]:
             for n in m.layer_mixers():
                 if n not in names:
                     names.append(n)
@@ -164,7 +167,7 @@ class Preset(_Frozen):
 
         sc = self.scale(scale)
         problems = []
-        known = {m.label for m in self.models}
+        known = {m.label for m in [*self.models, *self.extra_models]}
         for lab in sc.lrs_by_model:
             if lab not in known:
                 problems.append(f"lrs_by_model names {lab!r}, which is not a model of the preset ({', '.join(sorted(known))})")

@@ -60,6 +60,14 @@ NORMALIZED = ModelSpec(label="normalized", mixer="normalized_attention", mixer_k
 S6 = ModelSpec(label="S6", mixer="s6", state_field="d_state")
 SSD = ModelSpec(label="SSD", mixer="dsf_ssd", state_field="d_state")
 
+#: extra models (not in the papers' sets) for the MQAR comparisons: the delta rule, which its papers
+#: (DeltaNet §4.1, Gated DeltaNet §4) compare with the linear attentions and SSMs on MQAR; run them
+#: with --models (docs/delta_rule.md). d_k = d_v = d, one head (n is not used)
+DELTA_EXTRAS = [
+    ModelSpec(label="DeltaNet", mixer="deltanet", mixer_kwargs={"heads": 1}, note="extra model (not in the paper): d_k = d_v = d"),
+    ModelSpec(label="Gated DeltaNet", mixer="gated_deltanet", mixer_kwargs={"heads": 1}, note="extra model (not in the paper): d_k = d_v = d"),
+]
+
 DSF_NOTES = [
     "n is the width of q and k over heads for the attention models and d_state for S6/SSD (dsf note §5.1, 'Meaning of n').",
     "No channel mixer for any model (the released configs; the paper's text says an MLP): set channel_mixer in the model spec to change it.",
@@ -77,6 +85,7 @@ DSF_FIG2 = Preset(
     source="Sieber et al., NeurIPS 2024 (DSF), Figure 2 (and Fig. 5, 7; Appendix L)",
     x="d_model",
     models=[SOFTMAX, LINEAR, NORMALIZED, S6, SSD],
+    extra_models=DELTA_EXTRAS,
     scales={
         "paper": Scale(
             description="MQAR (512, 64), 100k/3k, batch 64, d ∈ {64..512}, n = 128, best of 4 LRs, 64 epochs",
@@ -211,6 +220,7 @@ METALA_TABLE_A7 = Preset(
         ModelSpec(label="Mamba", mixer="mamba"),
         ModelSpec(label="MetaLA", mixer="metala", note="the paper's MQAR setting: H = 2, d_k = d_v = d, conv kernel 2"),
     ],
+    extra_models=DELTA_EXTRAS,
     scales={
         "paper": Scale(
             description="MQAR (512, 80), 100k/3k, batch 128, d ∈ {64, 128}, 2 layers with an MLP, best of 8 LRs",

@@ -5,6 +5,7 @@ from . import linear_attention  # noqa: F401  (registers the general form and it
 from . import ssm  # noqa: F401  (registers)
 from . import convolution  # noqa: F401  (registers)
 from . import hybrid  # noqa: F401  (registers)
+from . import delta  # noqa: F401  (registers deltanet, gated_deltanet, kda)
 from .base import Cache, Mixer, MixerConfig, MixerEntry, MixOut, build_mixer, list_mixers, mixer_entry, register, register_preset
 
 __all__ = [

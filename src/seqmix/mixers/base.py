@@ -9,6 +9,8 @@ Every registered mixer is an ``nn.Module`` built from a typed config:
     mixer.core(x)                   (values, mixed), both [batch, time, maps, P], mixed = phi(x) @ values
     mixer.dsf(x)                    a :class:`~seqmix.dsf.DSF` with dsf(x).evaluate(values) == mixed
     mixer.decays(x)                 [batch, time, N]: the diagonal of Λ_i (dsf(x).lam), None without a finite DSF
+                                    (for a diagonal-plus-low-rank Λ_i: its diagonal part, the decays α)
+    mixer.spectrum(x)               [batch, time, N]: the eigenvalues of Λ_i (= decays(x) when Λ_i is diagonal)
     mixer.state_size(seq_len)       floats of recurrent state per sequence (the memory budget)
     mixer.mode                      "auto" or one of ``mixer.modes``
 
@@ -156,6 +158,8 @@ class Mixer(nn.Module):
     map_unit: ClassVar[str] = "head"
     #: whether dsf(x) is an exact finite-state system (False for softmax attention, Hyena)
     finite_state: ClassVar[bool] = True
+    #: whether Λ_i is diagonal (False for the delta-rule mixers: diagonal plus low rank)
+    diagonal_transition: ClassVar[bool] = True
     #: the config class
     Config: ClassVar[type[MixerConfig]] = MixerConfig
 
@@ -240,6 +244,11 @@ class Mixer(nn.Module):
         if not self.finite_state:
             return None
         return self.dsf(x).lam
+
+    def spectrum(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The eigenvalues of Λ_i over time, [batch, T, N]: ``decays(x)`` for a diagonal Λ_i;
+        mixers with a non-diagonal Λ_i (``diagonal_transition = False``) override it."""
+        return self.decays(x)
 
     def state_size(self, seq_len: int | None = None) -> int:
         """Floats of recurrent state per sequence needed to continue after ``seq_len`` tokens."""

@@ -6,6 +6,8 @@ from .attention import attention_mask, attention_probs, attention_step, kv_cache
 from .conv import causal_conv1d, causal_conv1d_step, direct_conv, fft_conv, toeplitz
 from .features import FEATURE_MAPS, apply_feature_map, taylor_feature_dim, taylor_features
 from .recurrence import linear_recurrence, recurrence_map, recurrence_step
+from .delta_rule import MODES as DELTA_RULE_MODES
+from .delta_rule import delta_rule, delta_rule_map, delta_rule_step
 from .selective_scan import selective_scan
 from .ssm import (
     cauchy, diagonal_ssm_conv, discretize, dplr_kernel, hippo_legs, krylov_kernel, nplr_legs, s4d_init, ssm_final_state,
@@ -14,6 +16,7 @@ from .ssm import (
 
 __all__ = [
     "linear_recurrence", "recurrence_step", "recurrence_map", "RECURRENCE_MODES",
+    "delta_rule", "delta_rule_step", "delta_rule_map", "DELTA_RULE_MODES",
     "fft_conv", "direct_conv", "toeplitz", "causal_conv1d", "causal_conv1d_step",
     "softmax_attention", "attention_probs", "attention_step", "attention_mask", "kv_cache_trim", "ATTENTION_MODES",
     "FEATURE_MAPS", "apply_feature_map", "taylor_features", "taylor_feature_dim",

@@ -1,0 +1,365 @@
+"""The generalized delta rule: a linear recurrence with a rank-one (non-diagonal) transition.
+
+In the row convention of :func:`~seqmix.ops.linear_recurrence` (state S ∈ R^{K×V} per head,
+k_t a row vector, k_tᵀ v_t ∈ R^{K×V}, o_t = scale · q_t S_t):
+
+    S_t = (I − β_t k_tᵀ k_t) Diag(α_t) S_{t-1} + β_t k_tᵀ v_t,        o_t = scale · q_t S_t
+
+that is: decay first (α_t ∈ (0, 1], one per head or one per key channel), then the delta
+rule on the decayed state, S ← S + β_t k_tᵀ (v_t − k_t S): the value stored under k_t
+moves a fraction β_t of the way to v_t. The papers write the same update in the column
+convention (state ∈ R^{V×K}, o = S q): S_t = S_{t-1} α_t (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ
+(DeltaNet, Yang et al. 2024, eq. 1-2 of §2.2; Gated DeltaNet, Yang, Kautz, Hatamizadeh
+2025, eq. 10); the transition acts on the key side, so in our convention it multiplies S
+from the left. Decay before the delta step, as in Gated DeltaNet's and KDA's reference
+recurrences (with a key-wise α the two orders differ: here the transition is
+(I − β kᵀk) Diag(α)).
+
+    α = 1        DeltaNet            g None
+    α_t scalar   Gated DeltaNet      g [B, T, H]     (log α_t, <= 0)
+    α_t ∈ R^K    KDA-style gate      g [B, T, H, K]  (log α_t, <= 0)
+
+Shapes: q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; initial_state [B, H, K, V];
+output o [B, T, H, V] and final state [B, H, K, V].
+
+Modes (all return the same numbers; tests tie each to ``recurrent``):
+
+* ``recurrent``: the reference loop over time (``unbind``).
+* ``chunk``: the chunkwise-parallel form (DeltaNet paper §3.2, the WY/UT representation).
+  Within a chunk, with S_0 the state entering it and Γ_t = Diag(α_1 ⋯ α_t) (local), the
+  state is S_t = Γ_t S_0 + Σ_{i<=t} (Γ_t Γ_i⁻¹ k_iᵀ) u_i, and the pseudo-values u_i solve
+  the unit lower-triangular system (I + A) U = Diag(β)(V − K̃ S_0) with
+  A[t, i] = β_t k_t Γ_t Γ_i⁻¹ k_iᵀ (i < t) and K̃_t = k_t Γ_t: one triangular solve per
+  chunk gives U = U_0 − W S_0 (U_0, W independent of S_0), so only four small matmuls per
+  chunk remain sequential: U = U_0 − W S_0, o = Q̃ S_0 + P U, S_C = Γ_C S_0 + K_wᵀ U
+  (P the decayed causal q-k scores). Every exponent is <= 0, except inside the key-wise
+  scores, which reuse the safe tiles of ``linear_recurrence`` (:func:`_tiled_scores`).
+* ``parallel``: the materialized map, the whole sequence as one chunk:
+  Φ = P (I + A)⁻¹ Diag(β), o = Φ v (+ the initial state's term); memory O(T²).
+* ``step``: one token (T == 1), given and returning the state.
+
+Stability: the transition's eigenvalues are α (on the directions orthogonal to k, for a
+scalar α) and α(1 − β‖k‖²) along k, so with unit keys (the mixers L2-normalize them) and
+β ∈ [0, 2] every |eigenvalue| <= 1; β outside [0, 2] is refused. The triangular system is
+unit lower-triangular, hence always solvable. Half inputs are computed in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+from .recurrence import _compute_dtype, _exp_where, _tile_size, _tiled_scores
+
+MODES = ("recurrent", "chunk", "parallel", "step")
+BETA_MAX = 2.0
+
+_WHERE = "delta_rule"
+
+
+def _check_inputs(q, k, v, beta, g, initial_state, *, check_values: bool, where: str, step: bool = False):
+    lay = "[B, H, K]" if step else "[B, T, H, K]"
+    r = 3 if step else 4
+    check_tensor("q", q, rank=r, layout=lay, where=where)
+    check_tensor("k", k, rank=r, layout=lay, where=where)
+    check_tensor("v", v, rank=r, layout=lay.replace("K]", "V]"), where=where)
+    lead = tuple(q.shape[:-1])
+    K = q.shape[-1]
+    lead_s = "[B, H" if step else "[B, T, H"
+    check_shape("k", k, (*lead, K), lay, where)
+    check_shape("v", v, (*lead, None), lay.replace("K]", "V]"), where)
+    V = v.shape[-1]
+    if not step and q.shape[1] == 0:
+        raise ValueError(f"{where}: sequence length T must be >= 1, got q of shape {fmt_shape(q.shape)}")
+    check_tensor("beta", beta, rank=len(lead), layout=lead_s + "]", where=where)
+    check_shape("beta", beta, lead, lead_s + "]", where)
+    if g is not None:
+        check_tensor("g", g, where=where)
+        if g.shape not in (lead, (*lead, K)):
+            raise ValueError(
+                f"{where}: argument 'g' (log-decay) must have shape {lead_s}] = {fmt_shape(lead)} (one per head) or "
+                f"{lead_s}, K] = {fmt_shape((*lead, K))} (key-wise), got {fmt_shape(g.shape)}"
+            )
+    if initial_state is not None:
+        B, H = (q.shape[0], q.shape[-2])
+        check_tensor("initial_state", initial_state, rank=4, layout="[B, H, K, V]", where=where)
+        check_shape("initial_state", initial_state, (B, H, K, V), "[B, H, K, V]", where)
+    if check_values:
+        for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta), ("g", g), ("initial_state", initial_state)):
+            if t is not None:
+                check_finite(name, t, where)
+        b = beta.detach()
+        if float(b.min()) < 0 or float(b.max()) > BETA_MAX:
+            raise ValueError(
+                f"{where}: argument 'beta' must lie in [0, {BETA_MAX:g}] (the transition I − β kᵀk is a contraction for unit keys "
+                f"only there), got values in [{float(b.min()):.4g}, {float(b.max()):.4g}]"
+            )
+        if g is not None and float(g.detach().max()) > 0:
+            raise ValueError(f"{where}: argument 'g' holds log-decays and must be <= 0 (α <= 1); got a maximum of {float(g.detach().max()):.4g}")
+    return K, V
+
+
+# --------------------------------------------------------------------------------------
+# step and recurrent (the reference)
+# --------------------------------------------------------------------------------------
+
+
+def _step(S, q_t, k_t, v_t, b_t, a_t, scale):
+    """S [B,H,K,V]; q_t,k_t [B,H,K]; v_t [B,H,V]; b_t [B,H]; a_t [B,H,K|1] (decay, not log) or None."""
+    if a_t is not None:
+        S = S * a_t.unsqueeze(-1)
+    kS = (k_t.unsqueeze(-2) @ S).squeeze(-2)  # k_t S: what S stores under k_t [B,H,V]
+    u = b_t.unsqueeze(-1) * (v_t - kS)
+    S = S + k_t.unsqueeze(-1) * u.unsqueeze(-2)
+    o_t = (q_t.unsqueeze(-2) @ S).squeeze(-2)
+    if scale != 1.0:
+        o_t = o_t * scale
+    return o_t, S
+
+
+def _recurrent(q, k, v, beta, g, scale, S):
+    T = q.shape[1]
+    a = g.exp().unbind(1) if g is not None else (None,) * T
+    outs = []
+    for q_t, k_t, v_t, b_t, a_t in zip(q.unbind(1), k.unbind(1), v.unbind(1), beta.unbind(1), a):
+        o_t, S = _step(S, q_t, k_t, v_t, b_t, a_t, scale)
+        outs.append(o_t)
+    return torch.stack(outs, dim=1), S
+
+
+# --------------------------------------------------------------------------------------
+# the chunk quantities shared by chunk and parallel
+# --------------------------------------------------------------------------------------
+
+
+def _scores(q, k, G, strict: bool):
+    """Decayed causal scores S[.., t, i] = Σ_k q_tk k_ik exp(G_tk − G_ik) for i <= t (i < t if strict), else 0.
+    q,k [.., C, K]; G [.., C, K|1] cumulative log-decay from the block's start, or None."""
+    C = q.shape[-2]
+    mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1 if strict else 0)
+    if G is None:
+        A = q @ k.transpose(-1, -2)
+    elif G.shape[-1] == 1:
+        Gs = G[..., 0]
+        A = (q @ k.transpose(-1, -2)) * _exp_where(Gs.unsqueeze(-1) - Gs.unsqueeze(-2), mask)
+    else:
+        A = _tiled_scores(q, k, G, _tile_size(C, None, G)).reshape(*q.shape[:-2], C, C)
+    return torch.where(mask, A, torch.zeros((), dtype=A.dtype, device=A.device))
+
+
+def _block(q, k, v, beta, G):
+    """Everything of a block (chunk) that does not depend on the state entering it.
+
+    q,k [.., C, K]; v [.., C, V]; beta [.., C]; G [.., C, K|1] local cumulative log-decay or None.
+    Returns (P, U0, W, Qt, Kw, dC): P [.., C, C] the decayed causal q-k scores; U0 [.., C, V] and
+    W [.., C, K] with U = U0 − W S_0; Qt = q Γ_t; Kw = k Γ_C Γ_t⁻¹; dC [.., K|1, 1] = Γ_C (or None).
+    """
+    C = q.shape[-2]
+    P = _scores(q, k, G, strict=False)
+    A = beta.unsqueeze(-1) * _scores(k, k, G, strict=True)
+    I = torch.eye(C, dtype=A.dtype, device=A.device)
+    if G is None:
+        Kt, Qt, Kw, dC = k, q, k, None
+    else:
+        E = G.exp()
+        Kt, Qt = k * E, q * E
+        Kw = k * (G[..., -1:, :] - G).exp()
+        dC = E[..., -1, :].unsqueeze(-1)
+    # the UT transform: T = (I + A)⁻¹ Diag(β) by one unit lower-triangular solve (C right-hand
+    # sides, fewer than the K + V of solving for [U0, W] directly), then [U0, W] = T [V, K̃] as a matmul
+    Tm = torch.linalg.solve_triangular(I + A, torch.diag_embed(beta), upper=False, unitriangular=True)
+    X = Tm @ torch.cat([v, Kt], dim=-1)
+    V = v.shape[-1]
+    return P, X[..., :V], X[..., V:], Qt, Kw, dC
+
+
+def _chunk(q, k, v, beta, g, scale, S0, C, want_state):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    n = math.ceil(T / C)
+    pad = n * C - T
+    if pad:  # padded tokens: k = 0, β = 0, log-decay 0: they neither write nor decay the state
+        q, k, v, g = (F.pad(x, (0, 0, 0, 0, 0, pad)) if x is not None and x.dim() == 4 else x for x in (q, k, v, g))
+        beta = F.pad(beta, (0, 0, 0, pad))
+        if g is not None and g.dim() == 3:
+            g = F.pad(g, (0, 0, 0, pad))
+
+    def chunked(x):
+        return rearrange(x, "b (n c) h x -> b h n c x", c=C).contiguous()
+
+    q, k, v = chunked(q), chunked(k), chunked(v)
+    if scale != 1.0:
+        q = q * scale
+    beta = rearrange(beta, "b (n c) h -> b h n c", c=C)
+    G = None
+    if g is not None:
+        G = chunked(g if g.dim() == 4 else g.unsqueeze(-1)).cumsum(-2)
+    P, U0, W, Qt, Kw, dC = _block(q, k, v, beta, G)
+
+    # across chunks: the state is passed sequentially (four small matmuls per chunk)
+    S = S0 if S0 is not None else torch.zeros(B, H, K, V, dtype=q.dtype, device=q.device)
+    starts, Us = [], []
+    dCs = dC.unbind(2) if dC is not None else (None,) * n
+    for U0_i, W_i, Kw_i, dC_i in zip(U0.unbind(2), W.unbind(2), Kw.unbind(2), dCs):
+        starts.append(S)
+        U_i = U0_i - W_i @ S
+        Us.append(U_i)
+        S = (S * dC_i if dC_i is not None else S) + Kw_i.transpose(-1, -2) @ U_i
+    S_start = torch.stack(starts, dim=2)  # [B,H,n,K,V]
+    U = torch.stack(Us, dim=2)  # [B,H,n,C,V]
+    o = Qt @ S_start + P @ U
+    o = rearrange(o, "b h n c v -> b (n c) h v")[:, :T]
+    return o, (S if want_state else None)
+
+
+def _map(q, k, beta, g, scale):
+    """Φ [B,H,T,T] with o_t = Σ_s Φ[t, s] v_s (zero initial state), and the block's parts."""
+    qh = rearrange(q, "b t h k -> b h t k")
+    kh = rearrange(k, "b t h k -> b h t k")
+    bh = rearrange(beta, "b t h -> b h t")
+    G = None
+    if g is not None:  # whole-sequence cumulative log-decay, in float64 so that differences stay exact
+        G = rearrange(g if g.dim() == 4 else g.unsqueeze(-1), "b t h k -> b h t k").to(torch.float64).cumsum(-2)
+    if scale != 1.0:
+        qh = qh * scale
+    C = qh.shape[-2]
+    P = _scores(qh, kh, G, strict=False).to(qh.dtype)
+    A = bh.unsqueeze(-1) * _scores(kh, kh, G, strict=True).to(qh.dtype)
+    I = torch.eye(C, dtype=A.dtype, device=A.device)
+    # Φ = P (I + A)⁻¹ Diag(β): solve X (I + A) = P from the right, then scale the columns by β
+    Phi = torch.linalg.solve_triangular(I + A, P, upper=False, left=False, unitriangular=True) * bh.unsqueeze(-2)
+    return Phi, qh, kh, bh, G
+
+
+def _parallel(q, k, v, beta, g, scale, S0, want_state):
+    T = q.shape[1]
+    if S0 is None and not want_state:
+        Phi = _map(q, k, beta, g, scale)[0]
+        return torch.einsum("bhts,bshv->bthv", Phi, v), None
+    # with a state in or out: the same as one chunk of length T
+    return _chunk(q, k, v, beta, g, scale, S0, T, want_state)
+
+
+# --------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------
+
+
+def auto_mode(T: int, chunk_size: int) -> str:
+    """``recurrent`` for one token, ``parallel`` up to one chunk, ``chunk`` beyond."""
+    if T == 1:
+        return "recurrent"
+    if T <= chunk_size:
+        return "parallel"
+    return "chunk"
+
+
+def _prep(q, k, v, beta, g, initial_state):
+    dt = _compute_dtype(q, k, v, beta, g, initial_state)
+    out_dtype = q.dtype
+    conv = [x.to(dt) if x is not None else None for x in (q, k, v, beta, g, initial_state)]
+    return (*conv, out_dtype)
+
+
+def delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    *,
+    scale: float = 1.0,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    mode: str = "auto",
+    chunk_size: int = 64,
+    check_values: bool = True,
+):
+    """Runs S_t = (I − β_t k_tᵀk_t) Diag(exp g_t) S_{t-1} + β_t k_tᵀ v_t, o_t = scale · q_t S_t.
+
+    Args:
+        q, k: [B, T, H, K] (the mixers pass L2-normalized keys). v: [B, T, H, V].
+        beta: [B, T, H], in [0, 2] (the writing strength β_t).
+        g: log-decay (<= 0): [B, T, H] (one per head, Gated DeltaNet), [B, T, H, K]
+            (key-wise, KDA) or None (DeltaNet).
+        scale: multiplies the output.
+        initial_state: [B, H, K, V] or None (zeros).
+        output_final_state: also return S_T.
+        mode: "recurrent", "chunk", "parallel", "step" (T == 1) or "auto".
+        chunk_size: C of the chunk mode (any T works; the tail chunk is padded).
+        check_values: also check for NaN/Inf, β ∈ [0, 2] and g <= 0.
+
+    Returns:
+        (o [B, T, H, V], final_state [B, H, K, V] or None)
+    """
+    check_choice("mode", mode, MODES + ("auto",), _WHERE)
+    check_positive_int("chunk_size", chunk_size, _WHERE)
+    K, V = _check_inputs(q, k, v, beta, g, initial_state, check_values=check_values, where=_WHERE)
+    B, T, H, _ = q.shape
+    if mode == "step":
+        if T != 1:
+            raise ValueError(f"{_WHERE}: mode 'step' takes one token (T == 1), got T = {T}; use 'recurrent' or 'chunk'")
+        o, S = delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0] if g is not None else None, initial_state,
+                               scale=scale, check_values=False)
+        return o.unsqueeze(1), (S if output_final_state else None)
+    q, k, v, beta, g, S0, out_dtype = _prep(q, k, v, beta, g, initial_state)
+    if mode == "auto":
+        mode = auto_mode(T, chunk_size)
+    if mode == "recurrent":
+        if S0 is None:
+            S0 = torch.zeros(B, H, K, V, dtype=q.dtype, device=q.device)
+        ak = (g if g is None or g.dim() == 4 else g.unsqueeze(-1))
+        o, S = _recurrent(q, k, v, beta, ak, scale, S0)
+    elif mode == "parallel":
+        o, S = _parallel(q, k, v, beta, g, scale, S0, output_final_state)
+    else:
+        o, S = _chunk(q, k, v, beta, g, scale, S0, chunk_size, output_final_state)
+    return o.to(out_dtype), (S if output_final_state else None)
+
+
+def delta_rule_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    state: torch.Tensor | None = None,
+    *,
+    scale: float = 1.0,
+    check_values: bool = True,
+):
+    """One decoding step. q, k [B, H, K]; v [B, H, V]; beta [B, H]; g [B, H] or [B, H, K] or None;
+    state [B, H, K, V] or None (zeros). Returns (o [B, H, V], new state [B, H, K, V])."""
+    where = "delta_rule_step"
+    K, V = _check_inputs(q, k, v, beta, g, state, check_values=check_values, where=where, step=True)
+    q, k, v, beta, g, S, out_dtype = _prep(q, k, v, beta, g, state)
+    if S is None:
+        S = torch.zeros(q.shape[0], q.shape[1], K, V, dtype=q.dtype, device=q.device)
+    a = None
+    if g is not None:
+        a = (g.unsqueeze(-1) if g.dim() == 2 else g).exp()
+    o, S = _step(S, q, k, v, beta, a, scale)
+    return o.to(out_dtype), S
+
+
+def delta_rule_map(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    *,
+    scale: float = 1.0,
+    check_values: bool = True,
+) -> torch.Tensor:
+    """The materialized causal map Φ [B, H, T, T] of the delta rule (zero initial state):
+    o[:, t, h] = Σ_s Φ[:, h, t, s] v[:, s, h], Φ[t, s] = scale · q_t M_t ⋯ M_{s+1} β_s k_sᵀ with
+    M_r = (I − β_r k_rᵀk_r) Diag(α_r). The same Φ for every value channel: the transition acts on keys."""
+    where = "delta_rule_map"
+    dummy_v = q.new_zeros(q.shape[:-1] + (1,))
+    _check_inputs(q, k, dummy_v, beta, g, None, check_values=check_values, where=where)
+    q, k, _, beta, g, _, _ = _prep(q, k, dummy_v, beta, g, None)
+    return _map(q, k, beta, g, scale)[0]

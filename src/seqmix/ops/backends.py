@@ -28,6 +28,7 @@ mamba-ssm, causal-conv1d; they build CUDA/Triton code and are never needed).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -302,3 +303,16 @@ register(Backend(
     covers=_sdpa_covers,
     run={"softmax_attention": _sdpa_attention},
 ))
+
+
+@contextlib.contextmanager
+def auto_uses_torch():
+    """Within this block ``backend="auto"`` always runs the torch path (to time a model's
+    torch path against its backend path: bench/gpu.py)."""
+    saved = dict(AUTO_ORDER)
+    AUTO_ORDER.update({op: () for op in AUTO_ORDER})
+    try:
+        yield
+    finally:
+        AUTO_ORDER.clear()
+        AUTO_ORDER.update(saved)

@@ -598,8 +598,21 @@ def _chunk_scales(Gk, Gv):
 
 
 def chunk_size_for(T: int, K: int, V: int, *, keywise: bool = True, valuewise: bool = False) -> int:
-    """The chunk size C that ``chunk_size=None`` uses (placeholder, replaced by the measured rule)."""
-    return 64
+    """The chunk size C that ``chunk_size=None`` uses: the power of two at or above max(K, V),
+    clamped to [32, 128], and not above the power of two at or above T.
+
+    Measured with ``python bench/recurrence.py --chunk-sweep`` (docs/performance.md)
+    (2-core CPU, fwd+bwd of the manual backward, B = 2, T = 4096; best C per head size):
+    K = V = 16 -> 32, 32 -> 64 (32 within 7%), 64 -> 32 key-wise / 64 per head (within 15%),
+    128 -> 128. Per token the intra-chunk matmuls cost 2C(K+V) flops and the state's 4KV
+    plus a Python step per chunk: C near the head size balances them, and small C makes
+    matmuls too thin for BLAS. The decay kind does not change the rule (keywise and
+    valuewise are accepted for a finer table later).
+    """
+    def pow2_at_least(n: int) -> int:
+        return 1 << (max(n, 1) - 1).bit_length()
+
+    return min(min(128, max(32, pow2_at_least(max(K, V)))), pow2_at_least(T))
 
 
 def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex_: bool, chunk_size: int) -> str:

@@ -32,7 +32,10 @@ Modes (all return the same numbers; tests tie each to ``recurrent``):
   (one reduction over the decays) so that no exponent exceeds _MAX_LOG_GROWTH:
   weak decays run as one matmul per chunk, strong ones as smaller tiles, and
   nothing overflows. Cumulative log-decays are local to a chunk and kept in
-  float32 or wider. Memory is linear in T.
+  float32 or wider. Memory is linear in T. Where every chunk is one tile (the usual
+  case), the backward is written by hand (:class:`_ChunkOneTile`: 9 matmuls of the
+  forward's operands, O(T(K+V)) kept per head); strong decays that need smaller tiles
+  are differentiated by autograd. ``chunk_size=None`` picks C by :func:`chunk_size_for`.
 * ``parallel``: the quadratic form o = (A ⊙ M) v through the materialized map of
   :func:`recurrence_map`; memory O(T²).
 * ``step``: one token (T == 1), given and returning the state (decoding); the

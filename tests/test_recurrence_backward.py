@@ -152,3 +152,12 @@ def test_bad_chunk_backward():
     q = torch.randn(1, 4, 1, 2)
     with pytest.raises(ValueError, match="chunk_backward"):
         linear_recurrence(q, q, q, mode="chunk", chunk_backward="fast")
+
+
+def test_autocast_does_not_lower_the_chunk_core():
+    """Under bf16 autocast the hand-written chunk form still computes in its inputs' float32."""
+    q, k, v, gk, gv, S0 = (None if t is None else t.float() for t in make(40, "key", False))
+    o_ref, _ = linear_recurrence(q, k, v, gk, initial_state=S0, mode="chunk", chunk_size=8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o, _ = linear_recurrence(q, k, v, gk, initial_state=S0, mode="chunk", chunk_size=8)
+    assert o.dtype == torch.float32 and max_abs(o, o_ref) < 1e-5

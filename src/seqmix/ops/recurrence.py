@@ -480,6 +480,17 @@ class _ChunkOneTile(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, Gk, Gv, S0):
+        with torch.autocast(q.device.type, enabled=False):  # the op computes in the inputs' (>= float32) dtype
+            return _ChunkOneTile._forward(ctx, q, k, v, Gk, Gv, S0)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, dS):
+        with torch.autocast(do.device.type, enabled=False):
+            return _ChunkOneTile._backward(ctx, do, dS)
+
+    @staticmethod
+    def _forward(ctx, q, k, v, Gk, Gv, S0):
         B, H, n, C, K = q.shape
         V = v.shape[-1]
         Ek = Ev = None
@@ -514,8 +525,7 @@ class _ChunkOneTile(torch.autograd.Function):
         return o, S
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, do, dS):
+    def _backward(ctx, do, dS):
         q_i, k_i, v_i, Ek, Ev, Gk, Gv, S_all, o, A = ctx.saved_tensors
         (per_head,) = ctx.shapes
         B, H, n, C, K = q_i.shape

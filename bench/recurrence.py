@@ -1,7 +1,13 @@
-"""Every mode of seqmix.ops.linear_recurrence, side by side (issue: foundation).
+"""Every mode of seqmix.ops.linear_recurrence, side by side (issues: foundation, 18).
 
-    python bench/recurrence.py            # the issue's shapes and targets (a few minutes on 2 cores)
-    python bench/recurrence.py --quick    # small shapes, seconds
+    python bench/recurrence.py                  # the issue's shapes and targets (a few minutes on 2 cores)
+    python bench/recurrence.py --quick          # small shapes, seconds
+    python bench/recurrence.py --chunk-sweep    # also fwd+bwd of the chunk mode for C in 16..256 (the chunk-size rule)
+
+The chunk mode is timed twice in the same run: ``chunk-autograd`` (autograd through the chunk
+form, chunk_backward="autograd": BEFORE issue 18) and ``chunk`` (the hand-written backward,
+chunk_backward="manual": AFTER), both at C = 64; ``chunk-C*`` is the manual backward at the
+chunk size that chunk_size=None picks (recurrence.chunk_size_for), shown when it is not 64.
 
 Shapes: (B=2, H=4, T in {1024, 4096}, K=V=64) with key-wise decay and with one decay
 per head, and an S6-like shape (B=2, H=256 channels, K=16, V=1, T=2048). For each mode:
@@ -24,7 +30,7 @@ import torch
 from _common import base_parser, fit_exponent, matmul_peak_gflops, peak_memory_mb, print_table, setup, target_line, timeit, write_json
 
 from seqmix.ops import linear_recurrence, recurrence_step
-from seqmix.ops.recurrence import auto_mode
+from seqmix.ops.recurrence import auto_mode, chunk_size_for
 
 CHUNK = 64
 MEM_BUDGET_GB = 6.0  # skip a mode whose dense tensors would exceed this
@@ -46,12 +52,22 @@ def make_inputs(B, T, H, K, V, decay, device, requires_grad=False):
     return q, k, v, gk
 
 
+def impl_kwargs(impl, T, K, V, decay):
+    """linear_recurrence keyword arguments of a row of the table."""
+    if impl == "chunk-autograd":
+        return dict(mode="chunk", chunk_size=CHUNK, chunk_backward="autograd")
+    if impl.startswith("chunk-C"):
+        return dict(mode="chunk", chunk_size=int(impl[7:]), chunk_backward="manual")
+    return dict(mode=impl, chunk_size=CHUNK)
+
+
 def fwd_bwd_fn(B, T, H, K, V, decay, dev, mode):
-    """Forward+backward of one mode on fresh inputs (module level: the memory probe runs it in another process)."""
+    """Forward+backward of one row on fresh inputs (module level: the memory probe runs it in another process)."""
     q, k, v, gk = make_inputs(B, T, H, K, V, decay, dev, requires_grad=True)
+    kw = impl_kwargs(mode, T, K, V, decay)
 
     def fwd_bwd():
-        o, _ = linear_recurrence(q, k, v, gk, mode=mode, chunk_size=CHUNK, check_values=False)
+        o, _ = linear_recurrence(q, k, v, gk, check_values=False, **kw)
         o.sum().backward()
         for t in (q, k, v, gk):
             if t is not None:
@@ -61,9 +77,10 @@ def fwd_bwd_fn(B, T, H, K, V, decay, dev, mode):
 
 
 def flops(mode, B, T, H, K, V):
-    if mode == "chunk":
-        n = math.ceil(T / CHUNK)
-        return B * H * n * (2 * CHUNK**2 * K + 2 * CHUNK**2 * V + 4 * CHUNK * K * V)
+    if mode.startswith("chunk"):
+        C = int(mode[7:]) if mode.startswith("chunk-C") else CHUNK
+        n = math.ceil(T / C)
+        return B * H * n * (2 * C**2 * K + 2 * C**2 * V + 4 * C * K * V)
     if mode == "parallel":
         return B * H * (2 * T * T * K + 2 * T * T * V)
     return B * H * T * 5 * K * V
@@ -77,17 +94,21 @@ def parallel_bytes(B, T, H, K, decay):
 def run_case(name, B, T, H, K, V, decay, args, peak):
     dev = args.device
     rows = []
-    modes = ["recurrent", "chunk", "parallel"]
+    C_rule = chunk_size_for(T, K, V, keywise=decay == "key", valuewise=False)
+    modes = ["recurrent", "chunk-autograd", "chunk"] + ([f"chunk-C{C_rule}"] if C_rule != CHUNK else []) + ["parallel"]
+    if args.modes:
+        modes = [m for m in modes if m in args.modes or (m.startswith("chunk-C") and "chunk-C" in args.modes)]
     results = {}
     for mode in modes:
         if mode == "parallel" and parallel_bytes(B, T, H, K, decay) > MEM_BUDGET_GB * 2**30:
             rows.append([name, T, mode] + [None] * 7 + [f"skipped: needs ~{parallel_bytes(B, T, H, K, decay) / 2**30:.0f} GB"])
             continue
         q, k, v, gk = make_inputs(B, T, H, K, V, decay, dev)
+        kw = impl_kwargs(mode, T, K, V, decay)
 
-        def fwd():
+        def fwd(kw=kw):
             with torch.no_grad():
-                linear_recurrence(q, k, v, gk, mode=mode, chunk_size=CHUNK, check_values=False)
+                linear_recurrence(q, k, v, gk, check_values=False, **kw)
 
         fwd_bwd = fwd_bwd_fn(B, T, H, K, V, decay, dev, mode)
         reps = max(1, args.repeats - 1) if mode == "recurrent" else args.repeats
@@ -95,15 +116,16 @@ def run_case(name, B, T, H, K, V, decay, args, peak):
         t_fb = timeit(fwd_bwd, repeats=reps, device=dev)["min_ms"]
         mem = None if args.no_memory else peak_memory_mb(fwd_bwd_fn, B, T, H, K, V, decay, dev, mode, device=dev)
         gflops = flops(mode, B, T, H, K, V) / (t_f * 1e-3) / 1e9
-        results[mode] = dict(fwd_ms=t_f, fwd_bwd_ms=t_fb, gflops=gflops, pct_peak=100 * gflops / peak, peak_mem_mb=mem)
-        rows.append([name, T, mode, t_f, t_fb, gflops, 100 * gflops / peak, None, None, mem, ""])
+        results[mode] = dict(fwd_ms=t_f, fwd_bwd_ms=t_fb, bwd_over_fwd=t_fb / t_f, gflops=gflops, pct_peak=100 * gflops / peak, peak_mem_mb=mem)
+        note = {"chunk-autograd": "BEFORE (autograd bwd)", "chunk": "AFTER (manual bwd)"}.get(mode, "AFTER, rule's C" if mode.startswith("chunk-C") else "")
+        rows.append([name, T, mode, t_f, t_fb, t_fb / t_f, gflops, 100 * gflops / peak, None, None, mem, note])
     ref = results.get("recurrent")
     for r in rows:
         res = results.get(r[2])
         if res and ref:
-            r[7] = ref["fwd_ms"] / res["fwd_ms"]
-            r[8] = ref["fwd_bwd_ms"] / res["fwd_bwd_ms"]
-            res["speedup_fwd"], res["speedup_fwd_bwd"] = r[7], r[8]
+            r[8] = ref["fwd_ms"] / res["fwd_ms"]
+            r[9] = ref["fwd_bwd_ms"] / res["fwd_bwd_ms"]
+            res["speedup_fwd"], res["speedup_fwd_bwd"] = r[8], r[9]
     # decoding: one step with a carried state
     q, k, v, gk = make_inputs(B, 1, H, K, V, decay, dev)
     S = torch.zeros(B, H, K, V, device=dev)
@@ -114,13 +136,46 @@ def run_case(name, B, T, H, K, V, decay, args, peak):
 
     t_s = timeit(step, repeats=20, device=dev)["min_ms"]
     results["step"] = dict(ms_per_token=t_s)
-    rows.append([name, 1, "step", t_s, None, flops("step", B, 1, H, K, V) / (t_s * 1e-3) / 1e9, None, None, None, None, "per token"])
-    results["auto"] = auto_mode(T, K, V, keywise=decay == "key", valuewise=False, complex_=False, chunk_size=CHUNK)
+    rows.append([name, 1, "step", t_s, None, None, flops("step", B, 1, H, K, V) / (t_s * 1e-3) / 1e9, None, None, None, None, "per token"])
+    results["auto"] = auto_mode(T, K, V, keywise=decay == "key", valuewise=False, complex_=False, chunk_size=C_rule)
+    results["chunk_size_rule"] = C_rule
+    if args.chunk_sweep:
+        results["sweep"] = chunk_sweep(B, T, H, K, V, decay, args)
     return rows, results
+
+
+SWEEP = (16, 32, 64, 128, 256)
+
+
+def chunk_sweep(B, T, H, K, V, decay, args):
+    """fwd+bwd of the chunk mode (manual backward) for each C, interleaved over the repeats so
+    that a change in the machine's load hits every C alike; min per C."""
+    q, k, v, gk = make_inputs(B, T, H, K, V, decay, args.device, requires_grad=True)
+    fns = {}
+    for C in SWEEP:
+        def fb(C=C):
+            o, _ = linear_recurrence(q, k, v, gk, mode="chunk", chunk_size=C, check_values=False)
+            o.sum().backward()
+        fns[C] = fb
+    times = {C: float("inf") for C in SWEEP}
+    for f in fns.values():
+        f()
+    for _ in range(args.repeats):
+        for C, f in fns.items():
+            times[C] = min(times[C], timeit(f, repeats=1, warmup=0, device=args.device)["min_ms"])
+    best = min(times, key=times.get)
+    print(f"  chunk sweep B={B} T={T} H={H} K={K} V={V} {decay}: "
+          + ", ".join(f"C={C}: {t:.0f} ms" for C, t in times.items()) + f"; best C={best}")
+    return dict(times_ms=times, best=best)
 
 
 def main():
     p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--chunk-sweep", action="store_true", help="also time the chunk mode's fwd+bwd for C in 16..256 per case")
+    p.add_argument("--cases", type=lambda x: x.split(","), default=None, help="comma-separated subset of key,head,s6 (default all)")
+    p.add_argument("--modes", type=lambda x: x.split(","), default=None,
+                   help="comma-separated rows to time (recurrent,chunk-autograd,chunk,chunk-C,parallel; default all): "
+                        "the loop's rows take minutes at T = 4096 on a loaded machine; targets needing a missing row print n/a")
     args = p.parse_args()
     info = setup(args)
     peak = matmul_peak_gflops(args.device, sizes=(512, 1024) if args.quick else (1024, 2048, 3072))
@@ -132,6 +187,12 @@ def main():
         for T in Ts:
             cases.append((f"{decay}-wise K=V=64", 2, T, 4, 64, 64, decay))
     cases.append(("S6-like H=256 K=16 V=1", 2, 512 if args.quick else 2048, 256, 16, 1, "key"))
+    if args.cases:
+        kind = {"key": "key-wise", "head": "head-wise", "s6": "S6-like"}
+        unknown = [x for x in args.cases if x not in kind]
+        if unknown:
+            raise SystemExit(f"--cases: unknown {unknown}; expected a subset of {', '.join(kind)}")
+        cases = [c for c in cases if any(c[0].startswith(kind[x]) for x in args.cases)]
 
     all_rows, results = [], {}
     for name, B, T, H, K, V, decay in cases:
@@ -142,23 +203,50 @@ def main():
 
     print_table(
         f"linear_recurrence modes ({info['device']}, {info['threads']} threads, chunk {CHUNK}; times are the min of {args.repeats})",
-        ["case", "T", "mode", "fwd ms", "fwd+bwd ms", "GFLOP/s", "% peak", "x rec fwd", "x rec f+b", "peak MB f+b", "note"],
+        ["case", "T", "mode", "fwd ms", "fwd+bwd ms", "f+b / fwd", "GFLOP/s", "% peak", "x rec fwd", "x rec f+b", "peak MB f+b", "note"],
         all_rows,
     )
 
     print("\ntargets (2-core CPU, T=4096, K=V=64):")
     targets = []
     T_big = Ts[-1]
+
+    def row(decay, T, mode):
+        return results.get(f"{decay}-wise K=V=64 T={T}", {}).get(mode)
+
     for decay in ("key", "head"):
-        r = results[f"{decay}-wise K=V=64 T={T_big}"]
-        sp = r["chunk"]["speedup_fwd_bwd"]
-        targets.append(target_line(f"chunk fwd+bwd >= 10x recurrent ({decay}-wise, T={T_big})", sp >= 10, f"{sp:.1f}x"))
-        pct = r["chunk"]["pct_peak"]
-        targets.append(target_line(f"chunk fwd >= 25% of matmul peak ({decay}-wise, T={T_big})", pct >= 25, f"{pct:.1f}% ({r['chunk']['gflops']:.1f} of {peak:.1f} GFLOP/s)"))
-        if not args.no_memory:
-            mems = [results[f"{decay}-wise K=V=64 T={T}"]["chunk"]["peak_mem_mb"] for T in Ts]
+        r = row(decay, T_big, "chunk")
+        rec = row(decay, T_big, "recurrent")
+        if r and rec:
+            sp = r["speedup_fwd_bwd"]
+            targets.append(target_line(f"chunk fwd+bwd >= 10x recurrent ({decay}-wise, T={T_big})", sp >= 10, f"{sp:.1f}x"))
+        else:
+            targets.append(target_line(f"chunk fwd+bwd >= 10x recurrent ({decay}-wise, T={T_big})", None, "rows not timed (--modes)"))
+        if r:
+            targets.append(target_line(f"chunk fwd >= 25% of matmul peak ({decay}-wise, T={T_big})", r["pct_peak"] >= 25,
+                                       f"{r['pct_peak']:.1f}% ({r['gflops']:.1f} of {peak:.1f} GFLOP/s)"))
+    r, before = row("key", T_big, "chunk"), row("key", T_big, "chunk-autograd")
+    if r and before:
+        ratio = r["bwd_over_fwd"]
+        targets.append(target_line(f"chunk fwd+bwd <= 3x fwd, manual backward (key-wise, T={T_big})", ratio <= 3,
+                                   f"{ratio:.2f}x ({r['fwd_bwd_ms']:.0f} / {r['fwd_ms']:.0f} ms); BEFORE, autograd backward: "
+                                   f"{before['bwd_over_fwd']:.2f}x ({before['fwd_bwd_ms']:.0f} / {before['fwd_ms']:.0f} ms); "
+                                   f"fwd+bwd {before['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x faster"))
+    if not args.no_memory:
+        for decay in ("key", "head"):
+            if not all(row(decay, T, m) for T in Ts for m in ("chunk", "chunk-autograd")):
+                continue
+            mems = [row(decay, T, "chunk")["peak_mem_mb"] for T in Ts]
+            befores = [row(decay, T, "chunk-autograd")["peak_mem_mb"] for T in Ts]
             e = fit_exponent(Ts, mems)
-            targets.append(target_line(f"chunk memory linear in T ({decay}-wise)", e < 1.2, f"peak MB {', '.join(f'{m:.0f}' for m in mems)} at T={Ts}: exponent {e:.2f}"))
+            targets.append(target_line(f"manual backward: memory linear in T and below autograd's ({decay}-wise)",
+                                       e < 1.2 and mems[-1] < befores[-1],
+                                       f"peak MB {', '.join(f'{m:.0f}' for m in mems)} (autograd {', '.join(f'{m:.0f}' for m in befores)}) "
+                                       f"at T={Ts}: exponent {e:.2f}"))
+    for key in [k for k in results if k.startswith("S6-like")]:
+        s6 = results[key]
+        times = ", ".join(f"{m} {s6[m]['fwd_bwd_ms']:.0f} ms" for m in s6 if isinstance(s6[m], dict) and "fwd_bwd_ms" in s6[m])
+        print(f"\n{key}: auto runs '{s6['auto']}' (chunk size rule: C={s6['chunk_size_rule']}); fwd+bwd: {times}")
     if args.quick:
         print("  (--quick: small shapes; the targets are defined at T=4096)")
     write_json(args, "recurrence", dict(machine=info, matmul_peak_gflops=peak, chunk_size=CHUNK, results=results, targets=targets, quick=args.quick))

@@ -50,6 +50,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import backends as _backends
 from .._checks import check_choice, check_finite, check_shape, check_tensor, fmt_shape
 from .precision import autocast_off
 
@@ -229,6 +230,7 @@ def softmax_attention(
     key_valid: torch.Tensor | None = None,
     mode: str = "auto",
     check_values: bool = True,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Masked softmax attention; see the module docstring for the mask rules and modes.
 
@@ -238,12 +240,18 @@ def softmax_attention(
         window, prefix, offset, key_valid: as in :func:`attention_mask`.
         mode: "parallel" (explicit matrix, the reference), "sdpa" or "auto" (= "sdpa").
         check_values: check q, k, v for NaN/Inf.
+        backend: "auto", "torch" or "sdpa" (SDPA with is_causal, plain causal mask only):
+            see :mod:`seqmix.ops.backends`; "torch" runs ``mode`` as documented above.
 
     Returns:
         o [B, Tq, H, V] (the matrix itself: :func:`attention_probs`)
     """
     check_choice("mode", mode, MODES + ("auto",), _WHERE)
     scale, plain = _prepare(q, k, v, scale, window, prefix, offset, key_valid, check_values, _WHERE)
+    if backend != "torch":
+        be = _backends.resolve(_WHERE, backend, _backends.Call(_WHERE, q.device.type, q.dtype, mode, dict(plain_causal=plain)))
+        if be.name != "torch":
+            return be.run[_WHERE](q, k, v, scale=scale)
     Tq, Tk = q.shape[1], k.shape[1]
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, ·]
     if mode in ("sdpa", "auto") and plain:  # SDPA's is_causal needs no [Tq, Tk] mask

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import backends as _backends
 from .._checks import check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
 from .precision import full_precision
 
@@ -136,14 +137,24 @@ def _check_short(x, weight, bias, state, where, step=False):
     return C, W
 
 
-def causal_conv1d(x, weight, bias=None, state=None, *, activation: str | None = None, output_final_state: bool = False):
+def causal_conv1d(x, weight, bias=None, state=None, *, activation: str | None = None, output_final_state: bool = False,
+                  backend: str = "auto"):
     """Short causal depthwise convolution over a sequence.
 
     x [B, T, C]; weight [C, W]; bias [C] or None; state [B, C, W-1] (the W-1 inputs
     before x; zeros if None); activation None or "silu". Returns (y [B, T, C],
-    new state [B, C, W-1] or None).
+    new state [B, C, W-1] or None). backend: "auto", "torch" or "mamba" (the causal_conv1d
+    package's ``causal_conv1d_fn``; CUDA, W in 2..4, no carried state): see :mod:`seqmix.ops.backends`.
     """
     C, W = _check_short(x, weight, bias, state, "causal_conv1d")
+    if activation not in (None, "silu"):
+        raise ValueError(f"causal_conv1d: unknown activation {activation!r}; expected None or 'silu'")
+    if backend != "torch":
+        be = _backends.resolve("short_conv", backend, _backends.Call(
+            "short_conv", x.device.type, x.dtype, None,
+            dict(W=W, state=state is not None, output_final_state=output_final_state)))
+        if be.name != "torch":
+            return be.run["short_conv"](x, weight, bias, activation=activation), None
     B, T, _ = x.shape
     prev = state.transpose(1, 2).to(x.dtype) if state is not None else x.new_zeros(B, W - 1, C)
     full = torch.cat([prev, x], dim=1)  # [B, W-1+T, C]

@@ -32,7 +32,10 @@ Modes (all return the same numbers; tests tie each to ``recurrent``):
   (one reduction over the decays) so that no exponent exceeds _MAX_LOG_GROWTH:
   weak decays run as one matmul per chunk, strong ones as smaller tiles, and
   nothing overflows. Cumulative log-decays are local to a chunk and kept in
-  float32 or wider. Memory is linear in T.
+  float32 or wider. Memory is linear in T. Where every chunk is one tile (the usual
+  case), the backward is written by hand (:class:`_ChunkOneTile`: 9 matmuls of the
+  forward's operands, O(T(K+V)) kept per head); strong decays that need smaller tiles
+  are differentiated by autograd. ``chunk_size=None`` picks C by :func:`chunk_size_for`.
 * ``parallel``: the quadratic form o = (A ⊙ M) v through the materialized map of
   :func:`recurrence_map`; memory O(T²).
 * ``step``: one token (T == 1), given and returning the state (decoding); the
@@ -49,11 +52,14 @@ import math
 
 import torch
 from einops import rearrange
+from torch.autograd.function import once_differentiable
 
+from . import backends as _backends
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
 from .precision import full_precision
 
 MODES = ("recurrent", "chunk", "parallel", "step")
+CHUNK_BACKWARDS = ("manual", "autograd")
 
 _WHERE = "linear_recurrence"
 
@@ -345,7 +351,7 @@ def _intra_tiled(q, k, v, Gk, Gv, c):
     return o.reshape(*lead, C, V)
 
 
-def _chunk(q, k, v, gk, gv, scale, S0, C, sub_chunk_size, want_state):
+def _chunk(q, k, v, gk, gv, scale, S0, C, sub_chunk_size, want_state, backward="manual"):
     B, T, H, K = q.shape
     V = v.shape[-1]
     n = math.ceil(T / C)
@@ -367,6 +373,10 @@ def _chunk(q, k, v, gk, gv, scale, S0, C, sub_chunk_size, want_state):
     Gv = chunked(gv).cumsum(-2) if gv is not None else None
 
     c = _tile_size(C, sub_chunk_size, Gk, Gv)
+    if c == C and backward == "manual":
+        o, S = _ChunkOneTile.apply(q, k, v, Gk, Gv, S0)
+        o = rearrange(o, "b h n c v -> b (n c) h v")[:, :T]
+        return o, (S if want_state else None)
     if c == C:
         # one tile per chunk: decays relative to the chunk's first token; every factor lies in
         # [e^-_MAX_LOG_GROWTH, 1] or its inverse, and the inter-chunk operands reuse them
@@ -425,8 +435,198 @@ def _chunk(q, k, v, gk, gv, scale, S0, C, sub_chunk_size, want_state):
 
 
 # --------------------------------------------------------------------------------------
+# chunk mode's hand-written backward
+# --------------------------------------------------------------------------------------
+
+
+def _cj(x):
+    """Conjugate of a complex tensor, the tensor itself otherwise. PyTorch's gradient of a
+    holomorphic f is conj(f') times the output gradient, so every forward factor enters the
+    backward conjugated."""
+    return x.conj() if x.is_complex() else x
+
+
+_KEEP_SCORES = True
+
+
+class _ChunkOneTile(torch.autograd.Function):
+    """The chunk form with one tile per chunk (every decay span inside a chunk <= _MAX_LOG_GROWTH),
+    with a backward written by hand: it keeps O(T(K+V)) per head and recomputes the rest.
+
+    Inputs, chunked [B, H, n, C, ·]: q (already scaled), k, v; Gk [.., C, K|1] and Gv [.., C, V]
+    the cumulative log-decays local to each chunk (G_t = Σ_{r <= t} g_r from the chunk's first
+    token F = G_0 to its last L = G_{C-1}), or None; S0 [B, H, K, V] or None.
+    Returns o [B, H, n, C, V] and the final state [B, H, K, V].
+
+    Forward, per chunk, with the decays taken relative to the chunk's first token
+    (E = e^{G - F}, Ē = e^{W - F_W} on the value side; all factors <= 1 or their inverse <= e^30):
+        q̃ = q E,  k̃ = k / E,  ṽ = v / Ē,  S̃_in = e^{F} e^{F_W} ⊙ S_in
+        o = (tril(q̃ k̃ᵀ) ṽ + q̃ S̃_in) Ē
+        S_out = e^{L} e^{L_W} ⊙ S_in + e^{L-F} e^{L_W-F_W} ⊙ (k̃ᵀ ṽ)
+    Kept: q̃, k̃, ṽ, E, Ē, the n + 1 chunk-boundary states (n K V = T K V / C per head) and o
+    (value-wise decay only): O(T(K+V)) per head. A = tril(q̃ k̃ᵀ) is recomputed.
+
+    Backward: the adjoint of the states runs backwards over the chunks,
+        dS_in = e^{L} e^{L_W} ⊙ dS_out + e^{F} e^{F_W} ⊙ q̃ᵀ dY,      dY = do Ē,
+    then, with M = e^{L-F} e^{L_W-F_W} ⊙ dS_out and dA = tril(dY ṽᵀ), three accumulated
+    matmul pairs give the gradients of q̃, k̃, ṽ:
+        dq̃ = dA k̃ + dY S̃_inᵀ,   dk̃ = dAᵀ q̃ + ṽ Mᵀ,   dṽ = Aᵀ dY + k̃ M,
+    and dq = dq̃ E, dk = dk̃ / E, dv = dṽ / Ē. The decays enter the true map only as e^{G_t} on
+    q_t, e^{-G_t} on k_t and e^{L} on everything a chunk writes (F cancels), hence
+        dG_t = q̃_t dq̃_t - k̃_t dk̃_t + [t = C-1] Σ_V dS_out ⊙ S_out,
+        dW_t = o_t do_t - ṽ_t dṽ_t + [t = C-1] Σ_K dS_out ⊙ S_out,
+    summed over K for a per-head decay. Complex inputs: every forward factor enters conjugated
+    (PyTorch's convention). 9 matmuls against the forward's 4, elementwise work O(T(K+V)).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, Gk, Gv, S0):
+        with torch.autocast(q.device.type, enabled=False):  # the op computes in the inputs' (>= float32) dtype
+            return _ChunkOneTile._forward(ctx, q, k, v, Gk, Gv, S0)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, dS):
+        with torch.autocast(do.device.type, enabled=False):
+            return _ChunkOneTile._backward(ctx, do, dS)
+
+    @staticmethod
+    def _forward(ctx, q, k, v, Gk, Gv, S0):
+        B, H, n, C, K = q.shape
+        V = v.shape[-1]
+        Ek = Ev = None
+        q_i, k_i, v_i = q, k, v
+        if Gk is not None:
+            Ek = torch.exp(Gk - Gk[..., :1, :])
+            q_i, k_i = q * Ek, k / Ek
+        if Gv is not None:
+            Ev = torch.exp(Gv - Gv[..., :1, :])
+            v_i = v / Ev
+        first, write, decay = _chunk_scales(Gk, Gv)
+        U = k_i.transpose(-1, -2) @ v_i  # [B,H,n,K,V]
+        if write is not None:
+            U = U * write
+        S_all = torch.empty(B, H, n + 1, K, V, dtype=U.dtype, device=U.device)  # states at the chunk boundaries
+        S = S0 if S0 is not None else torch.zeros(B, H, K, V, dtype=U.dtype, device=U.device)
+        S_all[:, :, 0] = S
+        decays = decay.unbind(2) if decay is not None else (None,) * n
+        for i, (U_i, d_i) in enumerate(zip(U.unbind(2), decays)):
+            S = torch.addcmul(U_i, S, d_i) if d_i is not None else S + U_i
+            S_all[:, :, i + 1] = S
+        S_in = S_all[:, :, :n] * first if first is not None else S_all[:, :, :n]
+        flat = _flat3
+        A = torch.bmm(flat(q_i), flat(k_i).transpose(-1, -2)).tril_()
+        o = torch.baddbmm(torch.bmm(flat(q_i), flat(S_in)), A, flat(v_i)).view(B, H, n, C, V)
+        if Ev is not None:
+            o = o * Ev
+        ctx.has_S0 = S0 is not None
+        ctx.shapes = (Gk is not None and Gk.shape[-1] == 1,)
+        keep_A = _KEEP_SCORES and C <= K + V  # then A's T·C per head is within O(T(K+V))
+        ctx.save_for_backward(q_i, k_i, v_i, Ek, Ev, Gk, Gv, S_all, o if Gv is not None else None, A if keep_A else None)
+        return o, S
+
+    @staticmethod
+    def _backward(ctx, do, dS):
+        q_i, k_i, v_i, Ek, Ev, Gk, Gv, S_all, o, A = ctx.saved_tensors
+        (per_head,) = ctx.shapes
+        B, H, n, C, K = q_i.shape
+        V = v_i.shape[-1]
+        flat = _flat3
+        first, write, decay = _chunk_scales(Gk, Gv)
+        cj = _cj
+        dY = do * cj(Ev) if Ev is not None else do.contiguous()
+        # adjoint of the chunk-boundary states, backwards over the chunks
+        P = torch.bmm(flat(q_i).transpose(-1, -2).conj() if q_i.is_complex() else flat(q_i).transpose(-1, -2), flat(dY))
+        P = P.view(B, H, n, K, V)
+        if first is not None:
+            P = P * cj(first)
+        dS_out = torch.empty(B, H, n, K, V, dtype=P.dtype, device=P.device)
+        g = dS
+        decays = decay.unbind(2) if decay is not None else (None,) * n
+        for i in range(n - 1, -1, -1):
+            dS_out[:, :, i] = g
+            g = torch.addcmul(P[:, :, i], g, cj(decays[i])) if decays[i] is not None else g + P[:, :, i]
+        dS0 = g if ctx.has_S0 else None
+        M = dS_out * cj(write) if write is not None else dS_out
+        S_in = S_all[:, :, :n] * first if first is not None else S_all[:, :, :n]
+
+        qf, kf, vf, dYf = flat(cj(q_i)), flat(cj(k_i)), flat(cj(v_i)), flat(dY)
+        if A is None:
+            A = torch.bmm(flat(q_i), flat(k_i).transpose(-1, -2)).tril_()
+        dA = torch.bmm(dYf, vf.transpose(-1, -2)).tril_()
+        dq_i = torch.baddbmm(torch.bmm(dYf, flat(cj(S_in)).transpose(-1, -2)), dA, kf).view(q_i.shape)
+        dk_i = torch.baddbmm(torch.bmm(vf, flat(M).transpose(-1, -2)), dA.transpose(-1, -2), qf).view(k_i.shape)
+        dv_i = torch.baddbmm(torch.bmm(kf, flat(M)), cj(A).transpose(-1, -2), dYf).view(v_i.shape)
+        del A, dA
+
+        dGk = dGv = None
+        if Gk is not None or Gv is not None:
+            S_out = S_all[:, :, 1:]
+            dL = dS_out * cj(S_out)  # [B,H,n,K,V]: the gradient of the chunk's last log-decay
+        if Gk is not None:
+            dGk = dq_i * cj(q_i)
+            dGk.sub_(dk_i * cj(k_i))
+            last = dL.sum(-1)
+            if per_head:
+                dGk = dGk.sum(-1, keepdim=True)
+                last = last.sum(-1, keepdim=True)
+            dGk[..., -1, :] += last
+            dq = dq_i.mul_(cj(Ek))
+            dk = dk_i.div_(cj(Ek))
+        else:
+            dq, dk = dq_i, dk_i
+        if Gv is not None:
+            dGv = do * cj(o)
+            dGv.sub_(dv_i * cj(v_i))
+            dGv[..., -1, :] += dL.sum(-2)
+            dv = dv_i.div_(cj(Ev))
+        else:
+            dv = dv_i
+        return dq, dk, dv, dGk, dGv, dS0
+
+
+def _flat3(x):  # [.., C, X] -> [N, C, X] for bmm (a view when x is contiguous)
+    return x.reshape(-1, *x.shape[-2:])
+
+
+def _chunk_scales(Gk, Gv):
+    """Per-chunk factors on the state, each [B, H, n, K|1, V|1] or None:
+    e^{F} e^{F_W} (first token's decay), e^{L-F} e^{L_W-F_W} (write) and e^{L} e^{L_W} (decay across the chunk)."""
+    if Gk is None and Gv is None:
+        return None, None, None
+    first = write = decay = None
+    for G, unsq in ((Gk, -1), (Gv, -2)):
+        if G is None:
+            continue
+        F, L = G[..., 0, :].unsqueeze(unsq), G[..., -1, :].unsqueeze(unsq)
+        f, w, d = F.exp(), (L - F).exp(), L.exp()
+        first = f if first is None else first * f
+        write = w if write is None else write * w
+        decay = d if decay is None else decay * d
+    return first, write, decay
+
+
+# --------------------------------------------------------------------------------------
 # public API
 # --------------------------------------------------------------------------------------
+
+
+def chunk_size_for(T: int, K: int, V: int, *, keywise: bool = True, valuewise: bool = False) -> int:
+    """The chunk size C that ``chunk_size=None`` uses: the power of two at or above max(K, V),
+    clamped to [32, 128], and not above the power of two at or above T.
+
+    Measured with ``python bench/recurrence.py --chunk-sweep`` (docs/performance.md)
+    (2-core CPU, fwd+bwd of the manual backward, B = 2, T = 4096; best C per head size):
+    K = V = 16 -> 32, 32 -> 64 (32 within 7%), 64 -> 32 key-wise / 64 per head (within 15%),
+    128 -> 128. Per token the intra-chunk matmuls cost 2C(K+V) flops and the state's 4KV
+    plus a Python step per chunk: C near the head size balances them, and small C makes
+    matmuls too thin for BLAS. The decay kind does not change the rule (keywise and
+    valuewise are accepted for a finer table later).
+    """
+    def pow2_at_least(n: int) -> int:
+        return 1 << (max(n, 1) - 1).bit_length()
+
+    return min(min(128, max(32, pow2_at_least(max(K, V)))), pow2_at_least(T))
 
 
 def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex_: bool, chunk_size: int) -> str:
@@ -460,9 +660,11 @@ def linear_recurrence(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     mode: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     sub_chunk_size: int | None = None,
     check_values: bool = True,
+    chunk_backward: str = "manual",
+    backend: str = "auto",
 ):
     """Runs S_t = (exp(gk_t)ᵀ exp(gv_t)) ⊙ S_{t-1} + k_tᵀ v_t, o_t = scale · q_t S_t.
 
@@ -475,19 +677,38 @@ def linear_recurrence(
         initial_state: [B, H, K, V] or None (zeros).
         output_final_state: also return S_T.
         mode: "recurrent", "chunk", "parallel", "step" (T == 1) or "auto".
-        chunk_size: C of the chunk mode (any T works; the tail chunk is padded).
+        chunk_size: C of the chunk mode (any T works; the tail chunk is padded); None picks
+            it from the shape by the rule measured on CPU (:func:`chunk_size_for`).
         sub_chunk_size: upper bound on the tile c used for key/value-wise decays in chunk mode;
             None lets the op pick the largest tile that is numerically safe for the decays given.
         check_values: also check for NaN/Inf and positive log-decays (one read of each input).
+        chunk_backward: "manual" (default): the chunk mode's hand-written backward
+            (:class:`_ChunkOneTile`; keeps O(T(K+V)) per head and recomputes the rest) wherever a
+            chunk is one tile; "autograd": autograd through the chunk form (its graph keeps every
+            intermediate; the "before" of bench/recurrence.py). Strong decays that need
+            sub-chunk tiles always use autograd.
+        backend: "auto" (default), "torch" or an optional kernel library ("fla");
+            see :mod:`seqmix.ops.backends`. "auto" uses an installed backend only where it
+            covers the call, otherwise this pure-PyTorch implementation.
 
     Returns:
         (o [B, T, H, V], final_state [B, H, K, V] or None)
     """
     check_choice("mode", mode, MODES + ("auto",), _WHERE)
-    check_positive_int("chunk_size", chunk_size, _WHERE)
+    if chunk_size is not None:
+        check_positive_int("chunk_size", chunk_size, _WHERE)
+    check_choice("chunk_backward", chunk_backward, CHUNK_BACKWARDS, _WHERE)
     if sub_chunk_size is not None:
         check_positive_int("sub_chunk_size", sub_chunk_size, _WHERE)
     B, T, H, K, V = _check_inputs(q, k, v, gk, gv, initial_state, check_values=check_values, where=_WHERE)
+    if backend != "torch":
+        be = _backends.resolve(_WHERE, backend, _backends.Call(
+            _WHERE, q.device.type, q.dtype, mode, dict(
+                K=K, V=V, valuewise=gv is not None,
+                complex=any(t is not None and t.is_complex() for t in (q, k, v, gk, gv, initial_state)))))
+        if be.name != "torch":
+            o, S = be.run[_WHERE](q, k, v, gk, scale=scale, initial_state=initial_state, output_final_state=output_final_state)
+            return o, (S if output_final_state else None)
     if mode == "step":
         if T != 1:
             raise ValueError(f"{_WHERE}: mode 'step' takes one token (T == 1), got T = {T}; use 'recurrent' or 'chunk'")
@@ -499,6 +720,8 @@ def linear_recurrence(
         )
         return o.unsqueeze(1), (S if output_final_state else None)
 
+    if chunk_size is None:
+        chunk_size = chunk_size_for(T, K, V, keywise=gk is not None and gk.dim() == 4 and K > 1, valuewise=gv is not None)
     dt = _compute_dtype(q, k, v, gk, gv, initial_state)
     out_dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) and not dt.is_complex else dt
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
@@ -522,7 +745,7 @@ def linear_recurrence(
     elif mode == "parallel":
         o, S = _parallel(q, k, v, gk, gv, scale, S0, output_final_state)
     else:
-        o, S = _chunk(q, k, v, gk, gv, scale, S0, chunk_size, sub_chunk_size, output_final_state)
+        o, S = _chunk(q, k, v, gk, gv, scale, S0, chunk_size, sub_chunk_size, output_final_state, chunk_backward)
     return o.to(out_dtype), (S if output_final_state else None)
 
 

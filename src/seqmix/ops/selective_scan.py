@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import backends as _backends
 from .._checks import check_choice, check_finite, check_shape, check_tensor, fmt_shape
 from .precision import full_precision
 
@@ -133,8 +134,12 @@ def selective_scan(
     output_final_state: bool = False,
     mode: str = "fused",
     check_values: bool = True,
+    backend: str = "auto",
 ):
-    """Runs the selective scan (module docstring). Returns (y [B, T, D], final state [B, D, N] or None)."""
+    """Runs the selective scan (module docstring). Returns (y [B, T, D], final state [B, D, N] or None).
+
+    backend: "auto", "torch" or "mamba" (mamba_ssm's ``selective_scan_fn``; CUDA, B and C
+    shared by the channels, no initial state): see :mod:`seqmix.ops.backends`."""
     check_choice("mode", mode, MODES, _WHERE)
     check_tensor("x", x, rank=3, layout="[B, T, D]", where=_WHERE)
     Bt, T, Dc = x.shape
@@ -161,6 +166,13 @@ def selective_scan(
         if float(delta.detach().min()) < 0:
             raise ValueError(f"{_WHERE}: argument 'delta' must be >= 0 (Δ after softplus), got a minimum of {float(delta.detach().min()):.4g}")
 
+    if backend != "torch":
+        be = _backends.resolve(_WHERE, backend, _backends.Call(
+            _WHERE, x.device.type, x.dtype, mode,
+            dict(initial_state=initial_state is not None, per_channel_BC=B.dim() == 4 or C.dim() == 4)))
+        if be.name != "torch":
+            y, h = be.run[_WHERE](x, delta, A, B, C, D, output_final_state=output_final_state)
+            return y, (h if output_final_state else None)
     out_dtype = x.dtype
     dt = torch.promote_types(torch.promote_types(x.dtype, delta.dtype), torch.promote_types(A.dtype, B.dtype))
     dt = torch.promote_types(dt, C.dtype)

@@ -52,6 +52,7 @@ class DSF:
         if lam.dim() == 2:  # unbatched
             lam, B, C = lam.unsqueeze(0), B.unsqueeze(0), C.unsqueeze(0)
             D = D.unsqueeze(0) if D is not None else None
+            U, W = (t.unsqueeze(0) if isinstance(t, torch.Tensor) and t.dim() == 3 else t for t in (U, W))
         bt, T, N = lam.shape
         if B.dim() != 4 or B.shape[:3] != (bt, T, N):
             raise ValueError(f"{_WHERE}: argument 'B' must have shape [batch, T, N, d_in] = [{bt}, {T}, {N}, ?], got {fmt_shape(B.shape)}")

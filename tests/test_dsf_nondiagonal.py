@@ -57,6 +57,12 @@ def test_dplr_embed_and_compose():
         s.to_recurrence(1, 1)
 
 
+def test_unbatched_dplr_system():
+    s = random_dplr(batch=1)
+    one = DSF(s.lam[0], s.B[0], s.C[0], s.D[0], U=s.U[0], W=s.W[0])
+    assert one.batch == 1 and max_abs(one.blocks(), s.blocks()) < DSF_ATOL
+
+
 def test_bad_low_rank_arguments():
     s = random_dplr()
     with pytest.raises(ValueError, match="'U' and 'W'"):

@@ -10,7 +10,8 @@ from seqmix.experiments.presets import DSF_FIG2, TINY_LRS, TINY_N, TINY_SSM_LRS,
 #: the registry names every developer uses (BRIEF.md)
 CANONICAL = set("""softmax_attention separable_attention linear_attention generalized_linear_attention normalized_attention
 s4 s4d s6 mamba ssd mamba2 dsf_ssd general_form linformer retnet transnormer gla mamba_gf rwkv4 hgrn rg_lru lru
-qlstm qlstm_rs qlstm_block qlstm_rs_block metala h3 hyena gss bmojo bmojo_f strip_mamba bilinear_mamba""".split())
+qlstm qlstm_rs qlstm_block qlstm_rs_block metala h3 hyena gss bmojo bmojo_f strip_mamba bilinear_mamba
+deltanet gated_deltanet kda""".split())
 
 
 @pytest.fixture(autouse=True)

@@ -52,6 +52,7 @@ class DSF:
         if lam.dim() == 2:  # unbatched
             lam, B, C = lam.unsqueeze(0), B.unsqueeze(0), C.unsqueeze(0)
             D = D.unsqueeze(0) if D is not None else None
+            U, W = (t.unsqueeze(0) if isinstance(t, torch.Tensor) and t.dim() == 3 else t for t in (U, W))
         bt, T, N = lam.shape
         if B.dim() != 4 or B.shape[:3] != (bt, T, N):
             raise ValueError(f"{_WHERE}: argument 'B' must have shape [batch, T, N, d_in] = [{bt}, {T}, {N}, ?], got {fmt_shape(B.shape)}")
@@ -399,7 +400,8 @@ class DSF:
             B_i = I_V ⊗ β_i k_iᵀ,   C_i = scale · I_V ⊗ q_i.
 
         So Λ_i is block diagonal with H·V blocks, identical over the V channels of a head.
-        :meth:`eigenvalues` uses the blocks: for a scalar α, α (K − 1 times) and α(1 − β‖k‖²).
+        :meth:`eigenvalues` uses the blocks: for a scalar α (or none) the closed form α (K − 1 times)
+        and α(1 − β‖k‖²); for a key-wise α, ``torch.linalg.eigvals`` of each K×K block.
         """
         where = f"{_WHERE}.from_delta_rule"
         check_tensor("q", q, rank=4, layout="[B, T, H, K]", where=where)
@@ -429,10 +431,17 @@ class DSF:
         def make_UW():
             return -kron(bk), kron(alpha * k)
 
+        scalar_alpha = g is None or g.dim() == 3
+
         def eig():
-            M = torch.diag_embed(alpha) - bk.unsqueeze(-1) * (alpha * k).unsqueeze(-2)  # [B, T, H, K, K]
-            ev = torch.linalg.eigvals(M)
-            ev = torch.gather(ev, -1, ev.abs().argsort(-1, descending=True))  # by magnitude: smooth trajectories
+            if scalar_alpha:  # α(I − β kᵀk) is symmetric: α (K − 1 times) and α(1 − β‖k‖²) along k, exactly
+                a = alpha[..., :1]
+                along = a * (1 - beta.unsqueeze(-1) * (k * k).sum(-1, keepdim=True))
+                ev = torch.cat([a.expand(Bt, T, H, K - 1), along], -1).to(torch.complex128)
+            else:
+                M = torch.diag_embed(alpha) - bk.unsqueeze(-1) * (alpha * k).unsqueeze(-2)  # [B, T, H, K, K]
+                ev = torch.linalg.eigvals(M)
+            ev = torch.gather(ev, -1, torch.argsort(ev.abs(), dim=-1, descending=True, stable=True))  # by magnitude: smooth trajectories
             return ev.unsqueeze(3).expand(Bt, T, H, V, K).reshape(Bt, T, H * V * K)
 
         system._set_low_rank(None, None, make_UW=make_UW, rank=H * V, eig=eig)

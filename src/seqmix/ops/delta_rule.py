@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+from .precision import full_precision
 from .recurrence import _compute_dtype, _exp_where, _tile_size, _tiled_scores
 
 MODES = ("recurrent", "chunk", "parallel", "step")
@@ -265,6 +266,7 @@ def _prep(q, k, v, beta, g, initial_state):
     return (*conv, out_dtype)
 
 
+@full_precision
 def delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -321,6 +323,7 @@ def delta_rule(
     return o.to(out_dtype), (S if output_final_state else None)
 
 
+@full_precision
 def delta_rule_step(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -346,6 +349,7 @@ def delta_rule_step(
     return o.to(out_dtype), S
 
 
+@full_precision
 def delta_rule_map(
     q: torch.Tensor,
     k: torch.Tensor,

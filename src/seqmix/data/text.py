@@ -13,7 +13,7 @@ A :class:`CorpusConfig` is the other kind of data config (beside the synthetic
 trainer reads both through the same two objects (a training source and an evaluation
 split).
 
-Tokenizers (:func:`load_tokenizer`, :func:`build_tokenizer`): ``"byte"`` (the 256 UTF-8
+Tokenizers (:func:`load_tokenizer`, :func:`corpus_tokenizer`): ``"byte"`` (the 256 UTF-8
 byte values, nothing trained), ``"char"`` (the characters of the whole corpus, sorted),
 ``"bpe"`` (byte-level BPE trained on the training split with HuggingFace ``tokenizers``,
 the optional extra ``text``; ``bpe_vocab_size`` symbols), or a path to a saved

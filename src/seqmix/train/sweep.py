@@ -108,6 +108,9 @@ def _line(c: RunConfig, r: RunResult | None, err: str = "", note: str = "") -> s
     head = f"{c.name:<22} {task_name(c):<20} d={c.model.d_model:<4}{n} lr={c.train.lr:.2g} seed={c.train.seed}"
     if r is None:
         return f"{head}  FAILED: {err.strip().splitlines()[-1] if err else '?'}"
+    if r.bpb is not None:  # a language-modelling run
+        return (f"{head}  val bpb {r.bpb:.4f} ppl {r.ppl:.3f} @step {r.best_step}/{r.steps}  {r.wall_time:.0f}s  "
+                f"{r.tokens_per_s:,.0f} tok/s{note}")
     stop = " (early stop)" if r.early_stopped else ""
     return f"{head}  acc {r.accuracy:.3f} @ep {r.best_epoch}/{r.epochs}{stop}  {r.wall_time:.0f}s  {r.tokens_per_s:,.0f} tok/s{note}"
 

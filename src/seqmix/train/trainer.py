@@ -327,7 +327,7 @@ class Trainer:
         model = self.build_model()
         par.wrap(model)  # DDP / FSDP2 (before the optimizer: FSDP replaces the parameters)
         opt = torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr, betas=tc.betas)
-        scaler = torch.amp.GradScaler(device.type) if tc.precision == "fp16" and device.type == "cuda" else None
+        scaler = torch.amp.GradScaler(device.type) if tc.precision == "fp16" else None  # fp16 gradients need scaling
         total, per_epoch = self.plan(train)
         epochs = -(-total // per_epoch) if per_epoch else 0
 

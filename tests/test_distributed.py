@@ -155,10 +155,17 @@ def test_config_mismatch_across_ranks_is_detected_at_start(tmp_path):
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
-def test_bad_setups_are_refused():
-    with pytest.raises(ValueError, match="fp16"):
-        check_precision("fp16", torch.device("cpu"))
+def test_bad_setups_are_refused(monkeypatch):
     check_precision("bf16", torch.device("cpu"))
+    with pytest.warns(UserWarning, match="emulate"):
+        check_precision("fp16", torch.device("cpu"))
+    with monkeypatch.context() as mp:  # a device whose autocast refuses the dtype
+        def refuse(*a, **k):
+            raise RuntimeError("CPU autocast: unsupported dtype bfloat16")
+
+        mp.setattr(torch, "autocast", refuse)
+        with pytest.raises(ValueError, match="precision 'bf16' cannot run on device cpu"):
+            check_precision("bf16", torch.device("cpu"))
     with pytest.raises(ValueError, match="train.parallel"):
         Parallel("mpi")
     env = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE") if k in os.environ}
@@ -171,8 +178,8 @@ def test_bad_setups_are_refused():
     finally:
         os.environ.pop("WORLD_SIZE", None)
         os.environ.update(env)
-    blob = {**CONFIG, "train": {**CONFIG["train"], "precision": "fp16"}}
-    with pytest.raises(ValueError, match="fp16"):
+    blob = {**CONFIG, "train": {**CONFIG["train"], "parallel": "ddp"}}
+    with pytest.raises(ValueError, match="torchrun"):  # the trainer refuses it before anything runs
         Trainer(make_run_config(**blob), progress=False).fit()
 
 

@@ -37,8 +37,8 @@ CONFIG = {
 }
 
 # one rank of a run: Trainer with train.parallel, stopped (Interrupted) after the checkpoint
-# of step STOP; fault injection for the fault tests ("hang" sleeps on rank 1 at step 3,
-# "mismatch" gives rank 1 another learning rate)
+# of step STOP; fault injection for the fault tests ("hang" sleeps on rank 1 at step 3, "die"
+# ends rank 1 there, "mismatch" gives rank 1 another learning rate)
 WORKER = textwrap.dedent("""
     import json, os, sys, time
     from seqmix.train import Trainer, make_run_config
@@ -53,6 +53,8 @@ WORKER = textwrap.dedent("""
     def on_checkpoint(step, record):
         if fault == "hang" and rank == 1 and step == 3:
             time.sleep(600)
+        if fault == "die" and rank == 1 and step == 3:
+            os._exit(17)
         if step == stop:
             raise Interrupted
     Trainer(config, run_dir=run_dir, progress=False, on_checkpoint=on_checkpoint).fit()
@@ -144,6 +146,13 @@ def test_hung_rank_ends_the_other_with_a_clear_error(tmp_path):
     assert procs[0].returncode != 0
     assert "DistributedError" in out0 and "collective" in out0 and "dist_timeout" in out0, out0[-2000:]
     assert time.time() - t0 < 170
+
+
+@pytest.mark.slow
+def test_dead_rank_ends_the_other_with_a_clear_error(tmp_path):
+    codes, out = _wait(_launch(tmp_path, "ddp", fault="die", timeout=30), limit=170)
+    assert codes[1] == 17 and codes[0] not in (0, None)
+    assert "DistributedError" in out[0] and "collective" in out[0], out[0][-2000:]
 
 
 @pytest.mark.slow

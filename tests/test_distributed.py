@@ -37,8 +37,8 @@ CONFIG = {
 }
 
 # one rank of a run: Trainer with train.parallel, stopped (Interrupted) after the checkpoint
-# of step STOP; fault injection for the fault tests ("hang" sleeps on rank 1 at step 3,
-# "mismatch" gives rank 1 another learning rate)
+# of step STOP; fault injection for the fault tests ("hang" sleeps on rank 1 at step 3, "die"
+# ends rank 1 there, "mismatch" gives rank 1 another learning rate)
 WORKER = textwrap.dedent("""
     import json, os, sys, time
     from seqmix.train import Trainer, make_run_config
@@ -53,6 +53,8 @@ WORKER = textwrap.dedent("""
     def on_checkpoint(step, record):
         if fault == "hang" and rank == 1 and step == 3:
             time.sleep(600)
+        if fault == "die" and rank == 1 and step == 3:
+            os._exit(17)
         if step == stop:
             raise Interrupted
     Trainer(config, run_dir=run_dir, progress=False, on_checkpoint=on_checkpoint).fit()
@@ -147,6 +149,13 @@ def test_hung_rank_ends_the_other_with_a_clear_error(tmp_path):
 
 
 @pytest.mark.slow
+def test_dead_rank_ends_the_other_with_a_clear_error(tmp_path):
+    codes, out = _wait(_launch(tmp_path, "ddp", fault="die", timeout=30), limit=170)
+    assert codes[1] == 17 and codes[0] not in (0, None)
+    assert "DistributedError" in out[0] and "collective" in out[0], out[0][-2000:]
+
+
+@pytest.mark.slow
 def test_config_mismatch_across_ranks_is_detected_at_start(tmp_path):
     codes, out = _wait(_launch(tmp_path, "ddp", fault="mismatch"))
     assert codes[0] != 0 and codes[1] != 0
@@ -155,10 +164,17 @@ def test_config_mismatch_across_ranks_is_detected_at_start(tmp_path):
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
-def test_bad_setups_are_refused():
-    with pytest.raises(ValueError, match="fp16"):
-        check_precision("fp16", torch.device("cpu"))
+def test_bad_setups_are_refused(monkeypatch):
     check_precision("bf16", torch.device("cpu"))
+    with pytest.warns(UserWarning, match="emulate"):
+        check_precision("fp16", torch.device("cpu"))
+    with monkeypatch.context() as mp:  # a device whose autocast refuses the dtype
+        def refuse(*a, **k):
+            raise RuntimeError("CPU autocast: unsupported dtype bfloat16")
+
+        mp.setattr(torch, "autocast", refuse)
+        with pytest.raises(ValueError, match="precision 'bf16' cannot run on device cpu"):
+            check_precision("bf16", torch.device("cpu"))
     with pytest.raises(ValueError, match="train.parallel"):
         Parallel("mpi")
     env = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE") if k in os.environ}
@@ -171,8 +187,8 @@ def test_bad_setups_are_refused():
     finally:
         os.environ.pop("WORLD_SIZE", None)
         os.environ.update(env)
-    blob = {**CONFIG, "train": {**CONFIG["train"], "precision": "fp16"}}
-    with pytest.raises(ValueError, match="fp16"):
+    blob = {**CONFIG, "train": {**CONFIG["train"], "parallel": "ddp"}}
+    with pytest.raises(ValueError, match="torchrun"):  # the trainer refuses it before anything runs
         Trainer(make_run_config(**blob), progress=False).fit()
 
 

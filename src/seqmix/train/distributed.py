@@ -44,25 +44,28 @@ class DistributedError(RuntimeError):
 
 
 def check_precision(precision: str, device: torch.device) -> None:
-    """Refuses (ValueError) an autocast precision that ``device`` cannot train with."""
+    """Refuses (ValueError) an autocast precision that ``device`` cannot run: bf16 on a GPU
+    without bfloat16 (compute capability < 8), or any dtype a probe matmul + backward under
+    autocast fails on (an old GPU, a backend without it). fp16 on the CPU runs (the trainer
+    scales its gradients) but this CPU emulates fp16 matmuls, about 40x slower than fp32
+    (bench/scale.py): a warning says so."""
     if precision == "fp32":
         return
-    if device.type == "cpu" and precision == "fp16":
-        raise ValueError(
-            "train.precision 'fp16' is not supported on the CPU: float16 training needs loss scaling "
-            "(torch.amp.GradScaler, used on CUDA only) and CPUs without float16 units emulate its matmuls; "
-            "use 'bf16' (or 'fp32') on the CPU"
-        )
     if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
         name = torch.cuda.get_device_name(device)
         raise ValueError(f"train.precision 'bf16' is not supported by {name} (bfloat16 needs compute capability >= 8.0); use 'fp16' or 'fp32'")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    try:  # the device may still refuse the dtype (an old GPU, a backend without it)
+    try:  # the device may still refuse the dtype
         a = torch.ones(8, 8, device=device, requires_grad=True)
         with torch.autocast(device.type, dtype=dtype):
             (a @ a).float().sum().backward()
     except RuntimeError as e:
-        raise ValueError(f"train.precision {precision!r} cannot run on device {device}: {e}") from None
+        raise ValueError(f"train.precision {precision!r} cannot run on device {device}: {str(e).splitlines()[0]}") from None
+    if device.type == "cpu" and precision == "fp16":
+        import warnings
+
+        warnings.warn("train.precision 'fp16' on the CPU: most CPUs emulate float16 matmuls (much slower than fp32); "
+                      "'bf16' is the CPU's half precision", stacklevel=2)
 
 
 class _Scored(nn.Module):

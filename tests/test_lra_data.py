@@ -12,7 +12,7 @@ import torch
 
 from seqmix.data import DataConfig, build_data
 from seqmix.data.lra import (
-    LISTOPS_SYMBOLS, ImageConfig, ListOpsConfig, PathfinderConfig, RetrievalConfig, TextConfig, _listops_batch, grayscale,
+    LISTOPS_SYMBOLS, LRAImageConfig, ListOpsConfig, PathfinderConfig, RetrievalConfig, LRATextConfig, _listops_batch, grayscale,
     listops_detokenize, listops_generate, listops_tokenize, listops_tree, pathfinder_generate, read_listops_tsv,
     read_pathfinder, write_listops_tsv, write_pathfinder,
 )
@@ -189,7 +189,7 @@ def test_text_from_acl_imdb_folder_and_hf_folder(tmp_path):
         (root / "train" / sub).mkdir(parents=True)
         for i, t in enumerate(texts):
             (root / "train" / sub / f"{i}_1.txt").write_text(t, encoding="utf-8")
-    a = TextConfig(path=str(root), seq_len=8).generate(np.random.default_rng(0))
+    a = LRATextConfig(path=str(root), seq_len=8).generate(np.random.default_rng(0))
     assert a.labels.tolist() == [0, 0, 1, 1]
     assert a.inputs[0, :8].tolist() == [b + 1 for b in b"bad film"]  # bytes + 1, truncated to 8
     assert a.inputs[3].tolist() == [b + 1 for b in "lovely é".encode()][:8]  # 9 bytes, truncated
@@ -197,10 +197,10 @@ def test_text_from_acl_imdb_folder_and_hf_folder(tmp_path):
     import datasets
 
     datasets.Dataset.from_dict({"text": ["ab", "c"], "label": [1, 0]}).save_to_disk(str(tmp_path / "hf"))
-    b = TextConfig(hf_name=str(tmp_path / "hf"), seq_len=4).generate(np.random.default_rng(0))
+    b = LRATextConfig(hf_name=str(tmp_path / "hf"), seq_len=4).generate(np.random.default_rng(0))
     assert b.inputs.tolist() == [[98, 99, 0, 0], [100, 0, 0, 0]] and b.labels.tolist() == [1, 0]
     with pytest.raises(ValueError, match="aclImdb"):
-        TextConfig(path=str(tmp_path / "none")).generate(np.random.default_rng(0))
+        LRATextConfig(path=str(tmp_path / "none")).generate(np.random.default_rng(0))
 
 
 def test_retrieval_from_released_tsv(tmp_path):
@@ -228,7 +228,7 @@ def test_image_from_cifar_batches_and_hf(tmp_path):
     for i in range(1, 6):
         with open(root / f"data_batch_{i}", "wb") as f:
             pickle.dump(blob, f)
-    a = ImageConfig(path=str(root), num_examples=3).generate(rng)
+    a = LRAImageConfig(path=str(root), num_examples=3).generate(rng)
     pil = np.stack([np.asarray(Image.fromarray(im).convert("L"), np.int64).reshape(-1) for im in rgb])
     assert np.array_equal(a.inputs - 1, pil)  # PIL's luma, an independent implementation
     assert a.labels.tolist() == [3, 1, 4]
@@ -237,12 +237,12 @@ def test_image_from_cifar_batches_and_hf(tmp_path):
 
     ds = datasets.Dataset.from_dict({"img": [Image.fromarray(im) for im in rgb], "label": [3, 1, 4]})
     ds.save_to_disk(str(tmp_path / "hf"))
-    b = ImageConfig(hf_name=str(tmp_path / "hf")).generate(rng)
+    b = LRAImageConfig(hf_name=str(tmp_path / "hf")).generate(rng)
     assert np.array_equal(b.inputs, a.inputs)
     with pytest.raises(ValueError, match="cifar-10-batches-py"):
-        ImageConfig(path=str(tmp_path / "missing")).generate(rng)
+        LRAImageConfig(path=str(tmp_path / "missing")).generate(rng)
     with pytest.raises(ValueError, match="could not load the HuggingFace dataset"):
-        ImageConfig(hf_name=str(tmp_path / "not-a-dataset-folder-xyz"), split="test").generate(rng)
+        LRAImageConfig(hf_name=str(tmp_path / "not-a-dataset-folder-xyz"), split="test").generate(rng)
 
 
 def test_data_config_kinds():

@@ -399,7 +399,7 @@ def _add_results(sub):
 def _run_results(args) -> int:
     from pathlib import Path
 
-    from .train.results import best_over_lr, plot, table
+    from .train.results import best_lm_over_lr, best_over_lr, lm_table, plot, table
     from .train.store import ResultsStore
 
     if not Path(args.db).exists():
@@ -409,15 +409,21 @@ def _run_results(args) -> int:
         for e in store.experiments():
             print(f"{e}: {len(store.rows(e))} runs")
         return 0
-    rows = best_over_lr(store.rows(args.experiment), all_lrs=args.all_lrs)
-    if not rows:
+    raw = store.rows(args.experiment)
+    rows = best_over_lr(raw, all_lrs=args.all_lrs)
+    lm_rows = best_lm_over_lr(raw, all_lrs=args.all_lrs)  # language-modelling runs: ppl, bits/byte, tokens/s
+    if not rows and not lm_rows:
         raise ValueError(f"argument --experiment: no finished runs{' in ' + repr(args.experiment) if args.experiment else ''}")
-    for exp in sorted({r["experiment"] for r in rows}):
+    for exp in sorted({r["experiment"] for r in rows + lm_rows}):
         rs = [r for r in rows if r["experiment"] == exp]
+        ls = [r for r in lm_rows if r["experiment"] == exp]
         if args.format == "markdown":
             print(f"## {exp or '(no experiment)'}\n")
-        print(table(rs, x=args.x, fmt=args.format))
-    if args.plot:
+        if rs:
+            print(table(rs, x=args.x, fmt=args.format))
+        if ls:
+            print(lm_table(ls, fmt=args.format))
+    if args.plot and rows:
         print(f"plot: {plot(rows, args.plot, x=args.x, title=args.experiment or '')}")
     if args.maps:
         _print_maps(store, args)
@@ -450,6 +456,183 @@ def _print_maps(store, args) -> None:
               f"{100 * r['accuracy']:.1f} | {where} |")
 
 
+# ------------------------------------------------------------------------------------------
+# seqmix lm: language modelling on text (train, eval; the generation helper adds generate/export)
+# ------------------------------------------------------------------------------------------
+
+
+def _add_lm_train(sub):
+    p = sub.add_parser("train", help="train a language model on a text corpus (Tiny Shakespeare by default)")
+    p.add_argument("--config", help="a RunConfig as JSON (file) with a corpus data config; the other options are ignored")
+    g = p.add_argument_group("data")
+    g.add_argument("--corpus", default="tinyshakespeare", help="tinyshakespeare, a text file or folder, or hf:<name>[/<config>]")
+    g.add_argument("--tokenizer", default="char", help="byte, char, bpe, or a path to a tokenizer.json")
+    g.add_argument("--bpe-vocab", type=int, default=1024, help="BPE vocabulary size (--tokenizer bpe)")
+    g.add_argument("--text-field", default="text", help="text column of a HuggingFace dataset")
+    g.add_argument("--seq-len", type=int, default=128, help="training context T")
+    g.add_argument("--batch-size", type=int, default=16)
+    g.add_argument("--eval-batch-size", type=int, default=None)
+    g.add_argument("--data-seed", type=int, default=0)
+    g = p.add_argument_group("model")
+    g.add_argument("--mixer", default="softmax_attention", help="registered mixer (seqmix list)")
+    g.add_argument("--mixer-kw", action="append", default=[], metavar="KEY=VALUE", help="mixer config fields (e.g. heads=4)")
+    g.add_argument("--pattern", default=None, help="a layer pattern instead of one mixer (mamba_swa, bmojo, ...)")
+    g.add_argument("--d-model", type=int, default=128)
+    g.add_argument("--layers", type=int, default=4)
+    g.add_argument("--channel-mixer", default="mlp", help="mlp, swiglu or none")
+    g.add_argument("--positions", default="auto", help="auto, learned or none")
+    g = p.add_argument_group("training")
+    g.add_argument("--max-tokens", type=int, default=None, help="token budget (default 2M when --max-steps is not given)")
+    g.add_argument("--max-steps", type=int, default=None)
+    g.add_argument("--grad-accum", type=int, default=1)
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--warmup", type=float, default=0.1)
+    g.add_argument("--min-lr", type=float, default=0.1, help="final learning rate as a fraction of --lr")
+    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--betas", default="0.9,0.95")
+    g.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping (0: off)")
+    g.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default: 10 evaluations)")
+    g.add_argument("--eval-batches", type=int, default=None, help="evaluate on at most N batches (default: the whole split)")
+    g.add_argument("--checkpoint-every", type=int, default=None, help="also checkpoint every N steps")
+    g.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="cpu")
+    _add_harness_common(p)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-mfu", action="store_true", help="do not measure the matmul peak for the MFU estimate")
+
+
+def _lm_config(args):
+    import json
+
+    from .train import make_run_config
+
+    if args.config:
+        return make_run_config(**json.loads(open(args.config).read()))
+    data = {"kind": "corpus", "corpus": args.corpus, "tokenizer": args.tokenizer, "bpe_vocab_size": args.bpe_vocab,
+            "text_field": args.text_field, "seq_len": args.seq_len, "batch_size": args.batch_size,
+            "eval_batch_size": args.eval_batch_size, "seed": args.data_seed}
+    model = {"d_model": args.d_model, "n_layers": args.layers, "channel_mixer": args.channel_mixer, "positions": args.positions}
+    if args.pattern:
+        model["pattern"] = args.pattern
+    else:
+        model.update(mixer=args.mixer, mixer_kwargs=_parse_kv(args.mixer_kw, "--mixer-kw"))
+    try:
+        betas = tuple(float(b) for b in args.betas.split(","))
+    except ValueError:
+        raise ValueError(f"argument --betas: expected two numbers such as 0.9,0.95, got {args.betas!r}") from None
+    train = {"lr": args.lr, "max_tokens": args.max_tokens if (args.max_tokens or args.max_steps) else 2_000_000,
+             "max_steps": args.max_steps, "grad_accum": args.grad_accum, "warmup": args.warmup, "min_lr": args.min_lr,
+             "weight_decay": args.weight_decay, "betas": betas, "grad_clip": args.clip or None, "early_stop": None,
+             "eval_every_steps": args.eval_every, "eval_batches": args.eval_batches, "checkpoint_every": args.checkpoint_every,
+             "precision": args.precision, "seed": args.seed, "device": args.device, "threads": args.threads}
+    return make_run_config(experiment="lm", data=data, model=model, train=train)
+
+
+def _run_lm_train(args) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    import seqmix
+
+    from .train import Trainer, git_commit
+    from .train.flops import matmul_peak_flops
+    from .train.store import ResultsStore
+
+    _import_plugins(args)
+    config = _lm_config(args)  # every field checked (and the tokenizer built) before training
+    if not config.is_lm:
+        raise ValueError("argument --config: the run's data is not a corpus (use `seqmix train` for synthetic tasks)")
+    run_dir = Path(args.out) / "runs" / config.run_id
+    console = Console()
+    console.print(f"run {config.run_id}: {config.name} d={config.model.d_model} x{config.model.n_layers} on "
+                  f"{config.data.describe()}, vocab {config.data.vocab_size} -> {run_dir}", markup=False, highlight=False)
+    if config.train.threads:
+        import torch
+
+        torch.set_num_threads(config.train.threads)
+    peak = None if args.no_mfu else matmul_peak_flops(config.train.device)
+    result = Trainer(config, run_dir=run_dir, progress=not args.no_progress, console=console, peak_flops=peak).fit()
+    ResultsStore(Path(args.out) / "results.sqlite").put(config, result, version=seqmix.__version__, git_commit=git_commit())
+    mfu = f", MFU {100 * result.mfu:.1f}% of {peak / 1e9:.0f} GFLOP/s" if result.mfu is not None else ""
+    console.print(f"val ppl {result.ppl:.3f}, {result.bpb:.4f} bits/byte (best at step {result.best_step} of {result.steps}), "
+                  f"{result.tokens:,} tokens, {result.tokens_per_s:,.0f} tokens/s{mfu}, {result.wall_time:.1f}s, "
+                  f"{result.params:,} parameters", markup=False, highlight=False)
+    console.print(f"run folder: {run_dir} (checkpoint.pt, tokenizer.json, result.json, tb/)", markup=False, highlight=False)
+    return 0
+
+
+def _add_lm_eval(sub):
+    p = sub.add_parser("eval", help="perplexity, bits per byte and length generalization of a trained LM run")
+    p.add_argument("run", help="a run folder, or a run id (prefix) under --runs")
+    p.add_argument("--runs", default="runs", help="where runs live (the --out of lm train; default runs/)")
+    p.add_argument("--split", default="val", choices=["val", "test"])
+    p.add_argument("--lengths", default="1,2,4", help="context multiples of the training length (empty: skip)")
+    p.add_argument("--max-tokens", type=int, default=65_536, help="tokens evaluated at each length (default 65536)")
+    p.add_argument("--plot", default=None, help="loss-by-position PNG (default: <run>/length.png)")
+    p.add_argument("--threads", type=int, default=None)
+
+
+def _run_lm_eval(args) -> int:
+    import json
+    from pathlib import Path
+
+    from .analysis.lm import evaluate_lm, length_generalization, plot_length_generalization
+    from .analysis.trained import find_run_dir, load_run
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    run_dir = find_run_dir(args.run, args.runs)
+    config, model = load_run(run_dir)
+    ev = evaluate_lm(config, model, split=args.split)
+    print(f"{config.name} ({config.run_id}) on {config.data.describe()}, {args.split} split: loss {ev['loss']:.4f}, "
+          f"ppl {ev['ppl']:.3f}, {ev['bpb']:.4f} bits/byte, next-token accuracy {ev['accuracy']:.3f} ({ev['tokens']:,} tokens)")
+    out = {"eval": ev}
+    if args.lengths:
+        try:
+            ks = [int(k) for k in args.lengths.split(",")]
+        except ValueError:
+            raise ValueError(f"argument --lengths: expected comma-separated integers such as 1,2,4, got {args.lengths!r}") from None
+        lg = length_generalization(config, model, split=args.split, multiples=ks, max_tokens=args.max_tokens)
+        print(f"\nlength generalization (training context T = {lg['seq_len']}; same tokens at each length)\n")
+        print("| context | ppl | bits/byte | windows |\n|---|---|---|---|")
+        for r in lg["results"]:
+            if "error" in r:
+                print(f"| {r['k']}×T = {r['seq_len']} | not evaluated: {r['error']} | | |")
+            else:
+                print(f"| {r['k']}×T = {r['seq_len']} | {r['ppl']:.3f} | {r['bpb']:.4f} | {r['windows']} |")
+        path = plot_length_generalization(lg, args.plot or Path(run_dir) / "length.png")
+        print(f"\nplot: {path}")
+        out["length_generalization"] = lg
+    (Path(run_dir) / f"eval_{args.split}.json").write_text(json.dumps(out, indent=1))
+    return 0
+
+
+#: `seqmix lm <command>`: name -> (add parser, run)
+LM_COMMANDS = {
+    "train": (_add_lm_train, _run_lm_train),
+    "eval": (_add_lm_eval, _run_lm_eval),
+}
+
+
+def _add_lm(sub):
+    p = sub.add_parser("lm", help="language modelling on text: train, eval (see docs/lm.md)")
+    lsub = p.add_subparsers(dest="lm_command")
+    for add, _ in LM_COMMANDS.values():
+        add(lsub)
+    p.set_defaults(_lm_parser=p)
+
+
+def _run_lm(args) -> int:
+    if not getattr(args, "lm_command", None):
+        args._lm_parser.print_help()
+        return 0
+    return LM_COMMANDS[args.lm_command][1](args)
+
+
 COMMANDS = {
     "list": (_add_list, _run_list),
     "info": (_add_info, _run_info),
@@ -459,6 +642,7 @@ COMMANDS = {
     "sweep": (_add_sweep, _run_sweep),
     "reproduce": (_add_reproduce, _run_reproduce),
     "results": (_add_results, _run_results),
+    "lm": (_add_lm, _run_lm),
 }
 
 

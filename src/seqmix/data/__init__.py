@@ -8,6 +8,9 @@
     for batch in train.batches():          # Batch(inputs [B, L], labels [B, L], segment, name)
         ...
 
+Text corpora (language modelling): :class:`CorpusConfig` in :mod:`seqmix.data.text`, the
+other kind of data config; ``build_data`` takes either.
+
 Tasks: ``mqar`` (Zoology-compatible), ``selective_copying``, ``induction_heads``,
 ``noisy_mqar``, ``fuzzy_mqar``; the Long Range Arena tasks ``listops``, ``pathfinder``,
 ``lra_text``, ``lra_retrieval``, ``lra_image`` (:mod:`seqmix.data.lra`: labels [B], one class
@@ -25,12 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import IGNORE, Batch, Segment, Split, TaskArrays, TaskConfig, build_segment, cache_dir, config_hash
 from .mqar import MQARConfig, multiquery_ar
-from .lra import ImageConfig, ListOpsConfig, PathfinderConfig, RetrievalConfig, TextConfig
+from .lra import LRAImageConfig, ListOpsConfig, PathfinderConfig, RetrievalConfig, LRATextConfig
 from .synthetic import FuzzyMQARConfig, InductionHeadsConfig, NoisyMQARConfig, SelectiveCopyingConfig
+from .text import CorpusConfig, TokenWindows, load_tokenizer
 
 Task = Annotated[
     Union[MQARConfig, SelectiveCopyingConfig, InductionHeadsConfig, NoisyMQARConfig, FuzzyMQARConfig,
-          ListOpsConfig, PathfinderConfig, TextConfig, RetrievalConfig, ImageConfig],
+          ListOpsConfig, PathfinderConfig, LRATextConfig, RetrievalConfig, LRAImageConfig],
     Field(discriminator="task"),
 ]
 
@@ -38,7 +42,7 @@ Task = Annotated[
 TASKS: dict[str, type[TaskConfig]] = {
     c.model_fields["task"].default: c
     for c in (MQARConfig, SelectiveCopyingConfig, InductionHeadsConfig, NoisyMQARConfig, FuzzyMQARConfig,
-              ListOpsConfig, PathfinderConfig, TextConfig, RetrievalConfig, ImageConfig)
+              ListOpsConfig, PathfinderConfig, LRATextConfig, RetrievalConfig, LRAImageConfig)
 }
 
 
@@ -113,8 +117,20 @@ def _all_tokens(seg: Segment) -> Segment:
     return Segment(seg.config, seg.inputs, labels, seg.name)
 
 
-def build_data(config: DataConfig, *, use_cache: bool = True) -> tuple[Split, Split]:
-    """Generates (or loads from the cache) the train and test splits of ``config``."""
+#: the data configs a run can hold: a synthetic task set, or a text corpus
+AnyDataConfig = Union[DataConfig, CorpusConfig]
+
+
+def build_data(config: DataConfig | CorpusConfig, *, use_cache: bool = True) -> tuple[Split, Split] | tuple[TokenWindows, TokenWindows]:
+    """The training source and the evaluation split of ``config``: for a task set, the
+    train and test :class:`Split` (generated, or loaded from the cache); for a
+    :class:`CorpusConfig`, the training and evaluation :class:`TokenWindows` (tokenized
+    once into the cache). The trainer reads both the same way (``steps_per_epoch`` is None
+    for a token stream, which it counts in tokens)."""
+    if isinstance(config, CorpusConfig):
+        from .text import build_text_data
+
+        return build_text_data(config)
     train = [build_segment(t, (config.seed, 0, i), use_cache=use_cache) for i, t in enumerate(config.train)]
     test = [build_segment(t, (config.seed, 1, i), use_cache=use_cache) for i, t in enumerate(config.test)]
     if config.train_targets == "all_tokens":
@@ -123,7 +139,8 @@ def build_data(config: DataConfig, *, use_cache: bool = True) -> tuple[Split, Sp
 
 
 __all__ = [
-    "IGNORE", "Batch", "DataConfig", "FuzzyMQARConfig", "InductionHeadsConfig", "MQARConfig", "NoisyMQARConfig",
-    "Segment", "SelectiveCopyingConfig", "ListOpsConfig", "PathfinderConfig", "TextConfig", "RetrievalConfig", "ImageConfig", "Split", "TASKS", "Task", "TaskArrays", "TaskConfig", "build_data",
+    "IGNORE", "AnyDataConfig", "Batch", "CorpusConfig", "DataConfig", "TokenWindows", "load_tokenizer", "FuzzyMQARConfig", "InductionHeadsConfig", "MQARConfig", "NoisyMQARConfig",
+    "Segment", "SelectiveCopyingConfig", "ListOpsConfig", "PathfinderConfig", "LRATextConfig", "RetrievalConfig", "LRAImageConfig",
+    "Split", "TASKS", "Task", "TaskArrays", "TaskConfig", "build_data",
     "build_segment", "cache_dir", "config_hash", "multiquery_ar",
 ]

@@ -160,6 +160,16 @@ class Split:
     def num_batches(self) -> int:
         return sum(-(-len(s) // self.batch_size) for s in self.segments)
 
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches per pass (the trainer's epoch; a token stream has None)."""
+        return self.num_batches()
+
+    @property
+    def tokens_per_batch(self) -> int:
+        """Input tokens of a full batch of the longest segment (for a token budget)."""
+        return self.batch_size * max(s.inputs.shape[1] for s in self.segments)
+
     def batches(self, *, shuffle: bool = False, seed: int = 0, epoch: int = 0) -> Iterator[Batch]:
         """Batches in segment order. With ``shuffle`` the examples of each segment and the
         order of all batches are permuted by a generator seeded from (seed, epoch) only, so

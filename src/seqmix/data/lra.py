@@ -580,7 +580,7 @@ def _need(path: Path, what: str, hint: str) -> Path:
     return path
 
 
-class TextConfig(_LRATask):
+class LRATextConfig(_LRATask):
     """LRA Text: IMDB sentiment at byte level (L = 4096, 2 classes). From HF ``imdb``
     (``hf_name``, columns text / label) or the Stanford ``aclImdb`` folder (``path``:
     ``<path>/<split>/{pos,neg}/*.txt``)."""
@@ -674,7 +674,7 @@ def grayscale(rgb: np.ndarray) -> np.ndarray:
     return (rgb[..., 0] * 19595 + rgb[..., 1] * 38470 + rgb[..., 2] * 7471 + 0x8000) >> 16
 
 
-class ImageConfig(_LRATask):
+class LRAImageConfig(_LRATask):
     """LRA Image: CIFAR-10 as a sequence of 1024 grayscale pixels (256 levels, 10 classes).
     From HF ``cifar10`` (columns img / label) or the ``cifar-10-batches-py`` folder
     (``path``: data_batch_1..5, test_batch)."""
@@ -719,4 +719,4 @@ class ImageConfig(_LRATask):
 
 
 #: the LRA task configs (registered in seqmix.data's Task union)
-LRA_TASKS = (ListOpsConfig, PathfinderConfig, TextConfig, RetrievalConfig, ImageConfig)
+LRA_TASKS = (ListOpsConfig, PathfinderConfig, LRATextConfig, RetrievalConfig, LRAImageConfig)

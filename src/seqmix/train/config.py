@@ -14,12 +14,12 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..data import DataConfig
+from ..data import CorpusConfig, DataConfig
 from ..mixers.base import config_error
 from ..models import ModelConfig
 
 #: TrainConfig fields that change how a run is executed, not what it computes (left out of the run id)
-EXECUTION_FIELDS = ("device", "threads")
+EXECUTION_FIELDS = ("device", "threads", "checkpoint_every")
 
 
 class TrainConfig(BaseModel):
@@ -30,14 +30,22 @@ class TrainConfig(BaseModel):
     lr: float = Field(1e-3, gt=0, description="peak learning rate")
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (not on norms, biases, SSM A/D)")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
-    epochs: int = Field(64, gt=0, description="passes over the training set")
-    max_steps: int | None = Field(None, gt=0, description="cap on optimizer steps (the schedule spans min(epochs·batches, max_steps))")
+    epochs: int = Field(64, gt=0, description="passes over the training set (a finite task set; a corpus counts steps/tokens)")
+    max_steps: int | None = Field(None, gt=0, description="cap on optimizer steps (the schedule spans min(epochs·batches, max_steps, max_tokens/step))")
+    max_tokens: int | None = Field(None, gt=0, description="token budget: steps = ceil(max_tokens / tokens per optimizer step)")
+    grad_accum: int = Field(1, gt=0, description="micro-batches per optimizer step (gradient accumulation)")
     warmup: float = Field(0.1, ge=0, lt=1, description="fraction of the steps with a linear warmup")
     schedule: Literal["cosine", "constant"] = Field("cosine", description="after the warmup")
     min_lr: float = Field(0.0, ge=0, le=1, description="final learning rate as a fraction of lr")
     grad_clip: float | None = Field(1.0, gt=0, description="max global gradient norm (None: no clipping)")
     early_stop: float | None = Field(0.99, gt=0, le=1, description="stop once the validation accuracy reaches this (None: never)")
     eval_every: int = Field(1, gt=0, description="evaluate every this many epochs (and after the last)")
+    eval_every_steps: int | None = Field(
+        None, gt=0, description="evaluate every this many optimizer steps (and after the last); a corpus run defaults to "
+        "10 evaluations over the budget")
+    eval_batches: int | None = Field(None, gt=0, description="evaluate on at most this many batches (None: the whole split)")
+    checkpoint_every: int | None = Field(None, gt=0, description="also checkpoint every this many steps (always at evaluations)")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast dtype of the forward pass (weights stay fp32)")
     seed: int = Field(0, ge=0, description="seed of the init, dropout and shuffling")
     device: str = Field("cpu", description="torch device")
     threads: int | None = Field(None, gt=0, description="torch CPU threads (default: torch's choice)")
@@ -52,7 +60,7 @@ class RunConfig(BaseModel):
     experiment: str = Field("", description="experiment (preset) name the run belongs to")
     label: str = Field("", description="the model's name in tables and legends (default: the mixer)")
     tags: dict[str, Any] = Field(default_factory=dict, description="grid coordinates (n, task, ...)")
-    data: DataConfig
+    data: DataConfig | CorpusConfig = Field(description="a synthetic task set, or a text corpus (kind='corpus')")
     model: ModelConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
 
@@ -64,8 +72,11 @@ class RunConfig(BaseModel):
             return values
         data, model = values.get("data"), values.get("model")
         try:
-            data = data if isinstance(data, DataConfig) else DataConfig(**data) if isinstance(data, dict) else None
-        except pydantic.ValidationError:
+            if isinstance(data, dict):
+                data = CorpusConfig(**data) if data.get("kind") == "corpus" else DataConfig(**data)
+            elif not isinstance(data, (DataConfig, CorpusConfig)):
+                data = None
+        except (pydantic.ValidationError, ValueError):
             return values  # reported by field validation
         if data is None:
             return values
@@ -86,7 +97,14 @@ class RunConfig(BaseModel):
             raise ValueError(f"model.vocab_size = {self.model.vocab_size} is smaller than the data's vocab_size = {self.data.vocab_size}")
         if self.model.use_positions and self.model.max_seq_len < self.data.max_seq_len:
             raise ValueError(f"model.max_seq_len = {self.model.max_seq_len} is shorter than the data's seq_len = {self.data.max_seq_len}")
+        if isinstance(self.data, CorpusConfig) and not (self.train.max_steps or self.train.max_tokens):
+            raise ValueError("train: a corpus run counts tokens: set train.max_tokens or train.max_steps")
         return self
+
+    @property
+    def is_lm(self) -> bool:
+        """A language-modelling run (a text corpus)."""
+        return isinstance(self.data, CorpusConfig)
 
     @property
     def name(self) -> str:

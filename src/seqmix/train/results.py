@@ -26,7 +26,7 @@ def best_over_lr(rows: Iterable[dict], *, all_lrs: bool = False) -> list[dict]:
     std, seeds, lr, state_size, wall_time (summed over the group's runs), epochs (mean)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        if r.get("status") != "finished":
+        if r.get("status") != "finished" or is_lm_row(r):  # LM runs: best_lm_over_lr
             continue
         groups[(r["experiment"], r["label"], r["task"], r["d_model"], r["n"], r["lr"])].append(r)
     per_lr = []
@@ -188,4 +188,63 @@ def plot(rows: list[dict], path: str | Path, *, x: str = "d_model", title: str =
     return path
 
 
-__all__ = ["X_AXES", "best_over_lr", "panels", "plot", "table"]
+def is_lm_row(r: dict) -> bool:
+    """A language-modelling run (it has a validation bits-per-byte)."""
+    return r.get("bpb") is not None
+
+
+def best_lm_over_lr(rows: Iterable[dict], *, all_lrs: bool = False) -> list[dict]:
+    """Language-modelling rows grouped by (experiment, label, task, d_model[, lr]): the lr with
+    the lowest mean validation bits per byte over seeds, with ppl, bpb (means), std of bpb,
+    seeds, tokens/s and tokens."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("status") == "finished" and is_lm_row(r):
+            groups[(r["experiment"], r["label"], r["task"], r["d_model"], r["lr"])].append(r)
+    per_lr = []
+    for (exp, label, task, d, lr), rs in groups.items():
+        bpbs = [x["bpb"] for x in rs]
+        per_lr.append({
+            "experiment": exp, "label": label, "task": task, "d_model": d, "lr": lr, "mixer": rs[0]["mixer"],
+            "bpb": statistics.fmean(bpbs), "bpb_std": statistics.pstdev(bpbs) if len(bpbs) > 1 else 0.0,
+            "ppl": statistics.fmean(x["ppl"] for x in rs), "seeds": len(rs), "params": rs[0]["params"],
+            "tokens": rs[0]["tokens"], "tokens_per_s": statistics.fmean(x["tokens_per_s"] for x in rs),
+            "wall_time": sum(x["wall_time"] for x in rs), "state_size": rs[0]["state_size"],
+        })
+    if all_lrs:
+        return sorted(per_lr, key=lambda r: (r["experiment"], r["task"], r["label"], r["d_model"], r["lr"]))
+    best: dict[tuple, dict] = {}
+    for r in per_lr:
+        k = (r["experiment"], r["label"], r["task"], r["d_model"])
+        if k not in best or r["bpb"] < best[k]["bpb"]:
+            best[k] = r
+    return sorted(best.values(), key=lambda r: (r["experiment"], r["task"], r["d_model"], r["bpb"]))
+
+
+def lm_table(rows: list[dict], *, fmt: str = "markdown", order: list[str] | None = None) -> str:
+    """Language-modelling runs (rows of :func:`best_lm_over_lr`): validation perplexity, bits
+    per byte, tokens trained, tokens/s, one table per task (corpus and tokenizer)."""
+    cols = ["label", "d_model", "lr", "ppl", "bpb", "bpb_std", "seeds", "tokens", "tokens_per_s", "params", "wall_time"]
+    if fmt == "csv":
+        lines = [",".join(["experiment", "task", "mixer", *cols])]
+        for r in rows:
+            lines.append(",".join(f"{r[c]:.6g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in ["experiment", "task", "mixer", *cols]))
+        return "\n".join(lines)
+    if fmt != "markdown":
+        raise ValueError(f"results: unknown format {fmt!r}; expected 'markdown' or 'csv'")
+    out = []
+    for task in sorted({r["task"] for r in rows}):
+        rs = [r for r in rows if r["task"] == task]
+        if order:
+            rs.sort(key=lambda r: order.index(r["label"]) if r["label"] in order else len(order))
+        out += [f"**{task}** — validation, best over learning rates", "",
+                "| model | d | lr | ppl | bits/byte | tokens | tokens/s | params | time |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in rs:
+            bpb = f"{r['bpb']:.4f}" + (f" ± {r['bpb_std']:.4f}" if r["seeds"] > 1 else "")
+            out.append(f"| {r['label']} | {r['d_model']} | {r['lr']:.2g} | {r['ppl']:.3f} | {bpb} | {r['tokens']:,} | "
+                       f"{r['tokens_per_s']:,.0f} | {r['params']:,} | {r['wall_time']:.0f}s |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+__all__ = ["X_AXES", "best_lm_over_lr", "best_over_lr", "is_lm_row", "lm_table", "panels", "plot", "table"]

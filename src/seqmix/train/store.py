@@ -3,8 +3,9 @@
 Columns: run_id (primary key: the hash of the run's config), experiment, label, mixer,
 task (the first test slice), d_model, n (the state expansion tag, if any), lr, seed,
 accuracy (best validation accuracy), final_accuracy, loss, best_epoch, epochs, steps,
-wall_time, tokens_per_s, state_size, params, status, version, git_commit, created, and the
-full config / result (with the history) as JSON.
+wall_time, tokens_per_s, state_size, params, status, version, git_commit, created, the
+full config / result (with the history) as JSON, and for language-modelling runs ppl, bpb
+(validation perplexity and bits per byte at the best evaluation) and tokens (trained on).
 
 Rows are written by the parent process of a sweep (workers return their results), so
 there is one writer; the store still opens with a busy timeout so that two sweeps
@@ -25,8 +26,10 @@ from .trainer import RunResult
 COLUMNS = (
     "run_id", "experiment", "label", "mixer", "task", "d_model", "n", "lr", "seed", "accuracy", "final_accuracy",
     "loss", "best_epoch", "epochs", "steps", "wall_time", "tokens_per_s", "state_size", "params", "status",
-    "version", "git_commit", "created", "config_json", "result_json",
+    "version", "git_commit", "created", "config_json", "result_json", "ppl", "bpb", "tokens",
 )
+#: columns added after the first schema (language modelling): added to older stores on open
+_ADDED = {"ppl": "REAL", "bpb": "REAL", "tokens": "INTEGER"}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -34,14 +37,17 @@ CREATE TABLE IF NOT EXISTS runs (
     d_model INTEGER, n INTEGER, lr REAL, seed INTEGER,
     accuracy REAL, final_accuracy REAL, loss REAL, best_epoch INTEGER, epochs INTEGER, steps INTEGER,
     wall_time REAL, tokens_per_s REAL, state_size INTEGER, params INTEGER, status TEXT,
-    version TEXT, git_commit TEXT, created REAL, config_json TEXT, result_json TEXT
+    version TEXT, git_commit TEXT, created REAL, config_json TEXT, result_json TEXT,
+    ppl REAL, bpb REAL, tokens INTEGER
 );
 CREATE INDEX IF NOT EXISTS runs_experiment ON runs (experiment);
 """
 
 
 def task_name(config: RunConfig) -> str:
-    return config.tags.get("task") or config.data.test[0].slice_name
+    if config.tags.get("task"):
+        return config.tags["task"]
+    return config.data.slice_name if config.is_lm else config.data.test[0].slice_name
 
 
 class ResultsStore:
@@ -52,6 +58,10 @@ class ResultsStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as con:
             con.executescript(_SCHEMA)
+            have = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
+            for col, typ in _ADDED.items():
+                if col not in have:
+                    con.execute(f"ALTER TABLE runs ADD COLUMN {col} {typ}")
 
     def _connect(self) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=60)
@@ -69,6 +79,7 @@ class ResultsStore:
             "status": result.status, "version": version, "git_commit": git_commit, "created": time.time(),
             "config_json": json.dumps(config.model_dump(mode="json"), sort_keys=True),
             "result_json": json.dumps(result.to_json()),
+            "ppl": result.ppl, "bpb": result.bpb, "tokens": result.tokens,
         }
         cols = ", ".join(COLUMNS)
         marks = ", ".join("?" for _ in COLUMNS)

@@ -51,6 +51,9 @@ def _import_plugins(plugins) -> None:
 def _cost(c: RunConfig) -> float:
     """A rough relative cost for scheduling (longest first)."""
     L = c.data.max_seq_len
+    if c.is_lm:
+        tokens = c.train.max_tokens or (c.train.max_steps or 1) * c.train.grad_accum * c.data.batch_size * L
+        return tokens * c.model.d_model * c.model.n_layers * (1 + L / 256)
     n = sum(t.num_examples for t in c.data.train)
     return c.train.epochs * n * L * c.model.d_model * c.model.n_layers * (1 + L / 256)
 

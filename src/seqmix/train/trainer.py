@@ -1,30 +1,50 @@
-"""The trainer: one :class:`RunConfig` in, one :class:`RunResult` out.
+"""The trainer: one :class:`RunConfig` in, one :class:`RunResult` out — a loop over
+optimizer steps, for every task.
 
-* AdamW with the parameter groups of :mod:`seqmix.train.optim`, the learning rate set
-  before every step (linear warmup, then cosine), global gradient-norm clipping;
-* loss: cross-entropy over the labelled positions only (logits are computed only there);
-* evaluation every ``eval_every`` epochs on the whole test split: accuracy over the
-  labelled positions, overall and per slice (segment). For MQAR every example has the
-  same number of labels, so this equals Zoology's per-example mean;
-* early stopping once the validation accuracy reaches ``early_stop``;
-* a checkpoint after every epoch in ``run_dir`` (model, optimizer, step, history, RNG
-  states), written atomically: a run that is stopped — killed — and started again with the
-  same ``run_dir`` resumes after its last finished epoch and ends with the same numbers
-  as an uninterrupted run (the data order depends only on (seed, epoch));
-* deterministic: the seed fixes the init, dropout and shuffling;
-* a rich progress bar (loss, accuracy, tokens/s) and the training throughput in the result.
+A run's budget is counted in steps. A finite task set (MQAR and the synthetic tasks)
+counts its steps in epochs (``epochs`` × batches per epoch); a token stream (a text corpus,
+:class:`seqmix.data.text.CorpusConfig`) in tokens or steps (``max_tokens``/``max_steps``).
+``max_steps`` caps both. The pieces, each one method, in the order a step uses them:
+
+* :meth:`Trainer.build_model` — the model from ``config.model``;
+* :meth:`Trainer.micro_batches` — the training batches from micro-batch index m on: the
+  epoch order of (seed, epoch) for a task set, the random windows of (seed, m) for a stream,
+  so a resumed run draws the very batches an uninterrupted one would;
+* :meth:`Trainer.to_device` — moving (splitting, under DDP) a batch;
+* :meth:`Trainer.loss` — cross-entropy over the labelled positions only (logits are computed
+  only there), under autocast when ``precision`` is bf16/fp16;
+* :meth:`Trainer.evaluate` — loss and accuracy over the labelled positions, per slice; for
+  a text split also perplexity exp(loss) and bits per byte (loss / ln 2 / bytes per token);
+* :meth:`Trainer.save_checkpoint` / :meth:`Trainer.write_result` — atomic checkpoints and
+  the run folder.
+
+Every optimizer step: AdamW with the parameter groups of :mod:`seqmix.train.optim`, the
+learning rate set before the step (linear warmup, then cosine), ``grad_accum`` micro-batches,
+global gradient-norm clipping. Evaluation every ``eval_every`` epochs (task sets) or every
+``eval_every_steps`` steps (either; a stream defaults to 10 evaluations), and after the last
+step. Early stopping once the validation accuracy reaches ``early_stop``.
+
+Checkpoints (``run_dir/checkpoint.pt``: config, model, optimizer, step, history, RNG
+states) are written atomically after every evaluation, every epoch, and every
+``checkpoint_every`` steps: a run killed and started again with the same ``run_dir``
+resumes after its last checkpoint and ends with the same numbers as an uninterrupted run.
+Throughput (tokens/s), model FLOPs per token and — when a peak is given — the model FLOPs
+utilisation go into the result; a rich progress bar shows the run; TensorBoard event files
+are written to ``run_dir/tb`` for stream runs when ``tensorboard`` is installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import random
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -37,6 +57,8 @@ from .optim import lr_at, param_groups
 
 CHECKPOINT = "checkpoint.pt"
 RESULT = "result.json"
+TOKENIZER = "tokenizer.json"
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -44,20 +66,27 @@ class RunResult:
     """What a run reports (one row of the results store)."""
 
     run_id: str
-    status: str  # "finished" (all epochs or early stop) or "interrupted"
-    accuracy: float  # best validation accuracy over the evaluations
+    status: str  # "finished" (whole budget or early stop) or "interrupted"
+    accuracy: float  # best validation accuracy over the evaluations (a stream: at the best loss)
     final_accuracy: float
-    best_epoch: int  # 1-based epoch of the best accuracy
-    epochs: int  # epochs run
+    best_epoch: int  # 1-based epoch of the best evaluation (a stream: 0)
+    epochs: int  # epochs run (started); a stream: 0
     steps: int
-    loss: float  # validation loss at the best epoch
+    loss: float  # validation loss at the best evaluation
     wall_time: float  # seconds of training + evaluation (summed over resumed sessions)
     tokens_per_s: float  # training throughput
     state_size: int
     params: int
     early_stopped: bool = False
-    slices: dict = field(default_factory=dict)  # per-slice accuracy at the best epoch
+    slices: dict = field(default_factory=dict)  # per-slice accuracy at the best evaluation
     history: list = field(default_factory=list)  # one dict per evaluation
+    # language modelling (None for the synthetic tasks)
+    ppl: float | None = None  # validation perplexity at the best evaluation
+    bpb: float | None = None  # validation bits per byte at the best evaluation
+    tokens: int = 0  # training tokens seen
+    best_step: int = 0
+    flops_per_token: float | None = None  # model FLOPs per training token (seqmix.train.flops)
+    mfu: float | None = None  # model FLOPs utilisation against the given peak
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -88,47 +117,174 @@ def _atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def autocast(precision: str, device: torch.device):
+    """The autocast context of ``precision`` (fp32: none)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=_AUTOCAST[precision])
+
+
 class Interrupted(Exception):
     """Raised by a callback to stop a run after a checkpoint (used to test resuming)."""
 
 
 class Trainer:
     """Trains one run. ``run_dir`` (optional) holds the checkpoint and result.json;
-    ``progress``: show a rich progress bar; ``on_epoch(epoch, record)`` is called after
-    each checkpoint (raise :class:`Interrupted` there to stop the run); ``maps``: after a
-    finished run, write the maps of its first and last layer into ``run_dir``
-    (:func:`seqmix.analysis.trained.write_run_maps`: maps.png, maps.json)."""
+    ``progress``: show a rich progress bar; ``on_epoch(epoch, record)`` is called after each
+    epoch's checkpoint and ``on_checkpoint(step, record)`` after every checkpoint (raise
+    :class:`Interrupted` in either to stop the run); ``maps``: after a finished run, write the
+    maps of its first and last layer into ``run_dir`` (:func:`seqmix.analysis.trained.write_run_maps`;
+    default: for task sets, not for corpus runs, whose T×T maps are large);
+    ``peak_flops``: the machine's FLOP/s, for the MFU estimate (:func:`seqmix.train.flops.matmul_peak_flops`);
+    ``tensorboard``: write event files to run_dir/tb (default: for stream runs, when installed)."""
 
     def __init__(self, config: RunConfig, *, run_dir: str | Path | None = None, progress: bool = True,
-                 on_epoch: Callable[[int, dict], None] | None = None, console=None, maps: bool = True):
+                 on_epoch: Callable[[int, dict], None] | None = None, console=None, maps: bool | None = None,
+                 on_checkpoint: Callable[[int, dict], None] | None = None, peak_flops: float | None = None,
+                 tensorboard: bool | None = None):
         self.config = config
         self.maps = maps
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.progress = progress
         self.on_epoch = on_epoch
+        self.on_checkpoint = on_checkpoint
         self.console = console
+        self.peak_flops = peak_flops
+        self.tensorboard = tensorboard
+        self.device = torch.device(config.train.device)
 
     # -- pieces ------------------------------------------------------------------------
 
-    def _evaluate(self, model: LanguageModel, test, device) -> dict:
+    def build_model(self) -> LanguageModel:
+        """The model of ``config.model`` on the run's device (seeded before: the init is the seed's)."""
+        return LanguageModel(self.config.model).to(self.device)
+
+    def micro_batches(self, train, start: int) -> Iterator:
+        """Training micro-batches number ``start``, ``start + 1``, … A task set (a
+        :class:`seqmix.data.Split`) walks its epochs in the order fixed by (seed, epoch),
+        skipping into the epoch of ``start``; a stream draws window batch m from (seed, m)."""
+        c = self.config
+        per_epoch = train.steps_per_epoch
+        if per_epoch is None:
+            m = start
+            while True:
+                yield train.batch(m, seed=c.train.seed)
+                m += 1
+        epoch, skip = divmod(start, per_epoch)
+        while True:
+            for i, b in enumerate(train.batches(shuffle=c.data.shuffle, seed=c.train.seed, epoch=epoch)):
+                if i >= skip:
+                    yield b
+            epoch, skip = epoch + 1, 0
+
+    def to_device(self, batch):
+        """(inputs, labels) of a batch on the run's device."""
+        return batch.inputs.to(self.device, non_blocking=True), batch.labels.to(self.device, non_blocking=True)
+
+    def loss(self, model: LanguageModel, inputs: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"):
+        """(cross-entropy over the labelled positions, logits [M, V], targets [M])."""
+        with autocast(self.config.train.precision, self.device):
+            logits, target = model.scored_logits(inputs, labels)
+        return F.cross_entropy(logits.float(), target, reduction=reduction), logits, target
+
+    def evaluate(self, model: LanguageModel, test, *, max_batches: int | None = None) -> dict:
+        """Loss and accuracy over the labelled positions (per slice); on a text split also
+        ``ppl`` = exp(loss) and ``bpb`` = loss / ln 2 / (UTF-8 bytes per token of the split)."""
+        was_training = model.training
         model.eval()
-        n_seg = len(test.segments)
+        n_seg = len(test.names)
         correct = torch.zeros(n_seg, dtype=torch.float64)
         count = torch.zeros(n_seg, dtype=torch.float64)
         loss_sum = 0.0
         with torch.no_grad():
-            for b in test.batches():
-                logits, target = model.scored_logits(b.inputs.to(device), b.labels.to(device))
-                loss_sum += float(F.cross_entropy(logits.float(), target, reduction="sum"))
+            for i, b in enumerate(test.batches()):
+                if max_batches is not None and i >= max_batches:
+                    break
+                loss, logits, target = self.loss(model, *self.to_device(b), reduction="sum")
+                loss_sum += float(loss)
                 correct[b.segment] += float((logits.argmax(-1) == target).sum())
                 count[b.segment] += target.numel()
-        model.train()
+        model.train(was_training)
         total = float(count.sum())
-        return {
+        out = {
             "accuracy": float(correct.sum()) / max(total, 1.0),
             "loss": loss_sum / max(total, 1.0),
             "slices": {name: float(correct[i] / max(float(count[i]), 1.0)) for i, name in enumerate(test.names)},
         }
+        bytes_per_token = getattr(test, "bytes_per_token", None)
+        if bytes_per_token:
+            out["ppl"] = math.exp(min(out["loss"], 700.0))
+            out["bpb"] = out["loss"] / math.log(2) / bytes_per_token
+        return out
+
+    def save_checkpoint(self, model, opt, state, scaler=None) -> None:
+        """run_dir/checkpoint.pt, atomically ("config" = the RunConfig JSON, "model" = the state dict)."""
+        if self.run_dir is None:
+            return
+        _atomic_save({
+            "run_id": self.config.run_id, "config": self.config.model_dump(mode="json"),
+            "model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        }, self.run_dir / CHECKPOINT)
+
+    def load_checkpoint(self, model, opt, scaler=None) -> dict | None:
+        """The saved loop state (and model, optimizer, RNG restored), or None."""
+        ckpt = self.run_dir / CHECKPOINT if self.run_dir is not None else None
+        if ckpt is None or not ckpt.exists():
+            return None
+        blob = torch.load(ckpt, weights_only=False, map_location=self.device)
+        if blob.get("run_id") != self.config.run_id:
+            return None
+        model.load_state_dict(blob["model"])
+        opt.load_state_dict(blob["optimizer"])
+        if scaler is not None and blob.get("scaler"):
+            scaler.load_state_dict(blob["scaler"])
+        torch.set_rng_state(blob["rng"]["torch"])
+        np.random.set_state(blob["rng"]["numpy"])
+        random.setstate(blob["rng"]["python"])
+        return blob["state"]
+
+    def write_result(self, result: "RunResult", model: LanguageModel) -> None:
+        """result.json, config.json (and the maps) in run_dir."""
+        if self.run_dir is None:
+            return
+        (self.run_dir / RESULT).write_text(json.dumps(result.to_json(), indent=1))
+        (self.run_dir / "config.json").write_text(json.dumps(self.config.model_dump(mode="json"), indent=1))
+        if self.maps or (self.maps is None and not self.config.is_lm):
+            self._write_maps(model)
+
+    # -- the budget --------------------------------------------------------------------
+
+    def plan(self, train) -> tuple[int, int | None]:
+        """(optimizer steps of the run, steps per epoch or None for a stream)."""
+        tc = self.config.train
+        acc = tc.grad_accum
+        caps = [tc.max_steps or 1 << 62]
+        per_epoch_micro = train.steps_per_epoch
+        if per_epoch_micro is not None:
+            per_epoch = max(1, per_epoch_micro // acc) if acc > 1 else per_epoch_micro
+            caps.append(tc.epochs * per_epoch)
+        else:
+            per_epoch = None
+        if tc.max_tokens:
+            caps.append(max(1, -(-tc.max_tokens // (acc * train.tokens_per_batch))))
+        total = min(caps)
+        if total >= 1 << 62:
+            raise ValueError("train: a token stream needs a budget: set train.max_steps or train.max_tokens")
+        return total, per_epoch
+
+    def _eval_due(self, state, total, per_epoch) -> bool:
+        tc = self.config.train
+        step = state["step"]
+        if step >= total:
+            return True
+        every = tc.eval_every_steps
+        if every is None and per_epoch is None:
+            every = max(1, total // 10)
+        if every is not None and step % every == 0:
+            return True
+        return per_epoch is not None and step % per_epoch == 0 and (step // per_epoch) % tc.eval_every == 0
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -137,7 +293,7 @@ class Trainer:
         tc = c.train
         if tc.threads:
             torch.set_num_threads(tc.threads)
-        device = torch.device(tc.device)
+        device = self.device
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             done = self.run_dir / RESULT
@@ -147,103 +303,153 @@ class Trainer:
                     return RunResult(**blob)
 
         train, test = build_data(c.data)
+        tokenizer = getattr(train, "tokenizer", None)
+        if tokenizer is not None and self.run_dir is not None:
+            tokenizer.save(self.run_dir / TOKENIZER)  # the run folder is self-contained
         seed_everything(tc.seed)
-        model = LanguageModel(c.model).to(device)
+        model = self.build_model()
         opt = torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr, betas=tc.betas)
-        per_epoch = train.num_batches()
-        total = min(tc.epochs * per_epoch, tc.max_steps or 1 << 62)
-        epochs = min(tc.epochs, -(-total // per_epoch))
+        scaler = torch.amp.GradScaler(device.type) if tc.precision == "fp16" and device.type == "cuda" else None
+        total, per_epoch = self.plan(train)
+        epochs = -(-total // per_epoch) if per_epoch else 0
 
-        state = {"epoch": 0, "step": 0, "history": [], "wall": 0.0, "train_time": 0.0, "tokens": 0, "best": None}
-        ckpt = self.run_dir / CHECKPOINT if self.run_dir is not None else None
-        if ckpt is not None and ckpt.exists():
-            blob = torch.load(ckpt, weights_only=False, map_location=device)
-            if blob.get("run_id") == c.run_id:
-                model.load_state_dict(blob["model"])
-                opt.load_state_dict(blob["optimizer"])
-                state = blob["state"]
-                torch.set_rng_state(blob["rng"]["torch"])
-                np.random.set_state(blob["rng"]["numpy"])
-                random.setstate(blob["rng"]["python"])
+        state = {"epoch": 0, "step": 0, "history": [], "wall": 0.0, "train_time": 0.0, "tokens": 0, "best": None,
+                 "loss_sum": 0.0, "loss_n": 0}
+        state = self.load_checkpoint(model, opt, scaler) or state
+        state.setdefault("loss_sum", 0.0)
+        state.setdefault("loss_n", 0)
 
+        stream = per_epoch is None
         state_size = model.state_size(c.data.max_seq_len)
         params = model.num_params()
+        from .flops import flops_per_token
+
+        fpt = flops_per_token(model, c.data.max_seq_len)
         stopped_early = bool(state["best"] and tc.early_stop and state["best"]["accuracy"] >= tc.early_stop)
+        writer = self._tensorboard(stream)
 
-        bar = None
+        bar = task = None
         if self.progress:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-            bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console, transient=False)
+            bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                           TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=False)
             bar.start()
             task = bar.add_task(f"{c.name} d={c.model.d_model}", total=total, completed=state["step"], info="")
 
         model.train()
+        batches = self.micro_batches(train, state["step"] * tc.grad_accum)
+        t_session = time.perf_counter()
         try:
-            while state["epoch"] < epochs and state["step"] < total and not stopped_early:
-                epoch = state["epoch"]
-                t_epoch = time.perf_counter()
-                t_train = 0.0
-                ep_loss, ep_n = 0.0, 0
-                for b in train.batches(shuffle=c.data.shuffle, seed=tc.seed, epoch=epoch):
-                    if state["step"] >= total:
-                        break
-                    t0 = time.perf_counter()
-                    lr = lr_at(state["step"], total=total, lr=tc.lr, warmup=tc.warmup, min_lr=tc.min_lr, schedule=tc.schedule)
-                    for g in opt.param_groups:
-                        g["lr"] = lr
-                    logits, target = model.scored_logits(b.inputs.to(device), b.labels.to(device))
-                    loss = F.cross_entropy(logits.float(), target)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if tc.grad_clip:
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-                    opt.step()
-                    state["step"] += 1
+            while state["step"] < total and not stopped_early:
+                # -- one optimizer step -----------------------------------------------------
+                t0 = time.perf_counter()
+                step = state["step"]
+                lr = lr_at(step, total=total, lr=tc.lr, warmup=tc.warmup, min_lr=tc.min_lr, schedule=tc.schedule)
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                opt.zero_grad(set_to_none=True)
+                loss_v = 0.0
+                for _ in range(tc.grad_accum):
+                    b = next(batches)
+                    inputs, labels = self.to_device(b)
+                    loss, _, _ = self.loss(model, inputs, labels)
+                    loss = loss / tc.grad_accum
+                    (scaler.scale(loss) if scaler is not None else loss).backward()
+                    loss_v += float(loss.detach())
                     state["tokens"] += b.inputs.numel()
-                    dt = time.perf_counter() - t0
-                    t_train += dt
-                    loss_v = float(loss.detach())
-                    ep_loss += loss_v
-                    ep_n += 1
-                    if bar is not None:
-                        tps = state["tokens"] / max(state["train_time"] + t_train, 1e-9)
-                        best = state["best"]["accuracy"] if state["best"] else float("nan")
-                        bar.update(task, advance=1, info=f"ep {epoch + 1}/{epochs} loss {loss_v:.3f} best acc {best:.3f} {tps:,.0f} tok/s")
-                state["train_time"] += t_train
-                state["epoch"] = epoch + 1
-                if state["epoch"] % tc.eval_every == 0 or state["epoch"] >= epochs or state["step"] >= total:
-                    ev = self._evaluate(model, test, device)
-                    rec = {"epoch": state["epoch"], "step": state["step"], "train_loss": ep_loss / max(ep_n, 1),
-                           "lr": lr_at(max(state["step"] - 1, 0), total=total, lr=tc.lr, warmup=tc.warmup, min_lr=tc.min_lr, schedule=tc.schedule),
-                           **ev}
+                if scaler is not None:
+                    scaler.unscale_(opt)
+                if tc.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+                if scaler is not None:
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    opt.step()
+                state["step"] = step + 1
+                state["loss_sum"] += loss_v
+                state["loss_n"] += 1
+                state["train_time"] += time.perf_counter() - t0
+                if per_epoch:
+                    state["epoch"] = -(-state["step"] // per_epoch)
+                tps = state["tokens"] / max(state["train_time"], 1e-9)
+                if writer is not None:
+                    writer.add_scalar("train/loss", loss_v, state["step"])
+                    writer.add_scalar("train/lr", lr, state["step"])
+                    writer.add_scalar("train/tokens_per_s", tps, state["step"])
+                if bar is not None:
+                    bar.update(task, advance=1, info=self._info(state, epochs, loss_v, tps))
+
+                # -- evaluation, checkpoints ------------------------------------------------
+                end_of_epoch = per_epoch is not None and (state["step"] % per_epoch == 0 or state["step"] >= total)
+                if self._eval_due(state, total, per_epoch):
+                    ev = self.evaluate(model, test, max_batches=tc.eval_batches)
+                    rec = {"epoch": state["epoch"], "step": state["step"], "train_loss": state["loss_sum"] / max(state["loss_n"], 1),
+                           "lr": lr, **ev}
+                    if stream:
+                        rec["tokens"] = state["tokens"]
+                    state["loss_sum"], state["loss_n"] = 0.0, 0
                     state["history"].append(rec)
-                    if state["best"] is None or ev["accuracy"] > state["best"]["accuracy"]:
+                    if state["best"] is None or self._better(ev, state["best"], stream):
                         state["best"] = rec
                     if tc.early_stop is not None and ev["accuracy"] >= tc.early_stop:
                         stopped_early = True
-                state["wall"] += time.perf_counter() - t_epoch
-                if ckpt is not None:
-                    _atomic_save({
-                        "run_id": c.run_id, "config": c.model_dump(mode="json"),
-                        "model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
-                        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-                    }, ckpt)
-                if self.on_epoch is not None:
-                    self.on_epoch(state["epoch"], state["history"][-1] if state["history"] else {})
+                    if writer is not None:
+                        for k in ("loss", "accuracy", "ppl", "bpb"):
+                            if k in ev:
+                                writer.add_scalar(f"val/{k}", ev[k], state["step"])
+                    due = True
+                else:
+                    due = end_of_epoch or bool(tc.checkpoint_every and state["step"] % tc.checkpoint_every == 0)
+                if due:
+                    now = time.perf_counter()
+                    state["wall"] += now - t_session
+                    t_session = now
+                    self.save_checkpoint(model, opt, state, scaler)
+                    last = state["history"][-1] if state["history"] else {}
+                    if self.on_checkpoint is not None:
+                        self.on_checkpoint(state["step"], last)
+                    if end_of_epoch and self.on_epoch is not None:
+                        self.on_epoch(state["epoch"], last)
         except Interrupted:
-            return self._result(state, "interrupted", state_size, params, stopped_early)
+            return self._result(state, "interrupted", state_size, params, stopped_early, fpt)
         finally:
             if bar is not None:
                 bar.stop()
-        result = self._result(state, "finished", state_size, params, stopped_early)
-        if self.run_dir is not None:
-            (self.run_dir / RESULT).write_text(json.dumps(result.to_json(), indent=1))
-            (self.run_dir / "config.json").write_text(json.dumps(c.model_dump(mode="json"), indent=1))
-            if self.maps:
-                self._write_maps(model)
+            if writer is not None:
+                writer.close()
+        state["wall"] += time.perf_counter() - t_session
+        result = self._result(state, "finished", state_size, params, stopped_early, fpt)
+        self.write_result(result, model)
         return result
+
+    # -- helpers -----------------------------------------------------------------------
+
+    @staticmethod
+    def _better(ev: dict, best: dict, stream: bool) -> bool:
+        return ev["loss"] < best["loss"] if stream else ev["accuracy"] > best["accuracy"]
+
+    @staticmethod
+    def _info(state: dict, epochs: int, loss_v: float, tps: float) -> str:
+        best = state["best"]
+        where = f"ep {state['epoch']}/{epochs} " if epochs else f"{state['tokens']:,} tok "
+        if best is not None and "ppl" in best:
+            last = state["history"][-1]
+            score = f"val ppl {last['ppl']:.2f} bpb {last['bpb']:.3f}"
+        else:
+            score = f"best acc {best['accuracy']:.3f}" if best else "best acc nan"
+        return f"{where}loss {loss_v:.3f} {score} {tps:,.0f} tok/s"
+
+    def _tensorboard(self, stream: bool):
+        want = self.tensorboard if self.tensorboard is not None else stream
+        if not want or self.run_dir is None:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard not installed: no event files
+            return None
+        return SummaryWriter(log_dir=str(self.run_dir / "tb"))
 
     def _write_maps(self, model: LanguageModel) -> None:
         """maps.png / maps.json beside the result; a failure to draw never costs the run: its
@@ -255,15 +461,18 @@ class Trainer:
         except Exception as e:  # noqa: BLE001  (the trained run is already saved)
             (self.run_dir / MAPS_JSON).write_text(json.dumps({"run_id": self.config.run_id, "error": f"{type(e).__name__}: {e}"}))
 
-    def _result(self, state, status, state_size, params, stopped_early) -> RunResult:
-        best = state["best"] or {"accuracy": 0.0, "epoch": 0, "loss": float("nan"), "slices": {}}
+    def _result(self, state, status, state_size, params, stopped_early, fpt) -> RunResult:
+        best = state["best"] or {"accuracy": 0.0, "epoch": 0, "loss": float("nan"), "slices": {}, "step": 0}
         last = state["history"][-1] if state["history"] else best
+        tps = state["tokens"] / max(state["train_time"], 1e-9)
         return RunResult(
             run_id=self.config.run_id, status=status, accuracy=best["accuracy"], final_accuracy=last["accuracy"],
             best_epoch=best["epoch"], epochs=state["epoch"], steps=state["step"], loss=best["loss"],
-            wall_time=state["wall"], tokens_per_s=state["tokens"] / max(state["train_time"], 1e-9),
+            wall_time=state["wall"], tokens_per_s=tps,
             state_size=state_size, params=params, early_stopped=stopped_early, slices=best.get("slices", {}),
-            history=state["history"],
+            history=state["history"], ppl=best.get("ppl"), bpb=best.get("bpb"), tokens=state["tokens"],
+            best_step=best.get("step", 0), flops_per_token=fpt,
+            mfu=(tps * fpt / self.peak_flops) if self.peak_flops else None,
         )
 
 

@@ -398,7 +398,9 @@ BMOJO_FIG2_ME = Preset(
     notes=_BMOJO_NOTES[:1] + ["The paper scale uses the window and m_f of bmojo-fig2; the m_e grid is the note's."],
 )
 
+from .lra import LRA_PRESETS  # noqa: E402  (DSF Table 3, MetaLA Table 7, lra-tiny)
+
 PRESETS: dict[str, Preset] = {p.name: p for p in (DSF_FIG1, DSF_FIG2, DSF_FIG3, DSF_TABLE2, METALA_TABLE_A7, BMOJO_TABLE3,
-                                                  BMOJO_FIG2, BMOJO_FIG2_ME)}
+                                                  BMOJO_FIG2, BMOJO_FIG2_ME, *LRA_PRESETS)}
 
 __all__ = ["PRESETS", "DSF_FIG1", "DSF_FIG2", "DSF_FIG3", "DSF_TABLE2", "METALA_TABLE_A7", "BMOJO_TABLE3", "BMOJO_FIG2", "BMOJO_FIG2_ME", "TINY_LRS", "TINY_N", "TINY_SSM_LRS", "tiny_mqar"]

@@ -134,3 +134,26 @@ def test_config_errors():
     m = make("s6")
     with pytest.raises(ValueError, match=r"\[batch\] class ids"):
         m.scored_logits(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long))
+
+
+def test_lra_presets_carry_the_papers_settings():
+    from seqmix.experiments import PRESETS, evaluate_claims
+
+    paper = {(r.label, r.tags["task"]): r for r in PRESETS["dsf-table3"].runs("paper")}
+    assert len(paper) == 20
+    lo = paper[("softmax", "listops")]  # dsf note §5.2: 8 layers, d 128, state 64, 8 heads, batch 8, lr 5e-4, 50 epochs
+    assert (lo.model.n_layers, lo.model.d_model, lo.model.mixer_kwargs["n"], lo.model.mixer_kwargs["heads"]) == (8, 128, 64, 8)
+    assert (lo.data.batch_size, lo.train.lr, lo.train.epochs, lo.train.warmup) == (8, 5e-4, 50, 0.1)
+    assert paper[("S6", "retrieval")].model.classifier.dual is True
+    metala = {r.tags["task"]: r for r in PRESETS["metala-lra"].runs("paper")}
+    assert set(metala) == {"listops", "text", "retrieval", "image", "pathfinder32", "path-x"}
+    assert metala["image"].model.classifier.bidirectional == "sum" and metala["listops"].model.classifier.bidirectional == "none"
+    assert (metala["pathfinder32"].train.max_steps, metala["pathfinder32"].data.batch_size) == (500_000, 256)
+    # the tiny claims: ListOps ordering and chance, on the ListOps panel only
+    rows = [{"experiment": "x", "label": lab, "task": task, "d_model": 32, "n": None, "accuracy": acc, "state_size": 1}
+            for lab, task, acc in (("S6", "listops", 0.4), ("normalized", "listops", 0.3), ("linear", "listops", 0.35),
+                                   ("softmax", "listops", 0.3), ("S6", "pathfinder32", 0.5))]
+    verdicts = {(c["text"], c["panel"]): c["verdict"] for c in evaluate_claims(PRESETS["lra-tiny"], rows)}
+    assert verdicts[("ListOps ordering of DSF Table 3: S6 ≥ normalized (38.02 vs 38.24: within 0.5)", "listops")] == "agrees"
+    assert verdicts[("ListOps ordering of DSF Table 3: normalized ≥ linear (38.24 vs 16.12)", "listops")] == "does not agree"
+    assert all(panel == "listops" for (text, panel) in verdicts if "ListOps ordering" in text)

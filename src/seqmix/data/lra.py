@@ -400,11 +400,11 @@ def pathfinder_generate(rng: np.random.Generator, num_examples: int, *, resoluti
     ``return_parts=True`` also returns a dict: ``curve`` [N, R*R] int8 (0 none, 1 and 2 the
     curves, 3+ the distractors drawn) and ``markers`` [N, 2, 2] (row, col of the marker
     centres), which the tests check the semantics against.
-    The dash, gap and marker sizes scale with R / 32 (1 px dash, 1.5 px gap, marker
+    The dash, gap and marker sizes scale with R / 32 (1 px dash, 1 px gap, marker
     radius 1.5 px at 32 × 32; curves keep one pixel apart)."""
     R = resolution
     s = R / 32
-    dash, gap, radius = 1.0 * s, 1.5 * s, 1.5 * s
+    dash, gap, radius = 1.0 * s, 1.0 * s, 1.5 * s
     S = max(3, int(np.ceil(2 * dash)) + 1)
     kw = dict(dash=dash, gap=gap, max_turn=np.deg2rad(max_turn_deg), samples=S)
     margin = np.ceil(radius)

@@ -400,11 +400,11 @@ def pathfinder_generate(rng: np.random.Generator, num_examples: int, *, resoluti
     ``return_parts=True`` also returns a dict: ``curve`` [N, R*R] int8 (0 none, 1 and 2 the
     curves, 3+ the distractors drawn) and ``markers`` [N, 2, 2] (row, col of the marker
     centres), which the tests check the semantics against.
-    The dash, gap and marker sizes scale with R / 32 (1 px dash, 1 px gap, marker
+    The dash, gap and marker sizes scale with R / 32 (1 px dash, 1.5 px gap, marker
     radius 1.5 px at 32 × 32; curves keep one pixel apart)."""
     R = resolution
     s = R / 32
-    dash, gap, radius = 1.0 * s, 1.0 * s, 1.5 * s
+    dash, gap, radius = 1.0 * s, 1.5 * s, 1.5 * s
     S = max(3, int(np.ceil(2 * dash)) + 1)
     kw = dict(dash=dash, gap=gap, max_turn=np.deg2rad(max_turn_deg), samples=S)
     margin = np.ceil(radius)
@@ -413,13 +413,14 @@ def pathfinder_generate(rng: np.random.Generator, num_examples: int, *, resoluti
     m = contour_length * S
     p1, p2 = np.empty((N, m, 2), np.int64), np.empty((N, m, 2), np.int64)
     todo = everything
-    for _ in range(500):  # the two curves keep clear of each other (else "not connected" could touch)
-        q1, _e = _walk(rng, todo.size, contour_length, R, margin=margin, **kw)
+    q1 = None
+    for it in range(2000):  # the two curves keep clear of each other (else "not connected" could touch)
+        if q1 is None or it % 4 == 0:  # curve 2 is redrawn every time, curve 1 every 4th time
+            q1, _e = _walk(rng, todo.size, contour_length, R, margin=margin, **kw)
         q2, _e = _walk(rng, todo.size, contour_length, R, margin=margin, **kw)
-        near1 = _dilate(_raster(todo, q1, R), R, max(1, int(round(s))))
-        hit = (_raster(todo, q2, R) & near1).any(1)
+        hit = (_raster(todo, q2, R) & _dilate(_raster(todo, q1, R), R, max(1, int(round(s))))).any(1)
         p1[todo[~hit]], p2[todo[~hit]] = q1[~hit], q2[~hit]
-        todo = todo[hit]
+        todo, q1 = todo[hit], q1[hit]
         if todo.size == 0:
             break
     else:
@@ -720,3 +721,29 @@ class LRAImageConfig(_LRATask):
 
 #: the LRA task configs (registered in seqmix.data's Task union)
 LRA_TASKS = (ListOpsConfig, PathfinderConfig, LRATextConfig, RetrievalConfig, LRAImageConfig)
+
+
+def save_pathfinder_examples(path: str | os.PathLike, *, n: int = 8, seed: int = 0, levels=("easy", "medium", "hard")) -> Path:
+    """A PNG grid of generated Pathfinder-32 images: one row per difficulty, the label
+    (connected / not) above each image (docs/lra.md)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(levels), n, figsize=(1.6 * n, 1.8 * len(levels)), squeeze=False)
+    for row, level in enumerate(levels):
+        a = pathfinder_generate(np.random.default_rng(seed + row), n, contour_length=PATHFINDER_LEVELS[level][1])
+        for j in range(n):
+            ax = axes[row, j]
+            ax.imshow(a.inputs[j].reshape(32, 32) - 1, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+            ax.set_title("connected" if a.labels[j] else "not", fontsize=8)
+            ax.set_xticks([]), ax.set_yticks([])
+            if j == 0:
+                ax.set_ylabel(f"{level}\n({PATHFINDER_LEVELS[level][1]} dashes)", fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

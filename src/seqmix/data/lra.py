@@ -563,7 +563,7 @@ def _hf_split(name: str, split: str, what: str):
         import datasets
     except ImportError:  # pragma: no cover - datasets is in the [data] extra
         raise ValueError(f"{what}: the HuggingFace `datasets` package is needed for hf_name={name!r} "
-                         "(pip install 'seqmix[data]'), or give the released files with path=...") from None
+                         "(pip install 'seqmix[lra]'), or give the released files with path=...") from None
     try:
         if Path(name).is_dir():
             ds = datasets.load_from_disk(name)

@@ -121,6 +121,8 @@ def test_listops_errors(tmp_path):
     with pytest.raises(ValueError, match="num_examples"):
         ListOpsConfig()
     assert len(LISTOPS_SYMBOLS) == 15
+    wide = listops_generate(np.random.default_rng(0), 3, min_length=5, max_length=20, seq_len=32)  # padded past max_length
+    assert wide.inputs.shape == (3, 32) and (wide.inputs[:, 19:] == 0).all()
 
 
 # ------------------------------------------------------------------------------------------

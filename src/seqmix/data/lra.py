@@ -187,8 +187,9 @@ def listops_generate(rng: np.random.Generator, num_examples: int, *, min_length:
             have += 1
             if have == num_examples:
                 break
+    rows = np.stack(out_t)
     inputs = np.zeros((num_examples, L), np.int64)
-    inputs[:] = np.stack(out_t)[:, :L]
+    inputs[:, :rows.shape[1]] = rows
     return TaskArrays(inputs, np.asarray(out_y, np.int64))
 
 

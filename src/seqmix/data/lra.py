@@ -343,9 +343,9 @@ def _walk(rng, n: int, m: int, R: int, *, dash: float, gap: float, max_turn: flo
     lo, hi = margin, R - 1 - margin
     t = np.linspace(0.0, dash, samples)
     pts = np.empty((n, m, samples, 2))
-    todo = np.arange(n)
+    done = 0
     for _ in range(100):
-        k = todo.size
+        k = max(2 * (n - done), 256)  # draw extra curves: the first successes fill the slots (rejection sampling)
         pos = rng.uniform(lo, hi, (k, 2))
         theta = rng.uniform(0, 2 * np.pi, k)
         ok = np.ones(k, bool)
@@ -363,9 +363,10 @@ def _walk(rng, n: int, m: int, R: int, *, dash: float, gap: float, max_turn: flo
             d = np.stack([np.sin(theta), np.cos(theta)], -1)
             p[:, j] = pos[:, None] + d[:, None] * t[None, :, None]
             pos = pos + d * (dash + gap)
-        pts[todo[ok]] = p[ok]
-        todo = todo[~ok]
-        if todo.size == 0:
+        good = np.flatnonzero(ok)[: n - done]
+        pts[done:done + good.size] = p[good]
+        done += good.size
+        if done == n:
             pts = np.rint(pts.reshape(n, m * samples, 2)).astype(np.int64)
             return pts, np.stack([pts[:, 0], pts[:, -1]], 1)
     raise ValueError(f"pathfinder: could not fit a {m}-dash curve into {R}×{R} pixels: lower contour_length")
@@ -396,7 +397,8 @@ def pathfinder_generate(rng: np.random.Generator, num_examples: int, *, resoluti
     two curves of ``contour_length`` dashes that do not touch, ``num_distractors`` shorter
     curves (``distractor_length`` dashes, default contour_length // 3) that touch neither,
     and two endpoint markers (filled discs). Label 1 (connected): the markers sit on the two
-    ends of curve 1; label 0: one on an end of curve 1, one on an end of curve 2. Labels are
+    ends of curve 1; label 0: one on an end of curve 1, one on the end of curve 2 farther from
+    it. Labels are
     balanced by a fair coin. Returns inputs [N, R*R] (pixel + 1, row-major) and labels [N].
     ``return_parts=True`` also returns a dict: ``curve`` [N, R*R] int8 (0 none, 1 and 2 the
     curves, 3+ the distractors drawn) and ``markers`` [N, 2, 2] (row, col of the marker
@@ -414,15 +416,17 @@ def pathfinder_generate(rng: np.random.Generator, num_examples: int, *, resoluti
     m = contour_length * S
     p1, p2 = np.empty((N, m, 2), np.int64), np.empty((N, m, 2), np.int64)
     todo = everything
-    q1 = None
-    for it in range(2000):  # the two curves keep clear of each other (else "not connected" could touch)
-        if q1 is None or it % 4 == 0:  # curve 2 is redrawn every time, curve 1 every 4th time
-            q1, _e = _walk(rng, todo.size, contour_length, R, margin=margin, **kw)
-        q2, _e = _walk(rng, todo.size, contour_length, R, margin=margin, **kw)
-        hit = (_raster(todo, q2, R) & _dilate(_raster(todo, q1, R), R, max(1, int(round(s))))).any(1)
-        p1[todo[~hit]], p2[todo[~hit]] = q1[~hit], q2[~hit]
-        todo, q1 = todo[hit], q1[hit]
-        if todo.size == 0:
+    done = 0
+    for _ in range(1000):  # the two curves keep clear of each other (else "not connected" could touch)
+        c = max(2 * (N - done), 512)  # extra pairs: the first that keep clear fill the slots (rejection sampling)
+        q1, _e = _walk(rng, c, contour_length, R, margin=margin, **kw)
+        q2, _e = _walk(rng, c, contour_length, R, margin=margin, **kw)
+        cand = np.arange(c)
+        hit = (_raster(cand, q2, R) & _dilate(_raster(cand, q1, R), R, max(1, int(round(s))))).any(1)
+        good = np.flatnonzero(~hit)[: N - done]
+        p1[done:done + good.size], p2[done:done + good.size] = q1[good], q2[good]
+        done += good.size
+        if done == N:
             break
     else:
         raise ValueError(f"pathfinder: could not place two separate curves of {contour_length} dashes in {R}×{R}")
@@ -442,7 +446,9 @@ def pathfinder_generate(rng: np.random.Generator, num_examples: int, *, resoluti
     label = rng.integers(0, 2, N)
     end1 = rng.integers(0, 2, N)  # which end of curve 1 carries the first marker
     a = e1[everything, end1]
-    b = np.where(label[:, None] == 1, e1[everything, 1 - end1], e2[everything, rng.integers(0, 2, N)])
+    # label 0: the end of curve 2 farther from the first marker (markers never sit side by side)
+    far2 = np.argmax(((e2 - a[:, None]) ** 2).sum(-1), 1)
+    b = np.where(label[:, None] == 1, e1[everything, 1 - end1], e2[everything, far2])
     yy, xx = np.mgrid[0:R, 0:R]
     for c in (a, b):
         disc = (yy[None] - c[:, 0, None, None]) ** 2 + (xx[None] - c[:, 1, None, None]) ** 2 <= radius ** 2
@@ -460,6 +466,10 @@ def read_pathfinder(root: str | os.PathLike, difficulty: str = "hard", *, split:
     val, test) of that order (LRA's own split is not released: S4 draws a random one)."""
     from PIL import Image
 
+    if difficulty not in PATHFINDER_LEVELS:
+        raise ValueError(f"pathfinder: argument 'difficulty' must be one of {', '.join(PATHFINDER_LEVELS)}, got {difficulty!r}")
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"pathfinder: argument 'split' must be train, val or test, got {split!r}")
     folder = Path(root) / PATHFINDER_LEVELS[difficulty][0]
     meta = sorted((folder / "metadata").glob("*.npy"), key=lambda p: (len(p.stem), p.stem))
     if not meta:

@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev,text,tensorboard,hf,eval,cluster]"
+	$(PY) -m pip install -q -e ".[dev,text,tensorboard,hf,eval,cluster,lra]"
 	touch $@
 
 setup: $(VENV)/.installed

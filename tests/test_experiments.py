@@ -32,7 +32,7 @@ def _mini(**kw) -> Preset:
 
 def test_every_preset_names_canonical_mixers_and_builds_its_data():
     assert set(PRESETS) == {"dsf-fig1", "dsf-fig2", "dsf-fig3", "dsf-table2", "metala-table-a7", "bmojo-table3",
-                            "bmojo-fig2", "bmojo-fig2-me", "dsf-table1-lm"}
+                            "bmojo-fig2", "bmojo-fig2-me", "dsf-table1-lm", "dsf-table3", "metala-lra", "lra-tiny"}
     for p in PRESETS.values():
         assert set(p.mixers()) <= CANONICAL, p.name
         assert set(p.scales) == {"tiny", "paper"}

@@ -12,7 +12,9 @@ Text corpora (language modelling): :class:`CorpusConfig` in :mod:`seqmix.data.te
 other kind of data config; ``build_data`` takes either.
 
 Tasks: ``mqar`` (Zoology-compatible), ``selective_copying``, ``induction_heads``,
-``noisy_mqar``, ``fuzzy_mqar``. Protocol presets (Zoology ICLR'24, the Based mixture, the
+``noisy_mqar``, ``fuzzy_mqar``; the Long Range Arena tasks ``listops``, ``pathfinder``,
+``lra_text``, ``lra_retrieval``, ``lra_image`` (:mod:`seqmix.data.lra`: labels [B], one class
+per example; Retrieval inputs [B, 2, L]). Protocol presets (Zoology ICLR'24, the Based mixture, the
 DSF paper, MetaLA's Table A7, the B'MOJO/MAD tasks) are in :mod:`seqmix.data.presets`.
 """
 
@@ -26,18 +28,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import IGNORE, Batch, Segment, Split, TaskArrays, TaskConfig, build_segment, cache_dir, config_hash
 from .mqar import MQARConfig, multiquery_ar
+from .lra import LRAImageConfig, ListOpsConfig, PathfinderConfig, RetrievalConfig, LRATextConfig
 from .synthetic import FuzzyMQARConfig, InductionHeadsConfig, NoisyMQARConfig, SelectiveCopyingConfig
 from .text import CorpusConfig, TokenWindows, load_tokenizer
 
 Task = Annotated[
-    Union[MQARConfig, SelectiveCopyingConfig, InductionHeadsConfig, NoisyMQARConfig, FuzzyMQARConfig],
+    Union[MQARConfig, SelectiveCopyingConfig, InductionHeadsConfig, NoisyMQARConfig, FuzzyMQARConfig,
+          ListOpsConfig, PathfinderConfig, LRATextConfig, RetrievalConfig, LRAImageConfig],
     Field(discriminator="task"),
 ]
 
 #: task name -> config class (for the CLI and error messages)
 TASKS: dict[str, type[TaskConfig]] = {
     c.model_fields["task"].default: c
-    for c in (MQARConfig, SelectiveCopyingConfig, InductionHeadsConfig, NoisyMQARConfig, FuzzyMQARConfig)
+    for c in (MQARConfig, SelectiveCopyingConfig, InductionHeadsConfig, NoisyMQARConfig, FuzzyMQARConfig,
+              ListOpsConfig, PathfinderConfig, LRATextConfig, RetrievalConfig, LRAImageConfig)
 }
 
 
@@ -68,6 +73,14 @@ class DataConfig(BaseModel):
             raise ValueError(f"train/test: every segment must have the same vocab_size, got {sorted(vocabs)}")
         return self
 
+    @model_validator(mode="after")
+    def _one_kind(self):
+        kinds = {getattr(t, "num_classes", None) is None for t in self.train + self.test}
+        pairs = {bool(getattr(t, "pairs", False)) for t in self.train + self.test}
+        if len(kinds) > 1 or len(pairs) > 1:
+            raise ValueError("train/test: segments must be all token-level tasks or all LRA tasks of one input kind")
+        return self
+
     @property
     def vocab_size(self) -> int:
         return self.train[0].vocab_size
@@ -79,6 +92,17 @@ class DataConfig(BaseModel):
     @property
     def sparse_labels(self) -> bool:
         return self.train_targets == "task" and all(t.sparse_labels for t in self.train + self.test)
+
+    @property
+    def num_classes(self) -> int | None:
+        """Classes of a sequence-classification (LRA) task; None for the token-level tasks."""
+        ks = {getattr(t, "num_classes", None) for t in self.train + self.test}
+        return max(ks) if None not in ks else None
+
+    @property
+    def pairs(self) -> bool:
+        """Inputs are document pairs [B, 2, L] (LRA Retrieval)."""
+        return any(getattr(t, "pairs", False) for t in self.train + self.test)
 
     def describe(self) -> str:
         tr = ", ".join(f"{t.slice_name}×{t.num_examples}" for t in self.train)
@@ -116,6 +140,7 @@ def build_data(config: DataConfig | CorpusConfig, *, use_cache: bool = True) -> 
 
 __all__ = [
     "IGNORE", "AnyDataConfig", "Batch", "CorpusConfig", "DataConfig", "TokenWindows", "load_tokenizer", "FuzzyMQARConfig", "InductionHeadsConfig", "MQARConfig", "NoisyMQARConfig",
-    "Segment", "SelectiveCopyingConfig", "Split", "TASKS", "Task", "TaskArrays", "TaskConfig", "build_data",
+    "Segment", "SelectiveCopyingConfig", "ListOpsConfig", "PathfinderConfig", "LRATextConfig", "RetrievalConfig", "LRAImageConfig",
+    "Split", "TASKS", "Task", "TaskArrays", "TaskConfig", "build_data",
     "build_segment", "cache_dir", "config_hash", "multiquery_ar",
 ]

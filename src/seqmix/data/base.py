@@ -68,14 +68,19 @@ class TaskConfig(BaseModel):
 
 @dataclass
 class TaskArrays:
-    """Generated examples of one segment: inputs and labels, int arrays [N, L]."""
+    """Generated examples of one segment: inputs and labels, int arrays [N, L]; or, for a
+    sequence-classification task (LRA), inputs [N, L] or pairs [N, 2, L] and labels [N]."""
 
     inputs: np.ndarray
     labels: np.ndarray
 
     def __post_init__(self):
-        if self.inputs.shape != self.labels.shape or self.inputs.ndim != 2:
-            raise ValueError(f"TaskArrays: inputs {self.inputs.shape} and labels {self.labels.shape} must be equal [N, L]")
+        per_token = self.inputs.shape == self.labels.shape and self.inputs.ndim == 2
+        per_example = self.labels.ndim == 1 and self.inputs.ndim in (2, 3) and self.labels.shape[0] == self.inputs.shape[0] \
+            and (self.inputs.ndim == 2 or self.inputs.shape[1] == 2)
+        if not (per_token or per_example):
+            raise ValueError(f"TaskArrays: inputs {self.inputs.shape} and labels {self.labels.shape} must be equal [N, L], "
+                             "or [N, L] / [N, 2, L] with labels [N]")
 
 
 def _storage_dtype(vocab_size: int) -> torch.dtype:

@@ -54,10 +54,23 @@ class ModelSpec(_Frozen):
         return list(dict.fromkeys([self.mixer] + [h["mixer"] for h in cycle]))
 
 
+class TaskModel(_Frozen):
+    """One model's settings on one task (the per-task, per-model hyperparameters of the LRA
+    papers: dsf note §5.2, MetaLA Table A4); each replaces the scale's value when set."""
+
+    d_model: int | None = Field(None, gt=0, description="d for this model on this task (instead of the scale's d_models)")
+    lr: float | None = Field(None, gt=0, description="learning rate (instead of the scale's lrs)")
+    batch_size: int | None = Field(None, gt=0, description="training batch size (instead of the data's)")
+    model: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields (n_layers, classifier, ...)")
+    mixer_kwargs: dict[str, Any] = Field(default_factory=dict, description="mixer config fields")
+    train: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields")
+
+
 class TaskSpec(_Frozen):
     name: str = Field(description="panel name, e.g. 'mqar(512,64)' or 'tinyshakespeare(char)'")
     data: DataConfig | CorpusConfig = Field(description="a synthetic task set or a text corpus")
     train: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields for this task (epochs, ...)")
+    per_model: dict[str, TaskModel] = Field(default_factory=dict, description="model label -> its settings on this task")
 
 
 class Scale(_Frozen):
@@ -102,6 +115,7 @@ class Claim(_Frozen):
     c: str | None = Field(None, description="closes_gap: the better end of the gap (a closes part of the gap from b to c)")
     value: float = 0.0
     where: Literal["all", "max", "mean"] = "all"
+    panel: str | None = Field(None, description="check only the task panels whose name starts with this (None: every panel)")
 
 
 class Preset(_Frozen):
@@ -226,20 +240,23 @@ class Preset(_Frozen):
         out = []
         for task in sc.tasks:
             for m in self.select(labels, scale):
-                for d in sc.d_models:
+                tm = task.per_model.get(m.label, TaskModel())
+                data = task.data.model_copy(update={"batch_size": tm.batch_size}) if tm.batch_size else task.data
+                for d in [tm.d_model] if tm.d_model else sc.d_models:
                     for n in sc.ns:
-                        kw = dict(m.mixer_kwargs)
+                        kw = {**m.mixer_kwargs, **tm.mixer_kwargs}
                         if n is not None and m.state_field:
                             kw[m.state_field] = n
-                        for lr in sc.lrs_by_model.get(m.label, sc.lrs):
+                        for lr in [tm.lr] if tm.lr else sc.lrs_by_model.get(m.label, sc.lrs):
                             for seed in sc.seeds:
                                 try:
-                                    model = ModelConfig(**{**sc.model, **m.model, "mixer": m.mixer, "mixer_kwargs": kw, "d_model": d})
-                                    train = TrainConfig(**{**sc.train, **task.train, "lr": lr, "seed": seed})
+                                    model = ModelConfig(**{**sc.model, **m.model, **tm.model, "mixer": m.mixer, "mixer_kwargs": kw,
+                                                           "d_model": d})
+                                    train = TrainConfig(**{**sc.train, **task.train, **tm.train, "lr": lr, "seed": seed})
                                     out.append(RunConfig(
                                         experiment=self.experiment(scale), label=m.label,
                                         tags={"task": task.name, "n": n if m.state_field else None},
-                                        data=task.data, model=model, train=train))
+                                        data=data, model=model, train=train))
                                 except pydantic.ValidationError as e:
                                     raise config_error(f"preset {self.name!r} model {m.label!r}", e) from None
         seen, unique = set(), []
@@ -362,6 +379,8 @@ def evaluate_claims(preset: Preset, rows: list[dict]) -> list[dict]:
     out = []
     for claim in preset.claims:
         for pname, prow in panels(rows, x).items():
+            if claim.panel is not None and not pname.startswith(claim.panel):
+                continue
             verdict, detail = _check_one(claim, prow, x)
             out.append({"text": claim.text, "panel": pname, "verdict": verdict, "detail": detail})
     return out

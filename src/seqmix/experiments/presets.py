@@ -480,7 +480,9 @@ DSF_TABLE1_LM = Preset(
     ],
 )
 
+from .lra import LRA_PRESETS  # noqa: E402  (DSF Table 3, MetaLA Table 7, lra-tiny)
+
 PRESETS: dict[str, Preset] = {p.name: p for p in (DSF_FIG1, DSF_FIG2, DSF_FIG3, DSF_TABLE2, METALA_TABLE_A7, BMOJO_TABLE3,
-                                                  BMOJO_FIG2, BMOJO_FIG2_ME, DSF_TABLE1_LM)}
+                                                  BMOJO_FIG2, BMOJO_FIG2_ME, DSF_TABLE1_LM, *LRA_PRESETS)}
 
 __all__ = ["PRESETS", "DSF_FIG1", "DSF_FIG2", "DSF_FIG3", "DSF_TABLE2", "METALA_TABLE_A7", "BMOJO_TABLE3", "BMOJO_FIG2", "BMOJO_FIG2_ME", "DSF_TABLE1_LM", "TINY_LRS", "TINY_N", "TINY_SSM_LRS", "tiny_mqar"]

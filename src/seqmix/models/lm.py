@@ -38,6 +38,7 @@ from torch import nn
 
 from ..mixers import build_mixer, mixer_entry
 from ..mixers.layers import RMSNorm
+from .heads import ClassifierConfig
 
 DEFAULT_OUT_PROJ = ("W_o", "out_proj", "W_out", "o_proj")
 #: families that get learned absolute positions when positions = "auto"
@@ -90,6 +91,9 @@ class ModelConfig(BaseModel):
     mixer_init: Literal["dsf", "dsf_all", "own"] = Field(
         "dsf", description="dsf: backbone init of the mixers' Linear layers except no_reinit ones; "
         "dsf_all: all of them (the released DSF code); own: keep the mixers' own init")
+
+    classifier: ClassifierConfig | None = Field(
+        None, description="a sequence-classification head instead of the LM head (LRA; seqmix.models.classifier)")
 
     _cycle: list[LayerMixer] = PrivateAttr(default_factory=list)
 
@@ -347,8 +351,11 @@ def load_state_checked(model: nn.Module, state: dict, where: str) -> None:
     model.load_state_dict(state, strict=True)
 
 
-def build_model(config: ModelConfig | dict, **overrides) -> LanguageModel:
-    """``build_model(ModelConfig(...))`` or ``build_model({"mixer": "s6", ...}, vocab_size=...)``."""
+def build_model(config: ModelConfig | dict, **overrides) -> nn.Module:
+    """``build_model(ModelConfig(...))`` or ``build_model({"mixer": "s6", ...}, vocab_size=...)``:
+    the LanguageModel, or a :class:`seqmix.models.classifier.SequenceClassifier` around it
+    when ``classifier`` is set. Both give ``scored_logits(inputs, labels) -> (logits [M, C],
+    targets [M])``, so the trainer computes loss and accuracy the same way for either."""
     try:
         if isinstance(config, dict):
             config = ModelConfig(**{**config, **overrides})
@@ -359,4 +366,8 @@ def build_model(config: ModelConfig | dict, **overrides) -> LanguageModel:
         from ..mixers.base import config_error
 
         raise config_error("model", e) from None
+    if config.classifier is not None:
+        from .classifier import SequenceClassifier
+
+        return SequenceClassifier(config)
     return LanguageModel(config)

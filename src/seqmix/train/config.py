@@ -92,6 +92,14 @@ class RunConfig(BaseModel):
             m["vocab_size"] = data.vocab_size
         if m["max_seq_len"] is None:
             m["max_seq_len"] = data.max_seq_len
+        if getattr(data, "num_classes", None) is not None:  # an LRA task: a classifier, sized from the data
+            cls = m.get("classifier") or {}
+            cls = cls.model_dump() if hasattr(cls, "model_dump") else dict(cls)
+            if cls.get("num_classes") is None:
+                cls["num_classes"] = data.num_classes
+            if cls.get("dual") is None:
+                cls["dual"] = data.pairs
+            m["classifier"] = cls
         return {**values, "data": data, "model": m}
 
     @model_validator(mode="after")
@@ -100,6 +108,15 @@ class RunConfig(BaseModel):
             raise ValueError(f"model.vocab_size = {self.model.vocab_size} is smaller than the data's vocab_size = {self.data.vocab_size}")
         if self.model.use_positions and self.model.max_seq_len < self.data.max_seq_len:
             raise ValueError(f"model.max_seq_len = {self.model.max_seq_len} is shorter than the data's seq_len = {self.data.max_seq_len}")
+        n_cls = getattr(self.data, "num_classes", None)
+        if (n_cls is None) != (self.model.classifier is None):
+            raise ValueError("model.classifier is set for a token-level task" if n_cls is None else
+                             "model.classifier must be set for a classification (LRA) task")
+        if n_cls is not None and self.model.classifier.dual != self.data.pairs:
+            raise ValueError(f"model.classifier.dual = {self.model.classifier.dual} but the data's inputs are "
+                             f"{'pairs' if self.data.pairs else 'single sequences'}")
+        if n_cls is not None and self.model.classifier.num_classes < n_cls:
+            raise ValueError(f"model.classifier.num_classes = {self.model.classifier.num_classes} < the data's {n_cls}")
         if isinstance(self.data, CorpusConfig) and not (self.train.max_steps or self.train.max_tokens):
             raise ValueError("train: a corpus run counts tokens: set train.max_tokens or train.max_steps")
         return self

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import build_data
-from ..models import LanguageModel
+from ..models import LanguageModel, build_model
 from .config import RunConfig
 from .distributed import Parallel, check_precision
 from .optim import lr_at, param_groups
@@ -159,7 +159,7 @@ class Trainer:
 
     def build_model(self) -> LanguageModel:
         """The model of ``config.model`` on the run's device (seeded before: the init is the seed's)."""
-        return LanguageModel(self.config.model).to(self.device)
+        return build_model(self.config.model).to(self.device)  # a LanguageModel, or a classifier (LRA)
 
     def micro_batches(self, train, start: int) -> Iterator:
         """Training micro-batches number ``start``, ``start + 1``, … A task set (a
@@ -255,7 +255,7 @@ class Trainer:
             return
         (self.run_dir / RESULT).write_text(json.dumps(result.to_json(), indent=1))
         (self.run_dir / "config.json").write_text(json.dumps(self.config.model_dump(mode="json"), indent=1))
-        if self.maps or (self.maps is None and not self.config.is_lm):
+        if self.maps or (self.maps is None and not self.config.is_lm and self.config.model.classifier is None):
             self._write_maps(model)
 
     # -- the budget --------------------------------------------------------------------

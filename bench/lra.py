@@ -1,0 +1,147 @@
+"""Long Range Arena: data generation and training throughput (issue 16).
+
+    python bench/lra.py --part generators      # ListOps 96k, Pathfinder-32 10k (the targets)
+    python bench/lra.py --part training        # examples/s and peak memory per mixer
+    python bench/lra.py --quick                # small sizes, seconds
+
+1. Generators. ListOps: the vectorised lockstep generator (seqmix.data.lra.listops_generate)
+   making 96,000 trees of 500-2000 tokens, against the recursive reference draw
+   (listops_tree, one tree at a time with rejection, as LRA's script) timed on fewer trees
+   in the same run; target ≤ 60 s for 96k. Pathfinder-32: 10,000 images per difficulty;
+   target ≤ 60 s for 10k (hard, LRA's level).
+2. Training: one optimizer step (forward, backward, AdamW) of the LRA classifier (2 layers,
+   d = 64, mean pooling) per mixer on ListOps at L = 2000 and Image at L = 1024, examples/s;
+   the peak memory of a step at L ∈ {256, 512, 1024, 2048} and the fitted exponent of
+   memory in L (target: ≤ 1.2 for the linear-time mixers, about 2 for softmax attention).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from _common import base_parser, fit_exponent, peak_memory_mb, print_table, setup, target_line, write_json
+
+from seqmix.data.lra import listops_generate, listops_tree, pathfinder_generate
+
+MIXERS = {"softmax": ("softmax_attention", {"heads": 4, "n": 64}), "linear": ("linear_attention", {"heads": 4, "n": 64}),
+          "normalized": ("normalized_attention", {"heads": 4, "n": 64}), "S6": ("s6", {"d_state": 16}),
+          "MetaLA": ("metala", {"heads": 4})}
+LINEAR_TIME = ("linear", "normalized", "S6", "MetaLA")
+
+
+def bench_generators(quick: bool) -> tuple[list, list]:
+    n_lo, n_pf = (4_000, 1_000) if quick else (96_000, 10_000)
+    rows, targets = [], []
+    t0 = time.perf_counter()
+    a = listops_generate(np.random.default_rng(0), n_lo)
+    t_vec = time.perf_counter() - t0
+    # the recursive reference: rejection until m trees of the right length
+    m, rng, kept = (20 if quick else 100), np.random.default_rng(1), 0
+    t0 = time.perf_counter()
+    while kept < m:
+        _, L = listops_tree(rng)
+        kept += 500 < L < 2000
+    t_ref = time.perf_counter() - t0
+    rate_vec, rate_ref = n_lo / t_vec, m / t_ref
+    rows.append(["ListOps 500-2000 (vectorised)", n_lo, t_vec, rate_vec, rate_vec / rate_ref])
+    rows.append(["ListOps 500-2000 (recursive reference)", m, t_ref, rate_ref, 1.0])
+    lengths = (a.inputs > 0).sum(1)
+    print(f"ListOps lengths: min {lengths.min()}, median {int(np.median(lengths))}, max {lengths.max()}; "
+          f"label counts {np.bincount(a.labels, minlength=10).tolist()}")
+    targets.append(target_line("ListOps 96k in <= 60 s", (t_vec <= 60) if not quick else None,
+                               f"{n_lo:,} in {t_vec:.1f} s ({rate_vec:,.0f}/s; reference {rate_ref:,.1f}/s, "
+                               f"{rate_vec / rate_ref:.0f}x; 96k at this rate: {96_000 / rate_vec:.1f} s)"))
+    for level, length in (("easy", 6), ("medium", 9), ("hard", 14)):
+        t0 = time.perf_counter()
+        pathfinder_generate(np.random.default_rng(2), n_pf, contour_length=length)
+        t = time.perf_counter() - t0
+        rows.append([f"Pathfinder-32 {level}", n_pf, t, n_pf / t, None])
+        if level == "hard":
+            targets.append(target_line("Pathfinder-32 10k in <= 60 s", (t <= 60) if not quick else None,
+                                       f"{n_pf:,} hard images in {t:.1f} s ({n_pf / t:,.0f}/s)"))
+    t0 = time.perf_counter()
+    pathfinder_generate(np.random.default_rng(3), 100, resolution=128, contour_length=14)
+    t = time.perf_counter() - t0
+    rows.append(["Path-X 128 hard", 100, t, 100 / t, None])
+    print_table("LRA generators", ["case", "examples", "seconds", "examples/s", "x reference"], rows)
+    return rows, targets
+
+
+def _model(mixer: str, kw: dict, L: int, vocab: int, classes: int):
+    from seqmix.models import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    return build_model(ModelConfig(mixer=mixer, mixer_kwargs=kw, d_model=64, n_layers=2, vocab_size=vocab, max_seq_len=L,
+                                   classifier={"num_classes": classes, "pooling": "mean"}))
+
+
+def step_builder(mixer: str, kw: dict, L: int, B: int, vocab: int, classes: int):
+    """One training step (module level: sent to the memory-measuring process)."""
+    m = _model(mixer, kw, L, vocab, classes)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(1, vocab, (B, L), generator=g)
+    y = torch.randint(0, classes, (B,), generator=g)
+
+    def step():
+        logits, target = m.scored_logits(x, y)
+        F.cross_entropy(logits, target).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def bench_training(quick: bool, memory: bool) -> tuple[list, list, list]:
+    B = 2 if quick else 4
+    cases = (("ListOps", 2000 if not quick else 256, 16, 10), ("Image", 1024 if not quick else 128, 257, 10))
+    rows = []
+    for task, L, vocab, classes in cases:
+        for label, (mixer, kw) in MIXERS.items():
+            step = step_builder(mixer, kw, L, B, vocab, classes)
+            step()
+            t0 = time.perf_counter()
+            n = 2
+            for _ in range(n):
+                step()
+            dt = (time.perf_counter() - t0) / n
+            rows.append([f"{task} L={L}", label, B, dt * 1e3, B / dt])
+    print_table("LRA training step (2 layers, d = 64)", ["case", "impl", "batch", "ms/step", "examples/s"], rows)
+    mem_rows, targets = [], []
+    if memory:
+        Ls = (128, 256, 512) if quick else (256, 512, 1024, 2048)
+        for label, (mixer, kw) in MIXERS.items():
+            mb = [peak_memory_mb(step_builder, mixer, kw, L, B, 16, 10) for L in Ls]
+            e = fit_exponent(Ls, mb)
+            mem_rows.append([label, *mb, e])
+            if label in LINEAR_TIME:
+                targets.append(target_line(f"{label}: memory exponent <= 1.2", e <= 1.2 if not quick else None, f"{e:.2f}"))
+            else:
+                targets.append(target_line(f"{label}: memory exponent about 2", abs(e - 2) <= 0.4 if not quick else None, f"{e:.2f}"))
+        print_table(f"peak memory of a training step (MB), batch {B}", ["impl", *[f"L={L}" for L in Ls], "exponent"], mem_rows)
+    return rows, mem_rows, targets
+
+
+def main():
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--part", choices=("generators", "training", "all"), default="all")
+    args = p.parse_args()
+    info = setup(args)
+    out = {"machine": info}
+    targets = []
+    if args.part in ("generators", "all"):
+        rows, t = bench_generators(args.quick)
+        out["generators"], targets = rows, targets + t
+    if args.part in ("training", "all"):
+        rows, mem, t = bench_training(args.quick, not args.no_memory)
+        out["training"], out["memory"], targets = rows, mem, targets + t
+    out["targets"] = targets
+    write_json(args, "lra" + ("" if args.part == "all" else f"-{args.part}"), out)
+
+
+if __name__ == "__main__":
+    main()

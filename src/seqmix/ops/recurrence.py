@@ -614,13 +614,13 @@ def chunk_size_for(T: int, K: int, V: int, *, keywise: bool = True, valuewise: b
     """The chunk size C that ``chunk_size=None`` uses: the power of two at or above max(K, V),
     clamped to [32, 128], and not above the power of two at or above T.
 
-    Measured with ``python bench/recurrence.py --chunk-sweep`` (docs/performance.md)
-    (2-core CPU, fwd+bwd of the manual backward, B = 2, T = 4096; best C per head size):
-    K = V = 16 -> 32, 32 -> 64 (32 within 7%), 64 -> 32 key-wise / 64 per head (within 15%),
-    128 -> 128. Per token the intra-chunk matmuls cost 2C(K+V) flops and the state's 4KV
-    plus a Python step per chunk: C near the head size balances them, and small C makes
-    matmuls too thin for BLAS. The decay kind does not change the rule (keywise and
-    valuewise are accepted for a finer table later).
+    Measured with ``python bench/recurrence.py --chunk-sweep`` (docs/performance.md; fwd+bwd of
+    the hand-written backward on a loaded 2-core CPU): K = V = 64 key-wise, B = 2: best C = 64
+    at T = 1024, 128 at T = 2048 (64 within 0.2%) and at T = 4096 (64 15% slower); exploratory
+    runs at T = 4096: K = V = 16 -> 32, 32 -> 64 (32 within 7%), 128 -> 128. Per token the
+    intra-chunk matmuls cost 2C(K+V) flops, the state's 4KV, plus a Python step per chunk:
+    C near the head size balances them, and small C makes matmuls too thin for BLAS. The
+    decay kind does not enter the rule (keywise and valuewise are accepted for a finer table).
     """
     def pow2_at_least(n: int) -> int:
         return 1 << (max(n, 1) - 1).bit_length()

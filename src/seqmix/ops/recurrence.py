@@ -446,9 +446,6 @@ def _cj(x):
     return x.conj() if x.is_complex() else x
 
 
-_KEEP_SCORES = True
-
-
 class _ChunkOneTile(torch.autograd.Function):
     """The chunk form with one tile per chunk (every decay span inside a chunk <= _MAX_LOG_GROWTH),
     with a backward written by hand: it keeps O(T(K+V)) per head and recomputes the rest.
@@ -463,8 +460,8 @@ class _ChunkOneTile(torch.autograd.Function):
         q̃ = q E,  k̃ = k / E,  ṽ = v / Ē,  S̃_in = e^{F} e^{F_W} ⊙ S_in
         o = (tril(q̃ k̃ᵀ) ṽ + q̃ S̃_in) Ē
         S_out = e^{L} e^{L_W} ⊙ S_in + e^{L-F} e^{L_W-F_W} ⊙ (k̃ᵀ ṽ)
-    Kept: q̃, k̃, ṽ, E, Ē, the n + 1 chunk-boundary states (n K V = T K V / C per head) and o
-    (value-wise decay only): O(T(K+V)) per head. A = tril(q̃ k̃ᵀ) is recomputed.
+    Kept: q̃, k̃, ṽ, G, W, the n + 1 chunk-boundary states (n K V = T K V / C per head) and o
+    (value-wise decay only): O(T(K+V)) per head. A = tril(q̃ k̃ᵀ), E and Ē are recomputed.
 
     Backward: the adjoint of the states runs backwards over the chunks,
         dS_in = e^{L} e^{L_W} ⊙ dS_out + e^{F} e^{F_W} ⊙ q̃ᵀ dY,      dY = do Ē,
@@ -521,25 +518,26 @@ class _ChunkOneTile(torch.autograd.Function):
             o = o * Ev
         ctx.has_S0 = S0 is not None
         ctx.shapes = (Gk is not None and Gk.shape[-1] == 1,)
-        keep_A = _KEEP_SCORES and C <= K + V  # then A's T·C per head is within O(T(K+V))
-        ctx.save_for_backward(q_i, k_i, v_i, Ek, Ev, Gk, Gv, S_all, o if Gv is not None else None, A if keep_A else None)
+        ctx.save_for_backward(q_i, k_i, v_i, Gk, Gv, S_all, o if Gv is not None else None)
         return o, S
 
     @staticmethod
     def _backward(ctx, do, dS):
-        q_i, k_i, v_i, Ek, Ev, Gk, Gv, S_all, o, A = ctx.saved_tensors
+        # temporaries are freed as soon as they are used and products accumulate in place:
+        # the backward's peak stays a few [B, H, n, C, K|V] tensors above what was kept
+        q_i, k_i, v_i, Gk, Gv, S_all, o = ctx.saved_tensors
         (per_head,) = ctx.shapes
         B, H, n, C, K = q_i.shape
         V = v_i.shape[-1]
-        flat = _flat3
+        flat, cj = _flat3, _cj
         first, write, decay = _chunk_scales(Gk, Gv)
-        cj = _cj
+        Ev = torch.exp(Gv - Gv[..., :1, :]) if Gv is not None else None
         dY = do * cj(Ev) if Ev is not None else do.contiguous()
+        dYf = flat(dY)
         # adjoint of the chunk-boundary states, backwards over the chunks
-        P = torch.bmm(flat(q_i).transpose(-1, -2).conj() if q_i.is_complex() else flat(q_i).transpose(-1, -2), flat(dY))
-        P = P.view(B, H, n, K, V)
+        P = torch.bmm(flat(cj(q_i)).transpose(-1, -2), dYf).view(B, H, n, K, V)
         if first is not None:
-            P = P * cj(first)
+            P.mul_(cj(first))
         dS_out = torch.empty(B, H, n, K, V, dtype=P.dtype, device=P.device)
         g = dS
         decays = decay.unbind(2) if decay is not None else (None,) * n
@@ -547,38 +545,45 @@ class _ChunkOneTile(torch.autograd.Function):
             dS_out[:, :, i] = g
             g = torch.addcmul(P[:, :, i], g, cj(decays[i])) if decays[i] is not None else g + P[:, :, i]
         dS0 = g if ctx.has_S0 else None
-        M = dS_out * cj(write) if write is not None else dS_out
-        S_in = S_all[:, :, :n] * first if first is not None else S_all[:, :, :n]
+        del P
+        # gradient of each chunk's last log-decay: Σ dS_out ⊙ conj(S_out), reduced now
+        last_k = last_v = None
+        if Gk is not None or Gv is not None:
+            dL = dS_out * cj(S_all[:, :, 1:])
+            last_k = dL.sum(-1) if Gk is not None else None  # [B,H,n,K]
+            last_v = dL.sum(-2) if Gv is not None else None  # [B,H,n,V]
+            del dL
+        M = dS_out.mul_(cj(write)) if write is not None else dS_out
 
-        qf, kf, vf, dYf = flat(cj(q_i)), flat(cj(k_i)), flat(cj(v_i)), flat(dY)
-        if A is None:
-            A = torch.bmm(flat(q_i), flat(k_i).transpose(-1, -2)).tril_()
+        qf, kf, vf = flat(cj(q_i)), flat(cj(k_i)), flat(cj(v_i))
+        A = torch.bmm(flat(q_i), flat(k_i).transpose(-1, -2)).tril_()
+        dv_i = torch.bmm(kf, flat(M)).baddbmm_(cj(A).transpose(-1, -2), dYf).view(v_i.shape)
+        del A
         dA = torch.bmm(dYf, vf.transpose(-1, -2)).tril_()
-        dq_i = torch.baddbmm(torch.bmm(dYf, flat(cj(S_in)).transpose(-1, -2)), dA, kf).view(q_i.shape)
-        dk_i = torch.baddbmm(torch.bmm(vf, flat(M).transpose(-1, -2)), dA.transpose(-1, -2), qf).view(k_i.shape)
-        dv_i = torch.baddbmm(torch.bmm(kf, flat(M)), cj(A).transpose(-1, -2), dYf).view(v_i.shape)
-        del A, dA
+        dk_i = torch.bmm(vf, flat(M).transpose(-1, -2)).baddbmm_(dA.transpose(-1, -2), qf).view(k_i.shape)
+        del M
+        S_in = S_all[:, :, :n] * first if first is not None else S_all[:, :, :n]
+        dq_i = torch.bmm(dYf, flat(cj(S_in)).transpose(-1, -2)).baddbmm_(dA, kf).view(q_i.shape)
+        del dA, S_in, dY, dYf
 
         dGk = dGv = None
-        if Gk is not None or Gv is not None:
-            S_out = S_all[:, :, 1:]
-            dL = dS_out * cj(S_out)  # [B,H,n,K,V]: the gradient of the chunk's last log-decay
         if Gk is not None:
             dGk = dq_i * cj(q_i)
-            dGk.sub_(dk_i * cj(k_i))
-            last = dL.sum(-1)
+            dGk.addcmul_(dk_i, cj(k_i), value=-1)
             if per_head:
                 dGk = dGk.sum(-1, keepdim=True)
-                last = last.sum(-1, keepdim=True)
-            dGk[..., -1, :] += last
+                last_k = last_k.sum(-1, keepdim=True)
+            dGk[..., -1, :] += last_k
+            Ek = torch.exp(Gk - Gk[..., :1, :])
             dq = dq_i.mul_(cj(Ek))
             dk = dk_i.div_(cj(Ek))
+            del Ek
         else:
             dq, dk = dq_i, dk_i
         if Gv is not None:
             dGv = do * cj(o)
-            dGv.sub_(dv_i * cj(v_i))
-            dGv[..., -1, :] += dL.sum(-2)
+            dGv.addcmul_(dv_i, cj(v_i), value=-1)
+            dGv[..., -1, :] += last_v
             dv = dv_i.div_(cj(Ev))
         else:
             dv = dv_i
@@ -615,13 +620,13 @@ def chunk_size_for(T: int, K: int, V: int, *, keywise: bool = True, valuewise: b
     """The chunk size C that ``chunk_size=None`` uses: the power of two at or above max(K, V),
     clamped to [32, 128], and not above the power of two at or above T.
 
-    Measured with ``python bench/recurrence.py --chunk-sweep`` (docs/performance.md)
-    (2-core CPU, fwd+bwd of the manual backward, B = 2, T = 4096; best C per head size):
-    K = V = 16 -> 32, 32 -> 64 (32 within 7%), 64 -> 32 key-wise / 64 per head (within 15%),
-    128 -> 128. Per token the intra-chunk matmuls cost 2C(K+V) flops and the state's 4KV
-    plus a Python step per chunk: C near the head size balances them, and small C makes
-    matmuls too thin for BLAS. The decay kind does not change the rule (keywise and
-    valuewise are accepted for a finer table later).
+    Measured with ``python bench/recurrence.py --chunk-sweep`` (docs/performance.md; fwd+bwd of
+    the hand-written backward on a loaded 2-core CPU): K = V = 64 key-wise, B = 2: best C = 64
+    at T = 1024, 128 at T = 2048 (64 within 0.2%) and at T = 4096 (64 15% slower); exploratory
+    runs at T = 4096: K = V = 16 -> 32, 32 -> 64 (32 within 7%), 128 -> 128. Per token the
+    intra-chunk matmuls cost 2C(K+V) flops, the state's 4KV, plus a Python step per chunk:
+    C near the head size balances them, and small C makes matmuls too thin for BLAS. The
+    decay kind does not enter the rule (keywise and valuewise are accepted for a finer table).
     """
     def pow2_at_least(n: int) -> int:
         return 1 << (max(n, 1) - 1).bit_length()

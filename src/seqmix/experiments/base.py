@@ -89,6 +89,11 @@ class Claim(_Frozen):
     ``not_dominated`` (a memory-budget claim: at each of a's points, no point of b with at most
     a's state size is more accurate by more than value);
     ``where``: at every x (all), at the largest x (max) or on the mean over x (mean).
+
+    With several seeds the claim is checked on the medians over seeds and on each seed's
+    own table: it agrees when it holds on the medians and for a majority of the seeds.
+    ``caveat`` says why it may not hold at this (CPU) size; it is shown beside a "does not
+    agree" verdict.
     """
 
     text: str
@@ -97,6 +102,7 @@ class Claim(_Frozen):
     b: str | None = None
     value: float = 0.0
     where: Literal["all", "max", "mean"] = "all"
+    caveat: str = Field("", description="why the claim may not hold at CPU size (shown when it does not agree)")
 
 
 class Preset(_Frozen):
@@ -315,16 +321,28 @@ def _not_dominated(claim: Claim, rows: list[dict]) -> tuple[str, str]:
 
 
 def evaluate_claims(preset: Preset, rows: list[dict]) -> list[dict]:
-    """Each claim checked on each task panel of the best-over-LR rows: dicts with
-    text, panel, verdict ("agrees", "does not agree", "n/a") and the numbers behind it."""
-    from ..train.results import panels
+    """Each claim checked on each task panel of the best-over-LR rows: dicts with text, panel,
+    verdict ("agrees", "does not agree", "n/a"), the numbers behind it (detail, on the medians
+    over seeds), seeds_agree and seeds (in how many of the seeds' own tables it holds; 0 and 0
+    with a single seed) and caveat (the claim's, when it does not agree).
+
+    With several seeds a claim agrees when it holds on the medians and for a majority of the
+    seeds (each seed's table at the learning rate chosen on the medians)."""
+    from ..train.results import panels, seed_rows
 
     # state sizes differ between models: claims pair the models at the same d (not_dominated
     # compares state sizes itself)
     x = "d_model" if preset.x in ("task", "state_size") else preset.x
+    by_seed = {s: panels(rs, x) for s, rs in seed_rows(rows).items()} if any(r.get("seeds", 1) > 1 for r in rows) else {}
     out = []
     for claim in preset.claims:
         for pname, prow in panels(rows, x).items():
             verdict, detail = _check_one(claim, prow, x)
-            out.append({"text": claim.text, "panel": pname, "verdict": verdict, "detail": detail})
+            k = sum(_check_one(claim, p[pname], x)[0] == "agrees" for p in by_seed.values() if pname in p)
+            if by_seed and verdict == "agrees" and 2 * k <= len(by_seed):
+                verdict = "does not agree"
+                detail += f"; holds on the medians but only for {k} of {len(by_seed)} seeds"
+            out.append({"text": claim.text, "panel": pname, "verdict": verdict, "detail": detail,
+                        "seeds_agree": k, "seeds": len(by_seed),
+                        "caveat": claim.caveat if verdict == "does not agree" else ""})
     return out

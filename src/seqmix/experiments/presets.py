@@ -82,6 +82,10 @@ MAIN_MQAR = mqar(32, 4, train=16_000, test=1_000, vocab_size=128, batch_size=16,
 MAIN_TRAIN = {**TINY_TRAIN, "epochs": 4}
 MAIN_BUDGET = "≤ 10 min on 2 CPU cores (30 runs: 5 models × 2 d × 3 seeds; docs/harness.md has the measured times)"
 
+#: why the DSF Fig. 2 claims may not hold at the main job's size (docs/harness.md, calibration)
+_PLATEAU = ("At this CPU budget (≤ 4,000 steps, d ≤ 64) a model either leaves the 25% plateau of MQAR (32, 4) or "
+            "does not, and which seeds leave it varies: a claim between two models on the plateau compares noise.")
+
 DSF_FIG2 = Preset(
     name="dsf-fig2",
     title="DSF Fig. 2: MQAR accuracy vs model size d, five sequence mixers",
@@ -101,13 +105,22 @@ DSF_FIG2 = Preset(
             budget=MAIN_BUDGET),
     },
     claims=[
-        Claim(text="softmax attention is (near) perfect at every d", check="at_least", a="softmax", value=0.99),
-        Claim(text="proper normalization improves linear attention (normalized > linear)", check="above", a="normalized", b="linear", where="mean"),
-        Claim(text="S6 (input-dependent normalization) performs well: S6 > linear", check="above", a="S6", b="linear", where="mean"),
-        Claim(text="SSD performs well: SSD > linear", check="above", a="SSD", b="linear", where="mean"),
-        Claim(text="SSD outperforms S6 (Appendix L; within 2 points)", check="not_below", a="SSD", b="S6", value=0.02, where="mean"),
-        Claim(text="normalized attention is on par with S6 (within 5 points)", check="close", a="normalized", b="S6", value=0.05, where="mean"),
-        Claim(text="linear attention improves with d", check="increasing", a="linear", value=0.02),
+        Claim(text="softmax attention is (near) perfect at every d", check="at_least", a="softmax", value=0.99,
+              caveat=_PLATEAU + " Softmax attention solved the task at d = 128 within 2,500 steps; at d = 64 it needs "
+                     "2,000 to more than 4,000 steps depending on the seed, at d = 32 more than 3,750: the limit here is "
+                     "the step budget, not its capacity (n = 16 did not help at d = 32)."),
+        Claim(text="proper normalization improves linear attention (normalized > linear)", check="above", a="normalized",
+              b="linear", where="mean", caveat=_PLATEAU),
+        Claim(text="S6 (input-dependent normalization) performs well: S6 > linear", check="above", a="S6", b="linear",
+              where="mean", caveat=_PLATEAU),
+        Claim(text="SSD performs well: SSD > linear", check="above", a="SSD", b="linear", where="mean", caveat=_PLATEAU),
+        Claim(text="SSD outperforms S6 (Appendix L; within 2 points)", check="not_below", a="SSD", b="S6", value=0.02,
+              where="mean", caveat=_PLATEAU + " Single SSD and S6 runs either solve the task or stay on the plateau "
+                                              "(SSD at d = 64 stayed at 26-27% at lr 1e-3, 3e-3 and 1e-2 in the calibration)."),
+        Claim(text="normalized attention is on par with S6 (within 5 points)", check="close", a="normalized", b="S6",
+              value=0.05, where="mean", caveat=_PLATEAU),
+        Claim(text="linear attention improves with d", check="increasing", a="linear", value=0.02,
+              caveat="Linear attention stayed at 26-27% at every d tried (16 to 128) within 5,000 steps: flat at this budget."),
     ],
     paper="The figure's values are only in the image; the text: softmax perfect except (512, 64, d = 64, n = 32); "
           "normalized > linear; SSD >= S6; normalized ≈ S6; Table 2: normalized attention ≈ 84-86% on (512, 64).",

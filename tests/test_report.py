@@ -73,6 +73,8 @@ def test_claims_across_seeds():
     assert c["verdict"] == "agrees" and c["seeds_agree"] == 2  # a majority: seeds 0 and 1
     (c,) = evaluate_claims(_preset([above]), best_over_lr(_seeded({"a": {8: [0.9, 0.6, 0.1]}, "b": {8: [0.5, 0.5, 0.0]}})))
     assert c["verdict"] == "agrees" and (c["seeds_agree"], c["seeds"]) == (3, 3) and c["caveat"] == ""
+    (c,) = evaluate_claims(_preset([Claim(text="b grows", check="increasing", a="b")]), best_over_lr(_seeded({"b": {8: [0.5, 0.6]}})))
+    assert c["verdict"] == "n/a" and c["seeds"] == 0 and "two x values" in c["detail"]  # one x: nothing to check
     (c,) = evaluate_claims(_preset([above]), best_over_lr(_seeded({"a": {8: [0.4]}, "b": {8: [0.5]}})))
     assert c["verdict"] == "does not agree" and c["seeds"] == 0 and c["caveat"] == "too small to tell"
 

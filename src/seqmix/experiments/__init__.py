@@ -91,7 +91,7 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
         console.print(preset.paper, markup=False, highlight=False)
     claims = evaluate_claims(preset, rows)
     if claims:
-        console.rule("the paper's claims at this scale" + (f" (medians over {claims[0]['seeds']} seeds)" if claims[0]["seeds"] else ""))
+        console.rule("the paper's claims at this scale" + (f" (medians over {max(c['seeds'] for c in claims)} seeds)" if any(c["seeds"] for c in claims) else ""))
         for c in claims:
             style = {"agrees": "green", "does not agree": "red"}.get(c["verdict"], "yellow")
             seeds = f" ({c['seeds_agree']}/{c['seeds']} seeds)" if c["seeds"] else ""

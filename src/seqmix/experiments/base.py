@@ -262,6 +262,8 @@ def _check_one(claim: Claim, rows: list[dict], x: str) -> tuple[str, str]:
     pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
     if claim.check == "increasing":
         xs = sorted(a)
+        if len(xs) < 2:
+            return "n/a", "needs two x values"
         drops = [(x0, x1) for x0, x1 in zip(xs, xs[1:]) if a[x1] < a[x0] - claim.value]
         detail = " → ".join(pct(a[v]) for v in xs)
         return ("agrees" if not drops else "does not agree"), f"{claim.a}: {detail}"
@@ -342,7 +344,8 @@ def evaluate_claims(preset: Preset, rows: list[dict]) -> list[dict]:
             if by_seed and verdict == "agrees" and 2 * k <= len(by_seed):
                 verdict = "does not agree"
                 detail += f"; holds on the medians but only for {k} of {len(by_seed)} seeds"
+            checked = verdict != "n/a"
             out.append({"text": claim.text, "panel": pname, "verdict": verdict, "detail": detail,
-                        "seeds_agree": k, "seeds": len(by_seed),
+                        "seeds_agree": k if checked else 0, "seeds": len(by_seed) if checked else 0,
                         "caveat": claim.caveat if verdict == "does not agree" else ""})
     return out

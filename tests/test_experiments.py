@@ -73,7 +73,7 @@ def test_skip_missing_runs_the_registered_models():
     for r in runs:
         assert r.train.lr in TINY_SSM_LRS.get(r.label, TINY_LRS)
     lin = [r for r in runs if r.label == "linear"]
-    assert [r.model.d_model for r in lin] == [16, 32, 64]
+    assert [(r.model.d_model, r.train.seed) for r in lin] == [(d, s) for d in (32, 64) for s in (0, 1, 2)]
     for r in lin:
         assert r.model.mixer_kwargs == {"heads": 1, "n": TINY_N} and r.train.lr in TINY_LRS
         assert r.data.train[0].seq_len == 32 and r.data.train[0].num_kv_pairs == 4 and r.data.vocab_size == 128
@@ -159,7 +159,7 @@ def test_bmojo_fig2_grid_uses_patterns_and_scale_models():
     from seqmix.experiments.presets import BMOJO_FIG2, BMOJO_FIG2_ME
 
     tiny, paper = BMOJO_FIG2.runs("tiny"), BMOJO_FIG2.runs("paper")
-    assert len(tiny) == 5 * 3 * 2 and len(paper) == 5 * 3 * 4 * 3
+    assert len(tiny) == 5 * 3 * 2 * 2 and len(paper) == 5 * 3 * 4 * 3  # tiny: 2 seeds
     assert {r.data.train[0].num_kv_pairs for r in tiny} == {8, 16, 24}
     hybrid = next(r for r in tiny if r.label == "Hybrid")
     assert [(h.mixer, h.mixer_kwargs.get("window")) for h in hybrid.model.layers] == [("mamba", None), ("softmax_attention", 8)]

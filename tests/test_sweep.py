@@ -88,7 +88,7 @@ def _row(label, d, lr, acc, seed=0, n=8, task="t", state=100):
             "mixer": "m"}
 
 
-def test_best_over_lr_uses_the_mean_over_seeds():
+def test_best_over_lr_uses_the_median_over_seeds():  # two seeds: the median is the mean
     rows = [_row("a", 16, 1e-3, 0.9, 0), _row("a", 16, 1e-3, 0.1, 1),  # mean 0.5
             _row("a", 16, 3e-3, 0.6, 0), _row("a", 16, 3e-3, 0.6, 1),  # mean 0.6: best
             _row("a", 32, 1e-3, 0.8), _row("b", 16, 1e-3, 0.3)]

@@ -9,6 +9,7 @@
     seqmix results                   tables (markdown/CSV) and plots from the results store
     seqmix reproduce NAME --scale tiny|paper   run a preset, print its table and claims, plot
     seqmix backends                  the kernel backends of the ops: installed or why not (docs/performance.md)
+    seqmix reproduce all --scale tiny        every preset, then runs/report/index.html (--dry-run: list the runs)
 
 Each subcommand is a pair of functions ``_add_<name>(subparsers)`` and
 ``_run_<name>(args) -> int``, listed in ``COMMANDS``.
@@ -408,8 +409,10 @@ def _run_sweep(args) -> int:
 
 def _add_reproduce(sub):
     p = sub.add_parser("reproduce", help="reproduce a figure or table: run, print the table and the claims, plot")
-    p.add_argument("name", nargs="?", help="preset (omit to list them)")
+    p.add_argument("name", nargs="?", help="preset, or 'all' (every preset, then one HTML report; omit to list them)")
     p.add_argument("--scale", default="tiny", help="tiny (CPU) or paper (the full protocol)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs (model, size, lr, seed) without training")
+    p.add_argument("--report", default=None, help="with 'all': the report's folder (default OUT/report)")
     p.add_argument("--workers", type=int, default=None, help="parallel worker processes (default: the scale's)")
     p.add_argument("--models", help="comma-separated model labels to run (default: all)")
     p.add_argument("--skip-missing", action="store_true", help="run the models whose mixers are registered, skip the others")
@@ -428,8 +431,17 @@ def _run_reproduce(args) -> int:
             print(f"{p.name:<16} {p.title}\n{'':<16} scales: {', '.join(p.scales)}; {state}")
         return 0
     models = args.models.split(",") if args.models else None
+    if args.name == "all":
+        from .experiments import reproduce_all
+
+        if models:
+            raise ValueError("argument --models: not with 'all' (each preset has its own models)")
+        done, _, _ = reproduce_all(args.scale, out_dir=args.out, workers=args.workers, threads=args.threads,
+                                   plugins=tuple(args.plugins), dry_run=args.dry_run, report_dir=args.report)
+        return 1 if any(r.failed for r in done) else 0
     r = reproduce(args.name, args.scale, out_dir=args.out, workers=args.workers, threads=args.threads, models=models,
-                  skip_missing=args.skip_missing, plugins=tuple(args.plugins), launcher=_launcher(args))
+                  skip_missing=args.skip_missing, plugins=tuple(args.plugins), launcher=_launcher(args),
+                  dry_run=args.dry_run)
     return 1 if r.failed else 0
 
 

@@ -31,14 +31,31 @@ class Reproduction:
     plot: Path | None
     claims: list = field(default_factory=list)
     failed: int = 0
+    runs: list = field(default_factory=list)  # the RunConfigs of the grid
+    elapsed: float = 0.0  # seconds this call took (0 for finished runs it skipped)
+    train_time: float = 0.0  # seconds of training summed over the runs (resumed sessions included)
+
+
+def plan_table(configs, done: set[str] = frozenset()) -> str:
+    """The runs of a grid as a markdown table (model, task, d, n, lr, seed, run id; * = finished)."""
+    lines = ["| model | task | d | n | lr | seed | run id |", "|---|---|---|---|---|---|---|"]
+    for c in configs:
+        n = c.tags.get("n")
+        lines.append(f"| {c.label} | {c.tags.get('task', '')} | {c.model.d_model} | {'-' if n is None else n} | "
+                     f"{c.train.lr:.3g} | {c.train.seed} | {c.run_id}{' *' if c.run_id in done else ''} |")
+    return "\n".join(lines) + "\n"
 
 
 def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", workers: int | None = None,
               threads: int | None = None, models: list[str] | None = None, skip_missing: bool = False,
-              plugins: tuple[str, ...] = (), progress: bool = True, console=None, launcher=None) -> Reproduction:
-    """Runs (or resumes) a preset's grid, then prints the best-over-LR table, the paper's
-    numbers and the claims check, and writes the plot to ``out_dir/<preset>-<scale>.png``.
-    Results go to ``out_dir/results.sqlite``; runs already there are not run again."""
+              plugins: tuple[str, ...] = (), progress: bool = True, console=None, launcher=None,
+              dry_run: bool = False) -> Reproduction:
+    """Runs (or resumes) a preset's grid, then prints the best-over-LR table (median and
+    range over seeds), the paper's numbers and the claims check, and writes the plot to
+    ``out_dir/<preset>-<scale>.png``. Results go to ``out_dir/results.sqlite``; runs already
+    there are not run again. ``dry_run``: print the runs (model, size, lr, seed) and stop."""
+    import time
+
     from rich.console import Console
 
     from ..train.results import best_lm_over_lr, best_over_lr, lm_plot, lm_table, plot, table
@@ -53,7 +70,13 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
     configs = preset.runs(scale, models, skip_missing=skip_missing)
     out_dir = Path(out_dir)
     console.rule(f"[bold]{preset.title}[/bold] — scale {scale}")
-    console.print(f"{preset.source}\n{sc.description}\n{len(configs)} runs; {sc.budget}")
+    console.print(f"preset {preset.name}, {preset.source}\n{sc.description}\n{len(configs)} runs ({len(sc.seeds)} seed(s) each); {sc.budget}")
+    if dry_run:
+        db = out_dir / "results.sqlite"
+        done = ResultsStore(db).finished_ids() if db.exists() else set()
+        console.print(plan_table(configs, done) + "(* finished: a real run skips it)", markup=False, highlight=False)
+        return Reproduction(preset, scale, [], "", None, runs=configs)
+    t0 = time.perf_counter()
     store = ResultsStore(out_dir / "results.sqlite")
     outcomes = run_sweep(configs, out_dir=out_dir, store=store, workers=workers or sc.workers, threads=threads,
                          plugins=plugins, progress=progress, console=console, launcher=launcher)
@@ -74,10 +97,13 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
         console.print(preset.paper, markup=False, highlight=False)
     claims = evaluate_claims(preset, rows)
     if claims:
-        console.rule("the paper's claims at this scale")
+        console.rule("the paper's claims at this scale" + (f" (medians over {max(c['seeds'] for c in claims)} seeds)" if any(c["seeds"] for c in claims) else ""))
         for c in claims:
             style = {"agrees": "green", "does not agree": "red"}.get(c["verdict"], "yellow")
-            console.print(f"[{style}]{c['verdict']:>15}[/{style}]  {c['text']}  [dim]({c['panel']}: {c['detail']})[/dim]")
+            seeds = f" ({c['seeds_agree']}/{c['seeds']} seeds)" if c["seeds"] else ""
+            console.print(f"[{style}]{c['verdict']:>15}[/{style}]{seeds}  {c['text']}  [dim]({c['panel']}: {c['detail']})[/dim]")
+            if c["caveat"]:
+                console.print(f"{'':>17}[dim]why: {c['caveat']}[/dim]")
     draw = lm_plot if lm else plot
     kw = {} if lm else {"x": x}
     path = draw(rows, out_dir / f"{preset.name}-{scale}.png", title=f"{preset.title} ({scale})", order=order, **kw) if rows else None
@@ -87,10 +113,57 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
     failed = sum(o.result is None for o in outcomes)
     if failed:
         console.print(f"[red]{failed} run(s) failed[/red]")
-    return Reproduction(preset, scale, rows, text, path, claims, failed)
+    elapsed = time.perf_counter() - t0
+    train_time = sum(r["wall_time"] for r in store.rows(preset.experiment(scale), run_ids=ids))
+    console.print(f"time: {_minutes(elapsed)} this call; {_minutes(train_time)} of training summed over the {len(ids)} runs")
+    return Reproduction(preset, scale, rows, text, path, claims, failed, configs, elapsed, train_time)
+
+
+def reproduce_all(scale: str = "tiny", *, out_dir: str | Path = "runs", names: list[str] | None = None,
+                  workers: int | None = None, threads: int | None = None, plugins: tuple[str, ...] = (),
+                  progress: bool = True, console=None, dry_run: bool = False,
+                  report_dir: str | Path | None = None) -> tuple[list[Reproduction], dict[str, str], Path | None]:
+    """Every preset that has ``scale`` (or those named), one after the other, resumable
+    (finished runs are skipped); then one report, ``out_dir/report/index.html`` and
+    ``summary.md`` (seqmix.experiments.report). Presets whose mixers are partly missing run
+    the models that are registered. Returns (reproductions, {preset: why not run}, report
+    path; None with dry_run)."""
+    from rich.console import Console
+
+    from .report import report_markdown, write_report
+
+    console = console or Console()
+    for mod in plugins:
+        __import__(mod)
+    names = names or list(PRESETS)
+    done, skipped = [], {}
+    for name in names:
+        preset = get_preset(name)
+        if scale not in preset.scales:
+            skipped[name] = f"no {scale!r} scale"
+            continue
+        try:
+            done.append(reproduce(name, scale, out_dir=out_dir, workers=workers, threads=threads, skip_missing=True,
+                                  plugins=plugins, progress=progress, console=console, dry_run=dry_run))
+        except ValueError as e:  # e.g. none of its mixers registered
+            skipped[name] = str(e).splitlines()[0]
+            console.print(f"[yellow]{name}: not run: {e}[/yellow]")
+    if dry_run:
+        console.print(f"{sum(len(r.runs) for r in done)} runs in {len(done)} presets" +
+                      (f"; not run: {', '.join(skipped)}" if skipped else ""))
+        return done, skipped, None
+    page, _ = write_report(done, report_dir or Path(out_dir) / "report", skipped=skipped)
+    console.rule("summary")
+    console.print(report_markdown(done, skipped=skipped), markup=False, highlight=False)
+    console.print(f"report: {page}")
+    return done, skipped, page
+
+
+def _minutes(s: float) -> str:
+    return f"{int(s // 60)} min {int(s % 60):02d} s" if s >= 60 else f"{s:.1f} s"
 
 
 __all__ = [
     "LR_DSF", "LR_METALA_512", "PRESETS", "Claim", "ModelSpec", "Preset", "Reproduction", "Scale", "TaskSpec",
-    "evaluate_claims", "get_preset", "reproduce",
+    "evaluate_claims", "get_preset", "plan_table", "reproduce", "reproduce_all",
 ]

@@ -106,6 +106,11 @@ class Claim(_Frozen):
     Language-modelling presets (``metric="bpb"``, lower is better) check validation bits
     per byte: ``below`` (a < b − value) and ``closes_gap`` (a lies below b: it closes part of
     the gap from b down to c; the fraction closed, (b − a)/(b − c), is reported).
+
+    With several seeds the claim is checked on the medians over seeds and on each seed's
+    own table: it agrees when it holds on the medians and for a majority of the seeds.
+    ``caveat`` says why it may not hold at this (CPU) size; it is shown beside a "does not
+    agree" verdict.
     """
 
     text: str
@@ -116,6 +121,7 @@ class Claim(_Frozen):
     value: float = 0.0
     where: Literal["all", "max", "mean"] = "all"
     panel: str | None = Field(None, description="check only the task panels whose name starts with this (None: every panel)")
+    caveat: str = Field("", description="why the claim may not hold at CPU size (shown when it does not agree)")
 
 
 class Preset(_Frozen):
@@ -284,6 +290,8 @@ def _check_one(claim: Claim, rows: list[dict], x: str) -> tuple[str, str]:
     pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
     if claim.check == "increasing":
         xs = sorted(a)
+        if len(xs) < 2:
+            return "n/a", "needs two x values"
         drops = [(x0, x1) for x0, x1 in zip(xs, xs[1:]) if a[x1] < a[x0] - claim.value]
         detail = " → ".join(pct(a[v]) for v in xs)
         return ("agrees" if not drops else "does not agree"), f"{claim.a}: {detail}"
@@ -361,26 +369,40 @@ def _check_lm(claim: Claim, rows: list[dict]) -> tuple[str, str]:
 
 
 def evaluate_claims(preset: Preset, rows: list[dict]) -> list[dict]:
-    """Each claim checked on each task panel of the best-over-LR rows: dicts with
-    text, panel, verdict ("agrees", "does not agree", "n/a") and the numbers behind it."""
-    from ..train.results import panels
+    """Each claim checked on each task panel of the best-over-LR rows: dicts with text, panel,
+    verdict ("agrees", "does not agree", "n/a"), the numbers behind it (detail, on the medians
+    over seeds), seeds_agree and seeds (in how many of the seeds' own tables it holds; 0 and 0
+    with a single seed) and caveat (the claim's, when it does not agree).
+
+    With several seeds a claim agrees when it holds on the medians and for a majority of the
+    seeds (each seed's table at the learning rate chosen on the medians)."""
+    from ..train.results import panels, seed_rows
 
     if preset.metric == "bpb":
         out = []
         for claim in preset.claims:
             for task in sorted({r["task"] for r in rows}):
                 verdict, detail = _check_lm(claim, [r for r in rows if r["task"] == task])
-                out.append({"text": claim.text, "panel": task, "verdict": verdict, "detail": detail})
+                out.append({"text": claim.text, "panel": task, "verdict": verdict, "detail": detail, "seeds_agree": 0,
+                            "seeds": 0, "caveat": claim.caveat if verdict == "does not agree" else ""})
         return out
 
     # state sizes differ between models: claims pair the models at the same d (not_dominated
     # compares state sizes itself)
     x = "d_model" if preset.x in ("task", "state_size") else preset.x
+    by_seed = {s: panels(rs, x) for s, rs in seed_rows(rows).items()} if any(r.get("seeds", 1) > 1 for r in rows) else {}
     out = []
     for claim in preset.claims:
         for pname, prow in panels(rows, x).items():
             if claim.panel is not None and not pname.startswith(claim.panel):
                 continue
             verdict, detail = _check_one(claim, prow, x)
-            out.append({"text": claim.text, "panel": pname, "verdict": verdict, "detail": detail})
+            k = sum(_check_one(claim, p[pname], x)[0] == "agrees" for p in by_seed.values() if pname in p)
+            if by_seed and verdict == "agrees" and 2 * k <= len(by_seed):
+                verdict = "does not agree"
+                detail += f"; holds on the medians but only for {k} of {len(by_seed)} seeds"
+            checked = verdict != "n/a"
+            out.append({"text": claim.text, "panel": pname, "verdict": verdict, "detail": detail,
+                        "seeds_agree": k if checked else 0, "seeds": len(by_seed) if checked else 0,
+                        "caveat": claim.caveat if verdict == "does not agree" else ""})
     return out

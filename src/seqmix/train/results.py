@@ -1,12 +1,15 @@
 """Tables and plots of the results store, as the papers report them.
 
 * :func:`best_over_lr`: for each (experiment, label, task, d_model, n) the learning rate
-  with the best mean accuracy over seeds, and that mean (± std over seeds): "only the
-  best LR is reported" (dsf note §5.1; Zoology's max over LRs);
+  with the best median accuracy over seeds, and that median with its spread (the lowest
+  and highest seed; mean and std too): "only the best LR is reported" (dsf note §5.1;
+  Zoology's max over LRs). Each row keeps every seed's accuracy (``per_seed``), so a claim
+  can be checked seed by seed (:func:`seed_rows`);
 * :func:`table`: one table per task (and per n when several), rows = models, columns =
-  the x axis (d_model, n or state size), as markdown or CSV;
-* :func:`plot`: one panel per task, accuracy against the x axis, one line per model, the
-  seed std shaded (matplotlib PNG).
+  the x axis (d_model, n or state size), as markdown or CSV; a cell is the median and, with
+  several seeds, the range over seeds: ``98.1 (97.3–99.0)``;
+* :func:`plot`: one panel per task, the median accuracy against the x axis, one line per
+  model, error bars from the lowest to the highest seed (matplotlib PNG).
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ _X_LABEL = {"d_model": "model dimension d", "n": "state expansion n", "state_siz
 
 def best_over_lr(rows: Iterable[dict], *, all_lrs: bool = False) -> list[dict]:
     """Groups rows by (experiment, label, task, d_model, n[, lr]) and keeps, per group without
-    lr, the lr whose mean accuracy over seeds is best. Each output row has accuracy (mean),
-    std, seeds, lr, state_size, wall_time (summed over the group's runs), epochs (mean)."""
+    lr, the lr whose median accuracy over seeds is best (ties: the best mean). Each output row
+    has accuracy (the median over seeds), lo and hi (the lowest and highest seed), mean, std,
+    seeds, per_seed ({seed: accuracy}), lr, state_size, wall_time (summed over the group's
+    runs), epochs (mean)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         if r.get("status") != "finished" or is_lm_row(r):  # LM runs: best_lm_over_lr
@@ -34,7 +39,9 @@ def best_over_lr(rows: Iterable[dict], *, all_lrs: bool = False) -> list[dict]:
         accs = [x["accuracy"] for x in rs]
         per_lr.append({
             "experiment": exp, "label": label, "task": task, "d_model": d, "n": n, "lr": lr,
-            "accuracy": statistics.fmean(accs), "std": statistics.pstdev(accs) if len(accs) > 1 else 0.0,
+            "accuracy": statistics.median(accs), "lo": min(accs), "hi": max(accs), "mean": statistics.fmean(accs),
+            "std": statistics.pstdev(accs) if len(accs) > 1 else 0.0,
+            "per_seed": {x.get("seed", i): x["accuracy"] for i, x in enumerate(rs)},
             "seeds": len(accs), "state_size": rs[0]["state_size"], "params": rs[0]["params"],
             "epochs": statistics.fmean(x["epochs"] for x in rs), "wall_time": sum(x["wall_time"] for x in rs),
             "mixer": rs[0]["mixer"],
@@ -46,7 +53,7 @@ def best_over_lr(rows: Iterable[dict], *, all_lrs: bool = False) -> list[dict]:
     best: dict[tuple, dict] = {}
     for r in per_lr:
         k = (r["experiment"], r["label"], r["task"], r["d_model"], r["n"])
-        if k not in best or r["accuracy"] > best[k]["accuracy"]:
+        if k not in best or (r["accuracy"], r["mean"]) > (best[k]["accuracy"], best[k]["mean"]):
             best[k] = r
     return sorted(best.values(), key=_order)
 
@@ -60,10 +67,21 @@ def _fmt_x(v) -> str:
 
 
 def _cell(r: dict) -> str:
+    """The median (%), and with several seeds the range over them: '98.1 (97.3–99.0)'."""
     s = f"{100 * r['accuracy']:.1f}"
-    if r["seeds"] > 1:
-        s += f" ± {100 * r['std']:.1f}"
+    if r.get("seeds", 1) > 1 and "lo" in r:
+        s += f" ({100 * r['lo']:.1f}–{100 * r['hi']:.1f})"
     return s
+
+
+def seed_rows(rows: list[dict]) -> dict[int, list[dict]]:
+    """The best-over-LR rows seen one seed at a time: {seed: rows with that seed's accuracy}
+    (each row at the learning rate chosen on the median). Only seeds every row has."""
+    seeds = None
+    for r in rows:
+        have = set(r.get("per_seed", {}))
+        seeds = have if seeds is None else seeds & have
+    return {s: [{**r, "accuracy": r["per_seed"][s], "seeds": 1} for r in rows] for s in sorted(seeds or ())}
 
 
 def panels(rows: list[dict], x: str) -> dict[str, list[dict]]:
@@ -90,7 +108,7 @@ def table(rows: list[dict], *, x: str = "d_model", fmt: str = "markdown", order:
     if x not in X_AXES:
         raise ValueError(f"results: unknown x axis {x!r}; expected one of {', '.join(X_AXES)}")
     if fmt == "csv":
-        cols = ["experiment", "task", "label", "mixer", "d_model", "n", "lr", "accuracy", "std", "seeds", "state_size", "params", "epochs", "wall_time"]
+        cols = ["experiment", "task", "label", "mixer", "d_model", "n", "lr", "accuracy", "lo", "hi", "mean", "std", "seeds", "state_size", "params", "epochs", "wall_time"]
         lines = [",".join(cols)]
         for r in rows:
             lines.append(",".join("" if r.get(c) is None else f"{r[c]:.6g}" if isinstance(r.get(c), float) else str(r[c]) for c in cols))
@@ -102,7 +120,10 @@ def table(rows: list[dict], *, x: str = "d_model", fmt: str = "markdown", order:
         xs = sorted({r[x] for r in rs if r[x] is not None})
         labels = _labels(rs, order)
         lrs_shown = len({r["lr"] for r in rs}) > 1
-        out.append(f"**{title}** — accuracy (%), best over learning rates" + (" (best lr in brackets)" if lrs_shown else ""))
+        spread = any(r.get("seeds", 1) > 1 for r in rs)
+        seeds = max((r.get("seeds", 1) for r in rs), default=1)
+        out.append(f"**{title}** — accuracy (%), best over learning rates" + (" (best lr in brackets)" if lrs_shown else "")
+                   + (f"; median over {seeds} seeds (lowest–highest)" if spread else ""))
         out.append("")
         out.append(f"| model | " + " | ".join(f"{x}={_fmt_x(v)}" for v in xs) + " |")
         out.append("|---|" + "---|" * len(xs))
@@ -128,7 +149,8 @@ def _labels(rows, order):
 
 
 def plot(rows: list[dict], path: str | Path, *, x: str = "d_model", title: str = "", order: list[str] | None = None) -> Path:
-    """One panel per task: accuracy against ``x`` (log2 axis), a line per model, seed std shaded."""
+    """One panel per task: the median accuracy against ``x`` (log2 axis), a line per model,
+    error bars from the lowest to the highest seed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,8 +168,10 @@ def plot(rows: list[dict], path: str | Path, *, x: str = "d_model", title: str =
             w = 0.8 / max(1, len(labs))
             for j, lab in enumerate(labs):
                 by = {r["task"]: r for r in rs if r["label"] == lab}
-                ax.bar([i + j * w for i in range(len(tasks))], [100 * by[t]["accuracy"] if t in by else 0 for t in tasks],
-                       w, yerr=[100 * by[t]["std"] if t in by else 0 for t in tasks], label=lab)
+                med = [100 * by[t]["accuracy"] if t in by else 0 for t in tasks]
+                err = [[100 * (by[t]["accuracy"] - by[t].get("lo", by[t]["accuracy"])) if t in by else 0 for t in tasks],
+                       [100 * (by[t].get("hi", by[t]["accuracy"]) - by[t]["accuracy"]) if t in by else 0 for t in tasks]]
+                ax.bar([i + j * w for i in range(len(tasks))], med, w, yerr=err, capsize=2, label=lab)
             ax.set_xticks([i + 0.4 - w / 2 for i in range(len(tasks))])
             ax.set_xticklabels(tasks, fontsize=7, rotation=15)
             ax.set_ylim(0, 102)
@@ -156,14 +180,14 @@ def plot(rows: list[dict], path: str | Path, *, x: str = "d_model", title: str =
             ax.grid(alpha=0.3, axis="y")
             continue
         for lab in _labels(rs, order):
-            pts = sorted((r[x], r["accuracy"], r["std"]) for r in rs if r["label"] == lab and r[x] is not None)
+            pts = sorted((r[x], r["accuracy"], r.get("lo", r["accuracy"]), r.get("hi", r["accuracy"]))
+                         for r in rs if r["label"] == lab and r[x] is not None)
             if not pts:
                 continue
-            xs, ys, ss = zip(*pts)
-            line, = ax.plot(xs, [100 * y for y in ys], marker="o", label=lab)
-            if any(ss):
-                ax.fill_between(xs, [100 * (y - s) for y, s in zip(ys, ss)], [100 * (y + s) for y, s in zip(ys, ss)],
-                                color=line.get_color(), alpha=0.2)
+            xs, ys, los, his = zip(*pts)
+            ax.errorbar(xs, [100 * y for y in ys], yerr=[[100 * (y - lo) for y, lo in zip(ys, los)],
+                                                         [100 * (hi - y) for y, hi in zip(ys, his)]],
+                        marker="o", capsize=3, label=lab)
         xs_all = sorted({r[x] for r in rs if r[x] is not None})
         if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 4:
             ax.set_xscale("log", base=2)
@@ -280,4 +304,4 @@ def lm_plot(rows: list[dict], path: str | Path, *, title: str = "", order: list[
     return path
 
 
-__all__ = ["X_AXES", "best_lm_over_lr", "lm_plot", "best_over_lr", "is_lm_row", "lm_table", "panels", "plot", "table"]
+__all__ = ["X_AXES", "best_lm_over_lr", "best_over_lr", "is_lm_row", "lm_plot", "lm_table", "panels", "plot", "seed_rows", "table"]

@@ -790,7 +790,7 @@ LM_COMMANDS = {
 
 
 def _add_lm(sub):
-    p = sub.add_parser("lm", help="language modelling on text: train, eval (see docs/lm.md)")
+    p = sub.add_parser("lm", help="language modelling on text: train, eval, generate, export (see docs/lm.md)")
     lsub = p.add_subparsers(dest="lm_command")
     for add, _ in LM_COMMANDS.values():
         add(lsub)

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._plotting import save_figure
+
 
 def _corpus(config):
     from ..data.text import CorpusConfig
@@ -154,12 +156,7 @@ def plot_length_generalization(results: dict | list[dict], path: str | Path) -> 
     ax.set_title("Length generalization: loss by position at 1×, 2×, 4× the training context", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 __all__ = ["evaluate_lm", "length_generalization", "plot_length_generalization", "position_losses"]

@@ -48,6 +48,7 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from .._plotting import save_figure
 from .base import TaskArrays, TaskConfig
 
 PAD = 0
@@ -752,9 +753,4 @@ def save_pathfinder_examples(path: str | os.PathLike, *, n: int = 8, seed: int =
             ax.set_xticks([]), ax.set_yticks([])
             if j == 0:
                 ax.set_ylabel(f"{level}\n({PATHFINDER_LEVELS[level][1]} dashes)", fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path, dpi=100)

@@ -19,6 +19,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
+from .._plotting import save_figure
+
 X_AXES = ("d_model", "n", "state_size", "task")
 _X_LABEL = {"d_model": "model dimension d", "n": "state expansion n", "state_size": "state size (floats per sequence)", "task": "task"}
 
@@ -200,16 +202,7 @@ def plot(rows: list[dict], path: str | Path, *, x: str = "d_model", title: str =
         ax.set_ylabel("accuracy (%)")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    if title:
-        import textwrap
-
-        fig.suptitle("\n".join(textwrap.wrap(title, 70)), fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title=title)
 
 
 def is_lm_row(r: dict) -> bool:
@@ -292,16 +285,7 @@ def lm_plot(rows: list[dict], path: str | Path, *, title: str = "", order: list[
         ax.set_ylabel("validation bits per byte (lower is better)")
         ax.set_title(task, fontsize=10)
         ax.grid(alpha=0.3, axis="y")
-    if title:
-        import textwrap
-
-        fig.suptitle("\n".join(textwrap.wrap(title, 70)), fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title=title)
 
 
 __all__ = ["X_AXES", "best_lm_over_lr", "best_over_lr", "is_lm_row", "lm_plot", "lm_table", "panels", "plot", "seed_rows", "table"]

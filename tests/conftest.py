@@ -13,3 +13,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))  # this checkout'
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """SEQMIX_CACHE in the test's tmp_path: generated data and token files never touch the
+    user's cache (files that need it: ``pytestmark = pytest.mark.usefixtures("private_cache")``)."""
+    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))

@@ -10,9 +10,7 @@ TINY = ["--seq-len", "16", "--kv", "2", "--vocab", "32", "--train-examples", "64
         "--batch-size", "32", "--d-model", "16", "--epochs", "1", "--threads", "1", "--no-progress"]
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: a data cache of the test's own
 
 
 def test_train_then_results(tmp_path, capsys):

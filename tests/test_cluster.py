@@ -13,9 +13,7 @@ submitit = pytest.importorskip("submitit", reason="the 'cluster' extra (pip inst
 from seqmix.cluster import SubmititLauncher, make_launcher  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: a data cache of the test's own
 
 
 def test_submitit_jobs_write_result_files_and_the_sweep_fills_the_store(tmp_path):

@@ -11,9 +11,7 @@ from seqmix.data.mqar import distinct_choice, power_law_gaps
 from seqmix.data.synthetic import FuzzyMQARConfig, InductionHeadsConfig, NoisyMQARConfig, SelectiveCopyingConfig
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: a data cache of the test's own
 
 
 def _mqar(M=500, V=8192, L=64, N=4, seed=0, **kw):

@@ -14,9 +14,7 @@ qlstm qlstm_rs qlstm_block qlstm_rs_block metala h3 hyena gss bmojo bmojo_f stri
 deltanet gated_deltanet kda""".split())
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: a data cache of the test's own
 
 
 def _mini(**kw) -> Preset:

@@ -19,9 +19,7 @@ from tolerances import BF16_LOSS_RTOL, LOSS_RTOL
 TEXT = "".join(f"{w} and {w} went up the hill to fetch a pail of water.\n" for w in ["Jack", "Jill", "Tom", "Ann"] * 60)
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: a data cache of the test's own
 
 
 @pytest.fixture

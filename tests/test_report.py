@@ -2,8 +2,6 @@
 and its HTML report (well-formed, self-contained; opened in headless Chromium when present)."""
 
 import base64
-import shutil
-import subprocess
 from html.parser import HTMLParser
 
 import pytest
@@ -14,10 +12,9 @@ from seqmix.experiments.presets import tiny_mqar
 from seqmix.experiments.report import report_html, write_report
 from seqmix.train.results import best_over_lr, plot, seed_rows, table
 
+from browser import CHROMIUM, SKIP_REASON, console_lines, dump_dom
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: a data cache of the test's own
 
 
 def _row(label, d, acc, seed, lr=1e-3):
@@ -154,24 +151,19 @@ def test_report_is_well_formed_and_self_contained(small_report):
     assert "**does not agree** (1/3 seeds): a > b" in summary and "why: too small to tell" in summary
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium); html.parser checks still run")
+@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
 def test_report_opens_in_headless_chromium(small_report, tmp_path):
     page, _ = small_report
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--enable-logging=stderr", "--v=0",
-           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom", page.resolve().as_uri()]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    r = dump_dom(page, tmp_path / "profile")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert not [ln for ln in r.stderr.splitlines() if ":CONSOLE" in ln]
+    assert not console_lines(r)
     dom = r.stdout
     assert 'data-images-decoded="1/1"' in dom
     assert "60.0 (10.0–90.0)" in dom and "does not agree" in dom and "1 of 2 agree" in dom
     # the check can fail: a corrupted plot is reported
     bad = tmp_path / "bad.html"
     bad.write_text(page.read_text(encoding="utf-8").replace("base64,iVBOR", "base64,AAAA", 1), encoding="utf-8")
-    r = subprocess.run(cmd[:-1] + [bad.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    r = dump_dom(bad, tmp_path / "profile")
     assert 'data-images-decoded="0/1"' in r.stdout
 
 

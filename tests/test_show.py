@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import base64
 import math
-import shutil
 import struct
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -16,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 from matplotlib.image import AxesImage
+
+from browser import CHROMIUM, SKIP_REASON, console_lines, dump_dom
 
 import seqmix
 from seqmix.analysis import mapstats, show
@@ -368,25 +368,20 @@ def test_html_report_is_well_formed_and_self_contained(report):
         check_html(text.replace("</table>", "", 1))
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")  # Debian's package installs /usr/bin/chromium
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium); html.parser checks still run")
+@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
 def test_html_report_opens_in_headless_chromium(report, tmp_path):
     path, views = report
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--enable-logging=stderr", "--v=0",
-           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom", path.resolve().as_uri()]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    r = dump_dom(path, tmp_path / "profile")
     assert r.returncode == 0, r.stderr[-2000:]
-    console = [line for line in r.stderr.splitlines() if ":CONSOLE" in line]  # page errors and console output
+    console = console_lines(r)  # page errors and console output
     assert not console, console
     n = len(views) + 1
     assert f'data-images-decoded="{n}/{n}"' in r.stdout, r.stdout[:500]
     # the check can fail: a corrupted image is reported
     bad = tmp_path / "bad.html"
     bad.write_text(path.read_text(encoding="utf-8").replace("base64,iVBOR", "base64,AAAA", 1), encoding="utf-8")
-    r = subprocess.run(cmd[:-1] + [bad.resolve().as_uri()], capture_output=True, text=True, timeout=120)
-    assert f'data-images-decoded="{n - 1}/{n}"' in r.stdout and any(":CONSOLE" in line for line in r.stderr.splitlines())
+    r = dump_dom(bad, tmp_path / "profile")
+    assert f'data-images-decoded="{n - 1}/{n}"' in r.stdout and console_lines(r)
 
 
 # ------------------------------------------------------------------------------------------

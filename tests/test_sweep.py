@@ -18,9 +18,7 @@ from seqmix.train.store import ResultsStore
 from seqmix.train.sweep import run_sweep
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: a data cache of the test's own
 
 
 def _cfg(lr=3e-3, d=16, seed=0, experiment="exp", label="lin"):

@@ -18,9 +18,7 @@ from seqmix.data.text import (
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog, ça va? {'é' * (i % 3)}\n" for i in range(400))
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: a data cache of the test's own
 
 
 @pytest.fixture

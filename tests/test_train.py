@@ -13,9 +13,7 @@ from seqmix.data import DataConfig, MQARConfig
 from seqmix.train import Interrupted, RunConfig, Trainer, TrainConfig, lr_at, make_run_config, no_decay_names, param_groups, train
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: a data cache of the test's own
 
 
 def _data(L=16, kv=2, V=32, n_train=2048, n_test=256, batch=32, shuffle=False):

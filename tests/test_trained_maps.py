@@ -16,9 +16,7 @@ from seqmix.train import RunConfig, TrainConfig, Trainer
 from seqmix.train.store import ResultsStore
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SEQMIX_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: a data cache of the test's own
 
 
 def _config(mixer="linear_attention", **mixer_kwargs):

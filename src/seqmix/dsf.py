@@ -41,6 +41,18 @@ def _to64(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.complex128 if x.is_complex() else torch.float64)
 
 
+def _key_log_decay(g, shape: tuple, name: str, where: str) -> torch.Tensor:
+    """A key-wise log-decay [B, T, H, K] in float64 from ``g`` given per key [B, T, H, K], per
+    head [B, T, H] (broadcast over K) or None (no decay: zeros)."""
+    Bt, T, H, K = shape
+    if g is None:
+        return torch.zeros(Bt, T, H, K, dtype=torch.float64)
+    g = _to64(g.detach())
+    if g.shape not in ((Bt, T, H, K), (Bt, T, H)):
+        raise ValueError(f"{where}: argument '{name}' must be [B, T, H, K] or [B, T, H], got {fmt_shape(g.shape)}")
+    return g.unsqueeze(-1).expand(Bt, T, H, K) if g.dim() == 3 else g
+
+
 class DSF:
     """A causal linear time-varying system (DSF eq. 11) with a diagonal transition, or a
     diagonal-plus-low-rank one Λ_i = diag(lam_i) + U_i W_iᵀ (``U``, ``W`` [batch, T, N, r])."""
@@ -349,12 +361,7 @@ class DSF:
         Bt, T, H, K = q.shape
         V = int(value_dim)
         q, k = _to64(q.detach()), _to64(k.detach())
-        logk = torch.zeros(Bt, T, H, K, dtype=torch.float64)
-        if gk is not None:
-            gk = _to64(gk.detach())
-            if gk.shape not in ((Bt, T, H, K), (Bt, T, H)):
-                raise ValueError(f"{where}: argument 'gk' must be [B, T, H, K] or [B, T, H], got {fmt_shape(gk.shape)}")
-            logk = gk.unsqueeze(-1).expand(Bt, T, H, K) if gk.dim() == 3 else gk
+        logk = _key_log_decay(gk, (Bt, T, H, K), "gk", where)
         logv = torch.zeros(Bt, T, H, V, dtype=torch.float64)
         if gv is not None:
             gv = _to64(gv.detach())
@@ -414,12 +421,7 @@ class DSF:
         if beta.shape != (Bt, T, H):
             raise ValueError(f"{where}: argument 'beta' must be [B, T, H] = {fmt_shape((Bt, T, H))}, got {fmt_shape(beta.shape)}")
         q, k, beta = _to64(q.detach()), _to64(k.detach()), _to64(beta.detach())
-        logk = torch.zeros(Bt, T, H, K, dtype=torch.float64)
-        if g is not None:
-            g = _to64(g.detach())
-            if g.shape not in ((Bt, T, H, K), (Bt, T, H)):
-                raise ValueError(f"{where}: argument 'g' must be [B, T, H, K] or [B, T, H], got {fmt_shape(g.shape)}")
-            logk = g.unsqueeze(-1).expand(Bt, T, H, K) if g.dim() == 3 else g
+        logk = _key_log_decay(g, (Bt, T, H, K), "g", where)
         alpha = logk.exp()
         bk = beta.unsqueeze(-1) * k
         system = cls.from_recurrence(q, bk, V, logk, scale=scale)

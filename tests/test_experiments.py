@@ -76,6 +76,10 @@ def test_skip_missing_runs_the_registered_models():
         assert r.model.mixer_kwargs == {"heads": 1, "n": TINY_N} and r.train.lr in TINY_LRS
         assert r.data.train[0].seq_len == 32 and r.data.train[0].num_kv_pairs == 4 and r.data.vocab_size == 128
         assert r.experiment == "dsf-fig2/tiny"
+    # init std per model (presets docstring, "Init"): 0.1 for softmax and linear attention in the tiny
+    # scale, the papers' 0.02 for the others and for every model of the paper scale
+    assert {r.label: r.model.init_std for r in runs} == {"softmax": 0.1, "linear": 0.1, "normalized": 0.02, "S6": 0.02, "SSD": 0.02}
+    assert {r.model.init_std for r in DSF_FIG2.runs("paper", skip_missing=True)} == {0.02}
 
 
 def test_learning_rates_by_model():
@@ -157,20 +161,22 @@ def test_bmojo_fig2_grid_uses_patterns_and_scale_models():
     from seqmix.experiments.presets import BMOJO_FIG2, BMOJO_FIG2_ME
 
     tiny, paper = BMOJO_FIG2.runs("tiny"), BMOJO_FIG2.runs("paper")
-    assert len(tiny) == 5 * 3 * 2 * 2 and len(paper) == 5 * 3 * 4 * 3  # tiny: 2 seeds
-    assert {r.data.train[0].num_kv_pairs for r in tiny} == {8, 16, 24}
+    assert len(tiny) == 5 * 2 * 2 * 2 and len(paper) == 5 * 3 * 4 * 3  # tiny: 2 tasks, 2 seeds
+    assert {r.data.train[0].num_kv_pairs for r in tiny} == {4, 8}
     hybrid = next(r for r in tiny if r.label == "Hybrid")
     assert [(h.mixer, h.mixer_kwargs.get("window")) for h in hybrid.model.layers] == [("mamba", None), ("softmax_attention", 8)]
     assert not hybrid.model.use_positions
     transformer = next(r for r in tiny if r.label == "Transformer")
     assert transformer.model.use_positions and "window" not in transformer.model.layers[0].mixer_kwargs
+    # the tiny scale's own Transformer: init std 0.1 (presets docstring, "Init"); the others keep 0.02
+    assert transformer.model.init_std == 0.1 and transformer.train.lr == 1e-3 and hybrid.model.init_std == 0.02
     # the paper scale replaces the window and memory sizes of every model
     hybrid_p = next(r for r in paper if r.label == "Hybrid")
     assert hybrid_p.model.layers[1].mixer_kwargs["window"] == 32
     bm = next(r for r in paper if r.label == "B'MOJO")
     assert (bm.model.mixer_kwargs["window"], bm.model.mixer_kwargs["m_f"], bm.model.mixer_kwargs["m_e"]) == (32, 4, 16)
     me = BMOJO_FIG2_ME.runs("tiny")
-    assert sorted({r.model.mixer_kwargs["m_e"] for r in me}) == [0, 4, 8, 16] and {r.tags["n"] for r in me} == {0, 4, 8, 16}
+    assert sorted({r.model.mixer_kwargs["m_e"] for r in me}) == [0, 2, 4, 8] and {r.tags["n"] for r in me} == {0, 2, 4, 8}
     assert sorted({r.model.mixer_kwargs["m_e"] for r in BMOJO_FIG2_ME.runs("paper")}) == [0, 2, 4, 8, 16, 24, 32]
 
 

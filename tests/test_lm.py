@@ -189,8 +189,9 @@ def test_lm_preset_grid_and_every_tiny_model_trains(monkeypatch, corpus):
     assert (r0.model.d_model, r0.model.n_layers, r0.model.mixer_kwargs.get("heads"), r0.data.seq_len) == (512, 6, 8, 1024)
     assert r0.train.betas == (0.9, 0.95) and r0.train.grad_clip == 1.0 and r0.data.batch_size * r0.train.grad_accum == 128
     tiny = p.runs("tiny")
-    assert [r.label for r in tiny] == ["softmax", "linear", "normalized", "S6", "GLA", "MetaLA"]
-    for r in tiny:
+    labels = ["softmax", "linear", "normalized", "S6", "GLA", "MetaLA"]
+    assert [(r.label, r.train.seed) for r in tiny] == [(m, s) for m in labels for s in (0, 1)]
+    for r in tiny[::2]:
         small = r.data.model_copy(update={"corpus": corpus, "seq_len": 16, "batch_size": 2, "eval_batch_size": 8})
         cfg = r.model_copy(update={"data": small, "train": r.train.model_copy(update={
             "max_tokens": None, "max_steps": 2, "eval_batches": 1, "threads": 1})})

@@ -60,8 +60,8 @@ def _tiny_scale(model: dict, per_model: dict[str, dict[str, TaskModel]] | None =
     tasks = [t.model_copy(update={"per_model": (per_model or {}).get(t.name, {})}) for t in TINY_TASKS]
     return Scale(
         description="d = 32, 2 layers with an MLP, mean pooling; ListOps (lengths 20-100) 3k/500 × 6 epochs, "
-                    "Pathfinder-32 (easy) 1.5k/300 × 2 epochs, lr 2e-3",
-        tasks=tasks, d_models=[32], lrs=[2e-3], train=TINY_TRAIN,
+                    "Pathfinder-32 (easy) 1.5k/300 × 2 epochs, lr 2e-3, seeds 0, 1",
+        tasks=tasks, d_models=[32], lrs=[2e-3], seeds=[0, 1], train=TINY_TRAIN,
         model={"n_layers": 2, "channel_mixer": "mlp", "mlp_ratio": 2.0, **model}, workers=2,
         budget="≤ 15 min on 2 CPU cores (8 runs; measured 2 min 4 s on 2 quiet cores)")
 

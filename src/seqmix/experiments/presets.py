@@ -351,6 +351,13 @@ def _mad_tiny() -> list[TaskSpec]:
     ]
 
 
+#: why B'MOJO Table 3's comparisons are not the paper's at CPU size (docs/harness.md, "Tiny presets")
+_TABLE3_SIZE = ("At this size (d = 32, 4 passes over 4,000 examples: 1,000 steps) no model has learned induction heads "
+                "(7-12%) or fuzzy MQAR (14-23%), where the paper's models are near 100% and 50-90%; on noisy MQAR the "
+                "Hybrid's sliding window (32 of the 64 tokens) lets its attention layer reach 62-94% while every other "
+                "model stays at 30-33%. Differences of a point or two between models that have not learned a task are "
+                "noise.")
+
 BMOJO_TABLE3 = Preset(
     name="bmojo-table3",
     title="B'MOJO Table 3: synthetic tasks (2-layer models)",
@@ -372,11 +379,13 @@ BMOJO_TABLE3 = Preset(
             tasks=_mad_tiny(), d_models=[32], lrs=TINY_LRS,
             train={"epochs": 4, "warmup": 0.05, "weight_decay": 0.1, "grad_clip": 1.0, "early_stop": 0.999},
             model={"n_layers": 2, "channel_mixer": "swiglu", "norm": "rmsnorm"}, seeds=TINY_SEEDS, workers=2,
-            models=[tiny_init(_bmojo_models(32)[0])], budget="not timed (the machine was loaded by other agents); estimated ≈ 14 min on 2 CPU cores (40 runs; at most 1,690 CPU-s of steps)"),
+            models=[tiny_init(_bmojo_models(32)[0])], budget="≤ 15 min on 2 CPU cores (40 runs; measured 11 min 30 s)"),
     },
     claims=[
-        Claim(text="B'MOJO matches or beats Mamba (within 1 point)", check="not_below", a="B'MOJO", b="Mamba", value=0.01, where="mean"),
-        Claim(text="B'MOJO matches or beats the Hybrid (within 1 point)", check="not_below", a="B'MOJO", b="Hybrid", value=0.01, where="mean"),
+        Claim(text="B'MOJO matches or beats Mamba (within 1 point)", check="not_below", a="B'MOJO", b="Mamba", value=0.01,
+              where="mean", caveat=_TABLE3_SIZE),
+        Claim(text="B'MOJO matches or beats the Hybrid (within 1 point)", check="not_below", a="B'MOJO", b="Hybrid", value=0.01,
+              where="mean", caveat=_TABLE3_SIZE),
     ],
     paper="| model | SelCopy | IndHeads | NoisyMQAR | FuzzyMQAR |\n|---|---|---|---|---|\n"
           "| GPT2 | 93.56 | 100 | 99.92 | 49.17 |\n| Mamba | 94.42 | 100 | 99.99 | 88.04 |\n"
@@ -449,7 +458,7 @@ BMOJO_FIG2 = Preset(
             tasks=[_bmojo_mqar(32, kv, paper=False) for kv in (4, 8)], d_models=[32, 64], lrs=[3e-3],
             lrs_by_model={"Transformer": [1e-3]}, train=_FIG2_TINY_TRAIN, model=_BMOJO_MODEL, seeds=TINY_SEEDS,
             workers=2, models=[tiny_init(_bmojo_models(**_FIG2_TINY)[0])],
-            budget="see docs/harness.md, 'Tiny presets'"),
+            budget="≤ 15 min on 2 CPU cores (40 runs; measured 9 min 34 s)"),
     },
     claims=[
         Claim(text="the Transformer (full context) is the paragon: ≥ 99%", check="at_least", a="Transformer", value=0.99,
@@ -493,7 +502,7 @@ BMOJO_FIG2_ME = Preset(
                         "w = 8, m_f = 1, m_e ∈ {0, 2, 4, 8}, lr 3e-3, seeds 0, 1",
             tasks=[_bmojo_mqar(32, 8, paper=False)], d_models=[32, 64], ns=[0, 2, 4, 8], lrs=[3e-3],
             train=_FIG2_TINY_TRAIN, model=_BMOJO_MODEL, seeds=TINY_SEEDS, workers=2,
-            budget="see docs/harness.md, 'Tiny presets'"),
+            budget="≤ 15 min on 2 CPU cores (16 runs; measured 7 min 46 s, beside another job)"),
     },
     claims=[Claim(text="each added eidetic token increases recall accuracy (until the gains saturate)",
                   check="increasing", a="B'MOJO", value=0.02, caveat=_FIG2_PLATEAU)],

@@ -63,7 +63,18 @@ def _tiny_scale(model: dict, per_model: dict[str, dict[str, TaskModel]] | None =
                     "Pathfinder-32 (easy) 1.5k/300 × 2 epochs, lr 2e-3, seeds 0, 1",
         tasks=tasks, d_models=[32], lrs=[2e-3], seeds=[0, 1], train=TINY_TRAIN,
         model={"n_layers": 2, "channel_mixer": "mlp", "mlp_ratio": 2.0, **model}, workers=2,
-        budget="≤ 15 min on 2 CPU cores (8 runs; measured 2 min 4 s on 2 quiet cores)")
+        budget="≤ 15 min on 2 CPU cores (16 runs; measured 3 min 37 s on 2 quiet cores)")
+
+
+#: why a model may sit at chance on a task at the tiny scale (docs/lra.md)
+_CHANCE_CAVEATS = {
+    "pathfinder32": "Pathfinder at the tiny scale trains on 1,500 images for 2 epochs (LRA: 160,000 images, 200 epochs); "
+                    "every model predicts one class for every image (47.7% or 52.3% of the test set, by seed), the "
+                    "long plateau at chance that Pathfinder is known for.",
+}
+_LISTOPS_SIZE = ("ListOps at the tiny scale (3,000 examples of lengths 20-100, 6 epochs, d = 32): every model reaches "
+                 "29-34% (chance 10%, the most frequent answer 15%) and the four lie within 4 points, within the "
+                 "spread of two seeds: the paper's ordering (38% vs 16% for linear attention) is not resolved here.")
 
 
 def _chance_claims(models: list[str], tasks=("listops", "pathfinder32", "text", "retrieval", "image")) -> list[Claim]:
@@ -72,15 +83,15 @@ def _chance_claims(models: list[str], tasks=("listops", "pathfinder32", "text", 
     for t in tasks:
         margin = 0.01 if CHANCE[t] < 0.5 else 0.02
         out += [Claim(text=f"{m} is above chance on {t} (≥ {100 * (CHANCE[t] + margin):.0f}%)", check="at_least", a=m,
-                      value=CHANCE[t] + margin, panel=t) for m in models]
+                      value=CHANCE[t] + margin, panel=t, caveat=_CHANCE_CAVEATS.get(t, "")) for m in models]
     return out
 
 
 LISTOPS_ORDER = [
     Claim(text="ListOps ordering of DSF Table 3: S6 ≥ normalized (38.02 vs 38.24: within 0.5)", check="not_below", a="S6",
-          b="normalized", value=0.005, panel="listops"),
+          b="normalized", value=0.005, panel="listops", caveat=_LISTOPS_SIZE),
     Claim(text="ListOps ordering of DSF Table 3: normalized ≥ linear (38.24 vs 16.12)", check="not_below", a="normalized",
-          b="linear", panel="listops"),
+          b="linear", panel="listops", caveat=_LISTOPS_SIZE),
 ]
 
 # ------------------------------------------------------------------------------------------
@@ -152,7 +163,7 @@ DSF_TABLE3 = Preset(
     },
     claims=[*LISTOPS_ORDER,
             Claim(text="linear attention is the weakest on ListOps (16.12; softmax 35.72)", check="not_below", a="softmax",
-                  b="linear", panel="listops"),
+                  b="linear", panel="listops", caveat=_LISTOPS_SIZE),
             *_chance_claims(["softmax", "linear", "normalized", "S6"])],
     paper="| Model | ListOps | Text | Retrieval | Image | Pathfinder | avg |\n|---|---|---|---|---|---|---|\n"
           "| Random | 10.00 | 50.00 | 50.00 | 10.00 | 50.00 | 34.00 |\n"

@@ -561,12 +561,14 @@ DSF_TABLE1_LM = Preset(
             d_models=[64], lrs=[3e-3], seeds=TINY_SEEDS, train=_LM_TINY_TRAIN, model=_LM_TINY_MODEL, workers=2,
             models=[m.model_copy(update={"mixer_kwargs": {**m.mixer_kwargs, "heads": 2}}) if "heads" in m.mixer_kwargs else m
                     for m in _lm_models(8)],
-            budget="≤ 15 min on 2 CPU cores (6 runs, 2 workers; measured 1 min 42 s on 2 quiet cores, 15 min 31 s "
-                   "at load average ≈ 20; S6 is the longest run)"),
+            budget="≤ 15 min on 2 CPU cores (12 runs, 2 workers; measured 2 min 42 s on 2 quiet cores; S6 is the longest run)"),
     },
     claims=[
         Claim(text="normalized attention closes part of the gap between linear and softmax attention (paper: 23%)",
-              check="closes_gap", a="normalized", b="linear", c="softmax"),
+              check="closes_gap", a="normalized", b="linear", c="softmax",
+              caveat="The tiny scale trains for 1M characters of Tiny Shakespeare at d = 64 (the paper: about 5.9B "
+                     "WikiText-103 tokens at d = 512): it measures how fast each model starts, not where it converges. "
+                     "There normalized attention is behind linear attention in both seeds (3.53 vs 3.44 bits/byte)."),
         Claim(text="softmax attention beats linear attention", check="below", a="softmax", b="linear"),
     ],
     paper="| model | WikiText-103 train ppl |\n|---|---|\n| linear | 17.42 |\n| normalized | 16.43 |\n| softmax | 13.15 |\n"

@@ -10,7 +10,7 @@ from seqmix.cli import main
 from seqmix.experiments import PRESETS, Claim, ModelSpec, Preset, Reproduction, Scale, TaskSpec, evaluate_claims, reproduce_all
 from seqmix.experiments.presets import tiny_mqar
 from seqmix.experiments.report import report_html, write_report
-from seqmix.train.results import best_over_lr, plot, seed_rows, table
+from seqmix.train.results import best_over_lr, lm_table, plot, seed_rows, table
 
 from browser import CHROMIUM, SKIP_REASON, console_lines, dump_dom
 
@@ -126,7 +126,13 @@ def small_report(tmp_path_factory):
     png = plot(rows, d / "mini.png", title="mini")
     r1 = Reproduction(p, "tiny", rows, table(rows), png, evaluate_claims(p, rows), runs=[None] * 12, elapsed=75.0, train_time=130.0)
     r2 = Reproduction(p.model_copy(update={"name": "mini2"}), "tiny", [], "", None, [], runs=[], elapsed=0.0)
-    page, md = write_report([r1, r2], d / "report", skipped={"lm-x": "no 'tiny' scale"})
+    # a language-modelling preset: its rows have bits per byte, not accuracy per (d, n); the report shows its table
+    lm_rows = [{"label": lab, "task": "corpus(char)", "d_model": 64, "lr": 3e-3, "ppl": ppl, "bpb": bpb, "bpb_std": 0.01,
+                "seeds": 2, "tokens": 1000, "tokens_per_s": 10.0, "params": 5, "wall_time": 3.0}
+               for lab, ppl, bpb in (("a", 10.4, 3.3766), ("b", 10.9, 3.4440))]
+    r3 = Reproduction(p.model_copy(update={"name": "mini-lm", "metric": "bpb"}), "tiny", lm_rows, lm_table(lm_rows), None, [],
+                      runs=[None] * 4, elapsed=1.0)
+    page, md = write_report([r1, r2, r3], d / "report", skipped={"lm-x": "no 'tiny' scale"})
     return page, md
 
 
@@ -146,6 +152,7 @@ def test_report_is_well_formed_and_self_contained(small_report):
     assert "does not agree" in cells and "agrees" in cells and "1/3" in cells
     assert "why: too small to tell" in text and "the paper says a &gt; b" in text
     assert "1 min 15 s" in cells and "2 min 10 s" in cells and "not run: no &#x27;tiny&#x27; scale" in text
+    assert "3.3766 ± 0.0100" in cells and "3.4440 ± 0.0100" in cells  # the LM preset's bits-per-byte table
     summary = md.read_text()
     assert "| mini | 12 | 3 | 1 of 2 agree | 1 min 15 s | 2 min 10 s |" in summary
     assert "**does not agree** (1/3 seeds): a > b" in summary and "why: too small to tell" in summary

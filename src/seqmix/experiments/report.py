@@ -131,7 +131,12 @@ def report_html(reproductions: list, *, title: str = "seqmix reproductions", ski
             png = base64.b64encode(Path(r.plot).read_bytes()).decode("ascii")
             parts.append(f'<figure><img alt="plot of {esc(p.name)}" src="data:image/png;base64,{png}"></figure>')
         parts.append('<div class="side"><div><h3>Ours</h3>')
-        parts.append(_results_tables(r.rows, p.x, order) if r.rows else "<p>no finished runs</p>")
+        if not r.rows:
+            parts.append("<p>no finished runs</p>")
+        elif p.metric == "bpb":  # language modelling: the bits-per-byte table the terminal prints
+            parts.append(_markdown_block(r.table))
+        else:
+            parts.append(_results_tables(r.rows, p.x, order))
         parts.append("</div><div><h3>Paper</h3>" + (_markdown_block(p.paper) if p.paper else "<p>(none given)</p>") + "</div></div>")
         if r.claims:
             parts += [f"<h3>Claims ({esc(_count(r.claims))})</h3>", _claim_rows(r.claims)]

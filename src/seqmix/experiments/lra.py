@@ -78,10 +78,12 @@ _LISTOPS_SIZE = ("ListOps at the tiny scale (3,000 examples of lengths 20-100, 6
 
 
 def _chance_claims(models: list[str], tasks=("listops", "pathfinder32", "text", "retrieval", "image")) -> list[Claim]:
-    """Each model above chance (+1 point on 10-class tasks, +2 on binary ones) on each task."""
+    """Each model above chance on each task: +6 points on 10-class tasks, +3 on binary ones, so that
+    predicting the most frequent class does not pass (it scores 15.0% on the tiny ListOps test
+    split and 52.3% on the tiny Pathfinder-32 one, docs/lra.md)."""
     out = []
     for t in tasks:
-        margin = 0.01 if CHANCE[t] < 0.5 else 0.02
+        margin = 0.06 if CHANCE[t] < 0.5 else 0.03
         out += [Claim(text=f"{m} is above chance on {t} (≥ {100 * (CHANCE[t] + margin):.0f}%)", check="at_least", a=m,
                       value=CHANCE[t] + margin, panel=t, caveat=_CHANCE_CAVEATS.get(t, "")) for m in models]
     return out

@@ -157,6 +157,7 @@ def plot(rows: list[dict], path: str | Path, *, x: str = "d_model", title: str =
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.transforms import offset_copy
 
     if x not in X_AXES:
         raise ValueError(f"results: unknown x axis {x!r}; expected one of {', '.join(X_AXES)}")
@@ -181,18 +182,30 @@ def plot(rows: list[dict], path: str | Path, *, x: str = "d_model", title: str =
             ax.set_ylabel("accuracy (%)")
             ax.grid(alpha=0.3, axis="y")
             continue
-        for lab in _labels(rs, order):
+        labs = _labels(rs, order)
+        for j, lab in enumerate(labs):
             pts = sorted((r[x], r["accuracy"], r.get("lo", r["accuracy"]), r.get("hi", r["accuracy"]))
                          for r in rs if r["label"] == lab and r[x] is not None)
             if not pts:
                 continue
             xs, ys, los, his = zip(*pts)
+            # each model shifted a few points sideways so that error bars at the same x stay apart
+            shift = offset_copy(ax.transData, fig=fig, x=4.0 * (j - (len(labs) - 1) / 2), y=0.0, units="points")
             ax.errorbar(xs, [100 * y for y in ys], yerr=[[100 * (y - lo) for y, lo in zip(ys, los)],
                                                          [100 * (hi - y) for y, hi in zip(ys, his)]],
-                        marker="o", capsize=3, label=lab)
+                        marker="o", capsize=3, label=lab, transform=shift)
         xs_all = sorted({r[x] for r in rs if r[x] is not None})
-        if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 4:
+        log = bool(xs_all) and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 4
+        if log:
             ax.set_xscale("log", base=2)
+        if xs_all:  # limits from the data with room for the sideways shifts (autoscaling ignores them)
+            lo, hi = xs_all[0], xs_all[-1]
+            if log or (lo > 0 and hi > lo):
+                pad = (hi / lo) ** 0.08 if hi > lo else 1.25
+                ax.set_xlim(lo / pad, hi * pad)
+            else:
+                pad = 0.08 * (hi - lo) or 1.0
+                ax.set_xlim(lo - pad, hi + pad)
         if xs_all and x != "state_size":
             ax.set_xticks(xs_all)
             ax.set_xticklabels([str(v) for v in xs_all])

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from seqmix.data import DataConfig, MQARConfig
 from seqmix.data.text import CorpusConfig, build_corpus, load_tokenizer
-from seqmix.train import Interrupted, RunConfig, Trainer, TrainConfig
+from seqmix.train import RunConfig, Trainer, TrainConfig
+from resume import kill_and_resume
 from tolerances import BF16_LOSS_RTOL, LOSS_RTOL
 
 TEXT = "".join(f"{w} and {w} went up the hill to fetch a pail of water.\n" for w in ["Jack", "Jill", "Tom", "Ann"] * 60)
@@ -69,16 +70,8 @@ def test_killed_lm_run_resumes_exactly(tmp_path, corpus):
     """Killed at a mid-run checkpoint (between evaluations) and restarted: the same numbers."""
     cfg = _lm(corpus, max_steps=12, eval_every_steps=4, checkpoint_every=3,
               model={"embed_dropout": 0.1, "resid_dropout": 0.1})
-    full = Trainer(cfg, run_dir=tmp_path / "a", progress=False).fit()
-
-    def kill(step, _):
-        if step == 6:
-            raise Interrupted
-
-    part = Trainer(cfg, run_dir=tmp_path / "b", progress=False, on_checkpoint=kill).fit()
+    full, part, resumed = kill_and_resume(cfg, tmp_path, hook="on_checkpoint", at=6, reseed=99)
     assert part.status == "interrupted" and part.steps == 6
-    torch.manual_seed(99)
-    resumed = Trainer(cfg, run_dir=tmp_path / "b", progress=False).fit()
     assert resumed.status == "finished" and resumed.steps == 12
     assert resumed.history == full.history and resumed.bpb == full.bpb and resumed.tokens == full.tokens
 

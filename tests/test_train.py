@@ -10,7 +10,8 @@ from torch import nn
 
 import seqmix
 from seqmix.data import DataConfig, MQARConfig
-from seqmix.train import Interrupted, RunConfig, Trainer, TrainConfig, lr_at, make_run_config, no_decay_names, param_groups, train
+from seqmix.train import RunConfig, Trainer, TrainConfig, lr_at, make_run_config, no_decay_names, param_groups, train
+from resume import kill_and_resume
 
 
 pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: a data cache of the test's own
@@ -116,16 +117,8 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
     """Killed after epoch 2 of 4 and restarted: the same metrics, epoch by epoch."""
     cfg = _run(lr=3e-3, epochs=4, early_stop=None, data=_data(n_train=512, shuffle=True),
                model=dict(mixer="linear_attention", d_model=32, channel_mixer="mlp", embed_dropout=0.1, resid_dropout=0.1))
-    full = Trainer(cfg, run_dir=tmp_path / "a", progress=False).fit()
-
-    def kill(epoch, _):
-        if epoch == 2:
-            raise Interrupted
-
-    part = Trainer(cfg, run_dir=tmp_path / "b", progress=False, on_epoch=kill).fit()
+    full, part, resumed = kill_and_resume(cfg, tmp_path, hook="on_epoch", at=2, reseed=1234)
     assert part.status == "interrupted" and part.epochs == 2
-    torch.manual_seed(1234)  # whatever the process did meanwhile, the checkpoint restores the RNG
-    resumed = Trainer(cfg, run_dir=tmp_path / "b", progress=False).fit()
     assert resumed.status == "finished" and resumed.epochs == 4
     strip = lambda h: [{k: v for k, v in e.items()} for e in h]  # noqa: E731
     assert strip(resumed.history) == strip(full.history)

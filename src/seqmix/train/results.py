@@ -200,11 +200,11 @@ def plot(rows: list[dict], path: str | Path, *, x: str = "d_model", title: str =
             ax.set_xscale("log", base=2)
         if xs_all:  # limits from the data with room for the sideways shifts (autoscaling ignores them)
             lo, hi = xs_all[0], xs_all[-1]
-            if log or (lo > 0 and hi > lo):
-                pad = (hi / lo) ** 0.08 if hi > lo else 1.25
+            if log:
+                pad = (hi / lo) ** 0.08
                 ax.set_xlim(lo / pad, hi * pad)
             else:
-                pad = 0.08 * (hi - lo) or 1.0
+                pad = 0.08 * (hi - lo) or max(0.1 * abs(lo), 1.0)
                 ax.set_xlim(lo - pad, hi + pad)
         if xs_all and x != "state_size":
             ax.set_xticks(xs_all)

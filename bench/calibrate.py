@@ -1,0 +1,150 @@
+"""Calibrating a preset's tiny scale (issue 17): the two measurements behind the tables of
+docs/harness.md ("Calibrating the main job", "Tiny presets").
+
+1. ``cost``: the CPU time of one training step (forward, backward, AdamW; 1 thread,
+   ``time.process_time``, so a loaded machine inflates it little) of every (model, task, d, n)
+   of a preset's tiny grid, at the grid's batch size and sequence length. Multiply by the steps
+   per run and the seeds, divide by the workers, to size a budget.
+2. ``run``: one run of the grid (seed 0's config of that model, task and d) with fields changed,
+   on fresh data (as many examples as steps × batch, unless --repeat), evaluated every
+   --eval-every steps; prints the accuracy curve and the CPU time. This is how each row of the
+   calibration tables was made.
+
+    python bench/calibrate.py                  # = cost dsf-fig2 (the main job)
+    python bench/calibrate.py cost dsf-fig2
+    python bench/calibrate.py run dsf-fig2 softmax --d 64 --steps 2500 --set model.init_std=0.1
+    python bench/calibrate.py run dsf-fig2 S6 --d 64 --seed 1 --set train.lr=0.01
+    python bench/calibrate.py run bmojo-fig2 Mamba --d 64 --task "mqar(32,4)" --steps 1500
+    python bench/calibrate.py run dsf-fig2 softmax --steps 2500 --set model.mixer_kwargs.n=64 --seq-len 64 --kv 8
+
+--set takes a dotted path into the run's config (as in its config.json) and a JSON value
+(a bare word is taken as a string).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+import torch
+
+from seqmix.experiments import PRESETS
+from seqmix.train import RunConfig, Trainer
+
+
+def _grid(preset: str):
+    if preset not in PRESETS:
+        raise SystemExit(f"calibrate: unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+    return PRESETS[preset].runs("tiny", skip_missing=True)
+
+
+def step_costs(preset: str, steps: int = 10, warmup: int = 3) -> list[list]:
+    """[model, task, d, n, batch × length, ms of CPU per step] for each point of the tiny grid."""
+    rows, seen = [], set()
+    for r in _grid(preset):
+        key = (r.label, r.tags.get("task"), r.model.d_model, r.tags.get("n"))
+        if key in seen:
+            continue
+        seen.add(key)
+        trainer = Trainer(r, progress=False)
+        model = trainer.build_model()
+        opt = torch.optim.AdamW(model.parameters(), lr=r.train.lr)
+        L, V = r.data.train[0].seq_len, model.config.vocab_size
+        x = torch.randint(1, V, (r.data.batch_size, L))
+        y = torch.full_like(x, -100)
+        y[:, L // 2::4] = x[:, L // 2::4]  # some labelled positions, as a task's targets
+        for i in range(warmup + steps):
+            if i == warmup:
+                t0 = time.process_time()
+            loss = trainer.loss(model, x, y)[0]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        rows.append([*key, f"{r.data.batch_size}×{L}", 1e3 * (time.process_time() - t0) / steps])
+    return rows
+
+
+def _set(blob: dict, path: str, value: str) -> None:
+    keys = path.split(".")
+    node = blob
+    for k in keys[:-1]:
+        if not isinstance(node.get(k), dict):
+            raise SystemExit(f"calibrate: --set {path}: {k!r} is not a section of the run's config")
+        node = node[k]
+    try:
+        node[keys[-1]] = json.loads(value)
+    except json.JSONDecodeError:
+        node[keys[-1]] = value
+
+
+def calibration_run(args) -> RunConfig:
+    """The grid's seed-0 run of (label, task, d), with the changes of ``args``."""
+    grid = [r for r in _grid(args.preset) if r.label == args.label and r.train.seed == 0
+            and (args.d is None or r.model.d_model == args.d) and (args.task is None or r.tags.get("task") == args.task)]
+    if not grid:
+        raise SystemExit(f"calibrate: preset {args.preset!r} has no tiny run of model {args.label!r}"
+                         + (f" at d = {args.d}" if args.d else "") + (f" on task {args.task!r}" if args.task else ""))
+    blob = json.loads(grid[0].model_dump_json())
+    blob["experiment"] = f"calibration/{args.preset}"
+    train = blob["train"]
+    train.update(seed=args.seed, max_steps=args.steps, epochs=10**6, eval_every_steps=args.eval_every)
+    tasks = blob["data"]["train"] + blob["data"]["test"]
+    for seg in tasks:
+        if args.seq_len:
+            seg["seq_len"] = args.seq_len
+        if args.kv:
+            seg["num_kv_pairs"] = args.kv
+    if args.seq_len:
+        blob["model"]["max_seq_len"] = args.seq_len
+    if not args.repeat:
+        blob["data"]["train"][0]["num_examples"] = args.steps * blob["data"]["batch_size"]
+    for item in args.set:
+        path, _, value = item.partition("=")
+        _set(blob, path, value)
+    return RunConfig(**blob)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what")  # none (as `make bench` calls it): the main job's step costs
+    c = sub.add_parser("cost", help="CPU ms per training step of each point of a preset's tiny grid (1 thread)")
+    c.add_argument("preset")
+    c.add_argument("--steps", type=int, default=10, help="timed steps per point")
+    r = sub.add_parser("run", help="one run of the tiny grid with fields changed; prints its accuracy curve")
+    r.add_argument("preset")
+    r.add_argument("label", help="the model's label in the preset")
+    r.add_argument("--d", type=int, default=None, help="d_model of the grid (default: the first)")
+    r.add_argument("--task", default=None, help="task name of the grid, e.g. 'mqar(32,4)' (default: the first)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--steps", type=int, default=2500)
+    r.add_argument("--eval-every", type=int, default=250)
+    r.add_argument("--seq-len", type=int, default=None, help="change the task's sequence length")
+    r.add_argument("--kv", type=int, default=None, help="change the task's key-value pairs (MQAR)")
+    r.add_argument("--repeat", action="store_true", help="keep the grid's training set (epochs over it) instead of fresh data")
+    r.add_argument("--set", action="append", default=[], metavar="PATH=JSON", help="change a field of the run's config")
+    r.add_argument("--out", default=None, help="run folder parent (default: a temporary one)")
+    args = p.parse_args()
+    if args.what is None:
+        args = argparse.Namespace(what="cost", preset="dsf-fig2", steps=10)
+    torch.set_num_threads(1)
+
+    if args.what == "cost":
+        print(f"{args.preset}: CPU ms per training step, 1 thread (time.process_time over {args.steps} steps)")
+        print("| model | task | d | n | batch × L | ms / step |\n|---|---|---|---|---|---|")
+        for row in step_costs(args.preset, args.steps):
+            print("| " + " | ".join(str(v) for v in row[:-1]) + f" | {row[-1]:.1f} |", flush=True)
+        return
+    cfg = calibration_run(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.process_time()
+        res = Trainer(cfg, run_dir=f"{args.out or tmp}/{cfg.run_id}", progress=False).fit()
+        cpu = time.process_time() - t0
+    curve = " ".join(f"{h.get('step')}:{100 * h['accuracy']:.0f}" for h in res.history)
+    print(f"{args.preset} {args.label} d={cfg.model.d_model} seed={args.seed} {' '.join(args.set)}: "
+          f"best {100 * res.accuracy:.1f}% in {res.steps} steps, {cpu:.0f} CPU-s | accuracy by step: {curve}")
+
+
+if __name__ == "__main__":
+    main()

@@ -3,20 +3,26 @@
 #   make test       the whole test suite, slow tests included (what CI runs; ~2.5 min on 2 cores)
 #   make test-slow  only the tests marked slow (pytest -m "not slow" skips them while developing)
 #   make bench      every benchmark script at full size
+#   make test-latest   the whole suite in .venv-latest, with the newest release of every dependency
+#   make lock       test-latest, then (only if it passed) moves requirements/lock.txt to those versions
 
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # the CPU build of torch (on this project's machines pip takes it from a local copy);
 # override with e.g. `make test TORCH=torch` to let pip choose
 TORCH  ?= torch==2.13.0
+# every install of setup/main/test/CI is constrained to the versions the tests passed with
+LOCK   ?= requirements/lock.txt
+EXTRAS := dev,text,tensorboard,hf,eval,cluster,lra
+LATEST ?= .venv-latest
 
-.PHONY: setup main test test-slow bench clean
+.PHONY: setup main test test-slow bench clean test-latest lock
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev,text,tensorboard,hf,eval,cluster,lra]"
+	$(PY) -m pip install -q -c $(LOCK) pip
+	$(PY) -m pip install -q -c $(LOCK) "$(TORCH)"
+	$(PY) -m pip install -q -c $(LOCK) -e ".[$(EXTRAS)]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -42,5 +48,24 @@ test-slow: setup
 bench: setup
 	for f in bench/[a-z]*.py; do $(PY) $$f || exit 1; done
 
+# the newest release of every dependency (pyproject's ranges ignored, so a release past an upper
+# bound shows up here first); torch stays $(TORCH) unless you pass TORCH=torch. Not in CI: its
+# result depends on the day. A fresh venv each time.
+test-latest:
+	rm -rf $(LATEST)
+	python3 -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade pip
+	$(LATEST)/bin/python -m pip install -q "$(TORCH)"
+	$(LATEST)/bin/python -m pip install -q --upgrade $$($(LATEST)/bin/python tools/lock.py names $(EXTRAS))
+	$(LATEST)/bin/python -m pip install -q --no-deps -e .
+	$(LATEST)/bin/python -m pip list 2>/dev/null | grep -i -E "^(torch|transformers|tokenizers|datasets|pydantic|numpy) "
+	$(LATEST)/bin/python -m pytest -q -p no:cacheprovider
+	$(LATEST)/bin/python -m pip freeze --all --exclude-editable > $(LATEST)/tested.txt
+
+# moves the lock to the versions test-latest just passed with (review the diff, then commit)
+lock: test-latest
+	$(LATEST)/bin/python tools/lock.py write $(LATEST)/tested.txt $(LOCK)
+	git diff --stat -- $(LOCK)
+
 clean:
-	rm -rf $(VENV) .pytest_cache bench/out
+	rm -rf $(VENV) $(LATEST) .pytest_cache bench/out

@@ -3,6 +3,7 @@ classes, save -> from_pretrained -> equal logits and cached generate() == uncach
 for every registered mixer and layer pattern, left-padded batches, sampling, beam search, eos,
 bad input. Skipped when the optional extra 'hf' (transformers, safetensors) is absent."""
 
+import dataclasses
 import json
 
 import pytest
@@ -73,7 +74,8 @@ def test_generate_uses_the_seqmix_cache_in_step_mode(monkeypatch):
     monkeypatch.setattr(model.model, "hidden", lambda ids, cache=None, start=0: seen.append((ids.shape[1], start, cache is not None)) or orig(ids, cache, start))
     out = model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
     assert seen == [(6, 0, True), (1, 6, True), (1, 7, True), (1, 8, True)]
-    assert isinstance(out.past_key_values, H.SeqmixCache) and out.past_key_values.floats() > 0
+    cache = H.output_cache(out)
+    assert isinstance(cache, H.SeqmixCache) and cache.floats() > 0
 
 
 def test_sampling_top_k_top_p_eos():
@@ -204,3 +206,70 @@ def test_lm_eval_hflm_loglikelihood():
         ref = sum(float(logp[t - 1, ids[0, t]]) for t in range(T - n, T))
         want_greedy = all(int(logp[t - 1].argmax()) == int(ids[0, t]) for t in range(T - n, T))
         assert abs(ll - ref) < 1e-4 and greedy == want_greedy, (ctx, cont, ll, ref)
+
+
+# -- transformers' cache keyword and the continuation mask (issue 24) ----------------------
+
+
+def _continue_by_hand(model, ids, mask, n, name):
+    """Greedy decoding by hand: prefill, then n - 1 one-token calls that pass the state under
+    the keyword `name` and the mask of past + new tokens, as transformers' generate() does."""
+    out = model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+    cache, toks = H.output_cache(out), []
+    for _ in range(n):
+        tok = out.logits[:, -1].argmax(-1, keepdim=True)
+        toks.append(tok)
+        mask = torch.cat([mask, torch.ones_like(tok)], 1)
+        out = model(tok, attention_mask=mask, use_cache=True, logits_to_keep=1, **{name: cache})
+        assert H.output_cache(out) is cache
+    return torch.cat(toks, 1)
+
+
+@pytest.mark.parametrize("name", ["cache", "past_key_values", "cache_params"])
+def test_every_name_of_the_cache_keyword_continues_the_state(name):
+    """`cache` (transformers >= 5.24) and the older `past_key_values` / `cache_params` all
+    continue the state: the tokens equal generate()'s and the native generate's."""
+    model = H.SeqmixForCausalLM.wrap(tiny_model("gla"))
+    ids, mask = left_pad(PROMPTS)
+    with torch.no_grad():
+        toks = _continue_by_hand(model, ids, mask, 4, name)
+    assert torch.equal(toks, hf_greedy(model, ids, mask, n=4)[:, ids.shape[1]:])
+    assert torch.equal(toks, model.model.generate(PROMPTS, 4, temperature=0)[:, -4:])
+
+
+def test_continuation_mask_is_checked_against_the_cache():
+    model = H.SeqmixForCausalLM.wrap(tiny_model("gla"))
+    ids, mask = left_pad(PROMPTS[:2])  # row 1 has 3 pad tokens on the left
+    cache = H.output_cache(model(ids, attention_mask=mask, use_cache=True))
+    tok = torch.tensor([[1], [2]])
+    past = ids.shape[1]
+    with torch.no_grad():
+        ref = model(tok, cache=cache, use_cache=True).logits  # no mask: fine
+        cache = H.output_cache(model(ids, attention_mask=mask, use_cache=True))
+        same = model(tok, attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1), cache=cache).logits
+    assert torch.equal(ref, same)  # the past + new mask is accepted and changes nothing
+    cache = H.output_cache(model(ids, attention_mask=mask, use_cache=True))
+    with pytest.raises(ValueError, match=r"'attention_mask' must be \[2, 7\].*or \[2, 1\]"):
+        model(tok, attention_mask=torch.ones(2, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="does not match the cache: row 1 has 6 real past tokens"):
+        model(tok, attention_mask=torch.ones(2, past + 1, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="marks some of the 1 new tokens as padding"):
+        model(tok, attention_mask=torch.tensor([[1], [0]]), cache=cache)
+    with pytest.raises(ValueError, match="pass the decoding state once, as argument 'cache'"):
+        model(tok, cache=cache, past_key_values=H.SeqmixCache())
+
+
+def test_generate_output_names_the_cache_as_the_installed_transformers_does():
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    out = H.SeqmixForCausalLM.wrap(tiny_model("mamba"))(torch.tensor([PROMPTS[0]]), use_cache=True)
+    assert H.CACHE_FIELD in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+    assert isinstance(out[H.CACHE_FIELD], H.SeqmixCache)
+
+
+def test_model_fields_outside_seqmix_are_refused_at_construction():
+    with pytest.raises(ValueError, match=r"'d_model', 'mixer' are fields of seqmix's ModelConfig.*SeqmixConfig\(seqmix=\{"):
+        H.SeqmixConfig(mixer="gla", d_model=16)
+    with pytest.raises(ValueError, match="'mixer' is a field"):
+        AutoConfig.for_model("seqmix", mixer="gla")
+    assert H.SeqmixConfig(seqmix={"mixer": "gla", "d_model": 16, "n_layers": 1, "vocab_size": 10}).hidden_size == 16

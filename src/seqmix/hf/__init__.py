@@ -14,6 +14,8 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"seqmix.hf needs the optional extra 'hf' (transformers, safetensors): pip install 'seqmix[hf]' ({e})") from None
 
-from .modeling import SeqmixCache, SeqmixConfig, SeqmixForCausalLM, SeqmixPreTrainedModel, model_config_from_dict, register
+from .modeling import (CACHE_FIELD, SeqmixCache, SeqmixConfig, SeqmixForCausalLM, SeqmixPreTrainedModel, model_config_from_dict, output_cache,
+                       register)
 
-__all__ = ["SeqmixCache", "SeqmixConfig", "SeqmixForCausalLM", "SeqmixPreTrainedModel", "model_config_from_dict", "register"]
+__all__ = ["CACHE_FIELD", "SeqmixCache", "SeqmixConfig", "SeqmixForCausalLM", "SeqmixPreTrainedModel", "model_config_from_dict", "output_cache",
+           "register"]

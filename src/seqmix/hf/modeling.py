@@ -25,6 +25,7 @@ missing and unexpected keys.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -42,6 +43,62 @@ from ..models.lm import load_state_checked
 from ..models.generation import RaggedState, check_ids, check_positions, extend, prefill, prompt_lengths
 
 WEIGHTS_NAME = "model.safetensors"
+
+# transformers 5.24 renamed the decoding state's keyword and output field from
+# ``past_key_values`` (and Mamba's ``cache_params``) to ``cache``; older 5.x releases use the
+# old names. seqmix reads every name and writes the one the installed release declares.
+CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
+OLD_CACHE_NAMES = ("past_key_values", "cache_params")
+
+
+def resolve_cache_argument(cache, past_key_values, cache_params, where: str):
+    """The one decoding state passed under any of its names (``cache``, or the older
+    ``past_key_values`` / ``cache_params``); a ValueError when two different ones are given."""
+    given = {name: v for name, v in (("cache", cache), ("past_key_values", past_key_values),
+                                     ("cache_params", cache_params)) if v is not None}
+    if len({id(v) for v in given.values()}) > 1:
+        raise ValueError(f"{where}: pass the decoding state once, as argument 'cache' (got {', '.join(given)})")
+    return next(iter(given.values()), None)
+
+
+def output_cache(output):
+    """The SeqmixCache of a model output or of ``generate(..., return_dict_in_generate=True)``,
+    under the field name of the installed transformers (``cache`` or ``past_key_values``)."""
+    for name in ("cache",) + OLD_CACHE_NAMES:
+        if name in output:
+            return output[name]
+    return None
+
+
+def check_continuation_mask(attention_mask: torch.Tensor | None, cache: "SeqmixCache", T: int, where: str) -> None:
+    """Checks the attention mask of a call that continues ``cache`` with T new tokens.
+
+    transformers' generate() passes the mask of the whole sequence, past and new tokens
+    ([B, cache.seen_tokens + T]); a caller may also pass the new tokens' mask alone ([B, T]).
+    The state already holds each row's past (its left padding was never fed to a mixer), so the
+    mask must agree with it: the ones of a row's past columns count the tokens that row has
+    read, and every new token is a real one (a recurrent state cannot skip a token)."""
+    if attention_mask is None:
+        return
+    B = cache.state.batch_size
+    past = cache.seen_tokens
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 or attention_mask.shape[0] != B \
+            or attention_mask.shape[1] not in (T, past + T):
+        shape = list(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ValueError(f"{where}: argument 'attention_mask' must be [{B}, {past + T}] (the cache's {past} tokens and "
+                         f"the {T} new ones) or [{B}, {T}] (the new ones) when continuing a cache, got {shape}")
+    mask = attention_mask.detach().to("cpu", torch.long)
+    if not bool((mask[:, -T:] == 1).all()):
+        raise ValueError(f"{where}: argument 'attention_mask' marks some of the {T} new tokens as padding: a seqmix "
+                         "cache can only continue with real tokens (pad on the left of the prompt only)")
+    if mask.shape[1] == past + T:
+        read = mask[:, :past].sum(1)
+        have = cache.state.positions
+        if not torch.equal(read, have):
+            bad = int((read != have).nonzero()[0, 0])
+            raise ValueError(f"{where}: argument 'attention_mask' does not match the cache: row {bad} has "
+                             f"{int(read[bad])} real past tokens in the mask, the cache has read {int(have[bad])}")
+
 
 
 def model_config_from_dict(d: dict, where: str = "SeqmixConfig") -> ModelConfig:
@@ -79,6 +136,12 @@ class SeqmixConfig(PreTrainedConfig):
     use_cache: bool = True
 
     def __post_init__(self, **kwargs):
+        misplaced = sorted(k for k in kwargs if k in ModelConfig.model_fields)
+        if misplaced:
+            example = ", ".join(f"{k!r}: {kwargs[k]!r}" for k in misplaced)
+            raise ValueError(f"SeqmixConfig: {', '.join(repr(k) for k in misplaced)} "
+                             f"{'is a field' if len(misplaced) == 1 else 'are fields'} of seqmix's ModelConfig, not of "
+                             f"SeqmixConfig: pass the model as SeqmixConfig(seqmix={{{example}, ...}})")
         if self.seqmix is not None:
             cfg = model_config_from_dict(self.seqmix)
             self.seqmix = cfg.model_dump(mode="json")
@@ -213,17 +276,24 @@ class SeqmixForCausalLM(SeqmixPreTrainedModel, GenerationMixin):
     # -- forward -------------------------------------------------------------------------
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                past_key_values: SeqmixCache | None = None, use_cache: bool | None = None,
+                cache: SeqmixCache | None = None, use_cache: bool | None = None,
                 labels: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                logits_to_keep: int = 0, return_dict: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+                logits_to_keep: int = 0, return_dict: bool | None = None,
+                past_key_values: SeqmixCache | None = None, **kwargs) -> CausalLMOutputWithPast:
         """input_ids [B, T] -> logits [B, T, vocab] (the last ``logits_to_keep`` positions when > 0).
 
         attention_mask: left padding only (1 = token); padded positions get logits 0 and no loss.
-        past_key_values: a SeqmixCache from an earlier call (then input_ids are the new tokens);
+        On a call that continues a cache it may cover the past and the new tokens ([B, past + T],
+        transformers' convention in generate()) or the new tokens only ([B, T]); either way it is
+        checked against the cache (each row's past ones = the tokens that row has read, the new
+        tokens all ones), since a seqmix state cannot skip a token it has not read.
+        cache: a SeqmixCache from an earlier call (then input_ids are the new tokens); its older
+        names ``past_key_values`` and ``cache_params`` (transformers < 5.24) are accepted too.
         use_cache: return one. labels: [B, T], the loss is next-token cross entropy (-100 ignored).
         ``position_ids`` are not needed (each row's positions start at its first real token).
         """
         where = "SeqmixForCausalLM.forward"
+        cache = resolve_cache_argument(cache, past_key_values, kwargs.pop("cache_params", None), where)
         if inputs_embeds is not None:
             raise ValueError(f"{where}: argument 'inputs_embeds' is not supported: pass 'input_ids'")
         if input_ids is None:
@@ -231,17 +301,17 @@ class SeqmixForCausalLM(SeqmixPreTrainedModel, GenerationMixin):
         check_ids(self.model, input_ids, where)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         last_only = logits_to_keep == 1
-        cache = past_key_values
         if cache is not None and not isinstance(cache, SeqmixCache):
             if isinstance(cache, HFCache) and cache.get_seq_length() == 0:
                 cache = None  # an empty cache transformers made for us: use ours
             else:
-                raise ValueError(f"{where}: argument 'past_key_values' must be a SeqmixCache returned by this model, "
+                raise ValueError(f"{where}: argument 'cache' must be a SeqmixCache returned by this model, "
                                  f"got {type(cache).__name__}")
         B, T = input_ids.shape
         if cache is not None and cache.state is not None:
             if cache.state.batch_size != B:
                 raise ValueError(f"{where}: 'input_ids' has {B} rows, the cache holds {cache.state.batch_size}")
+            check_continuation_mask(attention_mask, cache, T, where)
             check_positions(self.model, cache.state.max_pos() + T, where, "input_ids")
             logits = extend(self.model, input_ids, cache.state, last_only=last_only)
             cache.seen_tokens += T
@@ -273,7 +343,7 @@ class SeqmixForCausalLM(SeqmixPreTrainedModel, GenerationMixin):
                 labels = labels.masked_fill(attention_mask.to(labels.device) == 0, -100)
             lg = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
             loss = F.cross_entropy(lg[:, :-1].reshape(-1, lg.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache if use_cache else None)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: cache if use_cache else None})
 
     # -- loading -------------------------------------------------------------------------
 
@@ -329,4 +399,5 @@ def register() -> None:
 
 register()
 
-__all__ = ["SeqmixCache", "SeqmixConfig", "SeqmixForCausalLM", "SeqmixPreTrainedModel", "model_config_from_dict", "register"]
+__all__ = ["CACHE_FIELD", "SeqmixCache", "SeqmixConfig", "SeqmixForCausalLM", "SeqmixPreTrainedModel", "model_config_from_dict",
+           "output_cache", "register"]

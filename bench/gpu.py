@@ -173,7 +173,7 @@ def tile_choice_cost(dev):
 
 
 def bench_lm(args, dev, peak_tflops):
-    from seqmix.models.lm import build_model
+    from seqmix.models import build_model
 
     d, L, vocab, T, B = (768, 12, 50304, 2048, 8) if not args.smoke else (64, 2, 256, 64, 2)
     if args.quick and not args.smoke:

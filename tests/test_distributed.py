@@ -117,7 +117,7 @@ def _agree(records, reference, what):
 def test_two_ranks_equal_one_process_and_resume_in_one(parallel, reference, tmp_path):
     codes, out = _wait(_launch(tmp_path, parallel))
     assert codes == [0, 0], "\n".join(out)
-    blob = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    blob = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert blob["world_size"] == 2 and blob["state"]["step"] == STOP
     # steps 1..20 under 2 ranks × 4 rows == 1 process × 8 rows
     _agree(blob["state"]["history"], reference[:STOP], f"{parallel}, 2 ranks")

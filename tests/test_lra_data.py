@@ -247,6 +247,32 @@ def test_image_from_cifar_batches_and_hf(tmp_path):
         LRAImageConfig(hf_name=str(tmp_path / "not-a-dataset-folder-xyz"), split="test").generate(rng)
 
 
+class _Payload:
+    """Unpickling this runs os.system (it would create the marker file)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_cifar_batches_that_would_run_code_are_refused(tmp_path):
+    """A CIFAR-10 folder from someone else is read with a restricted unpickler: a batch that
+    names os.system is refused before anything runs (a plain pickle.load would run it)."""
+    root = tmp_path / "cifar-10-batches-py"
+    root.mkdir()
+    marker = tmp_path / "ran"
+    for i in range(1, 6):
+        with open(root / f"data_batch_{i}", "wb") as f:
+            pickle.dump({b"data": _Payload(marker), b"labels": [0]}, f)
+    with pytest.raises(ValueError, match=r"data_batch_1.*holds pickled Python objects \(posix.system\)"):
+        LRAImageConfig(path=str(root), num_examples=1).generate(np.random.default_rng(0))
+    assert not marker.exists()
+
+
 def test_data_config_kinds():
     lo = ListOpsConfig(num_examples=4, min_length=5, max_length=20, seq_len=20)
     assert DataConfig(train=[lo], test=[lo]).num_classes == 10

@@ -31,7 +31,7 @@ def run(tmp_path_factory):
     """One finished run in <out>/runs/<id> with its row in <out>/results.sqlite, as a sweep leaves it."""
     out = tmp_path_factory.mktemp("out")
     cfg = _config(n=8)
-    res = Trainer(cfg, run_dir=out / "runs" / cfg.run_id, progress=False).fit()
+    res = Trainer(cfg, run_dir=out / "runs" / cfg.run_id, progress=False, write_maps=trained.write_run_maps).fit()
     ResultsStore(out / "results.sqlite").put(cfg, res)
     return out, cfg
 
@@ -61,7 +61,7 @@ def test_the_map_is_the_trained_mixers_map_on_its_input_in_the_model(run):
     views = trained.model_views(model, tokens, layers=(2,))
     assert torch.equal(views[0].phi, want)
     # and the weights are the trained ones, not a fresh init
-    blob = torch.load(out / "runs" / cfg.run_id / "checkpoint.pt", weights_only=False)
+    blob = torch.load(out / "runs" / cfg.run_id / "checkpoint.pt", weights_only=True)
     assert torch.equal(model.blocks[0].mixer.W_qk.weight, blob["model"]["blocks.0.mixer.W_qk.weight"])
 
 

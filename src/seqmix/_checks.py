@@ -7,6 +7,9 @@ dtype checks) except :func:`check_finite`, which reads the tensor once.
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
@@ -82,3 +85,55 @@ def check_positive_int(name: str, value, where: str = "", minimum: int = 1) -> i
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{pre}argument '{name}' must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def read_json(path, argument: str, expected: str = "a JSON file"):
+    """The JSON value in the file ``path``; a missing or unreadable file, a folder, binary or
+    malformed text: one ValueError naming ``argument`` and what was expected."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ValueError(f"argument {argument}: {str(path)!r} is a folder, expected {expected}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"argument {argument}: no such file {str(path)!r} (expected {expected})") from None
+    except OSError as e:
+        raise ValueError(f"argument {argument}: cannot read {str(path)!r} ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"argument {argument}: {str(path)!r} is not UTF-8 text (expected {expected})") from None
+    if not text.strip():
+        raise ValueError(f"argument {argument}: {str(path)!r} is empty (expected {expected})")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"argument {argument}: {str(path)!r} is not valid JSON (line {e.lineno}, column {e.colno}: "
+                         f"{e.msg}; expected {expected})") from None
+
+
+def output_dir(path, argument: str = "--out") -> Path:
+    """The output folder ``path``, created (with its parents) when missing; an existing file
+    there, or a folder that cannot be created or written: one ValueError naming ``argument``
+    (and nothing of the user's is touched)."""
+    p = Path(path).expanduser()
+    for q in (p, *p.parents):
+        if q.exists() and not q.is_dir():
+            raise ValueError(f"argument {argument}: {str(q)!r} is a file, expected a folder (or a path that does not exist)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"argument {argument}: cannot create the folder {str(path)!r} ({e.strerror or e})") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ValueError(f"argument {argument}: the folder {str(path)!r} is not writable")
+    return p
+
+
+def output_file(path, argument: str) -> Path:
+    """The path of a file to write (its folder created when missing); a folder at ``path``, or
+    a folder that cannot be created or written: one ValueError naming ``argument``."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ValueError(f"argument {argument}: {str(path)!r} is a folder, expected a file name")
+    output_dir(p.parent, argument)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ValueError(f"argument {argument}: {str(path)!r} is not writable")
+    return p

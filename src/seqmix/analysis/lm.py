@@ -97,6 +97,12 @@ def length_generalization(config, model, *, split: str = "val", multiples=(1, 2,
     """Perplexity at k·T for k in ``multiples`` on the same tokens, with the loss by position
     (module docstring). Returns {"seq_len": T, "bytes_per_token", "results": [{k, seq_len, ppl,
     bpb, loss, windows, positions: [..], position_loss: [..]} or {k, seq_len, error}]}."""
+    multiples = list(multiples)
+    if not multiples or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in multiples):
+        raise ValueError(f"argument --lengths: expected context multiples that are integers >= 1 (such as 1,2,4), got "
+                         f"{','.join(map(str, multiples)) or 'none'}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"argument --max-tokens: expected an integer >= 1, got {max_tokens}")
     data = _corpus(config)
     T = data.seq_len
     kmax = max(multiples)
@@ -156,7 +162,7 @@ def plot_length_generalization(results: dict | list[dict], path: str | Path) -> 
     ax.set_title("Length generalization: loss by position at 1×, 2×, 4× the training context", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    return save_figure(fig, path, dpi=110)
+    return save_figure(fig, path, dpi=110, argument="--plot")
 
 
 __all__ = ["evaluate_lm", "length_generalization", "plot_length_generalization", "position_losses"]

@@ -12,8 +12,9 @@ block (a forward pre-hook on each mixer), and :func:`model_views` hands it to
 applies to that example. The reference map P of the numbers is, as in `seqmix show`, a
 randomly initialized softmax attention (seed 0) on the same layer input.
 
-The trainer calls :func:`write_run_maps` after a finished run (the first test example of
-the run's data; the first and the last layer), and `seqmix results --maps` lists the files;
+The trainer calls :func:`write_run_maps` after a finished run when it is given it
+(``Trainer(..., write_maps=write_run_maps)``, as the CLI and the presets' sweeps do: the first
+test example of the run's data; the first and the last layer), and `seqmix results --maps` lists the files;
 `seqmix show --run RUN_ID` draws them again (PNG or --html) with any show option.
 """
 
@@ -55,19 +56,30 @@ def find_run_dir(run: str | Path, runs: str | Path = "runs") -> Path:
 def load_run(run: str | Path, runs: str | Path = "runs"):
     """(RunConfig, LanguageModel in eval mode with the run's last checkpoint) of a finished or
     stopped harness run (:func:`find_run_dir`)."""
+    import pydantic
+
+    from ..mixers.base import config_error
     from ..models import LanguageModel
-    from ..train.config import RunConfig
-    from ..train.trainer import CHECKPOINT
+    from ..train.checkpoint import CHECKPOINT, read_checkpoint
+    from ..train.config import RunConfig, load_run_config
 
     d = find_run_dir(run, runs)
     ckpt = d / CHECKPOINT
     if not ckpt.exists():
         raise ValueError(f"argument 'run': {str(d)!r} has no {CHECKPOINT} (the run has not finished an epoch)")
-    blob = torch.load(ckpt, weights_only=False, map_location="cpu")
-    if (d / "config.json").exists():
-        config = RunConfig(**json.loads((d / "config.json").read_text()))
+    try:  # weights_only: a foreign run folder runs no code
+        blob = read_checkpoint(ckpt, map_location="cpu", keys=("model",))
+    except ValueError as e:
+        raise ValueError(f"argument 'run': {e}") from None
+    if (d / "config.json").exists():  # corrupt, or not a seqmix RunConfig: one line naming the run
+        config = load_run_config(d / "config.json", "run")
     elif "config" in blob:
-        config = RunConfig(**blob["config"])
+        try:
+            config = RunConfig(**blob["config"])
+        except pydantic.ValidationError as e:
+            raise config_error(f"argument 'run': {str(ckpt)!r}", e) from None
+        except TypeError:
+            raise ValueError(f"argument 'run': {str(ckpt)!r} holds no RunConfig (not a seqmix run)") from None
     else:
         raise ValueError(f"argument 'run': {str(d)!r} has no config.json (the run has not finished; its config is in the "
                          "results store of its sweep)")
@@ -130,17 +142,22 @@ def write_run_maps(run_dir: str | Path, config, model, *, layers=(0, -1), dpi: i
     """Writes ``maps.png`` (the maps, spectra and facts of the first and last layer on the
     first test example) and ``maps.json`` (the numbers) into ``run_dir``. A mixer whose maps
     cannot be drawn (too long a sequence for dense maps) gets ``maps.json`` with the reason
-    instead of a picture. Returns what maps.json holds."""
+    instead of a picture, and so does any other failure to draw: the trainer calls it after
+    a finished run (``Trainer(..., write_maps=write_run_maps)``), which a picture never costs.
+    Returns what maps.json holds."""
     d = Path(run_dir)
     was_training = model.training
     model.eval()
     try:
         tokens = run_example(config)
         views = model_views(model, tokens, layers=layers, source=f"trained: run {config.run_id}")
+        png = figure_png(show_figure(views, dpi=dpi))
     except ValueError as e:
         info = {"run_id": config.run_id, "error": str(e)}
+    except Exception as e:  # noqa: BLE001  (a picture never costs the run)
+        info = {"run_id": config.run_id, "error": f"{type(e).__name__}: {e}"}
     else:
-        (d / MAPS_PNG).write_bytes(figure_png(show_figure(views, dpi=dpi)))
+        (d / MAPS_PNG).write_bytes(png)
         info = {"run_id": config.run_id, "png": MAPS_PNG, "T": int(tokens.shape[0]),
                 "layers": [{"label": v.label, "facts": dict(v.facts()), "numbers": v.numbers} for v in views]}
     finally:

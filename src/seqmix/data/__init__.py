@@ -24,7 +24,7 @@ from typing import Annotated, Literal, Union
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from .base import IGNORE, Batch, Segment, Split, TaskArrays, TaskConfig, build_segment, cache_dir, config_hash
 from .mqar import MQARConfig, multiquery_ar
@@ -32,18 +32,26 @@ from .lra import LRAImageConfig, ListOpsConfig, PathfinderConfig, RetrievalConfi
 from .synthetic import FuzzyMQARConfig, InductionHeadsConfig, NoisyMQARConfig, SelectiveCopyingConfig
 from .text import CorpusConfig, TokenWindows, load_tokenizer
 
-Task = Annotated[
-    Union[MQARConfig, SelectiveCopyingConfig, InductionHeadsConfig, NoisyMQARConfig, FuzzyMQARConfig,
-          ListOpsConfig, PathfinderConfig, LRATextConfig, RetrievalConfig, LRAImageConfig],
-    Field(discriminator="task"),
-]
-
 #: task name -> config class (for the CLI and error messages)
 TASKS: dict[str, type[TaskConfig]] = {
     c.model_fields["task"].default: c
     for c in (MQARConfig, SelectiveCopyingConfig, InductionHeadsConfig, NoisyMQARConfig, FuzzyMQARConfig,
               ListOpsConfig, PathfinderConfig, LRATextConfig, RetrievalConfig, LRAImageConfig)
 }
+
+
+def _task_tag(v) -> str | None:
+    name = v.get("task") if isinstance(v, dict) else getattr(v, "task", None)
+    return f"task={name}" if isinstance(name, str) and name in TASKS else None
+
+
+#: one segment's task config, chosen by its ``task`` field; an error names the fields of that
+#: task only (tags are written ``field=value``: seqmix.mixers.base.config_location leaves them out)
+Task = Annotated[
+    Union[tuple(Annotated[cls, Tag(f"task={name}")] for name, cls in TASKS.items())],
+    Discriminator(_task_tag, custom_error_type="unknown_task",
+                  custom_error_message=f"task: expected one of {', '.join(TASKS)}", custom_error_context={"field": "task"}),
+]
 
 
 class DataConfig(BaseModel):
@@ -121,6 +129,25 @@ def _all_tokens(seg: Segment) -> Segment:
 AnyDataConfig = Union[DataConfig, CorpusConfig]
 
 
+def _data_tag(v) -> str | None:
+    if isinstance(v, (DataConfig, CorpusConfig)):
+        return "kind=corpus" if isinstance(v, CorpusConfig) else "kind=tasks"
+    if not isinstance(v, dict):
+        return "kind=tasks"  # reported by DataConfig: expected a dict
+    kind = v.get("kind")
+    return "kind=corpus" if kind == "corpus" else "kind=tasks" if kind is None else None
+
+
+#: the data field of a run or a preset's task: a text corpus when ``kind`` is "corpus", else a
+#: synthetic task set. Tagged, so that an error speaks of the kind the user chose only.
+RunData = Annotated[
+    Union[Annotated[DataConfig, Tag("kind=tasks")], Annotated[CorpusConfig, Tag("kind=corpus")]],
+    Discriminator(_data_tag, custom_error_type="unknown_data_kind",
+                  custom_error_message="kind: expected 'corpus' (a text corpus) or no kind (a synthetic task set: train and test segments)",
+                  custom_error_context={"field": "kind"}),
+]
+
+
 def build_data(config: DataConfig | CorpusConfig, *, use_cache: bool = True) -> tuple[Split, Split] | tuple[TokenWindows, TokenWindows]:
     """The training source and the evaluation split of ``config``: for a task set, the
     train and test :class:`Split` (generated, or loaded from the cache); for a
@@ -139,7 +166,7 @@ def build_data(config: DataConfig | CorpusConfig, *, use_cache: bool = True) -> 
 
 
 __all__ = [
-    "IGNORE", "AnyDataConfig", "Batch", "CorpusConfig", "DataConfig", "TokenWindows", "load_tokenizer", "FuzzyMQARConfig", "InductionHeadsConfig", "MQARConfig", "NoisyMQARConfig",
+    "IGNORE", "AnyDataConfig", "RunData", "Batch", "CorpusConfig", "DataConfig", "TokenWindows", "load_tokenizer", "FuzzyMQARConfig", "InductionHeadsConfig", "MQARConfig", "NoisyMQARConfig",
     "Segment", "SelectiveCopyingConfig", "ListOpsConfig", "PathfinderConfig", "LRATextConfig", "RetrievalConfig", "LRAImageConfig",
     "Split", "TASKS", "Task", "TaskArrays", "TaskConfig", "build_data",
     "build_segment", "cache_dir", "config_hash", "multiquery_ar",

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import glob
 import os
-import pickle
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -49,6 +48,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from .._plotting import save_figure
+from .._safe_pickle import load_plain_pickle
 from .base import TaskArrays, TaskConfig
 
 PAD = 0
@@ -715,7 +715,7 @@ class LRAImageConfig(_LRATask):
             xs, ys = [], []
             for nm in names:
                 with open(_need(root / nm, "lra_image", f"{nm} is missing from the cifar-10-batches-py folder"), "rb") as fh:
-                    blob = pickle.load(fh, encoding="bytes")
+                    blob = load_plain_pickle(fh, encoding="bytes", where=root / nm)  # runs no code
                 xs.append(np.asarray(blob[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
                 ys.append(np.asarray(blob[b"labels"], np.int64))
             rgb, labels = np.concatenate(xs), np.concatenate(ys)

@@ -234,6 +234,11 @@ class CorpusConfig(BaseModel):
             raise ValueError(f"tokenizer: expected one of {', '.join(TOKENIZER_KINDS)} or a path to a tokenizer.json, got {self.tokenizer!r}")
         if self.tokenizer.endswith(".json") and not Path(self.tokenizer).expanduser().is_file():
             raise ValueError(f"tokenizer: no tokenizer file at {self.tokenizer!r}")
+        if self.tokenizer.endswith(".json"):
+            try:
+                load_tokenizer(Path(self.tokenizer).expanduser())
+            except ValueError as e:
+                raise ValueError("tokenizer: " + str(e).removeprefix("load_tokenizer: ")) from None
         corpus_files(self.corpus)  # a missing path fails here, naming it
         if self.token_dtype == "uint16" and self.tokenizer == "bpe" and self.bpe_vocab_size > 1 << 16:
             raise ValueError(f"token_dtype: uint16 holds ids < 65536, but bpe_vocab_size = {self.bpe_vocab_size}; use uint32 or auto")
@@ -302,14 +307,37 @@ def corpus_files(corpus: str) -> list[Path] | None:
     if p.is_file():
         if p.stat().st_size == 0:
             raise ValueError(f"corpus: the file {corpus!r} is empty (expected UTF-8 text)")
+        _check_text_head(p)
         return [p]
     if p.is_dir():
         files = sorted(q for q in p.rglob("*.txt") if q.is_file())
         if not files:
             raise ValueError(f"corpus: the folder {corpus!r} has no *.txt files")
+        for q in files[:_HEAD_FILES]:
+            _check_text_head(q)
         return files
     raise ValueError(f"corpus: {corpus!r} is not a file, a folder, a built-in corpus ({', '.join(BUILTIN_CORPORA)}) "
                      "or 'hf:<name>[/<config>]'")
+
+
+_HEAD_BYTES, _HEAD_FILES = 1 << 16, 64  # how much of a corpus a config checks to be text
+
+
+def _check_text_head(path: Path) -> None:
+    """The first 64 KiB of ``path`` are UTF-8 text (a binary file fails when the config is made,
+    not after tokenizing; the rest is checked line by line while tokenizing)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEAD_BYTES)
+    except OSError as e:
+        raise ValueError(f"corpus: cannot read {str(path)!r} ({e.strerror or e})") from None
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if not (len(head) == _HEAD_BYTES and e.start >= len(head) - 3):  # not a character cut by the 64 KiB
+            raise ValueError(f"corpus: {str(path)!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if b"\0" in head:
+        raise ValueError(f"corpus: {str(path)!r} is not text (it holds NUL bytes: a binary file?)")
 
 
 def _file_lines(path: Path) -> Iterator[str]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import LR_DSF, LR_METALA_512, Claim, ModelSpec, Preset, Scale, TaskSpec, evaluate_claims
+from .base import LR_DSF, LR_METALA_512, Claim, ModelSpec, Preset, Scale, TaskSpec, evaluate_claims, load_sweep
+from .._checks import output_dir
 from .presets import PRESETS
 
 
@@ -60,11 +61,13 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
 
     from ..train.results import best_lm_over_lr, best_over_lr, lm_plot, lm_table, plot, table
     from ..train.store import ResultsStore
+    from ..analysis.trained import write_run_maps
     from ..train.sweep import run_sweep
 
     console = console or Console()
     preset = get_preset(name)
     sc = preset.scale(scale)
+    _check_workers(workers, threads)
     for mod in plugins:
         __import__(mod)
     configs = preset.runs(scale, models, skip_missing=skip_missing)
@@ -77,9 +80,10 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
         console.print(plan_table(configs, done) + "(* finished: a real run skips it)", markup=False, highlight=False)
         return Reproduction(preset, scale, [], "", None, runs=configs)
     t0 = time.perf_counter()
+    out_dir = output_dir(out_dir, "--out")
     store = ResultsStore(out_dir / "results.sqlite")
     outcomes = run_sweep(configs, out_dir=out_dir, store=store, workers=workers or sc.workers, threads=threads,
-                         plugins=plugins, progress=progress, console=console, launcher=launcher)
+                         plugins=plugins, progress=progress, console=console, launcher=launcher, write_maps=write_run_maps)
     ids = [o.config.run_id for o in outcomes if o.result is not None]
     order = [m.label for m in preset.models]
     x = preset.x
@@ -133,9 +137,18 @@ def reproduce_all(scale: str = "tiny", *, out_dir: str | Path = "runs", names: l
     from .report import report_markdown, write_report
 
     console = console or Console()
+    _check_workers(workers, threads)
+    names = names or list(PRESETS)
+    for name in names:
+        get_preset(name)
+    scales = sorted({s for name in names for s in PRESETS[name].scales})
+    if scale not in scales:
+        raise ValueError(f"argument --scale: no preset has a scale {scale!r}; expected one of {', '.join(scales)}")
+    if not dry_run:
+        output_dir(out_dir, "--out")
+        output_dir(report_dir or Path(out_dir) / "report", "--report")
     for mod in plugins:
         __import__(mod)
-    names = names or list(PRESETS)
     done, skipped = [], {}
     for name in names:
         preset = get_preset(name)
@@ -159,11 +172,17 @@ def reproduce_all(scale: str = "tiny", *, out_dir: str | Path = "runs", names: l
     return done, skipped, page
 
 
+def _check_workers(workers, threads) -> None:
+    for arg, v in (("--workers", workers), ("--threads", threads)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"argument {arg}: expected an integer >= 1, got {v!r}")
+
+
 def _minutes(s: float) -> str:
     return f"{int(s // 60)} min {int(s % 60):02d} s" if s >= 60 else f"{s:.1f} s"
 
 
 __all__ = [
     "LR_DSF", "LR_METALA_512", "PRESETS", "Claim", "ModelSpec", "Preset", "Reproduction", "Scale", "TaskSpec",
-    "evaluate_claims", "get_preset", "plan_table", "reproduce", "reproduce_all",
+    "evaluate_claims", "get_preset", "load_sweep", "plan_table", "reproduce", "reproduce_all",
 ]

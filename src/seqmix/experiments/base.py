@@ -19,7 +19,8 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..data import CorpusConfig, DataConfig
+from .._checks import read_json
+from ..data import CorpusConfig, DataConfig, RunData
 from ..mixers.base import config_error
 from ..models import ModelConfig
 from ..train import RunConfig, TrainConfig
@@ -68,7 +69,7 @@ class TaskModel(_Frozen):
 
 class TaskSpec(_Frozen):
     name: str = Field(description="panel name, e.g. 'mqar(512,64)' or 'tinyshakespeare(char)'")
-    data: DataConfig | CorpusConfig = Field(description="a synthetic task set or a text corpus")
+    data: RunData = Field(description="a synthetic task set or a text corpus (kind='corpus')")
     train: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields for this task (epochs, ...)")
     per_model: dict[str, TaskModel] = Field(default_factory=dict, description="model label -> its settings on this task")
 
@@ -271,6 +272,38 @@ class Preset(_Frozen):
                 seen.add(r.run_id)
                 unique.append(r)
         return unique
+
+
+def load_sweep(path, argument: str = "preset") -> tuple[list[RunConfig] | None, Preset | None]:
+    """A sweep file (JSON): a list of RunConfigs -> (configs, None), or one Preset -> (None,
+    preset). A missing, binary or malformed file, or an invalid entry: one ValueError naming
+    ``argument`` (and the entry: ``[2].model.d_model``)."""
+    from pathlib import Path
+
+    from ..train.config import make_run_config
+
+    what = "a JSON list of RunConfigs or a JSON preset"
+    blob = read_json(path, argument, what)
+    name = Path(path).name
+    if isinstance(blob, list):
+        if not blob:
+            raise ValueError(f"argument {argument}: {name!r} is an empty list (expected at least one RunConfig)")
+        configs = []
+        for i, c in enumerate(blob):
+            if not isinstance(c, dict):
+                raise ValueError(f"argument {argument}: {name}[{i}] is a JSON {type(c).__name__}, expected an object "
+                                 "(a RunConfig: data, model, train)")
+            try:
+                configs.append(make_run_config(**c))
+            except ValueError as e:
+                raise ValueError(f"argument {argument}: {name}[{i}]: {e}") from None
+        return configs, None
+    if not isinstance(blob, dict):
+        raise ValueError(f"argument {argument}: {name!r} holds a JSON {type(blob).__name__}, expected {what}")
+    try:
+        return None, Preset(**blob)
+    except pydantic.ValidationError as e:
+        raise config_error(f"argument {argument}: {name} (a preset)", e) from None
 
 
 # ------------------------------------------------------------------------------------------

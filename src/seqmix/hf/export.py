@@ -23,9 +23,13 @@ def export_hf(run, out_dir, *, runs="runs", tokenizer_path=None) -> Path:
     """Writes the HF folder (module docstring). ``run``: a run folder or run id under ``runs``;
     ``tokenizer_path`` defaults to the run's tokenizer.json; a run without one (a synthetic
     task) is exported without a tokenizer."""
+    from .._checks import output_dir
     from ..analysis.trained import find_run_dir, load_run
     from .tokenizer import to_hf_tokenizer
 
+    out = Path(out_dir).expanduser()
+    if any(q.exists() and not q.is_dir() for q in (out, *out.parents)):
+        output_dir(out, "--hf")  # a file in the way: one line before anything is read (nothing is created)
     run_dir = find_run_dir(run, runs)
     _, model = load_run(run_dir)
     tok_path = Path(tokenizer_path) if tokenizer_path is not None else run_dir / TOKENIZER
@@ -39,8 +43,7 @@ def export_hf(run, out_dir, *, runs="runs", tokenizer_path=None) -> Path:
         if len(tok) > model.config.vocab_size:
             raise ValueError(f"export: the tokenizer has {len(tok)} tokens, more than the model's vocab_size "
                              f"{model.config.vocab_size}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(out, "--hf")  # created once the run and its tokenizer are known good
     SeqmixForCausalLM.wrap(model).save_pretrained(out)
     if tok is not None:
         tok.save_pretrained(out)

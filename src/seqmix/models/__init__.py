@@ -8,7 +8,8 @@
 """
 
 from .patterns import LayerPattern, layer_pattern, list_patterns, register_pattern
-from .lm import MLP, Block, LanguageModel, LayerMixer, ModelConfig, SwiGLU, build_model
+from .lm import MLP, Block, LanguageModel, LayerMixer, ModelConfig, SwiGLU
+from .build import build_model
 
 __all__ = ["Block", "LanguageModel", "LayerMixer", "MLP", "ModelConfig", "SwiGLU", "build_model",
            "LayerPattern", "layer_pattern", "list_patterns", "register_pattern"]

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..data import CorpusConfig, DataConfig
+from ..data import CorpusConfig, DataConfig, RunData
+from .._checks import read_json
 from ..mixers.base import config_error
 from ..models import ModelConfig
+
+_FIELD_MSG = re.compile(r"^[A-Za-z_]\w*: ")
 
 #: TrainConfig fields that change how a run is executed, not what it computes (left out of the run id)
 EXECUTION_FIELDS = ("device", "threads", "checkpoint_every", "parallel", "dist_timeout")
@@ -53,6 +57,17 @@ class TrainConfig(BaseModel):
         "none", description="under torchrun: DDP or FSDP2 over the ranks, each training on its slice of the global batch (docs/scale.md)")
     dist_timeout: float = Field(600.0, gt=0, description="seconds a collective may wait before the run fails (a dead or hung rank)")
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        import torch
+
+        try:
+            torch.device(v)
+        except (RuntimeError, ValueError, TypeError):
+            raise ValueError(f"device: expected a torch device such as cpu, cuda or cuda:0, got {v!r}") from None
+        return v
+
 
 class RunConfig(BaseModel):
     """One training run. ``experiment``/``label``/``tags`` place it in a sweep's results
@@ -63,7 +78,7 @@ class RunConfig(BaseModel):
     experiment: str = Field("", description="experiment (preset) name the run belongs to")
     label: str = Field("", description="the model's name in tables and legends (default: the mixer)")
     tags: dict[str, Any] = Field(default_factory=dict, description="grid coordinates (n, task, ...)")
-    data: DataConfig | CorpusConfig = Field(description="a synthetic task set, or a text corpus (kind='corpus')")
+    data: RunData = Field(description="a synthetic task set, or a text corpus (kind='corpus')")
     model: ModelConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
 
@@ -89,7 +104,10 @@ class RunConfig(BaseModel):
         m.setdefault("vocab_size", None)
         m.setdefault("max_seq_len", None)
         if m["vocab_size"] is None:
-            m["vocab_size"] = data.vocab_size
+            try:  # a corpus' vocabulary: its tokenizer is built (the corpus read) here
+                m["vocab_size"] = data.vocab_size
+            except ValueError as e:
+                raise ValueError(f"data.{e}" if _FIELD_MSG.match(str(e)) else f"data: {e}") from None
         if m["max_seq_len"] is None:
             m["max_seq_len"] = data.max_seq_len
         if getattr(data, "num_classes", None) is not None:  # an LRA task: a classifier, sized from the data
@@ -153,3 +171,19 @@ def make_run_config(**fields) -> RunConfig:
         return RunConfig(**fields)
     except pydantic.ValidationError as e:
         raise config_error("run", e) from None
+
+
+def load_run_config(path, argument: str = "--config") -> RunConfig:
+    """The RunConfig in the JSON file ``path`` (a run folder's config.json, or one written by
+    hand); a missing, unreadable, non-JSON or invalid file: one ValueError naming ``argument``."""
+    from pathlib import Path
+
+    blob = read_json(path, argument, "a RunConfig as JSON")
+    if not isinstance(blob, dict):
+        raise ValueError(f"argument {argument}: {str(path)!r} holds a JSON {type(blob).__name__}, expected an object "
+                         "(a RunConfig: data, model, train)")
+    try:
+        return RunConfig(**blob)
+    except pydantic.ValidationError as e:
+        raise config_error(f"argument {argument}: {Path(path).name}", e) from None
+

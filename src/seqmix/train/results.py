@@ -215,7 +215,7 @@ def plot(rows: list[dict], path: str | Path, *, x: str = "d_model", title: str =
         ax.set_ylabel("accuracy (%)")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    return save_figure(fig, path, title=title)
+    return save_figure(fig, path, title=title, argument="--plot")
 
 
 def is_lm_row(r: dict) -> bool:
@@ -298,7 +298,7 @@ def lm_plot(rows: list[dict], path: str | Path, *, title: str = "", order: list[
         ax.set_ylabel("validation bits per byte (lower is better)")
         ax.set_title(task, fontsize=10)
         ax.grid(alpha=0.3, axis="y")
-    return save_figure(fig, path, title=title)
+    return save_figure(fig, path, title=title, argument="--plot")
 
 
 __all__ = ["X_AXES", "best_lm_over_lr", "best_over_lr", "is_lm_row", "lm_plot", "lm_table", "panels", "plot", "seed_rows", "table"]

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from .._checks import output_dir
 from .config import RunConfig
 from .trainer import RunResult
 
@@ -44,6 +45,10 @@ CREATE INDEX IF NOT EXISTS runs_experiment ON runs (experiment);
 """
 
 
+#: the first bytes of every SQLite 3 database file
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
 def task_name(config: RunConfig) -> str:
     if config.tags.get("task"):
         return config.tags["task"]
@@ -53,9 +58,21 @@ def task_name(config: RunConfig) -> str:
 class ResultsStore:
     """``ResultsStore(path)``: rows of finished runs (``put``, ``has``, ``rows``)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, argument: str = "--db"):
+        """Opens (or creates) the store at ``path``. A folder there, a file that is not an
+        SQLite database (left as it is), a folder that cannot be written: ValueError naming
+        ``argument`` (the option the path came from)."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():
+            raise ValueError(f"argument {argument}: {str(path)!r} is a folder, expected a results store (an SQLite file "
+                             "such as runs/results.sqlite)")
+        if self.path.is_file() and self.path.stat().st_size:
+            with open(self.path, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+            if head != _SQLITE_MAGIC:
+                raise ValueError(f"argument {argument}: {str(path)!r} is not a results store (not an SQLite file; "
+                                 "it is left as it is)")
+        output_dir(self.path.parent, argument)
         with self._connect() as con:
             con.executescript(_SCHEMA)
             have = {r[1] for r in con.execute("PRAGMA table_info(runs)")}

@@ -22,12 +22,14 @@
   finished job's result.json and is the only writer of the SQLite store (no concurrent
   SQLite writes over a network filesystem). A sweep restarted after a crash skips the runs
   whose result.json says finished.
+* ``write_maps``: given to every run's :class:`~seqmix.train.trainer.Trainer` (the maps of a
+  finished task-set run, :func:`seqmix.analysis.trained.write_run_maps`; a module-level
+  function, so workers and jobs get it by name).
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import time
 import traceback
@@ -36,9 +38,10 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+from .._checks import output_dir
 from .config import RunConfig
 from .store import ResultsStore, task_name
-from .trainer import RESULT, RunResult, Trainer, git_commit
+from .trainer import RESULT, RunResult, Trainer, _finished_result, _read_result, git_commit
 
 
 @dataclass
@@ -88,7 +91,7 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
             proc.terminate()
 
 
-def _worker(config_json: str, run_dir: str, threads: int | None, plugins: tuple[str, ...]) -> dict:
+def _worker(config_json: str, run_dir: str, threads: int | None, plugins: tuple[str, ...], write_maps=None) -> dict:
     """Runs one config in a worker process; returns the result as a dict (or the error)."""
     import torch
 
@@ -97,7 +100,7 @@ def _worker(config_json: str, run_dir: str, threads: int | None, plugins: tuple[
         torch.set_num_threads(threads)
     try:
         config = RunConfig.model_validate_json(config_json)
-        result = Trainer(config, run_dir=run_dir, progress=False).fit()
+        result = Trainer(config, run_dir=run_dir, progress=False, write_maps=write_maps).fit()
         return {"result": result.to_json()}
     except Exception:  # reported by the parent; the other runs go on
         return {"error": traceback.format_exc(limit=6)}
@@ -126,6 +129,7 @@ def run_sweep(
     progress: bool = True,
     console=None,
     launcher=None,
+    write_maps=None,
 ) -> list[SweepOutcome]:
     """Runs every config (module docstring); returns one outcome per distinct run, in input order."""
     from rich.console import Console
@@ -133,10 +137,9 @@ def run_sweep(
     import seqmix
 
     console = console or Console()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(out_dir, "--out")
     if store is None or isinstance(store, (str, Path)):
-        store = ResultsStore(store or out_dir / "results.sqlite")
+        store = ResultsStore(store or out_dir / "results.sqlite", argument="--out")
     plugins = tuple(plugins)
     _import_plugins(plugins)
     version, commit = seqmix.__version__, git_commit()
@@ -153,9 +156,8 @@ def run_sweep(
             row = store.result(rid)
             outcomes[rid] = SweepOutcome(c, RunResult(**row["result"]), skipped=True)
         elif res_file.exists():
-            blob = json.loads(res_file.read_text())
-            if blob.get("status") == "finished":
-                r = RunResult(**blob)
+            r = _finished_result(res_file, rid)
+            if r is not None:
                 store.put(c, r, version=version, git_commit=commit)
                 outcomes[rid] = SweepOutcome(c, r, skipped=True)
             else:
@@ -196,7 +198,7 @@ def run_sweep(
 
     t_start = time.perf_counter()
     if todo and launcher is not None:
-        _run_jobs(todo, launcher, out_dir, threads, plugins, record, console)
+        _run_jobs(todo, launcher, out_dir, threads, plugins, record, console, write_maps)
     elif todo and workers == 1:
         import torch
 
@@ -205,7 +207,8 @@ def run_sweep(
             if progress:
                 console.print(f"[dim]run {i + 1}/{len(todo)}[/dim]")
             try:
-                r = Trainer(c, run_dir=out_dir / "runs" / c.run_id, progress=progress, console=console).fit()
+                r = Trainer(c, run_dir=out_dir / "runs" / c.run_id, progress=progress, console=console,
+                            write_maps=write_maps).fit()
                 record(c, {"result": r.to_json()})
             except Exception:
                 record(c, {"error": traceback.format_exc(limit=6)})
@@ -215,7 +218,7 @@ def run_sweep(
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_exit_with_parent,
                                  initargs=(os.getpid(),)) as pool:
             pending = {
-                pool.submit(_worker, c.model_dump_json(), str(out_dir / "runs" / c.run_id), threads, plugins): c
+                pool.submit(_worker, c.model_dump_json(), str(out_dir / "runs" / c.run_id), threads, plugins, write_maps): c
                 for c in todo
             }
             try:
@@ -236,7 +239,7 @@ def run_sweep(
     return [outcomes[rid] for rid in unique]
 
 
-def _run_jobs(todo, launcher, out_dir: Path, threads, plugins, record, console) -> None:
+def _run_jobs(todo, launcher, out_dir: Path, threads, plugins, record, console, write_maps=None) -> None:
     """One launcher job per run; each finished run's result.json goes to the store (through
     ``record``, in this process only). ``launcher``: ``submit(fn, *args) -> job`` (job.done(),
     job.result()), ``cancel(jobs)``, ``name``, ``poll_interval``."""
@@ -244,7 +247,7 @@ def _run_jobs(todo, launcher, out_dir: Path, threads, plugins, record, console) 
     pending = {}
     try:
         for c in todo:
-            job = launcher.submit(_worker, c.model_dump_json(), str(out_dir / "runs" / c.run_id), threads, plugins)
+            job = launcher.submit(_worker, c.model_dump_json(), str(out_dir / "runs" / c.run_id), threads, plugins, write_maps)
             pending[job] = c
         while pending:
             for job in [j for j in pending if j.done()]:
@@ -260,7 +263,7 @@ def _run_jobs(todo, launcher, out_dir: Path, threads, plugins, record, console) 
 def _job_payload(job, result_file: Path) -> dict:
     """{"result": ...} from the run's own result file, else {"error": ...} from the job."""
     if result_file.exists():
-        blob = json.loads(result_file.read_text())
+        blob = _read_result(result_file)
         if blob.get("status") == "finished":
             return {"result": blob}
     try:

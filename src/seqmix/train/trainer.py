@@ -25,7 +25,8 @@ global gradient-norm clipping. Evaluation every ``eval_every`` epochs (task sets
 step. Early stopping once the validation accuracy reaches ``early_stop``.
 
 Checkpoints (``run_dir/checkpoint.pt``: config, model, optimizer, step, history, RNG
-states) are written atomically after every evaluation, every epoch, and every
+states; tensors, containers and JSON only, read back with ``weights_only=True``:
+:mod:`seqmix.train.checkpoint`) are written atomically after every evaluation, every epoch, and every
 ``checkpoint_every`` steps: a run killed and started again with the same ``run_dir``
 resumes after its last checkpoint and ends with the same numbers as an uninterrupted run.
 Throughput (tokens/s), model FLOPs per token and — when a peak is given — the model FLOPs
@@ -38,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import random
 import subprocess
 import time
@@ -50,13 +50,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._checks import output_dir
 from ..data import build_data
 from ..models import LanguageModel, build_model
+from .checkpoint import CHECKPOINT, read_checkpoint, rng_state, set_rng_state, write_checkpoint
 from .config import RunConfig
 from .distributed import Parallel, check_precision
 from .optim import lr_at, param_groups
 
-CHECKPOINT = "checkpoint.pt"
 RESULT = "result.json"
 TOKENIZER = "tokenizer.json"
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -93,6 +94,26 @@ class RunResult:
         return asdict(self)
 
 
+def _read_result(path: Path) -> dict:
+    """A run's result.json as a dict; a torn or foreign file reads as {} (not finished: the run
+    is trained again, and the Trainer resumes from its checkpoint)."""
+    try:
+        blob = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return blob if isinstance(blob, dict) else {}
+
+
+def _finished_result(path: Path, run_id: str) -> RunResult | None:
+    """The result in a run folder's result.json when it says this run finished, else None."""
+    blob = _read_result(path)
+    if blob.get("status") != "finished" or blob.get("run_id", run_id) != run_id:
+        return None
+    try:
+        return RunResult(**blob)
+    except TypeError:  # written by another version, or not by seqmix
+        return None
+
 def git_commit(path: Path | None = None) -> str:
     """The checkout's commit (with "+dirty" if modified), or "" outside git."""
     cwd = str(path or Path(__file__).resolve().parent)
@@ -112,12 +133,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def autocast(precision: str, device: torch.device):
     """The autocast context of ``precision`` (fp32: none)."""
     if precision == "fp32":
@@ -133,18 +148,21 @@ class Trainer:
     """Trains one run. ``run_dir`` (optional) holds the checkpoint and result.json;
     ``progress``: show a rich progress bar; ``on_epoch(epoch, record)`` is called after each
     epoch's checkpoint and ``on_checkpoint(step, record)`` after every checkpoint (raise
-    :class:`Interrupted` in either to stop the run); ``maps``: after a finished run, write the
-    maps of its first and last layer into ``run_dir`` (:func:`seqmix.analysis.trained.write_run_maps`;
-    default: for task sets, not for corpus runs, whose T×T maps are large);
+    :class:`Interrupted` in either to stop the run); ``write_maps(run_dir, config, model)``:
+    draws the maps of a finished run's first and last layer into ``run_dir`` — pass
+    :func:`seqmix.analysis.trained.write_run_maps` (the trainer sits below analysis and does not
+    import it; the CLI and :func:`seqmix.experiments.reproduce` pass it); ``maps``: whether to
+    call it (default: for task sets, not for corpus runs, whose T×T maps are large);
     ``peak_flops``: the machine's FLOP/s, for the MFU estimate (:func:`seqmix.train.flops.matmul_peak_flops`);
     ``tensorboard``: write event files to run_dir/tb (default: for stream runs, when installed)."""
 
     def __init__(self, config: RunConfig, *, run_dir: str | Path | None = None, progress: bool = True,
                  on_epoch: Callable[[int, dict], None] | None = None, console=None, maps: bool | None = None,
                  on_checkpoint: Callable[[int, dict], None] | None = None, peak_flops: float | None = None,
-                 tensorboard: bool | None = None):
+                 tensorboard: bool | None = None, write_maps: Callable[[Path, RunConfig, torch.nn.Module], object] | None = None):
         self.config = config
         self.maps = maps
+        self.write_maps = write_maps
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.progress = progress
         self.on_epoch = on_epoch
@@ -226,27 +244,25 @@ class Trainer:
         model_sd, opt_sd = self.parallel.state_dicts(model, opt)  # every rank (FSDP gathers), rank 0 writes
         if not self.parallel.is_main:
             return
-        _atomic_save({
+        write_checkpoint({
             "run_id": self.config.run_id, "config": self.config.model_dump(mode="json"),
             "model": model_sd, "optimizer": opt_sd, "state": state, "world_size": self.parallel.world,
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state(),
         }, self.run_dir / CHECKPOINT)
 
     def load_checkpoint(self, model, opt, scaler=None) -> dict | None:
-        """The saved loop state (and model, optimizer, RNG restored), or None."""
+        """The saved loop state (and model, optimizer, RNG restored), or None. A checkpoint
+        that is not a safe seqmix checkpoint is a ValueError (:func:`seqmix.train.checkpoint.read_checkpoint`)."""
         ckpt = self.run_dir / CHECKPOINT if self.run_dir is not None else None
         if ckpt is None or not ckpt.exists():
             return None
-        blob = torch.load(ckpt, weights_only=False, map_location=self.device)
-        if blob.get("run_id") != self.config.run_id:
+        blob = read_checkpoint(ckpt, map_location=self.device, keys=("run_id", "model", "optimizer", "state", "rng"))
+        if blob["run_id"] != self.config.run_id:
             return None
         self.parallel.load_state_dicts(model, opt, blob["model"], blob["optimizer"])  # full state dicts: any world size
         if scaler is not None and blob.get("scaler"):
             scaler.load_state_dict(blob["scaler"])
-        torch.set_rng_state(blob["rng"]["torch"])
-        np.random.set_state(blob["rng"]["numpy"])
-        random.setstate(blob["rng"]["python"])
+        set_rng_state(blob["rng"])
         return blob["state"]
 
     def write_result(self, result: "RunResult", model: LanguageModel) -> None:
@@ -255,7 +271,8 @@ class Trainer:
             return
         (self.run_dir / RESULT).write_text(json.dumps(result.to_json(), indent=1))
         (self.run_dir / "config.json").write_text(json.dumps(self.config.model_dump(mode="json"), indent=1))
-        if self.maps or (self.maps is None and not self.config.is_lm and self.config.model.classifier is None):
+        if self.write_maps is not None and (
+                self.maps or (self.maps is None and not self.config.is_lm and self.config.model.classifier is None)):
             self._write_maps(model)
 
     # -- the budget --------------------------------------------------------------------
@@ -311,15 +328,14 @@ class Trainer:
         check_precision(tc.precision, device)
         par.check_same(c.model_dump(mode="json"))
         par.check_batch(c.data.batch_size)
-        if self.run_dir is not None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            done = self.run_dir / RESULT
-            if done.exists():
-                blob = json.loads(done.read_text())
-                if blob.get("status") == "finished" and blob.get("run_id") == c.run_id:
-                    return RunResult(**blob)
+        if self.run_dir is not None:  # a finished run: its result (a torn or foreign result.json: trained again)
+            finished = _finished_result(self.run_dir / RESULT, c.run_id)
+            if finished is not None:
+                return finished
 
-        train, test = build_data(c.data)
+        train, test = build_data(c.data)  # a data error (seq_len too long for the corpus, ...) leaves no run folder
+        if self.run_dir is not None:
+            self.run_dir = output_dir(self.run_dir, "--out")
         tokenizer = getattr(train, "tokenizer", None)
         if tokenizer is not None and self.run_dir is not None and par.is_main:
             tokenizer.save(self.run_dir / TOKENIZER)  # the run folder is self-contained
@@ -473,14 +489,14 @@ class Trainer:
         return SummaryWriter(log_dir=str(self.run_dir / "tb"))
 
     def _write_maps(self, model: LanguageModel) -> None:
-        """maps.png / maps.json beside the result; a failure to draw never costs the run: its
-        reason goes into maps.json."""
-        from ..analysis.trained import MAPS_JSON, write_run_maps
-
+        """``write_maps`` on the finished model; a failure to draw never costs the run (the
+        writer records its reason beside the result; anything it lets through is reported here)."""
         try:
-            write_run_maps(self.run_dir, self.config, model.cpu())
+            self.write_maps(self.run_dir, self.config, model.cpu())
         except Exception as e:  # noqa: BLE001  (the trained run is already saved)
-            (self.run_dir / MAPS_JSON).write_text(json.dumps({"run_id": self.config.run_id, "error": f"{type(e).__name__}: {e}"}))
+            if self.console is not None:
+                self.console.print(f"maps of run {self.config.run_id} not written: {type(e).__name__}: {e}",
+                                   markup=False, highlight=False, style="yellow")
 
     def _result(self, state, status, state_size, params, stopped_early, fpt) -> RunResult:
         best = state["best"] or {"accuracy": 0.0, "epoch": 0, "loss": float("nan"), "slices": {}, "step": 0}

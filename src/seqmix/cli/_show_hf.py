@@ -1,0 +1,104 @@
+"""`seqmix show --hf PATH_OR_HUB_ID ...`: the maps of real (transformers) models on one text
+(docs/interop.md). Part of the ``show`` command of :mod:`.mixers`; it loads and converts with
+:mod:`seqmix.interop` (offline) and draws with :mod:`seqmix.analysis.model_maps` and the show
+mechanism (:mod:`seqmix.analysis.show`)."""
+
+from __future__ import annotations
+
+
+def parse_index_list(spec: str | None, argument: str, *, allow_all: bool = False):
+    """"0,-1" -> [0, -1]; "all" -> "all" (when allowed); None -> None."""
+    if spec is None:
+        return None
+    if allow_all and spec.strip() == "all":
+        return "all"
+    try:
+        return [int(v) for v in spec.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"argument '{argument}': expected comma-separated indices{' or all' if allow_all else ''}, "
+                         f"got {spec!r}") from None
+
+
+def run_show_hf(args, text: str | None) -> int:
+    from pathlib import Path
+
+    import torch
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from seqmix.analysis import show
+    from seqmix.analysis.model_maps import layers_figure, model_maps
+    from seqmix.interop.load import load_config, load_converted, tokenize
+
+    if args.mixers or args.run:
+        raise ValueError("argument '--hf': real models are shown on their own; show MIXER names or --run in a separate call")
+    if text is None and args.ids is None:
+        raise ValueError("argument '--text': --hf needs the text the models read (--text, --text-file or --ids)")
+    for name, value, low in (("maps", args.maps, 1), ("dpi", args.dpi, 10), ("band", args.band, 1)):
+        if value < low:
+            raise ValueError(f"argument '--{name}' must be >= {low}, got {value}")
+    layers = parse_index_list(args.layers, "--layers", allow_all=True)
+    heads = parse_index_list(args.heads, "--heads")
+    from seqmix._checks import output_dir
+
+    if not args.max_memory > 0:
+        raise ValueError(f"argument '--max-memory' must be > 0 GiB, got {args.max_memory}")
+    for src in args.hf:  # every source checked (offline, family) before any weight is loaded
+        load_config(src)
+    output_dir(args.out, "--out")  # a file in the way: one line before minutes of work
+    out = Path(args.out)
+    models, descs = [], []
+    labels = _labels(args.hf)
+    for src, label in zip(args.hf, labels):
+        model, what = load_converted(src)
+        toks, how = tokenize(src, text, ids=args.ids, vocab_size=int(model.config.vocab_size), seq_len=args.seq_len)
+        with torch.no_grad():
+            mm = model_maps(model, toks, layers=layers, heads=heads, n_heads=max(0, args.maps - 1), band=args.band,
+                            label=label, source=what, max_bytes=int(args.max_memory * 2**30))
+        models.append(mm)
+        descs.append(f"{label}: {how}")
+        del model
+    views = [v for mm in models for v in mm.views]
+    snippet = (text[:60] + ("…" if len(text) > 60 else "")) if text is not None else f"ids {args.ids[:40]}"
+    desc = f"text {snippet!r}; " + "; ".join(descs)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    across = layers_figure(models, dpi=args.dpi)
+    if args.html:
+        written.append(show.write_html(out / "report.html", views, theory={"decay memory and state size across layers": across},
+                                       input_description=desc, log=args.log, max_maps=args.maps, dpi=args.dpi,
+                                       title="seqmix show --hf " + " ".join(labels), theory_heading="Across layers",
+                                       reference="a randomly initialized softmax attention on the same layer input"))
+    else:
+        (out / "maps.png").write_bytes(show.figure_png(show.show_figure(views, log=args.log, max_maps=args.maps, dpi=args.dpi)))
+        (out / "layers.png").write_bytes(show.figure_png(across))
+        written += [out / "maps.png", out / "layers.png"]
+    table = Table(title=escape(f"seqmix show --hf: {desc}; numbers of the mean map Φ̄"))
+    facts = [v.facts() for v in views]
+    table.add_column("")
+    for v in views:
+        table.add_column(escape(v.label))
+    for i, (key, _) in enumerate(facts[0]):
+        table.add_row(key, *(f[i][1] for f in facts))
+    Console(width=max(120, Console().width)).print(table)
+    for mm in models:
+        print(f"{mm.label}: state floats per sequence (T = {mm.T}) over {len(mm.layers)} layers = "
+              f"{sum(s.state_size for s in mm.layers):,}; median memory per layer: "
+              + " ".join(f"{s.memory:.3g}" for s in mm.layers))
+    for p in written:
+        print(f"wrote {p}")
+    return 0
+
+
+def _labels(sources) -> list[str]:
+    """Short, distinct labels: the folder or repo name (with #2, #3 for repeats)."""
+    from pathlib import Path
+
+    seen: dict[str, int] = {}
+    out = []
+    for s in sources:
+        name = Path(str(s).rstrip("/")).name or str(s)
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return out

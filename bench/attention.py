@@ -21,8 +21,9 @@ scaled_dot_product_attention, causal) against linear_attention in mode "chunk"
    linear attention with its recurrent state; and the state each keeps per sequence
    (Cache.floats() and Cache.nbytes()). Targets: linear attention's time per token flat
    within 20% from 1k to 16k, and its memory independent of the context. The softmax
-   step appends to its KV cache with torch.cat (as a dynamic cache does), so its time
-   per token includes copying the cache: O(L) bytes per token, like its attention.
+   step writes into its KV cache's preallocated buffers (seqmix.ops.KVCache; bench/kv_cache.py
+   compares it with the torch.cat cache it replaced), so its time per token is its read of
+   the cache: O(L) bytes per token.
 """
 
 from __future__ import annotations

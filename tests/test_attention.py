@@ -61,7 +61,9 @@ def test_window_decoding_split_and_bounded_cache(window):
     steps = []
     for t in range(T):
         steps.append(m(x[:, t : t + 1], cache=cache))
-        assert cache.get(m)["k"].shape[1] == min(t + 1, window - 1)  # the KV cache never exceeds w - 1 tokens
+        kv = cache.get(m)["kv"]
+        assert kv.keys.shape[1] == min(t + 1, window - 1)  # the KV cache never exceeds w - 1 tokens ...
+        assert kv.capacity <= max(2 * (window - 1), window - 1 + kv.BLOCK)  # ... nor its buffer a bound
         assert cache.floats() == 2 * m.state_size(t + 1)
     assert max_abs(torch.cat(steps, 1), y_full) < F64_ATOL
     for mode in m.modes:
@@ -90,7 +92,8 @@ def test_softmax_cache_without_window_grows_and_state_size_needs_seq_len():
     m = build("softmax_attention")
     cache = Cache()
     m(x_of(5), cache=cache)
-    assert cache.get(m)["k"].shape == (2, 5, H, N // H) and cache.get(m)["v"].shape == (2, 5, H, D // H)
+    kv = cache.get(m)["kv"]
+    assert kv.keys.shape == (2, 5, H, N // H) and kv.values.shape == (2, 5, H, D // H)
     assert m.state_size(5) == 5 * (N + D)
     with pytest.raises(ValueError, match="seq_len"):
         m.state_size()

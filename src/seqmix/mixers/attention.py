@@ -67,10 +67,11 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import attention_probs, attention_step, kv_cache_trim, linear_recurrence, recurrence_map, softmax_attention
+from ..ops import KVCache, attention_decode, attention_probs, linear_recurrence, recurrence_map, repeat_kv, rotary, softmax_attention
 from ..ops.precision import linear_f32
 from ..ops.features import FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, taylor_feature_dim
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
+from .layers import RMSNorm
 
 FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor"]
 Normalizer = Literal["none", "row_sum", "abs_row_sum", "exp", "softplus", "sigmoid"]
@@ -117,6 +118,8 @@ class AttentionConfig(MixerConfig):
     n: int | None = Field(None, gt=0, description="state expansion: width of q and k over all heads (default d_model)")
     heads: int = Field(1, gt=0, description="number of heads; each has its own normalizer (Appendix G)")
     bias: bool = Field(False, description="biases in W_qk, W_v, W_o")
+    qkv_bias: bool | None = Field(None, description="biases in W_qk and W_v (Qwen2 has them, without one in W_o); None = bias")
+    out_bias: bool | None = Field(None, description="a bias in W_o (RecurrentGemma's o_proj has one); None = bias")
     scale: float | Literal["sqrt", "none"] = Field(
         "none", description="multiplies q before the feature map: 'sqrt' = 1/sqrt(n/heads), 'none' = 1, or a number > 0"
     )
@@ -143,13 +146,21 @@ class _Attention(Mixer):
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
         c = self.config
-        self.n = c.n or c.d_model
-        self.heads = c.heads
-        self.head_qk = self.n // c.heads  # K: width of q^h, k^h
-        self.head_v = c.d_model // c.heads  # V: width of v^h
-        self.W_qk = nn.Linear(c.d_model, 2 * self.n, bias=c.bias)
-        self.W_v = nn.Linear(c.d_model, c.d_model, bias=c.bias)
-        self.W_o = nn.Linear(c.d_model, c.d_model, bias=c.bias) if c.output_projection else nn.Identity()
+        # heads of q; heads of k and v (grouped: softmax attention's kv_heads); K: width of q^h, k^h; V: width of v^h
+        self.heads, self.kv_heads, self.head_qk, self.head_v = self._sizes(c)
+        self.n = self.heads * self.head_qk
+        qkv_bias = c.bias if c.qkv_bias is None else c.qkv_bias
+        out_bias = c.bias if c.out_bias is None else c.out_bias
+        self.W_qk = nn.Linear(c.d_model, (self.heads + self.kv_heads) * self.head_qk, bias=qkv_bias)
+        self.W_v = nn.Linear(c.d_model, self.kv_heads * self.head_v, bias=qkv_bias)
+        self.W_o = nn.Linear(self.heads * self.head_v, c.d_model, bias=out_bias) if c.output_projection else nn.Identity()
+        self.has_bias = qkv_bias or (out_bias and c.output_projection)
+
+    @staticmethod
+    def _sizes(c) -> tuple[int, int, int, int]:
+        """(heads, kv_heads, K, V) of a config."""
+        n = c.n or c.d_model
+        return c.heads, c.heads, n // c.heads, c.d_model // c.heads
 
     @property
     def qk_scale(self) -> float:
@@ -160,7 +171,7 @@ class _Attention(Mixer):
         """q (scaled), k: [B, T, H, K]; v: [B, T, H, V]. ``qk_f32``: q and k in float32 or wider
         under autocast and with half parameters (docs/scale.md)."""
         B, T, _ = x.shape
-        q, k = (linear_f32(self.W_qk, x) if qk_f32 else self.W_qk(x)).chunk(2, dim=-1)
+        q, k = (linear_f32(self.W_qk, x) if qk_f32 else self.W_qk(x)).split([self.n, self.kv_heads * self.head_qk], dim=-1)
         q = q.view(B, T, self.heads, self.head_qk)
         if self.qk_scale != 1.0:
             q = q * self.qk_scale
@@ -170,13 +181,16 @@ class _Attention(Mixer):
         return self.W_o(o.flatten(2))
 
     def _compose(self, system: DSF, projections: bool) -> DSF:
-        """With projections, the DSF's input is x and its output y (W_v and W_o absorbed)."""
+        """With projections, the DSF's input is x and its output y (W_v and W_o absorbed; with
+        grouped kv heads, W_v's rows repeated for every query head that reads them)."""
         if not projections:
             return system
-        if self.config.bias:
-            raise ValueError(f"{type(self).__name__}.dsf: projections=True needs bias=False (a bias is not linear)")
+        if self.has_bias:
+            raise ValueError(f"{type(self).__name__}.dsf: projections=True needs bias=False, qkv_bias and out_bias False (a bias is not linear)")
         out = self.W_o.weight if self.config.output_projection else None
-        return system.compose(in_proj=self.W_v.weight, out_proj=out)
+        W_v = self.W_v.weight.view(self.kv_heads, self.head_v, -1)
+        W_v = repeat_kv(W_v, self.heads // self.kv_heads, dim=0).reshape(self.heads * self.head_v, -1)
+        return system.compose(in_proj=W_v, out_proj=out)
 
 
 # ------------------------------------------------------------------------------------------
@@ -341,22 +355,96 @@ register_preset(
 
 
 class SoftmaxAttentionConfig(AttentionConfig):
+    """Softmax attention's config. Beyond the DSF paper's parametrization, the options that real
+    pretrained models need (issue 25; docs/attention.md, "Options of real models"), each off by
+    default: grouped kv heads, a head width of its own, RoPE, qk-norm, an output gate, biases per
+    projection and the scale."""
+
     scale: float | Literal["sqrt", "none"] = Field(
-        "sqrt", description="multiplies qᵀk: 'sqrt' = 1/sqrt(n/heads) (released code, default), 'none' = 1 (the DSF paper), or a number > 0"
+        "sqrt", description="multiplies qᵀk: 'sqrt' = 1/sqrt(K), K the head dim (released code, default), 'none' = 1 "
+        "(the DSF paper), or a number > 0 (Gemma: query_pre_attn_scalar**-0.5)"
     )
     window: int | None = Field(None, ge=1, description="sliding window: each token sees its last `window` tokens (itself included); None = all")
+    kv_heads: int | None = Field(
+        None, gt=0, description="key/value heads, dividing heads (grouped-query attention, GQA: Ainslie et al. 2023; "
+        "kv_heads = 1 is multi-query attention, MQA: Shazeer 2019): query head h reads kv head h // (heads / kv_heads) "
+        "(transformers' repeat_kv) and the KV cache holds kv_heads heads per token. None = heads"
+    )
+    head_dim: int | None = Field(
+        None, gt=0, description="width of every head's q, k and v (Llama's, Qwen3's head_dim); sets n = heads·head_dim "
+        "and W_o: heads·head_dim -> d_model. None: n/heads for q, k and d_model/heads for v"
+    )
+    rope: bool = Field(
+        False, description="rotary position embedding (RoFormer: Su et al. 2021) on q and k at their absolute positions, "
+        "in every mode, in decoding (positions from the cache) and in phi(x); seqmix.ops.rotary"
+    )
+    rotary_dim: int | None = Field(
+        None, gt=0, description="channels of each head that RoPE rotates, the first ones (even, <= the head dim): partial "
+        "rotary as GPT-NeoX's rotary_pct, RecurrentGemma's partial_rotary_factor 0.5; None = the whole head"
+    )
+    rope_theta: float = Field(10000.0, gt=1, description="RoPE base: pair j turns by p·rope_theta^(-2j/rotary_dim) at position p")
+    rope_interleaved: bool = Field(
+        False, description="RoPE pairs channels (2j, 2j+1) (GPT-J, the RoFormer paper) instead of (j, j + R/2) "
+        "(GPT-NeoX, Llama's rotate_half: the default)"
+    )
+    qk_norm: Literal["none", "head", "full"] = Field(
+        "none", description="RMSNorm with a learned weight on q and k, before RoPE (qk-norm: Dehghani et al. 2023, "
+        "ViT-22B; OLMo-2; Qwen3): 'head' over each head's K channels, one weight [K] shared by the heads (Qwen3, Gemma 3); "
+        "'full' over all heads' channels at once (OLMo-2)"
+    )
+    qk_norm_eps: float = Field(1e-6, gt=0, description="ε of the qk-norm's RMSNorm")
+    output_gate: bool = Field(
+        False, description="y = W_o(σ(W_g x) ⊙ o): a sigmoid gate per head and channel on the attention output before W_o "
+        "(gated attention: Qiu et al. 2025; Qwen3-Next). W_g: d_model -> heads·V, with a bias when qkv_bias"
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self):  # replaces AttentionConfig._sizes: head_dim frees d_model from heads
+        H = self.heads
+        if self.head_dim is not None and self.n is not None and self.n != H * self.head_dim:
+            raise ValueError(f"head_dim = {self.head_dim} sets n = heads·head_dim = {H * self.head_dim}, but n = {self.n} is given: set one of them")
+        n = self.n or (H * self.head_dim if self.head_dim else self.d_model)
+        if n % H:
+            raise ValueError(f"n = {n} must be divisible by heads = {H}")
+        if self.head_dim is None and self.d_model % H:
+            raise ValueError(f"d_model = {self.d_model} must be divisible by heads = {H} (or set head_dim)")
+        if not isinstance(self.scale, str) and not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"scale must be 'sqrt', 'none' or a finite number > 0, got {self.scale!r}")
+        if self.kv_heads is not None and H % self.kv_heads:
+            raise ValueError(f"kv_heads = {self.kv_heads} must divide heads = {H} (each kv head serves heads / kv_heads query heads)")
+        K = n // H
+        if self.rotary_dim is not None and not self.rope:
+            raise ValueError(f"rotary_dim = {self.rotary_dim} is set but rope = False")
+        if self.rope:
+            R = self.rotary_dim or K
+            if R % 2 or R > K:
+                raise ValueError(f"rotary_dim = {R} must be even and at most the head dim K = {K} (RoPE turns pairs of a head's channels)"
+                                 + ("" if self.rotary_dim else "; rotary_dim defaults to the whole head"))
+        V = self.head_dim or self.d_model // H
+        if not self.output_projection and H * V != self.d_model:
+            raise ValueError(f"output_projection = False needs heads·V = {H}·{V} = d_model = {self.d_model} (no W_o to map it back)")
+        return self
 
 
-@register("softmax_attention", description="Causal softmax attention (SDPA + masked-matrix reference), sliding window, KV cache")
+@register("softmax_attention", description="Causal softmax attention (SDPA + masked-matrix reference), sliding window, KV cache, RoPE, GQA")
 class SoftmaxAttention(_Attention):
     """Multi-head causal softmax attention, DSF paper eq. (2), with an optional sliding window.
 
     Modes: "parallel" (the explicit masked matrix: the reference, and phi) and "sdpa"
-    (torch scaled_dot_product_attention). Decoding appends to a KV cache ("k", "v" in
-    the Cache, [B, L, heads, ·]) that keeps every token, or the last window - 1 with a
-    window. Maps of phi(x): the attention matrices, [B, heads, T, T].
-    State per sequence: (n + d_model)·L floats for L cached tokens, L = seq_len or
+    (torch scaled_dot_product_attention). Decoding appends to a KV cache (``Cache`` entry
+    "kv": a :class:`~seqmix.ops.KVCache` in preallocated buffers, [B, L, kv_heads, ·]) that
+    keeps every token, or the last window - 1 with a window. Maps of phi(x): the attention
+    matrices, [B, heads, T, T] (one per query head, with grouped kv heads too).
+    State per sequence: kv_heads·(K + V)·L floats for L cached tokens, L = seq_len or
     min(seq_len, window - 1): it grows with the context unless windowed.
+
+    The options of real models (config fields, each with its paper; docs/attention.md)::
+
+        [q | k] = W_qk x,  v = W_v x               q: heads, k and v: kv_heads heads (GQA / MQA)
+        q, k    = RMSNorm(q), RMSNorm(k)           qk_norm ("head" or "full")
+        q, k    = RoPE(q, p), RoPE(k, p)           rope, rotary_dim, rope_theta, rope_interleaved (p: absolute position)
+        o       = softmax(s · q kᵀ + mask) v       scale s, window
+        y       = W_o (σ(W_g x) ⊙ o)               output_gate; biases: qkv_bias, out_bias
 
     finite_state = False: the DSF of softmax attention has an infinite state (Lemma 1);
     dsf(x, taylor_order=P) is the degree-P Taylor approximation.
@@ -364,32 +452,79 @@ class SoftmaxAttention(_Attention):
 
     modes = ("parallel", "sdpa")
     reference_mode = "parallel"
-    state_formula = "(n + d_model)·L, L = min(seq_len, window - 1) cached tokens (grows with seq_len without a window)"
+    state_formula = "kv_heads·(K + V)·L, L = min(seq_len, window - 1) cached tokens (grows with seq_len without a window)"
     finite_state = False
     Config = SoftmaxAttentionConfig
+
+    def __init__(self, config: SoftmaxAttentionConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        self.q_norm = self.k_norm = None
+        if c.qk_norm == "head":
+            self.q_norm = RMSNorm(self.head_qk, eps=c.qk_norm_eps)
+            self.k_norm = RMSNorm(self.head_qk, eps=c.qk_norm_eps)
+        elif c.qk_norm == "full":
+            self.q_norm = RMSNorm(self.heads * self.head_qk, eps=c.qk_norm_eps)
+            self.k_norm = RMSNorm(self.kv_heads * self.head_qk, eps=c.qk_norm_eps)
+        qkv_bias = c.bias if c.qkv_bias is None else c.qkv_bias
+        self.W_g = nn.Linear(c.d_model, self.heads * self.head_v, bias=qkv_bias) if c.output_gate else None
+
+    @staticmethod
+    def _sizes(c) -> tuple[int, int, int, int]:
+        n = c.n or (c.heads * c.head_dim if c.head_dim else c.d_model)
+        return c.heads, c.kv_heads or c.heads, n // c.heads, c.head_dim or c.d_model // c.heads
 
     @classmethod
     def example_config(cls) -> dict:
         return {"d_model": 16, "n": 8, "heads": 2}
 
+    # -- parametrization -------------------------------------------------------------------
+
+    def _qkv(self, x, *, start: int = 0):
+        """q [B, T, heads, K] (normed, rotated, scaled), k [B, T, kv_heads, K] (normed, rotated),
+        v [B, T, kv_heads, V], for tokens at absolute positions start .. start + T - 1."""
+        c = self.config
+        B, T, _ = x.shape
+        H, Hkv, K = self.heads, self.kv_heads, self.head_qk
+        q, k = self.W_qk(x).split([H * K, Hkv * K], dim=-1)
+        if c.qk_norm == "full":
+            q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
+        q, k = q.view(B, T, H, K), k.view(B, T, Hkv, K)
+        if c.qk_norm == "head":
+            q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
+        if c.rope:
+            pos = torch.arange(start, start + T, device=x.device)
+            rope = dict(rotary_dim=c.rotary_dim, theta=c.rope_theta, interleaved=c.rope_interleaved)
+            q, k = rotary(q, pos, **rope), rotary(k, pos, **rope)
+        if self.qk_scale != 1.0:
+            q = q * self.qk_scale
+        return q, k, self.W_v(x).view(B, T, Hkv, self.head_v)
+
+    def _gated_readout(self, o, x):
+        """W_o(σ(W_g x) ⊙ o), o [B, T, heads, V]."""
+        if self.W_g is not None:
+            o = o * torch.sigmoid(self.W_g(x)).view(o.shape).to(o.dtype)
+        return self._readout(o)
+
     def _forward(self, x, *, state, mode, need_state):
-        q, k, v = self._qkv(x)
-        w = self.config.window
+        kv = state["kv"] if state else None
+        if need_state and kv is None:
+            kv = KVCache(window=self.config.window)
+        q, k, v = self._qkv(x, start=kv.seen if kv is not None else 0)
         if mode == "step":
-            o, k_c, v_c = attention_step(
-                q[:, 0], k[:, 0], v[:, 0], state["k"] if state else None, state["v"] if state else None, scale=1.0, window=w
-            )
-            o = o.unsqueeze(1)
+            keys, vals = kv.append(k, v)  # every key the query sees: the cached ones (<= window - 1) and its own
+            o = attention_decode(q[:, 0], keys, vals, scale=1.0).unsqueeze(1)
         else:
-            keys, vals = (torch.cat([state["k"], k], 1), torch.cat([state["v"], v], 1)) if state else (k, v)
-            o = softmax_attention(q, keys, vals, scale=1.0, window=w, mode=mode, check_values=False)
-            k_c, v_c = kv_cache_trim(keys, vals, w) if need_state else (None, None)
-        return MixOut(self._readout(o), {"k": k_c, "v": v_c} if need_state else None, values=v, mixed=o)
+            keys, vals = kv.append(k, v) if kv is not None else (k, v)
+            o = softmax_attention(q, keys, vals, scale=1.0, window=self.config.window, mode=mode, check_values=False)
+        values = repeat_kv(v, self.heads // self.kv_heads)  # the core's input per map (query head)
+        return MixOut(self._gated_readout(o, x), {"kv": kv} if need_state else None, values=values, mixed=o)
 
     # -- DSF view --------------------------------------------------------------------------
 
     def phi(self, x):
-        """[B, heads, T, T]: the (windowed) causal softmax attention matrices."""
+        """[B, heads, T, T]: the (windowed) causal softmax attention matrices (with RoPE, qk-norm,
+        grouped kv heads as the forward pass computes them)."""
         self.check_input(x)
         q, k, _ = self._qkv(x)
         return attention_probs(q, k, scale=1.0, window=self.config.window, check_values=False)
@@ -404,33 +539,38 @@ class SoftmaxAttention(_Attention):
         self.check_input(x)
         self._check_taylor_order(taylor_order)
         q, k, _ = self._qkv(x)
+        k = repeat_kv(k, self.heads // self.kv_heads)
         fq = apply_feature_map("taylor", q, taylor_order)
         fk = apply_feature_map("taylor", k, taylor_order)
         return fq, fk, (fq * fk.cumsum(1)).sum(-1)
 
     def taylor_dsf_bytes(self, batch: int, T: int, taylor_order: int) -> int:
-        """Bytes of Λ, B, C (float64) of the degree-P Taylor DSF: N = d_model·Σ_p K^p states,
-        B and C of [batch, T, N, d_model] each; the state grows combinatorially in P."""
-        N = self.d_model * taylor_feature_dim(self.head_qk, taylor_order)
-        return 8 * batch * T * N * (2 * self.d_model + 1)
+        """Bytes of Λ, B, C (float64) of the degree-P Taylor DSF: N = heads·V·Σ_p K^p states,
+        B and C of [batch, T, N, heads·V] each; the state grows combinatorially in P."""
+        width = self.heads * self.head_v
+        N = width * taylor_feature_dim(self.head_qk, taylor_order)
+        return 8 * batch * T * N * (2 * width + 1)
 
     def dsf(self, x, *, taylor_order: int = 2, projections: bool = False, max_bytes: int = DSF_MAX_BYTES):
         """The DSF of the degree-P Taylor-feature separable attention of Lemma 1 (eq. 18, 25),
-        whose map converges to the softmax map as P grows; state N = d_model·Σ_{p<=P} K^p.
+        whose map converges to the softmax map as P grows; state N = heads·V·Σ_{p<=P} K^p.
 
-        Input: the values v ([B, T, d_model]); output: the Taylor attention's head outputs
-        before W_o (``projections=True``: x -> y). Raises ValueError naming 'taylor_order'
-        when the system would exceed ``max_bytes``, and naming 'window' for a windowed
-        mixer (a sliding window is not a separable attention)."""
+        Input: the values v per query head ([B, T, heads·V]); output: the Taylor attention's head
+        outputs before W_o (``projections=True``: x -> y; not with an output gate, which is not
+        linear in x). Raises ValueError naming 'taylor_order' when the system would exceed
+        ``max_bytes``, and naming 'window' for a windowed mixer (a sliding window is not a
+        separable attention)."""
         self.check_input(x)
         self._check_taylor_order(taylor_order)
         if self.config.window is not None:
             raise ValueError(f"{type(self).__name__}.dsf: the Taylor DSF is defined without a window; got window = {self.config.window}")
+        if projections and self.W_g is not None:
+            raise ValueError(f"{type(self).__name__}.dsf: projections=True needs output_gate = False (σ(W_g x) ⊙ o is not linear in x)")
         need = self.taylor_dsf_bytes(x.shape[0], x.shape[1], taylor_order)
         if need > max_bytes:
             raise ValueError(
                 f"{type(self).__name__}.dsf: taylor_order = {taylor_order} is too large for memory: the DSF would need "
-                f"{_bytes(need)} (N = {self.d_model}·{taylor_feature_dim(self.head_qk, taylor_order)} states, "
+                f"{_bytes(need)} (N = {self.heads * self.head_v}·{taylor_feature_dim(self.head_qk, taylor_order)} states, "
                 f"batch {x.shape[0]}, T {x.shape[1]}), more than max_bytes = {_bytes(max_bytes)}"
             )
         fq, fk, eta = self.separable_parts(x, taylor_order=taylor_order)
@@ -444,4 +584,4 @@ class SoftmaxAttention(_Attention):
             cached = w - 1
         else:
             cached = seq_len if w is None else min(seq_len, w - 1)
-        return (self.n + self.d_model) * cached
+        return self.kv_heads * (self.head_qk + self.head_v) * cached

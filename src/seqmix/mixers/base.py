@@ -23,6 +23,7 @@ forward pass itself.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -47,14 +48,62 @@ class MixerConfig(BaseModel):
     mode: str = Field("auto", description="computation mode: 'auto' or one of the mixer's modes")
 
 
+#: at most this many problems are listed in one config error (then "and N more")
+CONFIG_ERROR_PROBLEMS = 3
+#: characters of one problem (a longer one is cut with "…"), and of a shown input value
+CONFIG_ERROR_CHARS, CONFIG_ERROR_INPUT_CHARS = 500, 60
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.]*): (?=\S)")
+
+
+def config_location(loc) -> str:
+    """pydantic's error location as the path a user writes: ``data.train[0].seq_len``.
+
+    Left out: pydantic's validator wrappers (``function-after[_check(), CorpusConfig]``)
+    and the tags of tagged unions, which seqmix writes as ``field=value`` (``kind=corpus``,
+    ``task=mqar``): neither is a field the user could set."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" in part or "=" in part or "(" in part:
+            continue
+        else:
+            out += ("." if out else "") + part
+    return out
+
+
+def _short(value) -> str:
+    r = repr(value)
+    return r if len(r) <= CONFIG_ERROR_INPUT_CHARS else r[: CONFIG_ERROR_INPUT_CHARS - 1] + "…"
+
+
 def config_error(where: str, exc: pydantic.ValidationError) -> ValueError:
-    """Turns a pydantic error into a one-line ValueError naming each bad field."""
+    """Turns a pydantic error into a one-line ValueError naming each bad field: at most
+    :data:`CONFIG_ERROR_PROBLEMS` problems, each as ``'field.path': what was expected (got
+    value)``, without pydantic's validator names and union tags (:func:`config_location`).
+    A validator's message that starts with a field name (``"corpus: ..."``) is placed under
+    that field."""
     parts = []
-    for e in exc.errors():
-        loc = ".".join(str(x) for x in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        got = f" (got {e['input']!r})" if loc and "input" in e and not isinstance(e["input"], dict) else ""
-        parts.append(f"'{loc}': {msg}{got}" if loc else msg)
+    errors = exc.errors()
+    for e in errors[:CONFIG_ERROR_PROBLEMS]:
+        loc = config_location(e["loc"])
+        msg = " ".join(str(e["msg"]).removeprefix("Value error, ").split())  # one line
+        m = _FIELD_PREFIX.match(msg)
+        if m:  # "corpus: ..." raised by a validator of the enclosing config
+            name = m.group(1)
+            if loc != name and not loc.endswith("." + name):
+                loc = f"{loc}.{name}" if loc else name
+            msg = msg[m.end():]
+        inp = e.get("input")
+        tag = (e.get("ctx") or {}).get("field")  # a tagged union's unknown tag: show the field's value
+        if tag and isinstance(inp, dict) and tag in inp:
+            inp = inp[tag]
+        got = f" (got {_short(inp)})" if loc and "input" in e and not isinstance(inp, (dict, list, tuple)) \
+            and "got " not in msg and repr(inp) not in msg else ""
+        part = f"'{loc}': {msg}{got}" if loc else msg
+        parts.append(part if len(part) <= CONFIG_ERROR_CHARS else part[: CONFIG_ERROR_CHARS - 1] + "…")
+    if len(errors) > CONFIG_ERROR_PROBLEMS:
+        parts.append(f"and {len(errors) - CONFIG_ERROR_PROBLEMS} more")
     return ValueError(f"{where}: invalid config: " + "; ".join(parts))
 
 
@@ -63,13 +112,19 @@ def config_error(where: str, exc: pydantic.ValidationError) -> ValueError:
 # ------------------------------------------------------------------------------------------
 
 
+def _is_state_object(x) -> bool:
+    return not isinstance(x, torch.Tensor) and all(callable(getattr(x, m, None)) for m in ("floats", "nbytes", "map_"))
+
+
 class Cache:
     """State for stateful inference, one entry per layer (keyed by the module itself).
 
     Each entry is a dict of named tensors (a mixer decides its names: "S" for a
-    recurrence state, "conv" for a short-convolution state, "k"/"v" for a KV cache,
-    ...) plus optional plain Python values (positions). The first call with a cache
-    starts from an empty state; each call continues where the previous one ended.
+    recurrence state, "conv" for a short-convolution state, ...) plus optional plain Python
+    values (positions), or state objects with ``floats()``, ``nbytes()`` and ``map_(fn)``
+    (softmax attention's preallocated :class:`~seqmix.ops.KVCache`, "kv"), which count their
+    used part and apply fn to their buffers. The first call with a cache starts from an
+    empty state; each call continues where the previous one ended.
     """
 
     def __init__(self):
@@ -99,26 +154,37 @@ class Cache:
                 if isinstance(t, torch.Tensor):
                     yield t
 
+    def _objects(self):
+        """State objects that count and map themselves (a preallocated KV cache)."""
+        for st in self._layers.values():
+            for t in st.values():
+                if _is_state_object(t):
+                    yield t
+
     def floats(self) -> int:
-        """Number of floating-point (or complex: counted as 2) entries held, over all layers and the batch."""
+        """Number of floating-point (or complex: counted as 2) entries held, over all layers and the batch
+        (state objects: their used part)."""
         n = 0
         for t in self._tensors():
             if t.is_floating_point():
                 n += t.numel()
             elif t.is_complex():
                 n += 2 * t.numel()
-        return n
+        return n + sum(o.floats() for o in self._objects())
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._tensors())
+        return sum(t.numel() * t.element_size() for t in self._tensors()) + sum(o.nbytes() for o in self._objects())
 
     def map_(self, fn) -> "Cache":
         """Applies fn to every tensor in place (e.g. ``lambda t: t.detach()`` for truncated BPTT,
-        ``lambda t: t.index_select(0, idx)`` to reorder the batch for beam search)."""
+        ``lambda t: t.index_select(0, idx)`` to reorder the batch for beam search); state objects
+        apply it to their buffers (fn must then act on the batch dimension or elementwise)."""
         for st in self._layers.values():
             for key, t in st.items():
                 if isinstance(t, torch.Tensor):
                     st[key] = fn(t)
+                elif _is_state_object(t):
+                    t.map_(fn)
         return self
 
 

@@ -8,6 +8,8 @@ peer-zoology note §1.5), with any registered mixer in it by name.
 * positions: ``"auto"`` = learned absolute positions for the attention, recurrent and
   linear-attention families, none for SSMs, convolutions and hybrids (the DSF paper:
   "positional embeddings for attention and RNN models, none for SSMs"; B'MOJO: none);
+  ``"rope"``: no position table; every layer whose mixer has a ``rope`` option
+  (softmax_attention) gets ``rope=True`` (unless its mixer_kwargs set it), RoPE on q and k;
 * channel mixer: ``"mlp"`` (d -> r·d -> d, GELU), ``"swiglu"`` (hidden 2/3·r·d rounded up
   to a multiple of 8) or ``"none"`` (the released DSF configs, peer-zoology note §2.1);
 * init (dsf note §5.1, GPT-2's scheme): every ``nn.Linear`` weight and every embedding
@@ -30,7 +32,6 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-import pydantic
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -63,6 +64,10 @@ def _check_mixer(name: str, kwargs: dict, d_model: int, where: str) -> None:
         raise ValueError(f"{where}: {e}") from None
 
 
+def _has_rope(name: str) -> bool:
+    return "rope" in mixer_entry(name).cls.Config.model_fields
+
+
 class ModelConfig(BaseModel):
     """The backbone around one registered mixer (or a cycle of them: ``hybrid``)."""
 
@@ -74,7 +79,8 @@ class ModelConfig(BaseModel):
     n_layers: int = Field(2, gt=0, description="number of blocks")
     vocab_size: int | None = Field(None, gt=1, description="vocabulary (default: the data's)")
     max_seq_len: int | None = Field(None, gt=0, description="length of the position table (default: the data's)")
-    positions: Literal["auto", "learned", "none"] = Field("auto", description="learned absolute positions; auto = by mixer family")
+    positions: Literal["auto", "learned", "none", "rope"] = Field(
+        "auto", description="learned absolute positions; auto = by mixer family; rope = no table, RoPE in the mixers with a 'rope' option")
     channel_mixer: Literal["mlp", "swiglu", "none"] = Field("mlp", description="the per-token MLP of each block")
     mlp_ratio: float = Field(4.0, gt=0, description="hidden width of the channel mixer / d_model")
     norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="the block and final norms")
@@ -141,6 +147,12 @@ class ModelConfig(BaseModel):
             for i, h in enumerate(cycle):
                 _check_mixer(h.mixer, h.mixer_kwargs, self.d_model, f"pattern_kwargs (layer {i} of {self.pattern!r}: {h.mixer})")
         self._cycle = cycle
+        if self.positions == "rope":
+            names = sorted({h.mixer for h in cycle} or {self.mixer})
+            if not any(_has_rope(n) for n in names):
+                raise ValueError(f"positions = 'rope' needs a mixer with a 'rope' option (softmax_attention), got {names}")
+            for i in range(len(cycle) or 1):
+                _check_mixer(*self.layer_mixer(i), self.d_model, "positions = 'rope'")
         return self
 
     @property
@@ -150,11 +162,15 @@ class ModelConfig(BaseModel):
         return list(self._cycle)
 
     def layer_mixer(self, i: int) -> tuple[str, dict]:
-        """(name, kwargs) of layer i's mixer."""
+        """(name, kwargs) of layer i's mixer (with positions = "rope": rope=True where the mixer has it)."""
         if self._cycle:
             h = self._cycle[i % len(self._cycle)]
-            return h.mixer, h.mixer_kwargs
-        return self.mixer, self.mixer_kwargs
+            name, kwargs = h.mixer, h.mixer_kwargs
+        else:
+            name, kwargs = self.mixer, self.mixer_kwargs
+        if self.positions == "rope" and _has_rope(name) and "rope" not in kwargs:
+            kwargs = {**kwargs, "rope": True}
+        return name, kwargs
 
     @property
     def family(self) -> str:
@@ -350,24 +366,3 @@ def load_state_checked(model: nn.Module, state: dict, where: str) -> None:
             f"{k} {list(state[k].shape)} in the file, {list(own[k].shape)} in the model" for k in bad[:8]))
     model.load_state_dict(state, strict=True)
 
-
-def build_model(config: ModelConfig | dict, **overrides) -> nn.Module:
-    """``build_model(ModelConfig(...))`` or ``build_model({"mixer": "s6", ...}, vocab_size=...)``:
-    the LanguageModel, or a :class:`seqmix.models.classifier.SequenceClassifier` around it
-    when ``classifier`` is set. Both give ``scored_logits(inputs, labels) -> (logits [M, C],
-    targets [M])``, so the trainer computes loss and accuracy the same way for either."""
-    try:
-        if isinstance(config, dict):
-            config = ModelConfig(**{**config, **overrides})
-        elif overrides:
-            config = config.model_copy(update=overrides)
-            config = ModelConfig(**config.model_dump())
-    except pydantic.ValidationError as e:
-        from ..mixers.base import config_error
-
-        raise config_error("model", e) from None
-    if config.classifier is not None:
-        from .classifier import SequenceClassifier
-
-        return SequenceClassifier(config)
-    return LanguageModel(config)

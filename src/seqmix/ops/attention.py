@@ -6,9 +6,13 @@ a sliding window, memory tokens prefixed to the keys, and a KV-cache decoding st
 Shapes (the layout of ``linear_recurrence``):
 
     q            [B, Tq, H, K]
-    k            [B, Tk, H, K]      (the same K as q)
-    v            [B, Tk, H, V]
+    k            [B, Tk, Hkv, K]    (the same K as q)
+    v            [B, Tk, Hkv, V]
     o            [B, Tq, H, V];     probs [B, H, Tq, Tk]
+
+Grouped keys and values (GQA, Ainslie et al. 2023; MQA, Shazeer 2019, is Hkv = 1): k and v
+may have Hkv heads with H % Hkv == 0; query head h reads key/value head h // (H / Hkv)
+(transformers' ``repeat_kv``: each kv head serves H / Hkv consecutive query heads).
 
 Which keys a query sees is decided by :func:`attention_mask`, the one place where the
 causal, sliding-window and memory-token rules live:
@@ -35,9 +39,13 @@ Modes:
 :func:`attention_probs` returns the matrix itself [B, H, Tq, Tk] (the reference's
 probabilities; a mixer's phi).
 
-Decoding: :func:`attention_step` appends one token to a KV cache [B, L, H, K|V] and attends
-over it; with a window the cache keeps only the last window - 1 tokens (the window
-includes the current token), so its memory is bounded by w.
+Decoding: :class:`KVCache` holds the keys and values in preallocated buffers (issue 27):
+an append writes into free slots (amortized O(1) per token, no torch.cat per token; the
+capacity doubles when full), with a window it keeps only the last window - 1 tokens (the
+window includes the current token) in a bounded buffer of at most max(2(w - 1), w - 1 + 64)
+slots. :func:`attention_decode` is one query over the cached keys.
+:func:`attention_step` is the functional form (appends with torch.cat, O(L) copy per token):
+the reference the cache is tested against.
 
 The scale defaults to 1/sqrt(K) (Vaswani et al.; torch's default); the DSF paper drops it
 in its derivations (dsf note §1), pass ``scale=1.0`` for that.
@@ -142,15 +150,27 @@ def _check_qkv(q, k, v, where, *, step=False):
             f"{where}: argument 'k' must have the width of the queries q (K = {q.shape[-1]}), got {k.shape[-1]} "
             f"(q {fmt_shape(q.shape)}, k {fmt_shape(k.shape)}): queries and keys of mismatched width"
         )
+    H, Hkv = q.shape[-2], k.shape[-2]
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(
+            f"{where}: argument 'k' must have a number of heads that divides the queries' H = {H} "
+            f"(grouped keys and values), got {Hkv} (q {fmt_shape(q.shape)}, k {fmt_shape(k.shape)})"
+        )
     if step:
-        check_shape("k", k, q.shape, "[B, H, K]", where)
-        check_shape("v", v, (*q.shape[:2], None), "[B, H, V]", where)
+        check_shape("k", k, (q.shape[0], Hkv, q.shape[-1]), "[B, Hkv, K]", where)
+        check_shape("v", v, (q.shape[0], Hkv, None), "[B, Hkv, V]", where)
     else:
         B, _, H, K = q.shape
         if q.shape[1] == 0 or k.shape[1] == 0:
             raise ValueError(f"{where}: sequence lengths must be >= 1, got q {fmt_shape(q.shape)} and k {fmt_shape(k.shape)}")
-        check_shape("k", k, (B, None, H, K), "[B, Tk, H, K]", where)
-        check_shape("v", v, (B, k.shape[1], H, None), "[B, Tk, H, V]", where)
+        check_shape("k", k, (B, None, Hkv, K), "[B, Tk, Hkv, K]", where)
+        check_shape("v", v, (B, k.shape[1], Hkv, None), "[B, Tk, Hkv, V]", where)
+
+
+def repeat_kv(x: torch.Tensor, groups: int, dim: int = 2) -> torch.Tensor:
+    """Each of the Hkv heads of x (on ``dim``) repeated ``groups`` times in a row: [.., Hkv, ..]
+    -> [.., Hkv·groups, ..], head h of the result is head h // groups of x (transformers' repeat_kv)."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=dim)
 
 
 def _scale(scale, K, where):
@@ -215,6 +235,7 @@ def attention_probs(
     where = "attention_probs"
     scale, plain = _prepare(q, k, None, scale, window, prefix, offset, key_valid, check_values, where)
     mask, empty = _visible(q.shape[1], k.shape[1], window, prefix, offset, key_valid, q.device, plain)
+    k = repeat_kv(k, q.shape[2] // k.shape[2])
     return _probs(q.transpose(1, 2), k.transpose(1, 2), scale, mask, empty)
 
 
@@ -235,7 +256,7 @@ def softmax_attention(
     """Masked softmax attention; see the module docstring for the mask rules and modes.
 
     Args:
-        q [B, Tq, H, K], k [B, Tk, H, K], v [B, Tk, H, V].
+        q [B, Tq, H, K], k [B, Tk, Hkv, K], v [B, Tk, Hkv, V] (H % Hkv == 0: grouped kv heads).
         scale: multiplies qᵀk; None = 1/sqrt(K).
         window, prefix, offset, key_valid: as in :func:`attention_mask`.
         mode: "parallel" (explicit matrix, the reference), "sdpa" or "auto" (= "sdpa").
@@ -248,22 +269,25 @@ def softmax_attention(
     """
     check_choice("mode", mode, MODES + ("auto",), _WHERE)
     scale, plain = _prepare(q, k, v, scale, window, prefix, offset, key_valid, check_values, _WHERE)
+    groups = q.shape[2] // k.shape[2]
     if backend != "torch":
         be = _backends.resolve(_WHERE, backend, _backends.Call(_WHERE, q.device.type, q.dtype, mode, dict(plain_causal=plain)))
         if be.name != "torch":
-            return be.run[_WHERE](q, k, v, scale=scale)
+            return be.run[_WHERE](q, repeat_kv(k, groups), repeat_kv(v, groups), scale=scale)
     Tq, Tk = q.shape[1], k.shape[1]
-    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, ·]
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, ·] (k, v: [B, Hkv, T, ·])
+    gqa = groups > 1  # SDPA reads the grouped heads itself (enable_gqa), the reference repeats them
     if mode in ("sdpa", "auto") and plain:  # SDPA's is_causal needs no [Tq, Tk] mask
-        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=gqa)
     else:
         mask, empty = _visible(Tq, Tk, window, prefix, offset, key_valid, q.device, plain)
         if mode == "parallel":
+            kh, vh = repeat_kv(kh, groups, 1), repeat_kv(vh, groups, 1)
             probs = _probs(qh, kh, scale, mask, empty)
             with autocast_off(q.device.type):  # the reference: float32 for half inputs, autocast or not
                 o = (probs @ vh.to(probs.dtype)).to(v.dtype)
         else:
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=gqa)
             if empty is not None:
                 o = o.masked_fill(empty, 0.0)
     return o.transpose(1, 2)
@@ -279,6 +303,24 @@ def kv_cache_trim(k: torch.Tensor, v: torch.Tensor, window: int | None):
     return k[:, start:], v[:, start:]
 
 
+def attention_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
+    """One query per sequence over the keys it sees (every one of them): a decoding step's read.
+
+    q [B, H, K]; keys [B, L, Hkv, K], values [B, L, Hkv, V] (any strides: views of a
+    :class:`KVCache`'s buffers). Returns o [B, H, V]. Scores and softmax in float32 or wider.
+    """
+    B, H, K = q.shape
+    Hkv = keys.shape[2]
+    scale = _scale(scale, K, "attention_decode")
+    dt = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    with autocast_off(q.device.type):
+        qg = q.to(dt).view(B, Hkv, H // Hkv, K)  # query heads grouped by the kv head they read
+        kh, vh = keys.to(dt).transpose(1, 2), values.to(dt).transpose(1, 2)  # [B, Hkv, L, ·]
+        p = torch.softmax((qg @ kh.transpose(-1, -2)) * scale, dim=-1)  # [B, Hkv, G, L]
+        o = p @ vh  # [B, Hkv, G, V]
+    return o.reshape(B, H, -1).to(values.dtype)
+
+
 def attention_step(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -289,10 +331,11 @@ def attention_step(
     scale: float | None = None,
     window: int | None = None,
 ):
-    """One decoding step with a KV cache.
+    """One decoding step with a functional KV cache (torch.cat per token: the reference of
+    :class:`KVCache`).
 
-    q, k [B, H, K]; v [B, H, V]; k_cache [B, L, H, K], v_cache [B, L, H, V] or None (empty).
-    The cache holds the previous tokens this query may see (at most window - 1 of them).
+    q [B, H, K], k [B, Hkv, K]; v [B, Hkv, V]; k_cache [B, L, Hkv, K], v_cache [B, L, Hkv, V] or
+    None (empty). The cache holds the previous tokens this query may see (at most window - 1).
     Returns (o [B, H, V], k_cache', v_cache'), the caches trimmed by :func:`kv_cache_trim`.
     """
     where = "attention_step"
@@ -303,15 +346,156 @@ def attention_step(
         raise ValueError(f"{where}: arguments 'k_cache' and 'v_cache' must be given together")
     keys, values = k.unsqueeze(1), v.unsqueeze(1)
     if k_cache is not None:
-        check_shape("k_cache", k_cache, (q.shape[0], None, *q.shape[1:]), "[B, L, H, K]", where)
-        check_shape("v_cache", v_cache, (q.shape[0], k_cache.shape[1], *v.shape[1:]), "[B, L, H, V]", where)
+        check_shape("k_cache", k_cache, (q.shape[0], None, *k.shape[1:]), "[B, L, Hkv, K]", where)
+        check_shape("v_cache", v_cache, (q.shape[0], k_cache.shape[1], *v.shape[1:]), "[B, L, Hkv, V]", where)
         keys = torch.cat([k_cache, keys], dim=1)
         values = torch.cat([v_cache, values], dim=1)
     if window is not None and keys.shape[1] > window:
         keys, values = keys[:, -window:], values[:, -window:]
-    dt = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    scores = torch.einsum("bhk,blhk->bhl", q.to(dt), keys.to(dt)) * scale
-    p = torch.softmax(scores, dim=-1)
-    o = torch.einsum("bhl,blhv->bhv", p, values.to(dt)).to(v.dtype)
+    o = attention_decode(q, keys, values, scale=scale).to(v.dtype)
     k_new, v_new = kv_cache_trim(keys, values, window)
     return o, k_new, v_new
+
+
+# --------------------------------------------------------------------------------------
+# the KV cache in preallocated blocks
+# --------------------------------------------------------------------------------------
+
+
+class KVCache:
+    """The keys and values of a softmax attention layer for decoding, in preallocated buffers.
+
+    Buffers k [B, Hkv, C, K] and v [B, Hkv, C, V] (heads first, so that each head's keys are
+    one contiguous [C, K] block for the read) hold the cached tokens in slots [start, end), in
+    time order; ``keys`` / ``values`` are views of them in the ops' layout [B, L, Hkv, ·].
+
+    * :meth:`append` writes new tokens into free slots: no torch.cat per token. When they do
+      not fit, the buffers are reallocated: without a window the capacity C doubles (at least
+      ``BLOCK`` slots), so a token costs amortized O(1) copies; with a window w only the last
+      w - 1 tokens are kept, moved to the front of a buffer of max(2(w - 1), w - 1 + BLOCK)
+      slots (one move of w - 1 tokens every >= w - 1 appends). A multi-token append with a
+      window attends over torch.cat(cache, new) once per call and keeps the last w - 1.
+    * While autograd records (grad enabled and a tensor that requires grad), appends are
+      functional (torch.cat, no buffer written in place): the keys of earlier steps are saved
+      for the backward pass, so writing into their buffer would invalidate it.
+    * ``floats()`` / ``nbytes()`` count the used part (B·L·Hkv·(K + V)), as :class:`Cache` does
+      for tensors; ``capacity`` says how many slots are allocated.
+    * ``map_(fn)`` applies fn to both buffers (beam search's ``index_select`` on the batch,
+      ``detach``, a device move): fn must act on the batch dimension or elementwise.
+    * ``seen`` counts every token appended since the start: the absolute position of the next
+      token (RoPE's positions), which a window's trimming does not change.
+    """
+
+    BLOCK = 64
+
+    def __init__(self, window: int | None = None):
+        _check_window(window, "KVCache")
+        self.window = window
+        self.k: torch.Tensor | None = None  # [B, Hkv, C, K]
+        self.v: torch.Tensor | None = None  # [B, Hkv, C, V]
+        self.start = self.end = 0
+        self.seen = 0
+
+    # -- views and sizes -------------------------------------------------------------------
+
+    @property
+    def keep(self) -> int | None:
+        """Tokens kept after a call: all (None) or window - 1."""
+        return None if self.window is None else self.window - 1
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        """[B, L, Hkv, K]: the cached keys (a view)."""
+        return None if self.k is None else self.k[:, :, self.start : self.end].transpose(1, 2)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        """[B, L, Hkv, V]: the cached values (a view)."""
+        return None if self.v is None else self.v[:, :, self.start : self.end].transpose(1, 2)
+
+    def floats(self) -> int:
+        if self.k is None:
+            return 0
+        B, H, _, K = self.k.shape
+        return len(self) * B * H * (K + self.v.shape[-1]) * (2 if self.k.is_complex() else 1)
+
+    def nbytes(self) -> int:
+        if self.k is None:
+            return 0
+        B, H, _, K = self.k.shape
+        return len(self) * B * H * (K * self.k.element_size() + self.v.shape[-1] * self.v.element_size())
+
+    def map_(self, fn) -> "KVCache":
+        if self.k is not None:
+            self.k, self.v = fn(self.k), fn(self.v)
+        return self
+
+    # -- appending -------------------------------------------------------------------------
+
+    def _store(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+        """New buffers of ``capacity`` slots holding keys [B, L, Hkv, K], values [B, L, Hkv, V] in slots [0, L)."""
+        B, L, H, K = keys.shape
+        self.k = keys.new_zeros(B, H, capacity, K)
+        self.v = values.new_zeros(B, H, capacity, values.shape[-1])
+        self.k[:, :, :L] = keys.transpose(1, 2)
+        self.v[:, :, :L] = values.transpose(1, 2)
+        self.start, self.end = 0, L
+
+    def _functional(self, k, v) -> bool:
+        """Whether this append must not write in place (autograd, or inference tensors outside inference mode)."""
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad or (self.k is not None and self.k.requires_grad)):
+            return True
+        return self.k is not None and self.k.is_inference() and not torch.is_inference_mode_enabled()
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Appends T tokens k [B, T, Hkv, K], v [B, T, Hkv, V].
+
+        Returns (keys, values) [B, L + T, Hkv, ·]: the cached tokens followed by the new ones,
+        every key the new queries may see (the caller's window mask does the rest). They are
+        views of the buffers, valid until the next append. The cache then keeps the last
+        window - 1 of them (all without a window)."""
+        where = "KVCache.append"
+        check_tensor("k", k, rank=4, layout="[B, T, Hkv, K]", where=where)
+        check_tensor("v", v, rank=4, layout="[B, T, Hkv, V]", where=where)
+        check_shape("v", v, (*k.shape[:3], None), "[B, T, Hkv, V]", where)
+        T = k.shape[1]
+        if self.k is not None:
+            B, H, _, K = self.k.shape
+            check_shape("k", k, (B, None, H, K), "[B, T, Hkv, K] (the cache's B, Hkv, K)", where)
+            check_shape("v", v, (B, None, H, self.v.shape[-1]), "[B, T, Hkv, V] (the cache's B, Hkv, V)", where)
+        self.seen += T
+        L = len(self)
+        if self._functional(k, v) or (self.window is not None and T > 1) or (self.k is not None and self.k.dtype != k.dtype):
+            keys = k if L == 0 else torch.cat([self.keys.to(k.dtype), k], 1)
+            values = v if L == 0 else torch.cat([self.values.to(v.dtype), v], 1)
+            keep = keys.shape[1] if self.keep is None else min(self.keep, keys.shape[1])
+            if self._functional(k, v):  # the buffers are the cat itself (full: the next append reallocates)
+                self.k, self.v = keys.transpose(1, 2), values.transpose(1, 2)
+                self.start, self.end = keys.shape[1] - keep, keys.shape[1]
+            else:
+                self._store(keys[:, keys.shape[1] - keep :], values[:, values.shape[1] - keep :], self._capacity(keep))
+            return keys, values
+        if self.k is None or self.end + T > self.capacity:
+            old_k, old_v = (self.keys, self.values) if L else (k[:, :0], v[:, :0])
+            self._store(old_k, old_v, self._capacity(L + T))
+        self.k[:, :, self.end : self.end + T] = k.transpose(1, 2)
+        self.v[:, :, self.end : self.end + T] = v.transpose(1, 2)
+        self.end += T
+        keys, values = self.keys, self.values
+        if self.keep is not None:
+            self.start = max(self.start, self.end - self.keep)
+        return keys, values
+
+    def _capacity(self, need: int) -> int:
+        """Slots of a new buffer that must hold ``need`` tokens: doubling without a window,
+        bounded with one."""
+        if self.window is None:
+            return max(2 * self.capacity, need, self.BLOCK)
+        return max(2 * self.keep, self.keep + self.BLOCK, need)

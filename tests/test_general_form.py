@@ -14,7 +14,8 @@ import torch.nn.functional as F
 import seqmix
 from seqmix.mixers.base import Cache
 from seqmix.mixers.linear_attention import (
-    METALA_ABLATIONS, METALA_MQAR, METALA_PAPER, PRESETS, RWKV4_FULL, S6_NAMES, GeneralForm, mamba_gf_state_from_s6,
+    METALA_ABLATIONS, METALA_MQAR, METALA_PAPER, MLSTM_EXP_FORGET, MLSTM_PAPER, PRESETS, RWKV4_FULL, S6_NAMES, GeneralForm,
+    mamba_gf_state_from_s6,
 )
 from tolerances import F32_RTOL, F64_ATOL, max_abs, rel_err
 
@@ -70,6 +71,14 @@ VARIANTS = {
     "linformer_decayed": ("linformer", dict(decay="sigmoid", tau=4.0)),
     "transnormer_per_head": ("transnormer", dict(norm_per_head=True)),
     "gla_scale_number": ("gla", dict(scale=0.3, xnorm="layernorm")),
+    "mlstm_paper": ("mlstm", MLSTM_PAPER),
+    "mlstm_exp_forget": ("mlstm", MLSTM_EXP_FORGET),
+    "mlstm_sum_normalizer": ("mlstm", dict(normalizer_form="sum", feature_map="elu1")),
+    "linformer_max_abs": ("linformer", dict(normalizer_form="max_abs")),
+    "head_decay_xlstm_normalizer": ("general_form", dict(decay_per_head=True, decay_bias=True, gate_soft_cap=5.0, normalizer=True,
+                                                        normalizer_form="xlstm")),
+    "rg_lru_block_no_reset": ("rg_lru_block", dict(reset_at_start=False)),
+    "hgrn_reset": ("hgrn", dict(reset_at_start=True, expand=2, in_proj_bias=True, outer_gate="gelu_tanh")),
 }
 
 
@@ -135,7 +144,8 @@ def test_every_option_value_is_exercised():
         seqmix.mixer_entry(n).config(**{**seqmix.mixer_entry(n).example_config(), **o}) for n, o in VARIANTS.values()
     ]
     fields = GeneralForm.Config.model_fields
-    for fname in ("query", "key", "value", "decay", "gate", "feature_map", "xnorm", "skip", "rs_exponent", "head_decay", "aug_activation"):
+    for fname in ("query", "key", "value", "decay", "gate", "feature_map", "xnorm", "skip", "rs_exponent", "head_decay", "aug_activation",
+                  "normalizer_form", "input_gate", "outer_gate"):
         allowed = set(get_args(fields[fname].annotation))
         used = {getattr(c, fname) for c in cfgs}
         assert allowed <= used, f"{fname}: {sorted(allowed - used)} never tested"

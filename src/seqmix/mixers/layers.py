@@ -72,20 +72,22 @@ class LayerNorm(nn.Module):
     LayerNorm, RetNet's GroupNorm, MetaLA's per-head norm without affine).
 
     groups > 1 normalizes each of ``groups`` equal slices separately (mean and variance per
-    slice); ``affine`` adds a weight and a bias over all ``dim`` channels. Same API as
-    :class:`RMSNorm`.
+    slice); ``affine`` adds a weight and a bias over all ``dim`` channels (``bias=False``: the
+    weight only, xLSTM's multi-head norm without use_bias). Same API as :class:`RMSNorm`.
     """
 
-    def __init__(self, dim: int, *, eps: float = 1e-5, groups: int = 1, affine: bool = True):
+    def __init__(self, dim: int, *, eps: float = 1e-5, groups: int = 1, affine: bool = True, bias: bool = True):
         super().__init__()
         if dim % groups:
             raise ValueError(f"LayerNorm: dim = {dim} must be divisible by groups = {groups}")
         self.dim, self.eps, self.groups = dim, eps, groups
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
-        self.bias = nn.Parameter(torch.zeros(dim)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if affine and bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         xg = x.reshape(*shape[:-1], self.groups, shape[-1] // self.groups)
         y = torch.nn.functional.layer_norm(xg, xg.shape[-1:], eps=self.eps).reshape(shape)
-        return y * self.weight + self.bias if self.weight is not None else y
+        if self.weight is not None:
+            y = y * self.weight
+        return y + self.bias if self.bias is not None else y

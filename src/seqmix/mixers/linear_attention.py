@@ -29,10 +29,41 @@ registered preset of it (:func:`register_preset`), never a copy:
     qlstm         {K, Λ_t}          1          σ(xW_i)             σ(xW_f)                      σ(xW_o)
     qlstm_rs      {K, Λ_t}          1          σ(xW_i)             σ(-xW_f)^a                   σ(xW_o)
     metala        {Q, Λ_t}          xW_Q       1 - α_t             σ(xW_α)^{1/τ}                SiLU(xW_G + b)
+    mlstm         {Q, K, Λ_t}       xW_Q       e^{ĩ_t} xW_K/√d_k'  σ(f̃_t), one per head          σ(xW_o)  (+ normalizer η_t)
 
 (qlstm_block / qlstm_rs_block: the gated block of the DSF paper's experiments, with an
-in-projection, a short conv and a GELU outer gate; general_form: the base class with plain
-projections.) The group of any config is computed by ``seqmix.analysis.conditions``.
+in-projection, a short conv and a GELU outer gate; rg_lru_block: Griffin's recurrent block as
+RecurrentGemma builds it, with biased in-projections, a tanh-GeLU branch, a biased conv and
+the first-token reset; general_form: the base class with plain projections.) The group of any
+config is computed by ``seqmix.analysis.conditions``.
+
+The mLSTM (xLSTM, Beck et al. 2024), ``mlstm``: a normalized gated linear attention. Per head,
+
+    C_t = f_t C_{t-1} + i_t v_t k_tᵀ,   n_t = f_t n_{t-1} + i_t k_t,   h̃_t = C_t q_t / η_t,
+    η_t = max(|n_tᵀ q_t|, 1)                                      (paper; normalizer_form='max_abs')
+    η_t = max(|n_tᵀ q_t|, 1) + ε e^{m_t}                          (transformers; normalizer_form='xlstm')
+
+with f_t = σ(f̃_t) (or exp(f̃_t): decay='exp'), i_t = exp(ĩ_t) (input_gate='exp'), one scalar
+per head (decay_per_head), k scaled by 1/√d_k', gates soft-capped (gate_soft_cap), then a
+per-head LayerNorm, the output gate σ(x W_o) and W_O. It is the general form with a per-head
+decay, the input gate folded into the key and the row-sum normalizer of LinFormer (the ones
+column of the state is n_t) passed through max(|·|, 1). The max-stabilizer
+m_t = max(log f_t + m_{t-1}, ĩ_t) (``seqmix.ops.stabilizer``) stores e^{-m_t} C_t, whose gates
+f_t e^{m_{t-1} - m_t} and i_t e^{-m_t} are <= 1: exactly the log-decay and key that
+``linear_recurrence`` takes, so every mode is the op's; m_t is carried in the cache.
+
+Relation to the DSF paper's normalized attention (dsf note §3.2, §3.6): the mLSTM is separable
+attention (eq. 13-14) with φ = ψ = id, a decay, and a normalizer η_t that, like eq. (17)'s
+η(q_i, k_i) and unlike normalized attention's η(u_i) = exp(W_η u_i) (eq. 22), depends on the
+query and the whole (gated) key prefix: η_t = max(|q_tᵀ Σ_{s<=t} (Π f) i_s k_s|, 1). Where
+normalized attention divides by an exponential of the current input only, the mLSTM puts the
+exponential on the input side (i_t = exp(ĩ_t) scales B_t, as eq. 22's B_i = e^{-W_η u_i} k_i does
+with the opposite sign) and bounds the row sum below by 1 instead of dividing by it. η_t is a
+nonlinear function of the input, like the DSF paper's η, so the DSF is input-dependent:
+``dsf(x)`` gives Λ_t = f_t I (the gate itself, unstabilized), B_t = i_t (I ⊗ k_t),
+C_t = (1/η_t)(I ⊗ q_tᵀ) — C_t includes 1/η_t, since η_t depends on q_t — and ``phi(x)`` is
+q_tᵀ (Π f) i_s k_s / η_t, which reproduces the core output. Choices where the paper and
+transformers differ are options: MLSTM_PAPER (no ε, no soft cap), MLSTM_EXP_FORGET.
 
 Layout inside: q, k [B, T, H, K], v [B, T, H, V], log-decays [B, T, H] (one per head) or
 [B, T, H, K] (key-wise), as ``linear_recurrence`` takes them. The core map Φ (``phi``) is
@@ -64,7 +95,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import linear_recurrence, recurrence_map
+from ..ops import linear_recurrence, max_stabilizer, recurrence_map
 from ..ops.precision import complex_, compute_dtype, upcast
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv
@@ -73,12 +104,14 @@ from .layers import LayerNorm, RMSNorm, ShortConv
 Query = Literal["proj", "one"]
 Key = Literal["proj", "one", "one_minus_decay", "sqrt_one_minus_decay_sq", "sigmoid_proj", "exp_proj", "delta_proj"]
 Value = Literal["proj", "identity", "silu_proj", "gated_identity", "lru"]
-Decay = Literal["none", "fixed_head", "fixed", "lru", "sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru"]
+Decay = Literal["none", "fixed_head", "fixed", "lru", "sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru", "exp"]
 Gate = Literal["none", "silu", "sigmoid", "gelu", "linear"]
 FeatureMap = Literal["identity", "elu1", "silu", "relu"]
 QUERIES, KEYS, VALUES, DECAYS, GATES, FEATURE_MAPS = (get_args(t) for t in (Query, Key, Value, Decay, Gate, FeatureMap))
 #: decays that depend on the input (the group Λ_t); the others are Λ (fixed) or absent
-DYNAMIC_DECAYS = ("sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru")
+DYNAMIC_DECAYS = ("sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru", "exp")
+#: the mLSTM normalizers (xLSTM): η_t = max(|q_t n_t|, 1) ('max_abs', the paper), + ε e^{m_t} ('xlstm', transformers / NX-AI)
+Normalizer = Literal["sum", "max_abs", "xlstm"]
 #: keys that are their own parameter group K (the others are 1 or tied to the decay)
 INDEPENDENT_KEYS = ("proj", "sigmoid_proj", "exp_proj", "delta_proj")
 
@@ -102,7 +135,10 @@ class GeneralFormConfig(MixerConfig):
         description="block form: an in-projection d -> 2·expand·d giving the stream the parameter functions read (d_in = expand·d) "
         "and an outer gate branch z (the qLSTM block of the DSF paper, Mamba's block); None: they read x (d_in = d)",
     )
-    outer_gate: Literal["gelu", "silu"] = Field("gelu", description="activation of the outer gate branch z (with expand)")
+    outer_gate: Literal["gelu", "silu", "gelu_tanh"] = Field(
+        "gelu", description="activation of the outer gate branch z (with expand); 'gelu_tanh' is GeLU's tanh approximation (RecurrentGemma)"
+    )
+    in_proj_bias: bool = Field(False, description="bias in the in-projection of the block form (RecurrentGemma's linear_x and linear_y)")
     conv_size: int | None = Field(None, ge=1, description="kernel of a short causal depthwise conv on the stream before the parameter functions (MetaLA Eq. A31); None: no conv")
     conv_bias: bool = Field(False, description="bias in the short conv")
     conv_activation: Literal["none", "silu"] = Field("none", description="activation after the short conv")
@@ -122,8 +158,9 @@ class GeneralFormConfig(MixerConfig):
         "sigmoid",
         description="f_α: 'none' α = 1; 'fixed_head' one fixed γ_h per head (RetNet, TransNormer); 'fixed' learned per channel exp(-exp(w)) (RWKV-4); "
         "'lru' complex exp(-exp(ν) + i exp(θ)); 'sigmoid' lb + (1 - lb)σ(x W_α + b) (MetaLA, HGRN, qLSTM); 'low_rank_sigmoid' σ(x W¹ W² + b) (GLA); "
-        "'reversed_sigmoid' σ(-x W_f + b)^a, a learned (DSF eq. 23); 'delta_A' exp(-Δ_t A) (Mamba); 'rg_lru' σ(Λ)^{c σ(x W_a + b)} (Griffin). "
-        "Every decay is then raised to 1/tau",
+        "'reversed_sigmoid' σ(-x W_f + b)^a, a learned (DSF eq. 23); 'delta_A' exp(-Δ_t A) (Mamba); 'rg_lru' σ(Λ)^{c σ(x W_a + b)} (Griffin); "
+        "'exp' α = exp(x W_α + b), xLSTM's exponential forget gate (may exceed 1: needs input_gate = 'exp', whose stabilizer keeps the "
+        "stored decays <= 1). Every decay is then raised to 1/tau",
     )
     gate: Gate = Field("none", description="f_g: act(x W_G + b) or 'linear' x W_U (TransNormer) or 'none' (g = 1)")
     feature_map: FeatureMap = Field("identity", description="φ applied to q and k of the 'proj' options (the LinFormer kernel)")
@@ -132,6 +169,19 @@ class GeneralFormConfig(MixerConfig):
     low_rank: int = Field(16, gt=0, description="rank of W_α¹ W_α² of 'low_rank_sigmoid' (GLA: 16)")
     decay_bias: bool = Field(False, description="bias in the decay's projection (GLA b_α, Griffin b_a; none in MetaLA)")
     decay_lower_bound: float = Field(0.0, ge=0, lt=1, description="lb of 'sigmoid': α = lb + (1 - lb)σ(z) (HGRN's lower bound)")
+    decay_per_head: bool = Field(
+        False, description="one decay per head, W_α: d_in -> H ('sigmoid', 'exp'; the mLSTM forget gate, like SSD's), instead of one per key channel"
+    )
+    input_gate: Literal["none", "exp"] = Field(
+        "none",
+        description="'exp': xLSTM's exponential input gate i_t = exp(x W_i + b_i), one per head, folded into the key (k_t <- i_t k_t) "
+        "through the max-stabilizer m_t = max(log f_t + m_{t-1}, log i_t) (seqmix.ops.stabilizer): the state is kept as e^{-m_t} C_t, "
+        "m_t is carried in the cache. Needs decay_per_head, decay 'sigmoid' or 'exp', and the normalizer (the stabilizer cancels in its ratio)",
+    )
+    gate_soft_cap: float | None = Field(
+        None, gt=0, description="cap·tanh(z/cap) on the pre-activations of the forget gate (decay 'sigmoid', 'low_rank_sigmoid', 'exp') "
+        "and of the exponential input gate (xLSTM-7B in transformers: 15); None: no cap",
+    )
     head_decay: Literal["retnet", "transnormer"] = Field("retnet", description="'fixed_head' schedule: γ_h = 1 - 2^{-5-h} (RetNet) or exp(-8h/H) (TransNormerLLM, layer 0)")
     rg_lru_c: float = Field(8.0, gt=0, description="c of 'rg_lru' (Griffin: 8)")
     rs_exponent: Literal["relu", "exp", "fixed"] = Field(
@@ -146,6 +196,17 @@ class GeneralFormConfig(MixerConfig):
         "a real decay ζ_j^{1/512} per rotary pair"
     )
     normalizer: bool = Field(False, description="divide by the row sum q_t Σ_s (Πα) k_s (LinFormer's denominator, Eq. 5; RWKV-4's)")
+    normalizer_form: Normalizer = Field(
+        "sum",
+        description="η_t from the row sum s_t = q_t n_t: 'sum' η = s (LinFormer, RWKV-4); 'max_abs' η = max(|s|, 1) (the mLSTM of the xLSTM "
+        "paper); 'xlstm' η = max(|s|, 1) + normalizer_eps·e^{m_t} (transformers' and NX-AI's kernels: max(|q ñ|, e^{-m}) + ε on the "
+        "stabilized state; m_t = 0 without the exponential input gate)",
+    )
+    normalizer_eps: float = Field(1e-6, ge=0, description="ε of normalizer_form 'xlstm' (transformers' xLSTMConfig.eps)")
+    reset_at_start: bool = Field(
+        False, description="Griffin's document reset (RecurrentGemma): the first token of a sequence started without a carried state "
+        "(position 0) enters unnormalized, k_0 = 1 instead of the tied key sqrt(1 - α_0²) or 1 - α_0",
+    )
     bonus: bool = Field(False, description="RWKV-4's current-token bonus: o_t = q_t S_{t-1} + (q_t ⊙ e^u ⊙ k_t)·1 v_t")
     token_shift: bool = Field(False, description="RWKV-4's token shift: f_k, f_v, f_g read μ ⊙ x_t + (1 - μ) ⊙ x_{t-1}")
     skip: Literal["none", "head", "input"] = Field("none", description="skip term D: 'head' o += D_h v_h inside the core (Mamba); 'input' y += D ⊙ x (LRU)")
@@ -157,6 +218,7 @@ class GeneralFormConfig(MixerConfig):
     xnorm: Literal["none", "layernorm", "rmsnorm"] = Field("none", description="XNorm of Eq. 14")
     norm_per_head: bool = Field(True, description="XNorm per head (GroupNorm-like) or over all d_v")
     norm_affine: bool = Field(True, description="XNorm with a learned weight (and bias for LayerNorm)")
+    norm_bias: bool = Field(True, description="with norm_affine: LayerNorm's bias (False: the weight only, xLSTM's multi-head norm)")
     norm_eps: float = Field(1e-5, gt=0, description="XNorm epsilon")
     gate_bias: bool = Field(False, description="biases in the gate-like functions: f_g, and the 'sigmoid_proj', 'silu_proj', 'gated_identity' options")
     bias: bool = Field(False, description="biases in the linear projections W_Q, W_K, W_V, W_O")
@@ -244,6 +306,26 @@ class GeneralFormConfig(MixerConfig):
             raise ValueError(f"scale = {self.scale} must be > 0 (or 'none', 'inv_sqrt_k')")
         if self.decay == "none" and self.tau != 1.0:
             raise ValueError(f"tau = {self.tau} raises the decay to 1/tau; decay = 'none' has none")
+        if self.decay_per_head and self.decay not in ("sigmoid", "exp"):
+            raise ValueError(f"decay_per_head = True takes decay 'sigmoid' or 'exp', got decay = {self.decay!r}")
+        if self.decay == "exp" and self.input_gate != "exp":
+            raise ValueError("decay = 'exp' (exponential forget gate, may exceed 1) needs input_gate = 'exp' (its max-stabilizer)")
+        if self.input_gate == "exp":
+            if not (self.decay_per_head and self.decay in ("sigmoid", "exp")):
+                raise ValueError(f"input_gate = 'exp' needs one decay per head: decay_per_head = True with decay 'sigmoid' or 'exp', "
+                                 f"got decay = {self.decay!r}, decay_per_head = {self.decay_per_head}")
+            if not self.normalizer:
+                raise ValueError("input_gate = 'exp' needs normalizer = True (the max-stabilizer cancels only in the normalized ratio)")
+            if self.bonus or self.rotary:
+                raise ValueError("input_gate = 'exp' does not combine with bonus or rotary")
+        if self.gate_soft_cap is not None and self.input_gate != "exp" and self.decay not in ("sigmoid", "low_rank_sigmoid", "exp"):
+            raise ValueError(f"gate_soft_cap caps the forget/input gate pre-activations: needs decay 'sigmoid', 'low_rank_sigmoid' or 'exp', "
+                             f"or input_gate = 'exp', got decay = {self.decay!r}")
+        if self.normalizer_form != "sum" and not self.normalizer:
+            raise ValueError(f"normalizer_form = {self.normalizer_form!r} needs normalizer = True")
+        if self.reset_at_start and self.key not in ("one_minus_decay", "sqrt_one_minus_decay_sq"):
+            raise ValueError(f"reset_at_start = True sets the tied key of the first token to 1: needs key 'one_minus_decay' or "
+                             f"'sqrt_one_minus_decay_sq', got key = {self.key!r}")
         return self
 
 
@@ -257,12 +339,14 @@ class _Params:
     gk: torch.Tensor | None  # log α: [B, T, H] (one per head) or [B, T, H, K]; complex for 'lru'
     g: torch.Tensor | None = None  # gate [B, T, d_v]
     z: torch.Tensor | None = None  # outer gate (activated) [B, T, d_in]
+    m: torch.Tensor | None = None  # the max-stabilizer m_t [B, T, H] of the exponential input gate
     state: dict = field(default_factory=dict)  # conv / token-shift states after the last token
 
 
 def _act(name: str, x: torch.Tensor) -> torch.Tensor:
     return {"identity": lambda t: t, "none": lambda t: t, "linear": lambda t: t, "elu1": lambda t: F.elu(t) + 1,
-            "silu": F.silu, "relu": F.relu, "sigmoid": torch.sigmoid, "gelu": F.gelu}[name](x)
+            "silu": F.silu, "relu": F.relu, "sigmoid": torch.sigmoid, "gelu": F.gelu,
+            "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[name](x)
 
 
 def _shift_right(x: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
@@ -280,13 +364,13 @@ class GeneralForm(Mixer):
     by its row sums, with the skip 'head' plus D_h on the diagonal; real part with rotary).
     State per sequence: H·d_k'·(d_v' [+1 with a normalizer]) recurrent floats (×2 when complex;
     rotary pairs the key channels into d_k'/2 complex ones), plus d_in·(conv_size - 1) for
-    the conv and d_in for the token shift.
+    the conv, d_in for the token shift and H for the max-stabilizer of the exponential input gate.
     """
 
     family = "linear_attention"
     modes = ("recurrent", "chunk", "parallel")
     reference_mode = "recurrent"
-    state_formula = "H·d_k'·(d_v' [+1]) (+ d_in·(conv-1), + d_in with token shift)"
+    state_formula = "H·d_k'·(d_v' [+1]) (+ d_in·(conv-1), + d_in with token shift, + H with the exp input gate)"
     map_unit = "head"
     Config = GeneralFormConfig
 
@@ -298,7 +382,7 @@ class GeneralForm(Mixer):
         qk_width = self.K if c.shared_qk else d_k
 
         # the stream: in-projection (block form), short conv
-        self.W_in = nn.Linear(d, 2 * d_in, bias=False) if c.expand else None
+        self.W_in = nn.Linear(d, 2 * d_in, bias=c.in_proj_bias) if c.expand else None
         self.conv = ShortConv(d_in, c.conv_size, bias=c.conv_bias, activation=None if c.conv_activation == "none" else "silu") if c.conv_size else None
         if c.token_shift:  # RWKV-4: μ_k, μ_v, μ_r (layer-0 initialization of the RWKV-4 code)
             ramp = torch.arange(d_in, dtype=torch.float32) / d_in
@@ -327,6 +411,15 @@ class GeneralForm(Mixer):
         # f_α
         self._init_decay(c, d_in, d_k, H)
 
+        # xLSTM's exponential input gate, one per head. Gate biases as transformers' xLSTM initializes them: input -10
+        # (i_t ≈ e^{-10}: the normalizer starts at its floor), forget linspace(3, 6) over the heads (f ≈ 0.95..0.998);
+        # gate weights keep PyTorch's Linear initialization (transformers zeroes them)
+        if c.input_gate == "exp":
+            self.W_i = nn.Linear(d_in, H, bias=True)
+            with torch.no_grad():
+                self.W_i.bias.fill_(-10.0)
+                if c.decay_bias:
+                    self.W_a.bias.copy_(torch.linspace(3.0, 6.0, H))
         # RWKV-4 bonus u (time_first), per key channel
         if c.bonus:
             self.u = nn.Parameter(math.log(0.3) + 0.5 * torch.linspace(-1, 1, d_k))
@@ -341,7 +434,7 @@ class GeneralForm(Mixer):
         # XNorm, f_g, W_O
         groups = H if c.norm_per_head else 1
         if c.xnorm == "layernorm":
-            self.norm = LayerNorm(d_v, eps=c.norm_eps, groups=groups, affine=c.norm_affine)
+            self.norm = LayerNorm(d_v, eps=c.norm_eps, groups=groups, affine=c.norm_affine, bias=c.norm_bias)
         elif c.xnorm == "rmsnorm":
             self.norm = RMSNorm(d_v, eps=c.norm_eps, groups=groups, affine=c.norm_affine)
         else:
@@ -372,8 +465,8 @@ class GeneralForm(Mixer):
             self.nu_log = nn.Parameter(torch.log(-0.5 * torch.log(r2)))
             self.theta_log = nn.Parameter(torch.log(LRU_MAX_PHASE * u2 + 1e-8))
             self.gamma_log = nn.Parameter(0.5 * torch.log1p(-r2))
-        elif kind in ("sigmoid", "reversed_sigmoid", "rg_lru"):
-            self.W_a = nn.Linear(d_in, d_k, bias=c.decay_bias)
+        elif kind in ("sigmoid", "reversed_sigmoid", "rg_lru", "exp"):
+            self.W_a = nn.Linear(d_in, H if c.decay_per_head else d_k, bias=c.decay_bias)
         elif kind == "low_rank_sigmoid":
             self.W_a = nn.Sequential(nn.Linear(d_in, c.low_rank, bias=False), nn.Linear(c.low_rank, d_k, bias=c.decay_bias))
         elif kind == "delta_A":  # Mamba: Δ_t = softplus(x W_u W_Δ + b_Δ) per head (channel), A = exp(A_log)
@@ -430,10 +523,14 @@ class GeneralForm(Mixer):
             la = (-torch.exp(upcast(self.w))).view(H, K).expand(B, T, H, K)
         elif kind == "lru":
             la = complex_(-torch.exp(upcast(self.nu_log)), torch.exp(upcast(self.theta_log))).view(H, K).expand(B, T, H, K)
-        elif kind in ("sigmoid", "low_rank_sigmoid"):
-            z = upcast(self.W_a(u)).view(B, T, H, K)  # decays in float32 or wider (docs/scale.md)
+        elif kind in ("sigmoid", "low_rank_sigmoid", "exp"):
+            z = upcast(self.W_a(u))  # decays in float32 or wider (docs/scale.md)
+            z = self._soft_cap(z.view(B, T, H) if c.decay_per_head else z.view(B, T, H, K))
             lb = c.decay_lower_bound
-            la = F.logsigmoid(z) if lb == 0 else torch.log(lb + (1 - lb) * torch.sigmoid(z))
+            if kind == "exp":  # xLSTM's exponential forget gate: log f = f̃ (stabilized in _params)
+                la = z
+            else:
+                la = F.logsigmoid(z) if lb == 0 else torch.log(lb + (1 - lb) * torch.sigmoid(z))
         elif kind == "reversed_sigmoid":  # DSF eq. (23): σ_rev(z)^a = σ(-z)^a
             z = upcast(self.W_a(u)).view(B, T, H, K)
             a = {"relu": lambda: F.relu(self.a), "exp": lambda: torch.exp(self.a_log), "fixed": lambda: 1.0}[c.rs_exponent]()
@@ -447,6 +544,11 @@ class GeneralForm(Mixer):
         if c.tau != 1.0:
             la = la / c.tau
         return la, delta
+
+    def _soft_cap(self, z):
+        """xLSTM-7B's gate soft cap: cap·tanh(z/cap) (identity without gate_soft_cap)."""
+        cap = self.config.gate_soft_cap
+        return z if cap is None else cap * torch.tanh(z / cap)
 
     def _params(self, x, state, need_state) -> _Params:
         """The parameter functions (Eqs. 11-12) on x [B, T, d]:
@@ -464,6 +566,12 @@ class GeneralForm(Mixer):
             if need_state:
                 new["x_prev"] = u[:, -1]
         la, delta = self._decay(u)
+        m = li = None
+        if c.input_gate == "exp":  # xLSTM: i_t = exp(ĩ_t); the max-stabilizer turns (f_t, i_t) into gates <= 1 (seqmix.ops.stabilizer)
+            li_raw = self._soft_cap(upcast(self.W_i(u_k)))  # [B, T, H]
+            la, li, m = max_stabilizer(la, li_raw, state.get("m") if state else None)
+            if need_state:
+                new["m"] = m[:, -1]
         # f_q
         qk_heads = 1 if c.shared_qk else H
         if c.query == "proj":
@@ -485,6 +593,10 @@ class GeneralForm(Mixer):
             k = torch.exp(self.W_k(u_k)).view(B, T, H, K)
         else:  # delta_proj: Δ_t^h ⊙ x W_B (B_t shared by every head)
             k = delta.unsqueeze(-1) * self.W_k(u_k).view(B, T, qk_heads, K)
+        if li is not None:  # the (stabilized) exponential input gate, folded into the key
+            k = k * torch.exp(li).unsqueeze(-1)
+        if c.reset_at_start and state is None:  # Griffin: position 0 enters unnormalized
+            k = torch.cat([torch.ones_like(k[:, :1]), k[:, 1:]], dim=1)
         # f_v
         kind = c.value
         if kind == "proj":
@@ -501,7 +613,7 @@ class GeneralForm(Mixer):
         v = v.reshape(B, T, H, V)
         # f_g
         g = None if self.W_g is None else _act(c.gate, self.W_g(u_g))
-        return _Params(q=q, k=k, v=v, gk=la, g=g, z=z, state=new)
+        return _Params(q=q, k=k, v=v, gk=la, g=g, z=z, m=m, state=new)
 
     # -- the core (Eqs. 13-14 before XNorm) ----------------------------------------------------
 
@@ -568,12 +680,23 @@ class GeneralForm(Mixer):
         if c.rotary:
             o = o.real
         if c.normalizer:
-            o = o[..., :-1] / o[..., -1:]
+            o = o[..., :-1] / self._eta(o[..., -1:], P.m.unsqueeze(-1) if P.m is not None else None)
         if not o.is_complex():  # back to the projections' dtype (the op may have run in float32/complex64)
             o = o.to(P.v.dtype)
         if c.skip == "head":
             o = o + self.D.view(self.H, 1) * P.v
         return o, S
+
+    def _eta(self, s, m=None):
+        """The normalizer η from the row sum s = q_t n_t (of the stabilized state when m is given,
+        m broadcasting against s): 'sum' s; 'max_abs' max(|s|, e^{-m}); 'xlstm' max(|s|, e^{-m}) + ε.
+        With m = 0 (no exponential input gate) e^{-m} = 1: the paper's max(|n_tᵀ q_t|, 1)."""
+        form = self.config.normalizer_form
+        if form == "sum":
+            return s
+        floor = torch.exp(-m).to(s.dtype) if m is not None else torch.ones((), dtype=s.dtype, device=s.device)
+        eta = torch.maximum(s.abs(), floor)
+        return eta + self.config.normalizer_eps if form == "xlstm" else eta
 
     def _self_aug(self, P: _Params) -> torch.Tensor:
         """MetaLA Eq. A35: σ_aug((Σ_i q_i w_aug,i k_i) v_t) per head, with the unscaled q (the code)."""
@@ -628,7 +751,8 @@ class GeneralForm(Mixer):
         P = self._params(x, None, False)
         A = self._numerator_map(P)
         if self.config.normalizer:
-            A = A / A.sum(-1, keepdim=True)
+            m = P.m.transpose(1, 2).unsqueeze(-1) if P.m is not None else None  # [B, H, T, 1]
+            A = A / self._eta(A.sum(-1, keepdim=True), m)
         if self.config.skip == "head":
             A = A + torch.diag_embed(self.D.view(1, self.H, 1).expand(A.shape[0], self.H, A.shape[-1]).to(A.dtype))
         return A
@@ -638,7 +762,9 @@ class GeneralForm(Mixer):
         [B, T, H·d_v']), output the core output ``mixed``. Λ_t = α_t per key channel; with a
         normalizer η_t: Λ_t = α_t η_{t-1}/η_t, B_t = k_t/η_t (seed 000, 15b); with the bonus:
         C_t = q_t/α_t and D_t = Σ_i q_i (e^{u_i} - 1/α_i) k_i (the current token's weight; exact, but
-        it loses about log10(1/α_min) digits of float64 to cancellation for strong decays)."""
+        it loses about log10(1/α_min) digits of float64 to cancellation for strong decays). With the
+        mLSTM normalizers ('max_abs', 'xlstm') or the exponential input gate, η_t depends on q_t and goes
+        into C_t = q_t/η_t instead, and the system is the unstabilized one: Λ_t = f_t, B_t = i_t k_t."""
         self.check_input(x)
         c = self.config
         P = self._params(x, None, False)
@@ -656,7 +782,19 @@ class GeneralForm(Mixer):
             u = self.u.detach().double().view(H, K)
             Dh = self._scale * (q * (torch.exp(u) - torch.exp(-gk)) * k).sum(-1)
             q = q * torch.exp(-gk)
-        if c.normalizer:
+        if c.normalizer and (c.normalizer_form != "sum" or c.input_gate == "exp"):
+            # the mLSTM: η_t = max(|q_t n_t|, 1) (+ ε e^{m_t}) depends on q_t, so 1/η_t goes into C_t; with the
+            # exponential input gate the system is the unstabilized one: Λ_t = f_t, B_t = i_t k_t (k = e^{m} k̃)
+            A = self._numerator_map(P).detach().double()
+            m = P.m.detach().double() if P.m is not None else torch.zeros(B, T, H, dtype=torch.float64)
+            eta = self._eta(A.sum(-1).transpose(1, 2), m) * torch.exp(m)  # η in the units of the unstabilized state
+            if P.m is not None:
+                m_prev = torch.cat([torch.zeros_like(m[:, :1]), m[:, :-1]], dim=1)
+                gk = gk + (m - m_prev).unsqueeze(-1)  # log f_t = log f̃'_t + m_t - m_{t-1} (m_{-1} = 0 from an empty state)
+                k = k * torch.exp(m).unsqueeze(-1)
+            q = q / eta.unsqueeze(-1)
+            Dh = Dh / eta
+        elif c.normalizer:
             eta = self._numerator_map(P).detach().double().sum(-1).transpose(1, 2)  # [B, T, H]
             log_eta = eta.log()
             log_prev = torch.cat([torch.zeros_like(log_eta[:, :1]), log_eta[:, :-1]], dim=1)
@@ -675,6 +813,8 @@ class GeneralForm(Mixer):
     def state_size(self, seq_len: int | None = None) -> int:
         c = self.config
         n = self.H * self.K * (self.V + (1 if c.normalizer else 0))
+        if c.input_gate == "exp":
+            n += self.H  # the stabilizer m
         if c.complex_values:
             n *= 2
         if self.conv is not None:
@@ -786,6 +926,31 @@ _preset(
          conv_size=4, conv_bias=False, conv_activation="silu", self_aug=True, aug_activation="sigmoid", scale="inv_sqrt_k",
          xnorm="layernorm", norm_per_head=True, norm_affine=False, norm_eps=1e-5, gate="silu", gate_bias=True),
 )
+
+_preset(
+    "mlstm", "{Q, K, Λ_t}",
+    "xLSTM's mLSTM layer (Beck et al. 2024; transformers' xLSTMLayer): C_t = f_t C_{t-1} + i_t k_t v_tᵀ, n_t = f_t n_{t-1} + i_t k_t, "
+    "f = σ(f̃), i = exp(ĩ) per head (soft cap 15, max-stabilizer), h̃_t = C_t q_t / (max(|n_tᵀ q_t|, 1) + ε e^{m_t}), per-head LayerNorm, "
+    "σ output gate; d_k = d/2",
+    dict(heads=4, expand_k=0.5, query="proj", key="proj", value="proj", decay="sigmoid", decay_per_head=True, decay_bias=True,
+         input_gate="exp", gate_soft_cap=15.0, normalizer=True, normalizer_form="xlstm", normalizer_eps=1e-6, scale="inv_sqrt_k",
+         xnorm="layernorm", norm_per_head=True, norm_affine=True, norm_bias=False, norm_eps=1e-6, gate="sigmoid", gate_bias=False),
+)
+_preset(
+    "rg_lru_block", "{Λ_t}",
+    "Griffin's recurrent block (RecurrentGemmaRecurrentBlock): x = W_x u + b, y = GeLU_tanh(W_y u + b), conv 4 with bias, RG-LRU "
+    "(c = 8, first token unnormalized), out = W_o(h ⊙ y) + b",
+    dict(_LINRNN, expand=1, in_proj_bias=True, outer_gate="gelu_tanh", conv_size=4, conv_bias=True, conv_activation="none",
+         key="sqrt_one_minus_decay_sq", value="gated_identity", decay="rg_lru", decay_bias=True, gate="none", gate_bias=True, bias=True,
+         reset_at_start=True),
+    example={"heads": None},
+)
+
+#: the mLSTM cell as the xLSTM paper writes it where transformers' xLSTM differs: the normalizer
+#: max(|n_tᵀ q_t|, 1) without transformers' ε e^{m_t}, and no soft cap on the gate pre-activations
+MLSTM_PAPER = dict(normalizer_form="max_abs", gate_soft_cap=None)
+#: the paper's other forget gate, f_t = exp(f̃_t) (kept <= 1 in the stored state by the max-stabilizer)
+MLSTM_EXP_FORGET = dict(decay="exp")
 
 #: MetaLA as the paper writes it where the official code differs (metala note §4.7): no query scale,
 #: no SiLU after the conv, no gate bias (Eq. A33), XNorm = LayerNorm over d_v. The conv kernel of the

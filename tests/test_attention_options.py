@@ -359,6 +359,8 @@ def _hf_mask(T, window=None):
 
 
 def _copy(m, q_w, k_w, v_w, o_w, q_b=None, k_b=None, v_b=None, o_b=None):
+    """W_qk = [q_proj; k_proj] (Qwen3-Next, not an interop family yet; Llama's and RecurrentGemma's
+    correspondence is their family's weight table, seqmix.interop.families.ATTENTION_WEIGHTS)."""
     with torch.no_grad():
         m.W_qk.weight.copy_(torch.cat([q_w, k_w]))
         m.W_v.weight.copy_(v_w)
@@ -378,6 +380,8 @@ def test_llama_attention_converts_exactly(bias):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
+    from seqmix.interop import convert_module
+
     cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, attention_bias=bias,
                       rope_parameters={"rope_type": "default", "rope_theta": 500.0}, attn_implementation="eager")
     torch.manual_seed(0)
@@ -391,9 +395,8 @@ def test_llama_attention_converts_exactly(bias):
     pos = torch.arange(T)[None].expand(2, T)
     with torch.no_grad():
         y_hf = hf(x, position_embeddings=LlamaRotaryEmbedding(cfg)(x, pos), attention_mask=_hf_mask(T))[0]
-    m = seqmix.build_mixer("softmax_attention", d_model=32, heads=4, kv_heads=2, head_dim=8, rope=True, rope_theta=500.0, bias=bias)
-    _copy(m, hf.q_proj.weight, hf.k_proj.weight, hf.v_proj.weight, hf.o_proj.weight,
-          *((hf.q_proj.bias, hf.k_proj.bias, hf.v_proj.bias, hf.o_proj.bias) if bias else ()))
+    m = convert_module(hf, cfg).mixer  # the llama family's adapter config and weight table (seqmix.interop)
+    assert (m.heads, m.kv_heads, m.head_qk, m.config.rope_theta, m.config.qkv_bias, m.config.out_bias) == (4, 2, 8, 500.0, bias, bias)
     with torch.no_grad():
         for mode in m.modes:
             m.mode = mode
@@ -410,6 +413,8 @@ def test_recurrent_gemma_local_attention_converts_exactly():
     from transformers import RecurrentGemmaConfig
     from transformers.models.recurrent_gemma.modeling_recurrent_gemma import RecurrentGemmaAttention
 
+    from seqmix.interop import convert_module
+
     W = 4
     cfg = RecurrentGemmaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=1, head_dim=8, attention_window_size=W,
                                lru_width=32, vocab_size=16, num_hidden_layers=1, attn_implementation="eager",
@@ -420,9 +425,8 @@ def test_recurrent_gemma_local_attention_converts_exactly():
     x = torch.randn(2, T, 32)
     with torch.no_grad():
         y_hf = hf(x, position_ids=torch.arange(T)[None].expand(2, T), attention_mask=_hf_mask(T, W))[0]
-    m = seqmix.build_mixer("softmax_attention", d_model=32, heads=4, kv_heads=1, head_dim=8, rope=True, rotary_dim=4,
-                           window=W, qkv_bias=False, out_bias=True)
-    _copy(m, hf.q_proj.weight, hf.k_proj.weight, hf.v_proj.weight, hf.o_proj.weight, o_b=hf.o_proj.bias)
+    m = convert_module(hf, cfg).mixer  # the recurrent_gemma family's adapter config and weight table (seqmix.interop)
+    assert (m.kv_heads, m.head_qk, m.config.rotary_dim, m.config.window, m.config.qkv_bias, m.config.out_bias) == (1, 8, 4, W, False, True)
     with torch.no_grad():
         for mode in m.modes:
             m.mode = mode

@@ -3,17 +3,11 @@ given the weights of a real model's sequence-mixing module computes the same out
 
 Nothing is downloaded: each transformers module is built from a tiny config of its family's
 config class and given random weights (gates included, large enough that every branch of
-each nonlinearity is taken). The weight tables below say which transformers parameter
-becomes which seqmix parameter; they are plain data (the interop package will move them
-into its family registry):
-
-    {transformers name (relative to the mixing module): seqmix name | (seqmix name, transform)}
-
-A transform is a name of :data:`TRANSFORMS`, or ``("rows", i, n)`` (the tensor fills the i-th
-of n equal row blocks of the seqmix parameter), or ``"split_rows"`` with a tuple of seqmix
-names (the tensor's rows are split, in order, into those parameters, each taking as many rows
-as it has). Names absent from a module (biases a config switches off) are skipped; every
-parameter on both sides must be covered.
+each nonlinearity is taken). The weight tables that say which transformers parameter becomes
+which seqmix parameter are the interop families' own (one copy): xLSTM's and RWKV-4's live in
+``seqmix.interop.families`` (XLSTM_WEIGHTS, xlstm_fused_weights, RWKV4_WEIGHTS,
+RECURRENT_GEMMA_WEIGHTS; loaded here by the converter's own mapping, with the same checks: every
+parameter on both sides covered, shapes checked).
 
 Which module is "the mixer" (everything between a block's pre-norm and its residual add):
 
@@ -34,122 +28,19 @@ import torch
 
 import seqmix
 from seqmix.mixers.base import Cache
-from seqmix.mixers.linear_attention import MLSTM_EXP_FORGET, MLSTM_PAPER, RWKV4_FULL
+from seqmix.interop.convert import _mapped_weights
+from seqmix.interop.families import RECURRENT_GEMMA, RWKV, XLSTM, recurrent_gemma_block_config, rwkv4_config, xlstm_fields
+from seqmix.mixers.linear_attention import MLSTM_EXP_FORGET, MLSTM_PAPER
 from tolerances import F64_ATOL, REAL_F32_RTOL, REAL_F64_RTOL, max_abs, rel_err
 
 transformers = pytest.importorskip("transformers")
 
-# ------------------------------------------------------------------------------------------
-# the weight tables (plain data)
-# ------------------------------------------------------------------------------------------
 
-#: transformers' xLSTMLayer (weight_mode="single") -> seqmix "mlstm"
-XLSTM_WEIGHTS = {
-    "q.weight": "W_q.weight",
-    "q.bias": "W_q.bias",
-    "k.weight": "W_k.weight",
-    "k.bias": "W_k.bias",
-    "v.weight": "W_v.weight",
-    "v.bias": "W_v.bias",
-    "igate_preact.weight": "W_i.weight",
-    "igate_preact.bias": "W_i.bias",
-    "fgate_preact.weight": "W_a.weight",
-    "fgate_preact.bias": "W_a.bias",
-    "ogate_preact.weight": "W_g.weight",
-    "ogate_preact.bias": "W_g.bias",
-    "multihead_norm.weight": "norm.weight",
-    "multihead_norm.bias": "norm.bias",
-    "out_proj.weight": "W_o.weight",
-    "out_proj.bias": "W_o.bias",
-}
-#: transformers' xLSTMLayer (weight_mode="fused"): q, k, v, o stacked in one matrix, i and f in another
-XLSTM_FUSED_WEIGHTS = {
-    "qkv_opreact.weight": (("W_q.weight", "W_k.weight", "W_v.weight", "W_g.weight"), "split_rows"),
-    "qkv_opreact.bias": (("W_q.bias", "W_k.bias", "W_v.bias", "W_g.bias"), "split_rows"),
-    "ifgate_preact.weight": (("W_i.weight", "W_a.weight"), "split_rows"),
-    "ifgate_preact.bias": (("W_i.bias", "W_a.bias"), "split_rows"),
-    "multihead_norm.weight": "norm.weight",
-    "multihead_norm.bias": "norm.bias",
-    "out_proj.weight": "W_o.weight",
-    "out_proj.bias": "W_o.bias",
-}
-#: the seqmix config of an xLSTMConfig (the "mlstm" preset holds the rest)
-XLSTM_CONFIG = {
-    "hidden_size": "d_model", "num_heads": "heads", "qk_dim_factor": "expand_k", "v_dim_factor": "expand_v",
-    "use_bias": ("bias", "gate_bias", "norm_bias"), "gate_soft_cap": "gate_soft_cap", "eps": "normalizer_eps", "norm_eps": "norm_eps",
-}
-
-#: transformers' RwkvSelfAttention -> seqmix "rwkv4" with RWKV4_FULL (bonus, token shift, denominator)
-RWKV4_WEIGHTS = {
-    "time_decay": "w",  # log α = -exp(time_decay)
-    "time_first": "u",  # the current-token bonus e^{u + k_t}
-    "time_mix_key": ("mu_k", "flatten"),
-    "time_mix_value": ("mu_v", "flatten"),
-    "time_mix_receptance": ("mu_r", "flatten"),
-    "key.weight": "W_k.weight",
-    "value.weight": "W_v.weight",
-    "receptance.weight": "W_g.weight",
-    "output.weight": "W_o.weight",
-}
-
-#: transformers' RecurrentGemmaRecurrentBlock -> seqmix "rg_lru_block" (lru_width = hidden_size)
-RECURRENT_GEMMA_WEIGHTS = {
-    "linear_x.weight": ("W_in.weight", ("rows", 0, 2)),  # the stream u
-    "linear_x.bias": ("W_in.bias", ("rows", 0, 2)),
-    "linear_y.weight": ("W_in.weight", ("rows", 1, 2)),  # the outer gate branch z
-    "linear_y.bias": ("W_in.bias", ("rows", 1, 2)),
-    "conv_1d.weight": ("conv.weight", "squeeze1"),  # [C, 1, W] -> [C, W], same tap order
-    "conv_1d.bias": "conv.bias",
-    "rg_lru.input_gate_weight": ("W_v.weight", "block_diag_t"),  # per-head x_h W_h -> one block-diagonal Linear
-    "rg_lru.input_gate_bias": ("W_v.bias", "flatten"),
-    "rg_lru.recurrent_gate_weight": ("W_a.weight", "block_diag_t"),
-    "rg_lru.recurrent_gate_bias": ("W_a.bias", "flatten"),
-    "rg_lru.recurrent_param": ("Lambda", "neg"),  # log a = -c r softplus(param) = c r log σ(-param)
-    "linear_out.weight": "W_o.weight",
-    "linear_out.bias": "W_o.bias",
-}
-
-TRANSFORMS = {
-    "flatten": lambda t: t.reshape(-1),
-    "neg": lambda t: -t,
-    "squeeze1": lambda t: t.squeeze(1),
-    "block_diag_t": lambda t: torch.block_diag(*[w.t() for w in t.unbind(0)]),
-}
-
-
-def load_weights(mixer: torch.nn.Module, module: torch.nn.Module, table: dict) -> None:
-    """Copies ``module``'s parameters into ``mixer`` by ``table`` (module docstring); every
-    parameter of both must be covered."""
-    src = dict(module.named_parameters())
-    dst = {n: p.detach().clone() for n, p in mixer.named_parameters()}
-    unused = set(src) - set(table)
-    assert not unused, f"transformers parameters without a table entry: {sorted(unused)}"
-    filled: dict[str, int] = {}
-    for hf_name, spec in table.items():
-        if hf_name not in src:
-            continue
-        t = src[hf_name].detach()
-        name, how = (spec, None) if isinstance(spec, str) else spec
-        if how == "split_rows":
-            parts = t.split([dst[n].shape[0] for n in name], dim=0)
-            for n, part in zip(name, parts, strict=True):
-                dst[n] = part.reshape(dst[n].shape).clone()
-                filled[n] = filled.get(n, 0) + 1
-            continue
-        if isinstance(how, tuple) and how[0] == "rows":
-            _, i, n_blocks = how
-            rows = dst[name].shape[0] // n_blocks
-            dst[name][i * rows : (i + 1) * rows] = t
-            filled[name] = filled.get(name, 0) + 1 / n_blocks
-            continue
-        t = TRANSFORMS[how](t) if how else t
-        assert t.shape == dst[name].shape, (hf_name, tuple(t.shape), name, tuple(dst[name].shape))
-        dst[name] = t.clone()
-        filled[name] = filled.get(name, 0) + 1
-    assert {n for n, c in filled.items() if abs(c - 1) < 1e-9} == set(dst), f"seqmix parameters not filled: {sorted(set(dst) - set(filled))}"
-    with torch.no_grad():
-        for n, p in mixer.named_parameters():
-            p.copy_(dst[n])
+def load_family_weights(mixer: torch.nn.Module, module: torch.nn.Module, family) -> None:
+    """Copies ``module``'s weights into ``mixer`` by the interop family's weight table (the converter's
+    own mapping: every parameter of both sides covered, shapes checked)."""
+    weights, _ = _mapped_weights(type(module).__name__, module, family.module_map(module), mixer)
+    mixer.load_state_dict(weights, strict=True)
 
 
 def randomize(module: torch.nn.Module, seed: int, scale: float = 0.3, bias_scale: float = 1.0) -> None:
@@ -193,12 +84,11 @@ def xlstm_layer(dtype, *, use_bias=False, weight_mode="single", mode="inference"
     return cfg, layer
 
 
-def mlstm_from(cfg, layer, dtype, table=XLSTM_WEIGHTS, **overrides):
-    kw = dict(d_model=cfg.hidden_size, heads=cfg.num_heads, expand_k=cfg.qk_dim_factor, expand_v=cfg.v_dim_factor, bias=cfg.use_bias,
-              gate_bias=cfg.use_bias, norm_bias=cfg.use_bias, gate_soft_cap=cfg.gate_soft_cap, normalizer_eps=cfg.eps,
-              norm_eps=cfg.norm_eps, chunk_size=8)
+def mlstm_from(cfg, layer, dtype, **overrides):
+    """The seqmix mlstm of an xLSTMLayer: the interop family's config mapping and weight table (either weight mode)."""
+    kw = {**xlstm_fields(cfg, layer), "chunk_size": 8}
     m = seqmix.build_mixer("mlstm", **{**kw, **overrides}).to(dtype).eval()
-    load_weights(m, layer, table)
+    load_family_weights(m, layer, XLSTM)
     return m
 
 
@@ -223,7 +113,7 @@ def test_xlstm_block_mixer_is_the_mlstm_layer():
 def test_xlstm_mlstm_layer_float32(use_bias, weight_mode):
     """fp32: every seqmix mode equals transformers' inference path (chunkwise kernel + recurrent tail)."""
     cfg, layer = xlstm_layer(torch.float32, use_bias=use_bias, weight_mode=weight_mode)
-    m = mlstm_from(cfg, layer, torch.float32, XLSTM_WEIGHTS if weight_mode == "single" else XLSTM_FUSED_WEIGHTS)
+    m = mlstm_from(cfg, layer, torch.float32)
     x = inputs(2, 37, 32, torch.float32)  # two chunks of 16 plus a tail of 5
     with torch.no_grad():
         y_ref, _ = layer(x)
@@ -413,8 +303,8 @@ def test_rwkv4_self_attention():
     dtype = torch.float32
     cfg, att = rwkv_attention(dtype)
     d = cfg.hidden_size
-    m = seqmix.build_mixer("rwkv4", d_model=d, chunk_size=8, **RWKV4_FULL).to(dtype).eval()
-    load_weights(m, att, RWKV4_WEIGHTS)
+    m = seqmix.build_mixer("rwkv4", **{**rwkv4_config(cfg, att), "chunk_size": 8}).to(dtype).eval()
+    load_family_weights(m, att, RWKV)
     x = inputs(2, 29, d, dtype)
     with torch.no_grad():
         y_ref, _ = att(x, state=rwkv_state(2, d, dtype))
@@ -471,8 +361,8 @@ def test_recurrent_gemma_recurrent_block():
     cannot be compared tighter than float32): whole sequence, then prefill + token-by-token decoding."""
     dtype = torch.float32
     cfg, blk = recurrent_gemma_block(dtype)
-    m = seqmix.build_mixer("rg_lru_block", d_model=cfg.hidden_size, chunk_size=8).to(dtype).eval()
-    load_weights(m, blk, RECURRENT_GEMMA_WEIGHTS)
+    m = seqmix.build_mixer("rg_lru_block", **recurrent_gemma_block_config(cfg, blk), chunk_size=8).to(dtype).eval()
+    load_family_weights(m, blk, RECURRENT_GEMMA)
     B, T = 2, 23
     x = inputs(B, T, cfg.hidden_size, dtype)
     pos = torch.arange(T).expand(B, T)

@@ -464,6 +464,10 @@ class S6Config(_DtRange):
     )
     dt_init_floor: float = Field(1e-4, gt=0, description="lower clamp of the initial Δ")
     dt_scale: float = Field(1.0, gt=0, description="scale of dt_proj's uniform init, ±dt_scale/sqrt(dt_rank)")
+    bcdt_rms: bool = Field(
+        False, description="Falcon-Mamba: weightless RMS norms on δ (before dt_proj), b and c, each over its own features"
+    )
+    bcdt_rms_eps: float = Field(1e-6, gt=0, description="epsilon of the bcdt_rms norms (Falcon-Mamba's mixer_rms_eps)")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
 
     @model_validator(mode="after")
@@ -504,6 +508,9 @@ class S6(Mixer):
     x = SiLU(conv_4(x)) (``ShortConv``), y = out_proj(y_core ⊙ SiLU(z)).
     scalar_A and shared_delta (``dsf_ssd``): one A for the layer and Δ_t^c = softplus(δ_t + b_Δ^c)
     with a rank-1 δ_t (dsf note §3.9, A17).
+    bcdt_rms (``falcon_mamba``, Falcon-Mamba): δ_t, b_t and c_t are each divided by their RMS
+    (no weight, eps = bcdt_rms_eps) right after x_proj, before dt_proj and the scan; Λ_i, B_i and
+    C_i keep the form above with the normalized δ, b, c (a per-token rescaling of B_i and C_i).
 
     Init (Mamba): A_log = log(1..n) per channel (S4D-Real) or 0 (scalar_A), D = 1, dt_proj
     weight U(±dt_scale/√p), b_Δ = softplus⁻¹(dt) with dt log-uniform in [dt_min, dt_max].
@@ -539,6 +546,8 @@ class S6(Mixer):
             self.A_log = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(D, 1))
         self.D = nn.Parameter(torch.ones(D))
         self.out_proj = nn.Linear(D, c.d_model, bias=c.bias)
+        if c.bcdt_rms:  # weightless: no parameters, the state dict is unchanged
+            self.dt_norm, self.b_norm, self.c_norm = (RMSNorm(m, eps=c.bcdt_rms_eps, affine=False) for m in (R, n, n))
 
     @classmethod
     def example_config(cls) -> dict:
@@ -560,6 +569,8 @@ class S6(Mixer):
             x, new_conv = self.conv(x, conv_state, output_final_state=need_state)
         n = self.config.d_state
         dt, b, c = self.x_proj(x).split([self.dt_rank, n, n], dim=-1)
+        if self.config.bcdt_rms:
+            dt, b, c = self.dt_norm(dt), self.b_norm(b), self.c_norm(c)
         pre = dt if self.config.shared_delta else self.dt_proj(dt)  # [B, T, 1] broadcasts over channels
         delta = F.softplus(pre + self.dt_bias)
         return x, z, delta, b, c, new_conv
@@ -628,6 +639,13 @@ register_preset(
     example={"d_model": 16, "d_state": 4, "chunk_size": 8},
 )
 register_preset(
+    "falcon_mamba", S6,
+    description="Falcon-Mamba block (Zuo et al. 2024): the Mamba block with weightless RMS norms on Δ's input, B and C",
+    defaults={"block": True, "expand": 2, "bcdt_rms": True},
+    # dt_rank > 1: the RMS norm of a single feature is its sign, with a gradient that is 0 or huge
+    example={"d_model": 16, "d_state": 8, "dt_rank": 4, "chunk_size": 8},
+)
+register_preset(
     "dsf_ssd", S6,
     description="the DSF paper's MQAR 'SSD': S6 with one scalar A and a shared rank-1 Δ plus per-channel Δ bias",
     defaults={"scalar_A": True, "shared_delta": True, "dt_rank": 1},
@@ -653,6 +671,9 @@ class SSDConfig(_DtRange):
     A_init_max: float = Field(16.0, gt=0, description="see A_init_min")
     dt_init_floor: float = Field(1e-4, gt=0, description="lower clamp of the initial Δ")
     norm_eps: float = Field(1e-5, gt=0, description="epsilon of the gated RMSNorm")
+    dt_limit: tuple[float, float] | None = Field(
+        None, description="Mamba-2's dt_limit: Δ is clamped to [lo, hi] after the softplus, in every mode (None: no clamp)"
+    )
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode (the SSD algorithm)")
 
     @model_validator(mode="after")
@@ -670,6 +691,8 @@ class SSDConfig(_DtRange):
             raise ValueError(f"groups = {self.groups} must divide the number of heads d_inner/headdim = {heads}")
         if self.A_init_min > self.A_init_max:
             raise ValueError(f"A_init_min = {self.A_init_min} must be <= A_init_max = {self.A_init_max}")
+        if self.dt_limit is not None and not 0 <= self.dt_limit[0] < self.dt_limit[1]:
+            raise ValueError(f"dt_limit = {self.dt_limit} must be (lo, hi) with 0 <= lo < hi")
         return self
 
 
@@ -691,6 +714,8 @@ class SSD(Mixer):
     block = False (``ssd``): x = u; (B, C, dt) = x_proj(x); out_proj.
     block = True (``mamba2``): (z, x, B, C, dt) = in_proj(u), (x, B, C) = SiLU(conv_4(x, B, C)),
     y = out_proj(RMSNorm_G(y_core ⊙ SiLU(z))) (gated RMSNorm, gate before the norm, one norm per group).
+    dt_limit = (lo, hi) (Mamba-2's time_step_limit): Δ_t^h = clamp(softplus(dt_t^h + b_Δ^h), lo, hi)
+    in every mode (the DSF view reads the clamped Δ).
 
     Init (Mamba-2): -A ~ U[A_init_min, A_init_max], D = 1, b_Δ = softplus⁻¹(dt), dt log-uniform.
     Maps of phi(x): one per head, [B, heads, T, T]. State: heads·d_state·headdim
@@ -745,6 +770,8 @@ class SSD(Mixer):
             return t.view(Bt, T, G, N).repeat_interleave(H // G, dim=2)
 
         delta = F.softplus(dt + self.dt_bias)
+        if c.dt_limit is not None:
+            delta = delta.clamp(*c.dt_limit)
         return x.view(Bt, T, H, c.headdim), z, delta, heads(Bm), heads(Cm), new_conv
 
     def _recurrence(self, delta, Bm, Cm):

@@ -1,0 +1,323 @@
+"""The one adapter: a seqmix mixer behind a transformers mixer's call signature and cache.
+
+``InteropMixer(mixer, layer_idx=..., state=STATE_TABLE)`` is called by transformers' block
+exactly as the module it replaces: ``forward(hidden_states, cache=None, attention_mask=None,
+**kwargs) -> hidden_states`` (the older keywords ``cache_params`` / ``past_key_values`` are
+read too). Without a cache it is ``mixer(x)`` (the mixer's own mode: "auto" or what
+``from_transformers(mode=...)`` set). With transformers' cache object it maps this layer's
+slots of that object to a :class:`seqmix.Cache` entry (the state table: which slot holds
+which entry, and how the layouts differ), runs ``mixer(x, cache=...)`` — T == 1 is the
+mixer's own decoding step, a longer input a full-sequence mode continuing from the state —
+and writes the new state back in transformers' layout. The state therefore lives in
+transformers' cache object, where ``generate()`` reorders it for beam search, resets and
+offloads it; the seqmix Cache is a per-call view of it. Families with their own state objects
+use the state kinds ``stacked`` (RWKV-4's ``state=`` list of [B, d, layers] tensors, this layer's
+column) and ``tuple`` (xLSTM's per-layer (C, n, m), the module's second argument), and return
+``(output, state)`` as their modules do (``returns_state``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..hf.modeling import resolve_cache_argument
+from ..mixers.base import Cache, Mixer
+from ..ops import KVCache
+from .table import State
+
+#: keyword arguments transformers' blocks may pass that do not change a recurrent mixer's output
+_HARMLESS = frozenset({"position_ids", "cache_position", "use_cache", "output_attentions", "return_dict", "position_embeddings"})
+
+
+class InteropMixer(nn.Module):
+    """A seqmix :class:`~seqmix.mixers.base.Mixer` in the place of a transformers module.
+
+    mixer:     the seqmix mixer (holding the converted weights)
+    layer_idx: the layer's index in transformers' cache object
+    state:     the state table (rows of :class:`~seqmix.interop.table.State`)
+    where:     the module path it replaced (error messages)
+    source:    the class name it replaced
+    returns_state: return ``(output, state)`` as the replaced module does (RWKV-4, xLSTM)
+    aliases:   ``(transformers name, seqmix name)`` submodules exposed under the transformers name
+               (``ModuleMap.aliases``: transformers' code that reaches into the replaced module)
+    returns_pair: return ``(output, None)`` as an attention module returns (output, weights)
+    mask:      what ``attention_mask`` is: "padding" (2D), "causal" (4D attention mask), "ignored"
+    positions: check ``position_ids`` against the positions the seqmix state implies
+    """
+
+    def __init__(self, mixer: Mixer, *, layer_idx: int | None, state: tuple[State, ...], where: str, source: str,
+                 returns_state: bool = False, aliases: tuple[tuple[str, str], ...] = (), returns_pair: bool = False,
+                 mask: str = "padding", positions: bool = False):
+        super().__init__()
+        self.mixer = mixer
+        self.layer_idx = layer_idx
+        self.state_table = tuple(state)
+        self.where = where
+        self.source = source
+        self.returns_state = bool(returns_state)
+        self.aliases = dict(aliases)
+        self.returns_pair = bool(returns_pair)
+        self.mask_kind = mask
+        self.positions = bool(positions)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            alias = self.__dict__.get("aliases", {}).get(name)
+            if alias is None:
+                raise
+            return self.mixer.get_submodule(alias)
+
+    def extra_repr(self) -> str:
+        return f"replaces={self.source}, layer_idx={self.layer_idx}"
+
+    # -- the call ---------------------------------------------------------------------------
+
+    def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None, *,
+                state=None, cache_params=None, past_key_values=None, **kwargs):
+        where = f"{self.where} ({self.source} -> seqmix {self.mixer.registry_name!r})"
+        if state is not None and cache is not None and state is not cache:
+            raise ValueError(f"{where}: pass the decoding state once (got both 'cache' and 'state')")
+        # RWKV-4 passes its state list as ``state=``, xLSTM its layer tuple as the second argument
+        hf_cache = resolve_cache_argument(cache if cache is not None else state, past_key_values, cache_params, where)
+        self._check_kwargs(kwargs, where)
+        seqmix_state = self.read_state(hf_cache, where) if hf_cache is not None else None
+        if self.mask_kind == "padding":
+            self._check_mask(attention_mask, hidden_states, where)
+        elif self.mask_kind == "causal":
+            self._check_causal_mask(attention_mask, hidden_states, seqmix_state, where)
+        if self.positions:
+            self._check_positions(kwargs.get("position_ids"), hidden_states, seqmix_state, where)
+        if hf_cache is None:
+            y = self.mixer(hidden_states)
+            return (y, None) if (self.returns_state or self.returns_pair) else y
+        view = Cache()
+        if seqmix_state is not None:
+            view.set(self.mixer, seqmix_state)
+        y = self.mixer(hidden_states, cache=view)
+        new = self.write_state(hf_cache, view.get(self.mixer), where)
+        if self.returns_pair:
+            return y, None
+        return (y, new) if self.returns_state else y
+
+    @staticmethod
+    def _check_kwargs(kwargs: dict, where: str) -> None:
+        bad = sorted(k for k, v in kwargs.items() if v is not None and k not in _HARMLESS)
+        if bad:
+            raise ValueError(f"{where}: argument(s) {', '.join(repr(k) for k in bad)} are not supported by the converted "
+                             "mixer (packed sequences, seq_idx and kernel options have no seqmix equivalent yet)")
+
+    @staticmethod
+    def _check_mask(mask, x, where: str) -> None:
+        """transformers zeroes padded positions inside the mixer (before in_proj and after the conv);
+        the seqmix mixers take no padding mask, so only an all-ones mask is accepted."""
+        if mask is None:
+            return
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+            raise ValueError(f"{where}: argument 'attention_mask' must be a 2D padding mask [batch, time] or None, got "
+                             f"{type(mask).__name__ if not isinstance(mask, torch.Tensor) else list(mask.shape)}")
+        if not bool((mask[:, -x.shape[1]:] != 0).all()):
+            raise ValueError(f"{where}: argument 'attention_mask' has padding (zeros): the converted seqmix mixer takes no "
+                             "padding mask; pass prompts of equal length (no padding) or one prompt at a time")
+
+    def _window(self):
+        return getattr(self.mixer.config, "window", None)
+
+    def _check_causal_mask(self, mask, x, state, where: str) -> None:
+        """transformers' attention takes a 4D mask [B, 1, T, L] (bool: True = visible; float: 0 =
+        visible) built from the padding mask and the causal / sliding-window rule, or None (SDPA's
+        is_causal). The seqmix mixer applies the causal (windowed) rule itself and takes no padding,
+        so the mask must be exactly that rule: query i (absolute position p = the cached tokens + i)
+        sees min(p + 1, window) keys. Padding (or any other mask) hides some and is refused."""
+        if mask is None:
+            return
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+            what = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise ValueError(f"{where}: argument 'attention_mask' must be transformers' 4D attention mask [batch, 1, query, key] "
+                             f"or None, got {what} (use attn_implementation 'eager' or 'sdpa')")
+        T = x.shape[1]
+        visible = mask if mask.dtype == torch.bool else mask == 0
+        seen = visible[..., -T:, :].sum(-1)  # [B, 1, T]: keys each query sees
+        start = state["kv"].seen if state is not None else 0
+        expect = torch.arange(start + 1, start + T + 1, device=mask.device)
+        w = self._window()
+        if w is not None:
+            expect = expect.clamp(max=w)
+        if not bool((seen == expect).all()):
+            raise ValueError(f"{where}: argument 'attention_mask' has padding (or is not the causal"
+                             f"{' sliding-window' if w else ''} mask): the converted seqmix attention applies the causal mask "
+                             "itself and takes no padding mask; pass prompts of equal length (no padding) or one prompt at a time")
+
+    def _check_positions(self, position_ids, x, state, where: str) -> None:
+        """The seqmix mixer takes its positions from its state (RoPE: the KV cache's token count;
+        RecurrentGemma's reset: whether a state exists), so ``position_ids`` must be those."""
+        if position_ids is None:
+            return
+        T = x.shape[1]
+        pos = torch.as_tensor(position_ids)
+        if pos.dim() == 1:
+            pos = pos[None]
+        if pos.dim() != 2 or pos.shape[-1] != T:
+            raise ValueError(f"{where}: argument 'position_ids' must be [batch, {T}], got {list(pos.shape)}")
+        if state is None:
+            start = 0
+        elif "kv" in state:
+            start = state["kv"].seen
+        else:  # a recurrent state: consecutive positions after position 0 (the reset happened at the start)
+            start = int(pos[0, 0])
+            if start < 1:
+                raise ValueError(f"{where}: argument 'position_ids' starts at {start} although the cache holds a state: "
+                                 "position 0 resets RecurrentGemma's recurrence, which the converted mixer does only at the start")
+        expect = torch.arange(start, start + T, device=pos.device)
+        if not bool((pos == expect).all()):
+            raise ValueError(f"{where}: argument 'position_ids' must be the consecutive positions {start}..{start + T - 1} of "
+                             "this call's tokens after the cached prefix (the converted mixer takes positions from its state); "
+                             "got other positions (generate() derives them from a padding 'attention_mask'; or packed "
+                             "sequences): pass prompts of equal length (no padding)")
+
+    # -- the state: transformers' cache object <-> a seqmix Cache entry ------------------------
+
+    def _layer(self, hf_cache, where: str):
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+        layers = getattr(hf_cache, "layers", None)
+        if self.layer_idx is None or layers is None or self.layer_idx >= len(layers) \
+                or not isinstance(layers[self.layer_idx], LinearAttentionCacheLayerMixin):
+            raise ValueError(f"{where}: argument 'cache' ({type(hf_cache).__name__}) has no linear-attention layer "
+                             f"{self.layer_idx}: build it as DynamicCache(config=model.config), as the model does")
+        if hf_cache.is_recording_past(self.layer_idx):
+            raise ValueError(f"{where}: the cache records past states (assisted decoding / cropping): not supported by "
+                             "the converted mixer")
+        return layers[self.layer_idx]
+
+    def _check_container(self, hf_state, where: str) -> None:
+        """The ``stacked`` and ``tuple`` kinds: a list / tuple of tensors with the slots the table reads."""
+        kind = self.state_table[0].kind
+        need = max(i for row in self.state_table for i in row.slots) + 1
+        ok = isinstance(hf_state, (list, tuple)) and len(hf_state) >= need and all(isinstance(t, torch.Tensor) for t in hf_state)
+        if ok and kind == "stacked":
+            ok = self.layer_idx is not None and all(t.dim() == 3 and self.layer_idx < t.shape[-1] for t in hf_state)
+        if not ok:
+            what = (f"a list of at least {need} tensors [batch, channels, layers] holding layer {self.layer_idx}"
+                    if kind == "stacked" else f"this layer's tuple of at least {need} state tensors")
+            raise ValueError(f"{where}: argument 'state' must be {what} (as the model builds it), got "
+                             f"{type(hf_state).__name__}")
+
+    def _get(self, hf_cache, kind: str, slot: int):
+        if kind == "conv":
+            return hf_cache.get_conv_state(self.layer_idx, state_idx=slot)
+        if kind == "recurrent":
+            return hf_cache.get_recurrent_state(self.layer_idx, state_idx=slot)
+        if kind == "stacked":
+            return hf_cache[slot][:, :, self.layer_idx]
+        return hf_cache[slot]  # "tuple"
+
+    def read_state(self, hf_cache, where: str = "") -> dict | None:
+        """This layer's seqmix state from transformers' decoding state, or None (nothing read yet)."""
+        if not self.state_table:
+            return None
+        if self.state_table[0].kind == "kv":
+            return self._read_kv(hf_cache, where)
+        if self.state_table[0].kind in ("conv", "recurrent"):
+            self._layer(hf_cache, where)
+        else:
+            self._check_container(hf_cache, where)
+        state = {}
+        for row in self.state_table:
+            ts = tuple(self._get(hf_cache, row.kind, i) for i in row.slots)
+            if any(t is None for t in ts):
+                return None
+            t = ts if isinstance(row.index, tuple) else ts[0]
+            state[row.seqmix] = row.to_seqmix(t) if row.to_seqmix else t
+        return state
+
+    def write_state(self, hf_cache, state: dict | None, where: str = ""):
+        """Writes the mixer's new seqmix state into transformers' decoding state (in place where the slot
+        exists, as transformers does, so that static addresses are kept) and returns the state object the
+        replaced module would return: the cache / list itself, or (``tuple`` kind) the new tuple."""
+        if not self.state_table or state is None:
+            return hf_cache
+        kind = self.state_table[0].kind
+        if kind == "kv":
+            self._write_kv(hf_cache, state, where)
+            return hf_cache
+        layer = self._layer(hf_cache, where) if kind in ("conv", "recurrent") else None
+        i = self.layer_idx
+        out = list(hf_cache) if kind == "tuple" else None
+        for row in self.state_table:
+            if row.seqmix not in state or state[row.seqmix] is None:
+                raise ValueError(f"{where}: the mixer's state has no entry {row.seqmix!r} (state table of {self.source})")
+            t = state[row.seqmix]
+            t = row.to_hf(t) if row.to_hf else t
+            for slot, v in zip(row.slots, t if isinstance(row.index, tuple) else (t,), strict=True):
+                if row.kind == "tuple":
+                    out[slot] = v
+                elif row.kind == "stacked":
+                    hf_cache[slot][:, :, i] = v
+                elif row.kind == "conv":
+                    prev = hf_cache.get_conv_state(i, state_idx=slot)
+                    if prev is not None and prev.shape == v.shape:
+                        prev.copy_(v)
+                    else:  # first write (or after reset): transformers allocates the slot, width = v's
+                        hf_cache.update_conv_state(v, i, state_idx=slot, conv_kernel_size=v.shape[-1])
+                    layer.has_previous_state[slot] = True
+                else:
+                    hf_cache.update_recurrent_state(v, i, state_idx=slot)
+                    layer.has_previous_state[slot] = True
+        return tuple(out) if out is not None else hf_cache
+
+    # -- the "kv" kind: seqmix's KVCache kept in a DynamicCache's attention layer ------------------
+
+    def _kv_layer(self, hf_cache, where: str):
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+        layers = getattr(hf_cache, "layers", None)
+        if self.layer_idx is not None and layers is not None and getattr(hf_cache, "layer_class_to_replicate", None) is not None:
+            while len(layers) <= self.layer_idx:  # a DynamicCache() without config creates its layers lazily, as update() does
+                layers.append(hf_cache.layer_class_to_replicate())
+        if self.layer_idx is None or layers is None or self.layer_idx >= len(layers):
+            raise ValueError(f"{where}: argument 'cache' ({type(hf_cache).__name__}) has no attention layer {self.layer_idx}: "
+                             "build it as DynamicCache(config=model.config), as the model does")
+        layer = layers[self.layer_idx]
+        w = self._window()
+        want = DynamicLayer if w is None else DynamicSlidingWindowLayer
+        if type(layer) is not want or (w is not None and layer.sliding_window != w):
+            got = type(layer).__name__ + (f"(sliding_window={layer.sliding_window})" if hasattr(layer, "sliding_window") else "")
+            raise ValueError(f"{where}: argument 'cache' layer {self.layer_idx} is a {got}; the converted attention"
+                             f"{f' (window {w})' if w else ''} keeps its keys and values in a {want.__name__}"
+                             f"{f'(sliding_window={w})' if w else ''} of a DynamicCache (static, quantized and offloaded "
+                             "caches are not supported)")
+        if getattr(layer, "record_past", False):
+            raise ValueError(f"{where}: the cache records past states (assisted decoding / cropping): not supported by "
+                             "the converted mixer")
+        return layer
+
+    def _read_kv(self, hf_cache, where: str) -> dict | None:
+        layer = self._kv_layer(hf_cache, where)
+        if not layer.is_initialized or layer.keys is None or layer.get_seq_length() == 0:
+            return None
+        kv = getattr(layer, "_seqmix_kv", None)
+        if kv is not None and layer.keys is getattr(layer, "_seqmix_keys", None) \
+                and layer.values is getattr(layer, "_seqmix_values", None):
+            return {"kv": kv}  # the layer still holds the views this adapter wrote: the same KVCache, no copy
+        # transformers replaced them (beam search's reorder, crop, offload) or filled the layer itself: one copy
+        kv = KVCache(window=self._window())
+        if layer.keys.shape[-2]:
+            kv.append(layer.keys.transpose(1, 2), layer.values.transpose(1, 2))
+        kv.seen = int(layer.get_seq_length())
+        return {"kv": kv}
+
+    def _write_kv(self, hf_cache, state: dict, where: str) -> None:
+        kv = state.get("kv")
+        if not isinstance(kv, KVCache):
+            raise ValueError(f"{where}: the mixer's state has no KV cache 'kv' (state table of {self.source})")
+        layer = self._kv_layer(hf_cache, where)
+        keys, values = kv.keys.transpose(1, 2), kv.values.transpose(1, 2)  # [B, Hkv, L, ·]: views of its buffers
+        if not layer.is_initialized:
+            layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        if hasattr(layer, "cumulative_length"):  # a sliding layer counts every token seen (positions, mask sizes)
+            layer.cumulative_length = kv.seen
+        layer._seqmix_kv, layer._seqmix_keys, layer._seqmix_values = kv, keys, values

@@ -1,0 +1,220 @@
+"""The one converter: a transformers model in, the same model class out with every
+sequence-mixing module replaced by an :class:`~seqmix.interop.adapter.InteropMixer` holding a
+seqmix mixer with the original's weights (read from the family's tables)."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import torch
+from torch import nn
+
+from ..mixers.base import Mixer, build_mixer
+from .adapter import InteropMixer
+from .families import FAMILIES
+from .table import Family, ModuleMap, Unsupported
+
+_WHERE = "from_transformers"
+
+
+def supported_families() -> dict[str, str]:
+    """{config.model_type: description} of every family ``from_transformers`` converts."""
+    return {k: f.description for k, f in FAMILIES.items()}
+
+
+def from_transformers(model: nn.Module, *, inplace: bool = False, mode: str | None = None) -> nn.Module:
+    """Converts a transformers model of a supported family (``supported_families()``).
+
+    Returns a model of the same class in which every sequence-mixing module is an
+    :class:`InteropMixer` holding a seqmix mixer with the original's weights; embeddings,
+    norms, MLPs and heads are transformers' own (shared with the original when ``inplace``,
+    copied otherwise). The original is unchanged unless ``inplace=True`` (which converts it in
+    place and returns it: no copy of a large checkpoint). ``mode``: the mode every converted
+    mixer runs full sequences in ("auto" by default; e.g. "chunk" to train through the chunked
+    form). Decoding with a cache always runs the mixers' own step mode.
+
+    Raises ValueError (naming the module path and the option) for an unsupported family or
+    module, a config option the seqmix mixer cannot express, a quantized model, or weights on
+    the meta device; the model is left untouched then, even with ``inplace=True``.
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{_WHERE}: argument 'model' must be a transformers model (torch.nn.Module), got {type(model).__name__}")
+    family = _family(model)
+    _check_not_quantized(model)
+    targets = _targets(model, family)
+    adapters = {}
+    for path, module, mm in targets:
+        adapter = _convert(path, module, mm, model.config)
+        if mode is not None:
+            try:
+                adapter.mixer.mode = mode
+            except ValueError as e:
+                raise ValueError(f"{_WHERE}: argument 'mode' for module {path}: {e}") from None
+        adapters[path] = (module, adapter)
+    if inplace:
+        out = model
+        for path, (_, adapter) in adapters.items():
+            parent, _, name = path.rpartition(".")
+            setattr(out.get_submodule(parent) if parent else out, name, adapter)
+    else:  # copy everything but the replaced modules (deepcopy's memo maps each to its adapter)
+        out = copy.deepcopy(model, memo={id(module): adapter for module, adapter in adapters.values()})
+    return out
+
+
+def convert_module(module: nn.Module, hf_config, *, path: str = "module") -> InteropMixer:
+    """One transformers module of a class some family converts (e.g. a ``LlamaAttention`` or a
+    ``RecurrentGemmaRecurrentBlock`` built on its own) -> its :class:`InteropMixer`, by the same
+    adapter config and weight table as :func:`from_transformers` (mixer-level comparisons and tests).
+    ``adapter.mixer`` is the seqmix mixer."""
+    for family in FAMILIES.values():
+        mm = family.module_map(module)
+        if mm is not None:
+            return _convert(path, module, mm, hf_config)
+    raise ValueError(f"convert_module: module {path} ({type(module).__module__}.{type(module).__qualname__}) is not a class any "
+                     f"family converts ({', '.join(sorted(FAMILIES))})")
+
+
+def seqmix_mixers(model: nn.Module) -> dict[str, Mixer]:
+    """{module path: seqmix Mixer} of a converted model (paths of the replaced modules)."""
+    out = {path: m.mixer for path, m in model.named_modules() if isinstance(m, InteropMixer)}
+    if not out:
+        raise ValueError(f"seqmix_mixers: {type(model).__name__} has no converted mixer: convert it with from_transformers(model)")
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# checks
+# ------------------------------------------------------------------------------------------
+
+
+def _family(model) -> Family:
+    cfg = getattr(model, "config", None)
+    model_type = getattr(cfg, "model_type", None)
+    if model_type not in FAMILIES:
+        known = ", ".join(sorted(FAMILIES))
+        raise ValueError(f"{_WHERE}: unsupported family {model_type!r} ({type(model).__name__}); seqmix converts: {known}")
+    return FAMILIES[model_type]
+
+
+def _check_not_quantized(model) -> None:
+    qc = getattr(model.config, "quantization_config", None)
+    if getattr(model, "hf_quantizer", None) is not None or getattr(model, "is_quantized", False) is True or qc is not None:
+        method = getattr(qc, "quant_method", None) or (qc.get("quant_method") if isinstance(qc, dict) else None)
+        raise ValueError(f"{_WHERE}: {type(model).__name__} is quantized (option 'quantization_config', quant_method = "
+                         f"{method!r}): seqmix converts floating-point weights only; load the model unquantized")
+
+
+def _targets(model, family: Family) -> list[tuple[str, nn.Module, ModuleMap]]:
+    slot = re.compile(family.slots)
+    out = []
+    for path, module in model.named_modules():
+        mm = family.module_map(module)
+        if mm is not None:
+            out.append((path, module, mm))
+        elif slot.search(path):
+            if isinstance(module, InteropMixer):
+                raise ValueError(f"{_WHERE}: module {path} is already converted (an InteropMixer holding seqmix "
+                                 f"{module.mixer.registry_name!r})")
+            known = ", ".join(m.class_name for m in family.modules)
+            raise ValueError(f"{_WHERE}: module {path} ({type(module).__module__}.{type(module).__qualname__}) is not a "
+                             f"sequence mixer seqmix converts for family {family.model_type!r} (it converts: {known})")
+    if not out:
+        raise ValueError(f"{_WHERE}: {type(model).__name__} ({family.model_type}) has no sequence-mixing module to convert")
+    return out
+
+
+def _check_weights(path: str, module: nn.Module) -> None:
+    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        if t.device.type == "meta":
+            raise ValueError(f"{_WHERE}: module {path}: weight {name!r} is on the meta device (not loaded): load the model "
+                             "with its weights (e.g. from_pretrained without device_map='meta' / init_empty_weights)")
+        if not (t.is_floating_point() or t.is_complex()):
+            raise ValueError(f"{_WHERE}: module {path}: weight {name!r} has dtype {t.dtype} (quantized?): seqmix converts "
+                             "floating-point weights only")
+
+
+# ------------------------------------------------------------------------------------------
+# one module
+# ------------------------------------------------------------------------------------------
+
+
+def _convert(path: str, module: nn.Module, mm: ModuleMap, hf_config) -> InteropMixer:
+    cls = type(module).__name__
+    _check_weights(path, module)
+    try:
+        cfg = mm.config(hf_config, module)
+    except Unsupported as e:
+        raise ValueError(f"{_WHERE}: module {path} ({cls}): {e}") from None
+    try:
+        with torch.no_grad():
+            mixer = build_mixer(mm.mixer, **cfg)
+    except ValueError as e:
+        raise ValueError(f"{_WHERE}: module {path} ({cls}) does not map to seqmix {mm.mixer!r}: {e}") from None
+    ref = next((p for p in module.parameters() if p.is_floating_point()), None)
+    if ref is not None:
+        mixer.to(device=ref.device, dtype=ref.dtype)
+    weights, grads = _mapped_weights(path, module, mm, mixer)
+    mixer.load_state_dict(weights, strict=True)
+    for name, p in mixer.named_parameters():
+        p.requires_grad_(grads.get(name, True))
+    layer_idx = mm.layer_index(module)
+    if layer_idx is None:  # a module that does not know its index (RecurrentGemma's recurrent block): layers.N. in its path
+        found = re.search(r"(?:^|\.)layers\.(\d+)\.", path + ".")
+        layer_idx = int(found.group(1)) if found else None
+    adapter = InteropMixer(mixer, layer_idx=layer_idx, state=mm.state, where=path, source=cls,
+                           returns_state=mm.returns_state, aliases=mm.aliases, returns_pair=mm.returns_pair, mask=mm.mask,
+                           positions=mm.positions)
+    adapter.train(module.training)
+    return adapter
+
+
+def _mapped_weights(path: str, module: nn.Module, mm: ModuleMap, mixer: Mixer):
+    """The mixer's state dict from the module's, by the weight table (and each parameter's requires_grad)."""
+    src = module.state_dict(keep_vars=True)  # parameters and persistent buffers
+    dst = mixer.state_dict()
+    out, grads, used = {}, {}, set()
+    parts: dict[str, dict[int, torch.Tensor]] = {}  # rows with ``part``: row blocks stacked into one seqmix tensor
+    for row in mm.weight_rows(module):
+        has_src, has_dst = row.hf in src, row.seqmix in dst
+        if not has_src and not has_dst:
+            continue
+        if has_src != has_dst:
+            only = f"only the transformers module has {row.hf!r}" if has_src else f"only the seqmix mixer has {row.seqmix!r}"
+            raise ValueError(f"{_WHERE}: module {path}: weight table row {row.hf!r} -> {row.seqmix!r}: {only} "
+                             "(a config option, e.g. a bias, did not map)")
+        t = src[row.hf]
+        v = t.detach()
+        v = row.transform(v) if row.transform is not None else v
+        if row.part is not None:
+            parts.setdefault(row.seqmix, {})[row.part] = v
+            if isinstance(t, nn.Parameter):
+                grads[row.seqmix] = grads.get(row.seqmix, True) and t.requires_grad
+            used.add(row.hf)
+            continue
+        if tuple(v.shape) != tuple(dst[row.seqmix].shape):
+            how = f" after {row.transform}" if row.transform is not None else ""
+            raise ValueError(f"{_WHERE}: module {path}: weight {row.hf!r} has shape {list(v.shape)}{how}, seqmix's "
+                             f"{row.seqmix!r} has {list(dst[row.seqmix].shape)}")
+        out[row.seqmix] = v
+        if isinstance(t, nn.Parameter):
+            grads[row.seqmix] = t.requires_grad
+        used.add(row.hf)
+    for name, blocks in parts.items():
+        if sorted(blocks) != list(range(len(blocks))):
+            raise ValueError(f"{_WHERE}: module {path}: the weight table fills row blocks {sorted(blocks)} of seqmix's {name!r} "
+                             f"(expected 0..{len(blocks) - 1})")
+        v = torch.cat([blocks[i] for i in range(len(blocks))], dim=0)
+        if tuple(v.shape) != tuple(dst[name].shape):
+            raise ValueError(f"{_WHERE}: module {path}: the {len(blocks)} row blocks of seqmix's {name!r} stack to shape "
+                             f"{list(v.shape)}, seqmix's has {list(dst[name].shape)}")
+        out[name] = v
+    unread = sorted(set(src) - used)
+    if unread:
+        raise ValueError(f"{_WHERE}: module {path}: weight(s) {', '.join(repr(n) for n in unread)} have no row in the weight "
+                         f"table of {type(module).__name__}: the converted model would ignore them")
+    unfilled = sorted(set(dst) - set(out))
+    if unfilled:
+        raise ValueError(f"{_WHERE}: module {path}: seqmix {mm.mixer!r} entries {', '.join(repr(n) for n in unfilled)} are "
+                         "not filled by the weight table")
+    return out, grads

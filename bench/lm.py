@@ -12,12 +12,17 @@
    trainer rate of part 1 — target ≥ 10×;
 4. generation: decode tokens/s and state per sequence at context 1k, 4k, 16k for GLA and
    Mamba (targets: flat within 20%) and softmax attention (grows), through LanguageModel's
-   prefill + Cache decoding (seqmix.models.generation) — `--generation-only` runs just this.
+   prefill + Cache decoding (seqmix.models.generation) — `--generation-only` runs just this;
+5. issue 27's SSM targets, interleaved and median of the rounds: Mamba training tokens/s
+   against softmax attention's at T = 512 (batch 8) and T = 4096 (batch 1) (targets >= 0.8x
+   and >= 1.5x), and Mamba's prefill tokens/s at T = 16384 against T = 512 (target >= 0.8x)
+   — `--ssm-only` runs just this.
 
     python bench/lm.py                 # every mixer (minutes on a CPU)
     python bench/lm.py --quick         # 3 mixers, T = 128: a smoke run, not the targets
     python bench/lm.py --mixers softmax_attention,s6,gla
     python bench/lm.py --generation-only --threads 1   # part 4 alone (a few minutes)
+    python bench/lm.py --ssm-only      # part 5 alone (a few minutes)
 """
 
 from __future__ import annotations
@@ -29,39 +34,48 @@ import time
 from _common import add_decode_tokens, base_parser, matmul_peak_gflops, print_table, setup, sync, target_line, timeit, write_json
 
 
-def train_rates(mixers, *, d: int, layers: int, T: int, B: int, repeats: int, device: str, peak: float) -> list[dict]:
+def make_train_step(name: str, *, data, d: int, layers: int, device: str):
+    """(model, step): the LM backbone around ``name`` with the trainer's loss and an AdamW step,
+    batches from the Tiny Shakespeare memmap (``data``: a CorpusConfig). Raises ValueError where the
+    mixer is not built at this size."""
     import torch
 
-    from seqmix.data.text import CorpusConfig, build_corpus
+    from seqmix.data.text import build_corpus
     from seqmix.train import RunConfig, TrainConfig, Trainer
-    from seqmix.train.flops import flops_per_token
     from seqmix.train.optim import param_groups
 
-    data = CorpusConfig(corpus="tinyshakespeare", tokenizer="byte", seq_len=T, batch_size=B)
     windows = build_corpus(data, "train")
+    cfg = RunConfig(data=data, model={"mixer": name, "d_model": d, "n_layers": layers}, train=TrainConfig(max_steps=1, device=device))
+    tr = Trainer(cfg, progress=False)
+    torch.manual_seed(0)
+    model = tr.build_model()
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4)
+    step_i = [0]
+
+    def step():
+        b = windows.batch(step_i[0])
+        step_i[0] += 1
+        opt.zero_grad(set_to_none=True)
+        loss, _, _ = tr.loss(model, *tr.to_device(b))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    return model, step
+
+
+def train_rates(mixers, *, d: int, layers: int, T: int, B: int, repeats: int, device: str, peak: float) -> list[dict]:
+    from seqmix.data.text import CorpusConfig
+    from seqmix.train.flops import flops_per_token
+
+    data = CorpusConfig(corpus="tinyshakespeare", tokenizer="byte", seq_len=T, batch_size=B)
     out = []
     for name in mixers:
         try:
-            cfg = RunConfig(data=data, model={"mixer": name, "d_model": d, "n_layers": layers},
-                            train=TrainConfig(max_steps=1, device=device))
+            model, step = make_train_step(name, data=data, d=d, layers=layers, device=device)
         except ValueError as e:
             print(f"  {name}: not built at d = {d} ({str(e).splitlines()[0][:100]})")
             continue
-        tr = Trainer(cfg, progress=False)
-        torch.manual_seed(0)
-        model = tr.build_model()
-        opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4)
-        step_i = [0]
-
-        def step():
-            b = windows.batch(step_i[0])
-            step_i[0] += 1
-            opt.zero_grad(set_to_none=True)
-            loss, _, _ = tr.loss(model, *tr.to_device(b))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-
         try:
             t = timeit(step, repeats=repeats, warmup=1, device=device)
         except Exception as e:  # noqa: BLE001  (a mixer that cannot train at this size is reported, not fatal)
@@ -72,7 +86,7 @@ def train_rates(mixers, *, d: int, layers: int, T: int, B: int, repeats: int, de
         out.append({"mixer": name, "tokens_per_s": tps, "step_ms": t["min_ms"], "flops_per_token": fpt,
                     "gflops": tps * fpt / 1e9, "peak_frac": tps * fpt / (peak * 1e9), "params": model.num_params()})
         print(f"  {name}: {tps:,.0f} tokens/s", flush=True)
-        del model, opt
+        del model, step
     return out
 
 
@@ -205,10 +219,137 @@ def bench_generation(args) -> dict:
 
 
 
+
+# ------------------------------------------------------------------------------------------
+# 5. issue 27's SSM targets: Mamba against softmax attention, Mamba's prefill against T
+# ------------------------------------------------------------------------------------------
+#
+# Training: the same backbone (d = 256, 4 layers, byte vocabulary) around Mamba and softmax
+# attention, 4096 tokens per step (T = 512 × batch 8, T = 4096 × batch 1), steps interleaved
+# (each round runs one step of every model), median of the rounds. Targets: Mamba's tokens/s
+# >= 0.8× softmax's at T = 512 and >= 1.5× at T = 4096. Beside them, the same Mamba model with
+# the scan's previous default (fused) and with the scan replaced by one elementwise op (the
+# bound that a free scan would reach: what the rest of the Mamba block costs).
+# Forward: a LanguageModel around Mamba (generation part's model, batch 1) prefills T = 512 and
+# T = 16384 tokens, interleaved, median; target: tokens/s at 16384 >= 0.8× at 512.
+
+SSM_TRAIN = ((512, 8), (4096, 1))
+SSM_PAIR = ("softmax_attention", "mamba")
+SSM_PREFILL = (512, 16384)
+BEFORE = "fused"  # the selective scan's mode before issue 27, timed beside the default as "mamba (fused scan)"
+
+
+def _no_scan(x, delta, A, B, C, D=None, *, initial_state=None, output_final_state=False, **_):
+    """A stand-in for the selective scan that costs one elementwise op (y = Δ·x): what a Mamba step
+    costs besides its scan (a bound, not a model)."""
+    return delta * x, (x.new_zeros(x.shape[0], x.shape[2], A.shape[1]) if output_final_state else None)
+
+
+def with_scan_mode(fn, mode: str):
+    """fn run with the Mamba mixers' selective scan forced to ``mode`` ("none": :func:`_no_scan`)
+    (bench only: patches the name seqmix.mixers.ssm imported, for the duration of each call)."""
+    import functools
+
+    import seqmix.mixers.ssm as ssm_mixers
+
+    def run():
+        orig = ssm_mixers.selective_scan
+        ssm_mixers.selective_scan = _no_scan if mode == "none" else functools.partial(orig, mode=mode)
+        try:
+            return fn()
+        finally:
+            ssm_mixers.selective_scan = orig
+
+    return run
+
+
+def interleaved_ms(fns: dict, repeats: int, device: str, warmup: int = 1) -> dict:
+    """{name: median ms} of ``repeats`` rounds that each call every function once."""
+    import statistics
+
+    for f in fns.values():
+        for _ in range(warmup):
+            f()
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            sync(device)
+            t0 = time.perf_counter()
+            f()
+            sync(device)
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bench_ssm_targets(args, *, d: int, layers: int) -> dict:
+    import torch
+
+    from seqmix.data.text import CorpusConfig
+    from seqmix.models.generation import prefill
+
+    train_shapes = ((128, 4), (512, 1)) if args.quick else SSM_TRAIN
+    out, rows, targets = {"train": {}, "prefill": {}}, [], []
+    for T, B in train_shapes:
+        data = CorpusConfig(corpus="tinyshakespeare", tokenizer="byte", seq_len=T, batch_size=B)
+        steps = {name: make_train_step(name, data=data, d=d, layers=layers, device=args.device)[1] for name in SSM_PAIR}
+        steps[f"mamba ({BEFORE} scan)"] = with_scan_mode(make_train_step("mamba", data=data, d=d, layers=layers, device=args.device)[1], BEFORE)
+        steps["mamba (no scan: bound)"] = with_scan_mode(make_train_step("mamba", data=data, d=d, layers=layers, device=args.device)[1], "none")
+        ms = interleaved_ms(steps, args.repeats, args.device)
+        tps = {k: B * T / v * 1e3 for k, v in ms.items()}
+        ratio = tps["mamba"] / tps["softmax_attention"]
+        out["train"][str(T)] = dict(B=B, step_ms=ms, tokens_per_s=tps, ratio=ratio)
+        for k in steps:
+            rows.append([f"train T={T} B={B}", k, ms[k], tps[k], tps[k] / tps["softmax_attention"]])
+        print(f"  done: training T={T}", flush=True)
+        del steps
+    lengths = (128, 1024) if args.quick else SSM_PREFILL
+    model = gen_model("mamba", lengths[-1] + 8, args.device)
+    g = torch.Generator().manual_seed(0)
+    ids = {T: torch.randint(0, GEN_VOCAB, (1, T), generator=g).to(args.device) for T in lengths}
+
+    def pre(T):
+        def f():
+            with torch.inference_mode():
+                prefill(model, ids[T], last_only=True)
+        return f
+
+    fns = {T: pre(T) for T in lengths}
+    fns.update({(T, BEFORE): with_scan_mode(pre(T), BEFORE) for T in lengths})
+    ms_all = interleaved_ms(fns, args.repeats, args.device)
+    ms = {T: ms_all[T] for T in lengths}
+    tps = {T: T / v * 1e3 for T, v in ms.items()}
+    tps_before = {T: T / ms_all[(T, BEFORE)] * 1e3 for T in lengths}
+    out["prefill"] = {str(T): dict(ms=ms[T], tokens_per_s=tps[T], before_ms=ms_all[(T, BEFORE)]) for T in lengths}
+    for T in lengths:
+        rows.append([f"prefill T={T} B=1", "mamba", ms[T], tps[T], tps[T] / tps[lengths[0]]])
+        rows.append([f"prefill T={T} B=1", f"mamba ({BEFORE} scan)", ms_all[(T, BEFORE)], tps_before[T], tps_before[T] / tps_before[lengths[0]]])
+    print_table(f"issue 27: Mamba vs softmax attention ({layers} layers, d = {d}, byte vocab); median of {args.repeats} "
+                f"interleaved rounds (ratio: x softmax for training, x the shortest T for prefill); mamba ({BEFORE} scan): "
+                f"the scan's {BEFORE} mode, the default before issue 27 (its forward without gradients is the reference loop)",
+                ["case", "mixer", "ms", "tokens/s", "ratio"], rows)
+    q = args.quick
+    for (T, B), need in zip(train_shapes, (0.8, 1.5)):
+        tr = out["train"][str(T)]
+        r = tr["ratio"]
+        bound = tr["tokens_per_s"]["mamba (no scan: bound)"] / tr["tokens_per_s"]["softmax_attention"]
+        scan_share = 1 - tr["step_ms"]["mamba (no scan: bound)"] / tr["step_ms"]["mamba"]
+        targets.append(target_line(f"Mamba training tokens/s >= {need}x softmax attention's at T={T} (batch {B})",
+                                   None if q else r >= need, f"{r:.2f}x ({tr['tokens_per_s']['mamba']:,.0f} "
+                                   f"vs {tr['tokens_per_s']['softmax_attention']:,.0f} tokens/s; {BEFORE} scan "
+                                   f"{tr['tokens_per_s'][f'mamba ({BEFORE} scan)'] / tr['tokens_per_s']['softmax_attention']:.2f}x); "
+                                   f"the scan is {scan_share:.0%} of the Mamba step; without it: {bound:.2f}x"))
+    r = tps[lengths[-1]] / tps[lengths[0]]
+    targets.append(target_line(f"Mamba forward (prefill) tokens/s at T={lengths[-1]} >= 0.8x at T={lengths[0]}",
+                               None if q else r >= 0.8, f"{r:.2f}x ({tps[lengths[-1]]:,.0f} vs {tps[lengths[0]]:,.0f} tokens/s)"))
+    out["targets"] = targets
+    return out
+
+
 def main():
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--mixers", default=None, help="comma-separated mixers (default: every registered mixer)")
     p.add_argument("--generation-only", action="store_true", help="only part 4, generation tokens/s against the context")
+    p.add_argument("--ssm-only", action="store_true", help="only part 5, issue 27's Mamba targets (training vs softmax, prefill vs T)")
     add_decode_tokens(p, quick=10, full=40)
     args = p.parse_args()
     info = setup(args)
@@ -216,6 +357,12 @@ def main():
         print("4. generation (LanguageModel prefill + Cache decoding)")
         gen = bench_generation(args)
         write_json(args, "lm-generation", {"machine": info, "generation": gen})
+        return
+    if args.ssm_only:
+        os.environ.setdefault("SEQMIX_CACHE", os.path.join(tempfile.gettempdir(), "seqmix-bench-cache"))
+        print("5. issue 27: Mamba against softmax attention, Mamba's prefill against T")
+        ssm = bench_ssm_targets(args, d=64 if args.quick else 256, layers=2 if args.quick else 4)
+        write_json(args, "lm-ssm", {"machine": info, "ssm": ssm})
         return
     os.environ.setdefault("SEQMIX_CACHE", os.path.join(tempfile.gettempdir(), "seqmix-bench-cache"))
     import seqmix
@@ -253,6 +400,9 @@ def main():
     print("\n4. generation (LanguageModel prefill + Cache decoding)")
     gen = bench_generation(args)
 
+    print("\n5. issue 27: Mamba against softmax attention, Mamba's prefill against T")
+    ssm = bench_ssm_targets(args, d=d, layers=layers)
+
     print("\ntargets")
     targets = [
         target_line("BPE tokenizing >= 1M tokens/s", None if args.quick else tk["loader_tokens_per_s"] >= 1e6,
@@ -261,8 +411,10 @@ def main():
                     f"{ld['tokens_per_s'] / fastest:,.0f}×" if fastest else "no trainer rate"),
     ]
     targets += gen["targets"]
+    for t in ssm["targets"]:  # printed with part 5; repeated here with the others
+        targets.append(target_line(t["target"], t["met"], t["detail"]))
     write_json(args, "lm", {"machine": info, "peak_gflops": peak, "shape": {"d": d, "layers": layers, "T": T, "B": B},
-                            "train": rates, "tokenize": tk, "loader": ld, "generation": gen, "targets": targets})
+                            "train": rates, "tokenize": tk, "loader": ld, "generation": gen, "ssm": ssm, "targets": targets})
 
 
 if __name__ == "__main__":

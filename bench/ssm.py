@@ -1,9 +1,11 @@
-"""State space model kernels side by side (issue 4): FFT vs direct long convolution, S6's scan
-against the Mamba-reference-style loop and the unbind loop, SSD chunked vs recurrent.
+"""State space model kernels side by side (issues 4 and 27): FFT vs direct long convolution, S6's
+scan against the Mamba-reference-style loop and the unbind loop, the selective scan's modes at the
+LM's Mamba shape, SSD chunked vs recurrent.
 
-    python bench/ssm.py                     # the issue's shapes and targets (a few minutes on 2 cores)
+    python bench/ssm.py                     # the issues' shapes and targets (several minutes on 2 cores)
     python bench/ssm.py --full-reference    # also the x[:, t] loop at L = 2048 (+ about 7 minutes)
     python bench/ssm.py --quick    # small shapes, seconds (no memory probes)
+    python bench/ssm.py --modes-only [--chunk-sweep] [--candidates]   # part 4 alone (issue 27)
 
 1. Long causal convolution, one sequence of L = 4096 and 256 channels (S4/S4D's fft mode):
    ``fft_conv`` (rfft, n >= 2L) against ``direct_conv`` (conv1d, O(L²)), forward.
@@ -19,6 +21,15 @@ against the Mamba-reference-style loop and the unbind loop, SSD chunked vs recur
 3. SSD forward+backward at (B=1, L=4096, 8 heads, head dim 64, d_state 64): the SSD mixer's
    op call, ``linear_recurrence`` with one log-decay per head, in "chunk" (the SSD algorithm,
    chunk 64) and "recurrent" modes.
+4. The selective scan's modes (issue 27) at the LM backbone's Mamba shape (d_inner 512,
+   d_state 16) with about 8k tokens per call, (B=16, T=512) and (B=1, T=8192 or --long T):
+   reference / fused / chunked, forward (no gradient) and forward+backward, interleaved
+   (each repeat runs every mode once), median of the repeats, ratios against fused.
+   --chunk-sweep adds chunked at L = 16..256; --candidates times the within-chunk
+   recurrences that chunked could use, forward only: the sequential in-place loop (kept),
+   a Hillis-Steele parallel scan over the chunk (log2 L whole-chunk steps, mamba.py's idea),
+   the log-space closed form h_t = e^(G_t) h_0 + Σ_s e^(G_t - G_s) b_s ([L, L, B, D, N]
+   weights, the SSD trick with per-channel decays), and torch.compile of the chunk loop.
 
 Every competitor's output is compared with the first one's (max abs difference printed).
 """
@@ -27,11 +38,14 @@ from __future__ import annotations
 
 import torch
 
+import statistics
+import time
+
 from _common import base_parser, peak_memory_mb, print_table, setup, target_line, timeit, write_json
 
 from seqmix.ops import linear_recurrence
 from seqmix.ops.conv import direct_conv, fft_conv
-from seqmix.ops.selective_scan import selective_scan
+from seqmix.ops.selective_scan import scan_chunk_size, selective_scan
 
 SSD_CHUNK = 64
 
@@ -109,6 +123,7 @@ S6_IMPLS = {
     "linear_recurrence chunk": via_linear_recurrence("chunk"),
     "selective_scan reference": via_selective_scan("reference"),
     "selective_scan fused": via_selective_scan("fused"),
+    "selective_scan chunked": via_selective_scan("chunked"),
 }
 SLOW = ("mamba-ref x[:, t]", "linear_recurrence chunk")  # run once, no warm-up
 
@@ -213,15 +228,225 @@ def bench_ssd(args):
     return dict(shape=dict(B=B, L=L, heads=H, headdim=P, d_state=N, chunk=SSD_CHUNK), results=res)
 
 
+# ------------------------------------------------------------------------------------------
+# 4. the selective scan's modes at the LM's Mamba shape (issue 27)
+# ------------------------------------------------------------------------------------------
+
+SCAN_D, SCAN_N = 512, 16  # the LM backbone's Mamba: d_model 256, expand 2, d_state 16
+
+
+def scan_fn(mode, L=None):
+    def run(x, delta, A, Bm, Cm, Dv):
+        return selective_scan(x, delta, A, Bm, Cm, Dv, mode=mode, chunk_size=L, check_values=False)[0]
+
+    return run
+
+
+def interleaved(fns: dict, repeats: int, device: str, cpu: dict | None = None) -> dict:
+    """{name: median wall ms}: one warm-up call each, then ``repeats`` rounds that call every
+    function once (so that a change in the machine's load hits every competitor alike). ``cpu``,
+    when given, receives {name: median CPU ms of this process} (all its threads: on a shared
+    machine, the work done, less sensitive than the wall time to the time spent descheduled)."""
+    from _common import sync
+
+    for f in fns.values():
+        f()
+    times = {k: [] for k in fns}
+    cpu_times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            sync(device)
+            t0, c0 = time.perf_counter(), time.process_time()
+            f()
+            sync(device)
+            times[k].append((time.perf_counter() - t0) * 1e3)
+            cpu_times[k].append((time.process_time() - c0) * 1e3)
+    if cpu is not None:
+        cpu.update({k: statistics.median(v) for k, v in cpu_times.items()})
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _fwd(impl, inputs):
+    detached = [t.detach() for t in inputs]
+
+    def f():
+        with torch.no_grad():
+            impl(*detached)
+
+    return f
+
+
+def _fwd_bwd(impl, inputs):
+    def f():
+        impl(*inputs).sum().backward()
+        for t in inputs:
+            t.grad = None
+
+    return f
+
+
+def scan_shapes(args):
+    if args.quick:
+        return [(4, 128), (1, 1024)]
+    return [(16, 512), (1, args.long)]
+
+
+def bench_scan_modes(args) -> dict:
+    """reference / fused / chunked (+ the chunk sweep), forward and forward+backward, interleaved."""
+    out, rows = {}, []
+    D, N = (64, 16) if args.quick else (SCAN_D, SCAN_N)
+    for B, T in scan_shapes(args):
+        inputs = s6_inputs(B, T, D, N, args.device)
+        impls = {"fused": scan_fn("fused"), "chunked": scan_fn("chunked")}
+        if T <= 4096:  # the reference's autograd graph of T steps: slow, and GBs at long T
+            impls = {"reference": scan_fn("reference"), **impls}
+        if args.chunk_sweep:
+            impls.update({f"chunked L={L}": scan_fn("chunked", L) for L in (16, 32, 64, 128, 256)})
+        with torch.no_grad():
+            y_ref = scan_fn("fused")(*inputs)
+            errs = {k: float((f(*inputs) - y_ref).abs().max()) for k, f in impls.items()}
+        c_f, c_fb = {}, {}
+        t_f = interleaved({k: _fwd(f, inputs) for k, f in impls.items()}, args.repeats, args.device, c_f)
+        t_fb = interleaved({k: _fwd_bwd(f, inputs) for k, f in impls.items()}, args.repeats, args.device, c_fb)
+        res = {}
+        for k in impls:
+            res[k] = dict(fwd_ms=t_f[k], fwd_bwd_ms=t_fb[k], fwd_cpu_ms=c_f[k], fwd_bwd_cpu_ms=c_fb[k],
+                          fwd_tokens_per_s=B * T / t_f[k] * 1e3, fwd_bwd_tokens_per_s=B * T / t_fb[k] * 1e3,
+                          x_fused_fwd=t_f["fused"] / t_f[k], x_fused_fwd_bwd=t_fb["fused"] / t_fb[k],
+                          x_fused_fwd_cpu=c_f["fused"] / c_f[k], x_fused_fwd_bwd_cpu=c_fb["fused"] / c_fb[k],
+                          max_abs_diff_vs_fused=errs[k])
+            r = res[k]
+            rows.append([f"B={B} T={T}", k, r["fwd_ms"], r["x_fused_fwd"], r["x_fused_fwd_cpu"], r["fwd_bwd_ms"],
+                         r["x_fused_fwd_bwd"], r["x_fused_fwd_bwd_cpu"], r["fwd_bwd_tokens_per_s"], r["max_abs_diff_vs_fused"]])
+        out[f"B={B},T={T}"] = dict(B=B, T=T, d=D, d_state=N, chunk_auto=scan_chunk_size(B, D, N), results=res)
+        print(f"  done: scan modes B={B} T={T} (auto chunk {scan_chunk_size(B, D, N)})", flush=True)
+    print_table(f"selective scan modes (d={D}, d_state={N}); median of {args.repeats} interleaved repeats",
+                ["case", "mode", "fwd ms", "x fused fwd", "(cpu)", "fwd+bwd ms", "x fused f+b", "(cpu)", "f+b tokens/s", "max |Δy|"],
+                rows)
+    print("  x fused: wall-time ratio; (cpu): the same ratio in CPU time of this process")
+    return out
+
+
+# within-chunk recurrences that the chunked mode could use (forward only, time-major [l, B, D, N])
+
+
+def _within_sequential(dA, b, h0):
+    """The chunked mode's: one in-place addcmul_ per step on the chunk's views."""
+    a = dA.exp_()
+    hv, av = b.unbind(0), a.unbind(0)
+    hv[0].addcmul_(av[0], h0)
+    for i in range(1, b.shape[0]):
+        hv[i].addcmul_(av[i], hv[i - 1])
+    return b
+
+
+def _within_hillis_steele(dA, b, h0):
+    """Hillis-Steele over the chunk: log2(l) rounds of whole-chunk ops on the pairs (a, b):
+    (a, b)_t <- (a_t a_(t-k), a_t b_(t-k) + b_t); then h_t = b_t + a_t h_0 (a holds the products)."""
+    a = dA.exp_()
+    k, l = 1, b.shape[0]
+    while k < l:
+        b[k:] += a[k:] * b[:-k]  # the right side is formed before the update: no overlap
+        a[k:] = a[k:] * a[:-k]
+        k *= 2
+    return b.addcmul_(a, h0)
+
+
+def _within_logspace(dA, b, h0):
+    """The closed form with cumulative log-decays G (the SSD trick, per channel and state):
+    h_t = e^(G_t) h_0 + Σ_(s<=t) e^(G_t - G_s) b_s, through [l, l, B, D, N] weights."""
+    G = dA.cumsum(0)
+    l = G.shape[0]
+    mask = torch.ones(l, l, dtype=torch.bool, device=G.device).tril()
+    diff = (G.unsqueeze(1) - G.unsqueeze(0)).masked_fill_(~mask.view(l, l, 1, 1, 1), float("-inf"))
+    return (diff.exp_() * b.unsqueeze(0)).sum(1).addcmul_(G.exp(), h0)
+
+
+def chunk_driver(within, L):
+    """A chunked forward (no gradient) around a within-chunk recurrence: y [B, T, D]."""
+    def run(x, delta, A, Bm, Cm, Dv):
+        tm = [t.transpose(0, 1).contiguous() for t in (x, delta, Bm, Cm)]
+        x_, d_, B_, C_ = tm
+        T, Bt, D = x_.shape
+        h = x_.new_zeros(Bt, D, A.shape[1])
+        ys = []
+        for t0 in range(0, T, L):
+            t1 = min(T, t0 + L)
+            dA = d_[t0:t1].unsqueeze(-1) * A
+            b = (d_[t0:t1] * x_[t0:t1]).unsqueeze(-1) * B_[t0:t1].unsqueeze(2)
+            H = within(dA, b, h)
+            ys.append(torch.linalg.vecdot(H, C_[t0:t1].unsqueeze(2)))
+            h = H[-1].clone()
+        return torch.cat(ys).transpose(0, 1) + Dv * x
+
+    return run
+
+
+def bench_candidates(args) -> dict:
+    D, N = (64, 16) if args.quick else (SCAN_D, SCAN_N)
+    out, rows = {}, []
+    for B, T in scan_shapes(args):
+        inputs = [t.detach() for t in s6_inputs(B, T, D, N, args.device)]
+        L = scan_chunk_size(B, D, N)
+        impls = {f"sequential L={L}": chunk_driver(_within_sequential, L),
+                 f"hillis-steele L={L}": chunk_driver(_within_hillis_steele, L)}
+        for Ll in (16, 32):
+            if Ll * Ll * B * D * N <= 2**25:  # the [l, l, B, D, N] weights: at most 128 MiB
+                impls[f"log-space closed form L={Ll}"] = chunk_driver(_within_logspace, Ll)
+        comp_s = None
+        if args.compile:
+            compiled = torch.compile(_within_sequential_functional, dynamic=False)
+            t0 = time.perf_counter()
+            chunk_driver(compiled, 32)(*inputs)
+            comp_s = time.perf_counter() - t0
+            impls["torch.compile loop L=32"] = chunk_driver(compiled, 32)
+        with torch.no_grad():
+            y_ref = scan_fn("chunked")(*inputs)
+            errs = {k: float((f(*inputs) - y_ref).abs().max()) for k, f in impls.items()}
+        cpu = {}
+        t = interleaved({k: (lambda f=f: f(*inputs)) for k, f in impls.items()}, args.repeats, args.device, cpu)
+        base, cbase = t[f"sequential L={L}"], cpu[f"sequential L={L}"]
+        res = {k: dict(fwd_ms=v, x_sequential=base / v, x_sequential_cpu=cbase / cpu[k], max_abs_diff=errs[k]) for k, v in t.items()}
+        if comp_s is not None:
+            res["torch.compile loop L=32"]["compile_s"] = comp_s
+        for k, r in res.items():
+            rows.append([f"B={B} T={T}", k, r["fwd_ms"], r["x_sequential"], r["x_sequential_cpu"], r["max_abs_diff"]])
+        out[f"B={B},T={T}"] = res
+        print(f"  done: candidates B={B} T={T}", flush=True)
+    print_table(f"within-chunk recurrences, forward only (d={D}, d_state={N}); median of {args.repeats} interleaved",
+                ["case", "candidate", "fwd ms", "x sequential", "(cpu)", "max |Δy|"], rows)
+    return out
+
+
+def _within_sequential_functional(dA, b, h0):
+    """The sequential loop without in-place ops (what torch.compile traces)."""
+    a = dA.exp()
+    hs, h = [], h0
+    for i in range(b.shape[0]):
+        h = a[i] * h + b[i]
+        hs.append(h)
+    return torch.stack(hs)
+
+
 def main():
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument(
         "--full-reference", action="store_true",
         help="also time the x[:, t] loop at the issue's L = 2048 (its backward is O(L²): about 7 minutes on 2 cores)",
     )
+    p.add_argument("--modes-only", action="store_true", help="only part 4: the selective scan's modes (issue 27)")
+    p.add_argument("--chunk-sweep", action="store_true", help="part 4 also times chunked at L = 16, 32, 64, 128, 256")
+    p.add_argument("--candidates", action="store_true", help="part 4 also times the within-chunk recurrences, forward only")
+    p.add_argument("--compile", action="store_true", help="with --candidates: also torch.compile of the chunk loop (minutes)")
+    p.add_argument("--long", type=int, default=8192, help="T of part 4's long case (batch 1; default 8192)")
     args = p.parse_args()
     info = setup(args)
     print(f"machine: {info}\n")
+    if args.modes_only:
+        modes = bench_scan_modes(args)
+        cands = bench_candidates(args) if args.candidates else None
+        write_json(args, "ssm-modes", dict(machine=info, scan_modes=modes, candidates=cands, quick=args.quick))
+        return
     conv = bench_conv(args)
     B, L, D, N = (2, 128, 32, 16) if args.quick else (2, 2048, 256, 16)
     L_ref = 64 if args.quick else 512  # where the x[:, t] loop is timed by default
@@ -229,6 +454,8 @@ def main():
     s6 = bench_s6(args, B, L, D, N, every if args.full_reference else every[1:])
     s6_short = None if args.full_reference else bench_s6(args, B, L_ref, D, N, ["mamba-ref x[:, t]", "linear_recurrence recurrent", "selective_scan fused"])
     ssd = bench_ssd(args)
+    modes = bench_scan_modes(args)
+    cands = bench_candidates(args) if args.candidates else None
 
     print("\ntargets (2-core CPU):")
     targets = [
@@ -253,7 +480,15 @@ def main():
     targets.append(target_line(f"SSD chunked fwd+bwd >= 10x recurrent (L={ssd['shape']['L']})", sp >= 10, f"{sp:.1f}x"))
     if args.quick:
         print("  (--quick: small shapes; the targets are defined at the issue's shapes)")
-    write_json(args, "ssm", dict(machine=info, conv=conv, s6=s6, s6_reference_length=s6_short, ssd=ssd, targets=targets, quick=args.quick))
+    for case, m in modes.items():
+        r = m["results"]["chunked"]
+        targets.append(target_line(
+            f"selective scan chunked (default) vs fused at {case} (report; issue 27)", None,
+            f"forward {r['x_fused_fwd']:.2f}x, forward+backward {r['x_fused_fwd_bwd']:.2f}x "
+            f"({r['fwd_bwd_tokens_per_s']:,.0f} tokens/s fwd+bwd, auto chunk {m['chunk_auto']})",
+        ))
+    write_json(args, "ssm", dict(machine=info, conv=conv, s6=s6, s6_reference_length=s6_short, ssd=ssd, scan_modes=modes,
+                                 candidates=cands, targets=targets, quick=args.quick))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@ import torch
 F64_ATOL = 1e-9
 #: relative error between two modes in float32: max|a - b| / max|b|
 F32_RTOL = 1e-4
+#: two modes of an op that computes bfloat16 inputs in float32 and rounds its outputs and input
+#: gradients to bfloat16 (the selective scan's modes): the float32 results differ by ~F32_RTOL, the
+#: roundings by at most one bf16 step (2⁻⁸ ≈ 4e-3 of the value) each: max|a - b| / max|b|
+BF16_MODE_RTOL = 1e-2
 #: DSF identities (Lemma 2 embedding, converters) in float64
 DSF_ATOL = 1e-12
 #: a language model's validation loss under bf16 autocast vs float32 (relative)

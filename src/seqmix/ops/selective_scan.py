@@ -11,15 +11,33 @@ v = x, gk = ΔA); this op exists because, for S6's shapes on CPU, autograd throu
 loop of small steps is slow (bench/ssm.py times the three side by side). Modes:
 
 * ``reference``: the loop over time (``unbind``, never ``x[:, t]``), differentiated by autograd.
-* ``fused`` (default): a ``torch.autograd.Function``, time-major (when a gradient is needed;
-  otherwise the reference loop, the faster forward). Forward: the decays
-  a = exp(ΔA) and inputs b = Δx ⊗ B as whole-sequence ops, h_t = a_t h_(t-1) + b_t as one
-  ``addcmul`` per step, y_t = C_t·h_t as one batched matmul; a and the states are kept.
+* ``chunked`` (default): time in chunks of L = ``chunk_size`` steps (issue 27). Per chunk, the
+  decays a = exp(ΔA) and inputs b = Δx ⊗ B are formed for those L steps only, in buffers
+  allocated once per call and reused by every chunk (about 8 MiB each: cache-resident, no
+  allocation per step), the states h_t = a_t h_(t-1) + b_t overwrite b in place (one ``addcmul_`` per
+  step on views made once), and y_t = C_t·h_t is one batched matmul per chunk. Only the
+  n + 1 chunk-boundary states are kept for the backward (memory O(T·D + (T/L)·D·N) instead
+  of O(T·D·N)); the backward walks the chunks in reverse, recomputes each chunk's a and
+  states from its boundary state, runs the adjoint g_t = dy_t C_t + a_(t+1) g_(t+1) over the
+  chunk (one ``addcmul_`` per step) and forms every gradient of the chunk with whole-chunk
+  ops (the formulas of ``fused`` below). Without a gradient it is the forward alone (no
+  states kept); one step without a gradient (decoding) is the plain step of ``reference``.
+  ``chunk_size=None`` picks L from the shape (:func:`scan_chunk_size`).
+* ``fused``: the previous default (issue 4), kept to be timed beside ``chunked``: a
+  ``torch.autograd.Function``, time-major (when a gradient is needed; otherwise the
+  reference loop). Forward: a = exp(ΔA) and b = Δx ⊗ B as whole-sequence [T, B, D, N] ops,
+  h_t = a_t h_(t-1) + b_t as one ``addcmul`` per step, y_t = C_t·h_t as one batched matmul;
+  a and all the states are kept (O(T·D·N) memory).
   Backward: a hand-written reverse-time loop over the adjoint
   g_t = dy_t C_t + a_(t+1) g_(t+1) that forms each step's gradients on the spot (no
   autograd graph of T steps, no extra sequence-sized intermediates): with q_t = g_t h_(t-1) a_t,
   dΔ_t = Σ_n q_t A (plus the Δx path, by autograd), dA = Σ_(t,b) q_t Δ_t, d(Δx)_t = Σ_n g_t B_t,
   dB_t = Σ_d g_t Δ_t x_t, dC_t = Σ_d dy_t h_t, dh_0 = a_0 g_0. Differentiable once.
+
+Why chunks (docs/performance.md, "Selective scan"): the whole-sequence a, b and states of
+``fused`` are T·B·D·N floats each (512 MB at T = 16k, d_inner 512, N 16), so every pass over
+them runs from main memory and allocating them page-faults; the cost per token grew with T.
+A chunk's buffers stay in cache and their size does not depend on T.
 
 Shapes: x, delta [B, T, D]; A [D, N] (<= 0); B, C [B, T, N] (shared by the channels, as in
 Mamba) or [B, T, D, N]; D [D] or None; initial_state [B, D, N] or None. Half-precision
@@ -32,13 +50,13 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import backends as _backends
-from .._checks import check_choice, check_finite, check_shape, check_tensor, fmt_shape
-from .precision import full_precision
+from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+from .precision import autocast_off, full_precision
 
-MODES = ("reference", "fused")
+MODES = ("reference", "chunked", "fused")
 _WHERE = "selective_scan"
 
-__all__ = ["selective_scan", "MODES"]
+__all__ = ["selective_scan", "scan_chunk_size", "MODES"]
 
 
 def _scan_reference(a, b, c, h):
@@ -93,6 +111,11 @@ class _FusedScan(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dh_last):
+        with autocast_off(ctx.saved_tensors[0].device.type):  # the backward's matmuls stay in the forward's dtype
+            return _FusedScan._backward(ctx, dy, dh_last)
+
+    @staticmethod
+    def _backward(ctx, dy, dh_last):
         delta, A, u, Bm, Cm, h0, a, H = ctx.saved_tensors
         shared_B, shared_C = Bm.shape[2] == 1, Cm.shape[2] == 1
         g = dh_last if dh_last is not None else torch.zeros_like(h0)
@@ -121,6 +144,162 @@ class _FusedScan(torch.autograd.Function):
         return stack(d_delta), acc_A.sum(0), stack(d_u), stack(d_B), stack(d_C), dh0
 
 
+# ------------------------------------------------------------------------------------------
+# chunked mode
+# ------------------------------------------------------------------------------------------
+
+#: floats of one chunk buffer [L, B, D, N] that ``chunk_size=None`` aims at (8 MiB in float32):
+#: measured with ``python bench/ssm.py --chunk-sweep`` (docs/performance.md)
+_CHUNK_FLOATS = 1 << 21
+_CHUNK_MIN, _CHUNK_MAX = 16, 256
+
+
+def scan_chunk_size(batch: int, d: int, n: int) -> int:
+    """The chunk length L of ``chunk_size=None``: the power of two for which one chunk buffer
+    [L, batch, d, n] holds about 2M floats (8 MiB), clamped to [16, 256]. Small per-step
+    states get long chunks (fewer whole-chunk ops, whose fixed cost is paid per chunk), large
+    ones short chunks (buffers that stay in cache). E.g. 256 at (1, 512, 16), 32 at (8, 512, 16)."""
+    per_step = max(1, batch * d * n)
+    L = 1 << max(0, (_CHUNK_FLOATS // per_step).bit_length() - 1)
+    return max(_CHUNK_MIN, min(_CHUNK_MAX, L))
+
+
+def _contract_n_into(X: torch.Tensor, V: torch.Tensor, out: torch.Tensor) -> None:
+    """out [l, B, D] = Σ_n X[l, b, d, n] V[l, b, ., n] (V shared by the channels: one batched matmul)."""
+    l, Bt, D, N = X.shape
+    if V.shape[2] == 1:
+        torch.bmm(X.view(l * Bt, D, N), V.reshape(l * Bt, N, 1), out=out.view(l * Bt, D, 1))
+    else:
+        torch.linalg.vecdot(X, V, out=out)
+
+
+class _Chunks:
+    """The per-call chunk buffers (allocated once, reused by every chunk) and their per-step views.
+
+    a [L, B, D, N] holds exp(ΔA) of the chunk; h [L + 1, B, D, N] holds the state entering the
+    chunk in h[0] and the chunk's states in h[1:] (first b = Δx ⊗ B, then overwritten in place
+    by the scan)."""
+
+    def __init__(self, like: torch.Tensor, L: int, Bt: int, D: int, N: int, adjoint: bool = False):
+        self.a = like.new_empty(L, Bt, D, N)
+        self.h = like.new_empty(L + 1, Bt, D, N)
+        self.av, self.hv = self.a.unbind(0), self.h.unbind(0)
+        if adjoint:
+            self.g = like.new_empty(L, Bt, D, N)
+            self.gv = self.g.unbind(0)
+
+    def states(self, delta, A, u, Bm, t0: int, t1: int) -> None:
+        """Fills a[:l] and h[1:l+1] for steps t0..t1-1 from the state in h[0] (l = t1 - t0 steps)."""
+        l = t1 - t0
+        a = self.a[:l]
+        torch.mul(delta[t0:t1].unsqueeze(-1), A, out=a)
+        a.exp_()
+        torch.mul(u[t0:t1].unsqueeze(-1), Bm[t0:t1], out=self.h[1:l + 1])
+        av, hv = self.av, self.hv
+        for i in range(l):  # h_t = a_t h_(t-1) + b_t, in place on the chunk's views
+            hv[i + 1].addcmul_(av[i], hv[i])
+
+
+def _chunked_forward(delta, A, u, Bm, Cm, h0, L, states=None):
+    """The chunked forward, time-major: delta, u [T, B, D]; A [D, N]; Bm, Cm [T, B, D|1, N];
+    h0 [B, D, N]. Returns (y [T, B, D], h_T); fills states [n + 1, B, D, N] (the states
+    entering each chunk, and the last one) when given."""
+    T, Bt, D = delta.shape
+    N = A.shape[1]
+    y = delta.new_empty(T, Bt, D)
+    ch = _Chunks(delta, min(L, T), Bt, D, N)
+    ch.h[0].copy_(h0)
+    for c, t0 in enumerate(range(0, T, L)):
+        t1 = min(T, t0 + L)
+        l = t1 - t0
+        ch.states(delta, A, u, Bm, t0, t1)
+        _contract_n_into(ch.h[1:l + 1], Cm[t0:t1], y[t0:t1])
+        if states is not None:
+            states[c + 1].copy_(ch.hv[l])
+        ch.h[0].copy_(ch.hv[l])
+    return y, ch.h[0].clone()
+
+
+class _ChunkedScan(torch.autograd.Function):
+    """The selective scan in chunks of L steps, time-major, with a hand-written backward that
+    recomputes each chunk's decays and states from the kept chunk-boundary states.
+
+    Inputs as :class:`_FusedScan`, plus L. Kept: the inputs (O(T·D)) and the n + 1 boundary
+    states (n = ceil(T/L)). Backward, chunk by chunk from the last: recompute a and the states
+    (from the boundary state), g = dy C, then g_t += a_(t+1) g_(t+1) backwards (the carry from
+    the next chunk enters at the last step), the carry into the previous chunk a_0 g_0, and the
+    chunk's gradients: dC_t = Σ_d dy_t h_t, du_t = Σ_n g_t B_t, dB_t = Σ_d g_t u_t,
+    q_t = g_t h_(t-1) a_t, dΔ_t = Σ_n q_t A, dA += Σ_(t,b) q_t Δ_t.
+    """
+
+    @staticmethod
+    def forward(ctx, delta, A, u, Bm, Cm, h0, L):
+        T, Bt, D = delta.shape
+        states = delta.new_empty(-(-T // L) + 1, Bt, D, A.shape[1])
+        states[0].copy_(h0)
+        y, h = _chunked_forward(delta, A, u, Bm, Cm, h0, L, states)
+        ctx.save_for_backward(delta, A, u, Bm, Cm, states)
+        ctx.L = L
+        return y, h
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dh_last):
+        with autocast_off(ctx.saved_tensors[0].device.type):  # the backward's matmuls stay in the forward's dtype
+            return _ChunkedScan._backward(ctx, dy, dh_last)
+
+    @staticmethod
+    def _backward(ctx, dy, dh_last):
+        delta, A, u, Bm, Cm, states = ctx.saved_tensors
+        L = ctx.L
+        T, Bt, D = delta.shape
+        N = A.shape[1]
+        need_A, need_B, need_C = ctx.needs_input_grad[1], ctx.needs_input_grad[3], ctx.needs_input_grad[4]
+        shared_B, shared_C = Bm.shape[2] == 1, Cm.shape[2] == 1
+        if dy is None:
+            dy = delta.new_zeros(T, Bt, D)
+        carry = dh_last.clone() if dh_last is not None else delta.new_zeros(Bt, D, N)  # dL/dh entering from the right
+        d_delta, d_u = torch.empty_like(delta), torch.empty_like(u)
+        d_B = torch.empty_like(Bm) if need_B else None
+        d_C = torch.empty_like(Cm) if need_C else None
+        d_A = torch.zeros_like(A) if need_A else None
+        ch = _Chunks(delta, min(L, T), Bt, D, N, adjoint=True)
+        av, gv = ch.av, ch.gv
+        starts = range(0, T, L)
+        for c in reversed(range(len(starts))):
+            t0 = starts[c]
+            t1 = min(T, t0 + L)
+            l, k = t1 - t0, (t1 - t0) * Bt
+            ch.h[0].copy_(states[c])
+            ch.states(delta, A, u, Bm, t0, t1)
+            a, H, Hprev, G = ch.a[:l], ch.h[1:l + 1], ch.h[:l], ch.g[:l]
+            dy_c = dy[t0:t1]
+            torch.mul(dy_c.unsqueeze(-1), Cm[t0:t1], out=G)  # dy_t C_t
+            gv[l - 1].add_(carry)
+            for i in range(l - 2, -1, -1):  # g_t = dy_t C_t + a_(t+1) g_(t+1)
+                gv[i].addcmul_(av[i + 1], gv[i + 1])
+            torch.mul(av[0], gv[0], out=carry)  # a_(t0) g_(t0): dL/dh entering this chunk
+            if need_C:  # dC_t = Σ_d dy_t h_t
+                if shared_C:
+                    torch.bmm(dy_c.reshape(k, 1, D), H.view(k, D, N), out=d_C[t0:t1].view(k, 1, N))
+                else:
+                    torch.mul(dy_c.unsqueeze(-1), H, out=d_C[t0:t1])
+            u_c = u[t0:t1]
+            if shared_B:  # du_t = Σ_n g_t B_t, dB_t = Σ_d g_t u_t
+                torch.bmm(G.view(k, D, N), Bm[t0:t1].reshape(k, N, 1), out=d_u[t0:t1].view(k, D, 1))
+                if need_B:
+                    torch.bmm(u_c.reshape(k, 1, D), G.view(k, D, N), out=d_B[t0:t1].view(k, 1, N))
+            else:
+                torch.linalg.vecdot(G, Bm[t0:t1], out=d_u[t0:t1])
+                if need_B:
+                    torch.mul(u_c.unsqueeze(-1), G, out=d_B[t0:t1])
+            q = a.mul_(Hprev).mul_(G)  # q_t = g_t h_(t-1) a_t = dL/d(Δ_t A), in a's buffer
+            torch.linalg.vecdot(q, A, out=d_delta[t0:t1])
+            if need_A:  # Σ_(t,b) q_t Δ_t: one batched matmul over the channels
+                d_A += torch.einsum("kdn,kd->dn", q.view(k, D, N), delta[t0:t1].reshape(k, D))
+        return d_delta, d_A, d_u, d_B, d_C, carry, None
+
+
 @full_precision
 def selective_scan(
     x: torch.Tensor,
@@ -132,15 +311,21 @@ def selective_scan(
     *,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    mode: str = "fused",
+    mode: str = "chunked",
+    chunk_size: int | None = None,
     check_values: bool = True,
     backend: str = "auto",
 ):
     """Runs the selective scan (module docstring). Returns (y [B, T, D], final state [B, D, N] or None).
 
+    mode: "chunked" (default), "fused" or "reference". chunk_size: L of the chunked mode, an
+    integer >= 1 (any T works: the last chunk is shorter) or None for :func:`scan_chunk_size`
+    (about 8 MiB per chunk buffer; 16 to 256 steps); the other modes ignore it.
     backend: "auto", "torch" or "mamba" (mamba_ssm's ``selective_scan_fn``; CUDA, B and C
     shared by the channels, no initial state): see :mod:`seqmix.ops.backends`."""
     check_choice("mode", mode, MODES, _WHERE)
+    if chunk_size is not None:
+        check_positive_int("chunk_size", chunk_size, _WHERE)
     check_tensor("x", x, rank=3, layout="[B, T, D]", where=_WHERE)
     Bt, T, Dc = x.shape
     if T == 0:
@@ -184,15 +369,23 @@ def selective_scan(
     h0 = initial_state.to(dt) if initial_state is not None else torch.zeros(Bt, Dc, N, dtype=dt, device=x.device)
     u = delta * x  # Δ_t x_t, the input of the Euler-discretized B̄ = ΔB
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, delta, A, B, C, h0))
-    if mode == "reference" or not needs_grad:  # without gradients the plain loop is the faster forward
+
+    def tmajor(t):
+        return t.transpose(0, 1).contiguous()
+
+    if mode == "chunked" and (T > 1 or needs_grad):  # one step without a gradient (decoding): the plain step below
+        L = chunk_size if chunk_size is not None else scan_chunk_size(Bt, Dc, N)
+        args = (tmajor(delta), A, tmajor(u), tmajor(Bx), tmajor(Cx), h0)
+        y, h = _ChunkedScan.apply(*args, L) if needs_grad else _chunked_forward(*args, L)
+        y = y.transpose(0, 1)
+    elif mode in ("reference", "chunked") or not needs_grad:  # fused without gradients: the plain loop is its faster forward
         a = torch.exp(delta.unsqueeze(-1) * A)  # [B, T, D, N]
         y, h = _scan_reference(a, u.unsqueeze(-1) * Bx, Cx, h0)
     else:
-        def tmajor(t):
-            return t.transpose(0, 1).contiguous()
-
         y, h = _FusedScan.apply(tmajor(delta), A, tmajor(u), tmajor(Bx), tmajor(Cx), h0)
         y = y.transpose(0, 1).contiguous()
     if D is not None:
-        y = y + D.to(dt) * x
+        y = (D.to(dt) * x).add_(y)  # in [B, T, D] layout whatever y's
+    elif not y.is_contiguous():
+        y = y.contiguous()
     return y.to(out_dtype), (h if output_final_state else None)

@@ -358,20 +358,6 @@ def _hf_mask(T, window=None):
     return torch.zeros(T, T).masked_fill(~ok, float("-inf"))[None, None]
 
 
-def _copy(m, q_w, k_w, v_w, o_w, q_b=None, k_b=None, v_b=None, o_b=None):
-    """W_qk = [q_proj; k_proj] (Qwen3-Next, not an interop family yet; Llama's and RecurrentGemma's
-    correspondence is their family's weight table, seqmix.interop.families.ATTENTION_WEIGHTS)."""
-    with torch.no_grad():
-        m.W_qk.weight.copy_(torch.cat([q_w, k_w]))
-        m.W_v.weight.copy_(v_w)
-        m.W_o.weight.copy_(o_w)
-        if q_b is not None:
-            m.W_qk.bias.copy_(torch.cat([q_b, k_b]))
-            m.W_v.bias.copy_(v_b)
-        if o_b is not None:
-            m.W_o.bias.copy_(o_b)
-
-
 @pytest.mark.parametrize("bias", [False, True])
 def test_llama_attention_converts_exactly(bias):
     """transformers' LlamaAttention (GQA: 4 heads, 2 kv heads; full RoPE, rotate_half) on a tiny
@@ -455,14 +441,13 @@ def test_qwen3_next_gated_attention_converts_exactly():
     pos = torch.arange(T)[None].expand(2, T)
     with torch.no_grad():
         y_hf = hf(x, position_embeddings=Qwen3NextRotaryEmbedding(cfg)(x, pos), attention_mask=_hf_mask(T))[0]
-    m = seqmix.build_mixer("softmax_attention", d_model=32, heads=4, kv_heads=2, head_dim=16, rope=True, rotary_dim=4,
-                           rope_theta=1000.0, qk_norm="head", qk_norm_eps=cfg.rms_norm_eps, output_gate=True)
-    q_w, g_w = hf.q_proj.weight.view(4, 2, 16, 32).unbind(1)  # per head: [q_h; gate_h]
-    _copy(m, q_w.reshape(64, 32), hf.k_proj.weight, hf.v_proj.weight, hf.o_proj.weight)
+    from seqmix.interop import convert_module
+
+    m = convert_module(hf, cfg).mixer  # the qwen3_next family's adapter config and weight table (seqmix.interop)
+    c = m.config
+    assert (m.heads, m.kv_heads, m.head_qk, c.rotary_dim, c.rope_theta, c.qk_norm, c.qk_norm_eps, c.output_gate) == (
+        4, 2, 16, 4, 1000.0, "head", cfg.rms_norm_eps, True)
     with torch.no_grad():
-        m.W_g.weight.copy_(g_w.reshape(64, 32))
-        m.q_norm.weight.copy_(1 + hf.q_norm.weight)
-        m.k_norm.weight.copy_(1 + hf.k_norm.weight)
         for mode in m.modes:
             m.mode = mode
             assert max_abs(m(x), y_hf) <= 1e-5, mode

@@ -423,3 +423,27 @@ def test_filter_shorter_than_the_sequence_names_the_argument():
         fft_conv(inputs(1, 11, 4), torch.randn(10, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="positional_encoding"):
         positional_encoding("learned", 10, 3)
+
+
+def test_short_conv_is_lfm2s_gated_conv():
+    """short_conv: y = out_proj(c ⊙ conv(b ⊙ x)), written out with torch's Conv1d; Φ reaches back W - 1
+    tokens exactly; decoding carries the last W - 1 products."""
+    import seqmix
+    from seqmix import Cache
+
+    torch.manual_seed(0)
+    m = seqmix.build_mixer("short_conv", d_model=8, width=3, bias=True).double()
+    x = torch.randn(2, 11, 8, dtype=torch.float64)
+    b, c, v = m.in_proj(x).chunk(3, -1)
+    conv = torch.nn.functional.conv1d((b * v).transpose(1, 2), m.conv.weight.unsqueeze(1), m.conv.bias, padding=2, groups=8)
+    want = m.out_proj(c * conv[..., :11].transpose(1, 2))
+    for mode in m.modes:
+        m.mode = mode
+        assert (y := m(x).detach()).shape == want.shape and float((y - want).abs().max()) < 1e-12, mode
+    phi = m.phi(x)
+    i, j = torch.arange(11)[:, None], torch.arange(11)[None, :]
+    assert float(phi[..., (i - j >= 3) | (j > i)].abs().max()) == 0 and float(phi[..., i - j == 2].abs().min()) > 0
+    cache = Cache()
+    steps = torch.cat([m(x[:, t : t + 1], cache=cache) for t in range(11)], 1)
+    assert float((steps - want).abs().max()) < 1e-12 and cache.get(m)["conv"].shape == (2, 8, 2)
+    assert m.state_size() == 16 and float(m.spectrum(x).abs().max()) == 0

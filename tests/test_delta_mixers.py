@@ -84,3 +84,64 @@ def test_delta_models_are_extras_of_the_mqar_presets():
         assert {r.label for r in runs} == {"DeltaNet", "Gated DeltaNet"}
         assert {r.model.mixer for r in runs} == {"deltanet", "gated_deltanet"}
         assert {"deltanet", "gated_deltanet"} <= set(p.mixers())
+
+
+# -- the options of real models (issue 26: Qwen3-Next's and Kimi-Linear's layers) ----------------------
+
+
+def test_fused_conv_is_the_three_convs():
+    """One conv over [q; k; v] (one state) computes what conv_q, conv_k, conv_v compute."""
+    a = build("gated_deltanet")
+    b = build("gated_deltanet", fused_conv=True)
+    sd = {k: v for k, v in a.state_dict().items() if not k.startswith("conv_")}
+    sd["conv.weight"] = torch.cat([a.conv_q.weight, a.conv_k.weight, a.conv_v.weight])
+    b.load_state_dict(sd)
+    x = x_(T=19)
+    assert max_abs(a(x), b(x)) < 1e-12
+    cache = seqmix.Cache()
+    y = torch.cat([b(x[:, :9], cache=cache)] + [b(x[:, t : t + 1], cache=cache) for t in range(9, 19)], 1)
+    assert set(cache.get(b)) == {"S", "conv"} and max_abs(y, b(x)) < 1e-12
+    assert b.state_size() == a.state_size()
+
+
+def test_k_heads_shares_q_and_k_among_value_heads():
+    """GVA (k_heads < heads): the same as heads = value heads with each q/k head's projection repeated."""
+    g = build("gated_deltanet", heads=4, k_heads=2, expand_k=0.5)
+    full = build("gated_deltanet", heads=4, expand_k=1.0)
+    sd = dict(g.state_dict())
+    for name in ("W_q.weight", "W_k.weight"):  # [k_heads·K, d] -> each head's rows twice (repeat_interleave)
+        sd[name] = sd[name].view(2, 4, 16).repeat_interleave(2, 0).reshape(16, 16)
+    for name in ("conv_q.weight", "conv_k.weight"):
+        sd[name] = sd[name].view(2, 4, -1).repeat_interleave(2, 0).reshape(16, -1)
+    full.load_state_dict(sd)
+    x = x_(T=19)
+    assert (g.K, full.K) == (4, 4) and max_abs(g(x), full(x)) < 1e-12 and max_abs(g.phi(x), full.phi(x)) < 1e-12
+    assert g.state_size() < full.state_size()  # the conv of q and k is half as wide
+    with pytest.raises(ValueError, match="k_heads"):
+        seqmix.build_mixer("gated_deltanet", d_model=16, heads=4, k_heads=3)
+    with pytest.raises(ValueError, match="k_heads"):
+        seqmix.build_mixer("kda", d_model=16, heads=4, k_heads=2)
+
+
+def test_norm_shared_sigmoid_gate_rank_and_l2_eps():
+    """norm_shared: one [V] weight is the per-channel weight repeated; gate_act / gate_rank: σ(x W¹ W²);
+    qk_l2_eps: x / sqrt(Σx² + ε) (close to F.normalize for unit-scale keys)."""
+    a = build("kda")
+    b = build("kda", norm_shared=True)
+    sd = dict(a.state_dict())
+    sd["norm.weight"] = sd["norm.weight"][: a.V]
+    b.load_state_dict(sd)
+    with torch.no_grad():
+        a.norm.weight.copy_(b.norm.weight.repeat(a.H))
+    x = x_()
+    assert max_abs(a(x), b(x)) < 1e-12
+    s = build("kda", gate_act="sigmoid", gate_rank=3)
+    assert isinstance(s.W_g, torch.nn.Sequential) and s.W_g[0].out_features == 3
+    o = torch.randn(2, 13, s.H, s.V, dtype=torch.float64)
+    want = s.W_o(s.norm(o.flatten(2)) * torch.sigmoid(s.W_g[1](s.W_g[0](x))))
+    assert max_abs(s._readout(o, x), want) < 1e-12
+    e = build("kda", qk_l2_eps=1e-6)
+    e.load_state_dict(a.state_dict())
+    assert 0 < max_abs(e(x), a(x)) < 1e-4
+    with pytest.raises(ValueError, match="gate_rank"):
+        seqmix.build_mixer("kda", d_model=16, heads=2, gate=False, gate_rank=2)

@@ -554,3 +554,22 @@ def test_unknown_option_lists_the_known_ones():
         seqmix.build_mixer("general_form", decay="gla")
     with pytest.raises(ValueError, match="metala"):
         seqmix.build_mixer("meta_la")
+
+
+def test_fixed_head_decay_rates_and_the_lightning_schedule():
+    """head_decay_rates: γ_h = exp(-r_h) (MiniMax's per-layer slopes); head_decay='lightning':
+    r_h = 2^{-8(h+1)/H} (ALiBi's slopes, MiniMax layer 0)."""
+    import seqmix
+
+    m = seqmix.build_mixer("lightning_attention", d_model=16, heads=4).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    la, _ = m._decay(x)
+    h = torch.arange(4, dtype=torch.float64)
+    assert torch.allclose(la[0, 0], -(2.0 ** (-8 * (h + 1) / 4)), rtol=0, atol=1e-15)
+    r = seqmix.build_mixer("lightning_attention", d_model=16, heads=4, head_decay_rates=(0.5, 0.1, 0.01, 2.0)).double()
+    assert torch.equal(r._decay(x)[0][0, 0], -torch.tensor([0.5, 0.1, 0.01, 2.0], dtype=torch.float64))
+    for bad in ((0.5,), (0.5, 0.1, 0.0, 1.0), (float("nan"),) * 4):
+        with pytest.raises(ValueError, match="head_decay_rates"):
+            seqmix.build_mixer("lightning_attention", d_model=16, heads=4, head_decay_rates=bad)
+    with pytest.raises(ValueError, match="head_decay_rates"):
+        seqmix.build_mixer("gla", d_model=16, heads=4, head_decay_rates=(0.1,) * 4)

@@ -395,7 +395,7 @@ class DSF:
         return cls(torch.zeros(bt, T, N, dtype=torch.float64), B, C, D, U=Lam, W=eye, real_output=real_output)
 
     @classmethod
-    def from_delta_rule(cls, q, k, beta, value_dim: int, g=None, *, scale: float = 1.0) -> "DSF":
+    def from_delta_rule(cls, q, k, beta, value_dim: int, g=None, *, scale: float = 1.0, a=None, b=None) -> "DSF":
         """The DSF of ``seqmix.ops.delta_rule`` (zero initial state): input v, output o.
 
         q, k [B, T, H, K]; beta [B, T, H]; g (log α) [B, T, H], [B, T, H, K] or None;
@@ -409,6 +409,9 @@ class DSF:
         So Λ_i is block diagonal with H·V blocks, identical over the V channels of a head.
         :meth:`eigenvalues` uses the blocks: for a scalar α (or none) the closed form α (K − 1 times)
         and α(1 − β‖k‖²); for a key-wise α, ``torch.linalg.eigvals`` of each K×K block.
+
+        With the general rank-one pair a, b [B, T, H, K] of ``delta_rule`` (either may be None: −βk, k)
+        the block is M_i = (I + a_iᵀb_i) Diag(α_i): U_i = I_V ⊗ a_iᵀ, W_i = I_V ⊗ (α_i ⊙ b_i)ᵀ (RWKV-7, Comba).
         """
         where = f"{_WHERE}.from_delta_rule"
         check_tensor("q", q, rank=4, layout="[B, T, H, K]", where=where)
@@ -420,10 +423,16 @@ class DSF:
         check_tensor("beta", beta, rank=3, layout="[B, T, H]", where=where)
         if beta.shape != (Bt, T, H):
             raise ValueError(f"{where}: argument 'beta' must be [B, T, H] = {fmt_shape((Bt, T, H))}, got {fmt_shape(beta.shape)}")
+        for name, t in (("a", a), ("b", b)):
+            if t is not None and tuple(t.shape) != (Bt, T, H, K):
+                raise ValueError(f"{where}: argument '{name}' must be [B, T, H, K] = {fmt_shape((Bt, T, H, K))}, got {fmt_shape(t.shape)}")
+        tied = a is None and b is None
         q, k, beta = _to64(q.detach()), _to64(k.detach()), _to64(beta.detach())
         logk = _key_log_decay(g, (Bt, T, H, K), "g", where)
         alpha = logk.exp()
         bk = beta.unsqueeze(-1) * k
+        ra = -bk if a is None else _to64(a.detach())
+        rb = k if b is None else _to64(b.detach())
         system = cls.from_recurrence(q, bk, V, logk, scale=scale)
         eye_h, eye_v = torch.eye(H, dtype=torch.float64), torch.eye(V, dtype=torch.float64)
 
@@ -431,9 +440,9 @@ class DSF:
             return torch.einsum("btha,hg,vw->bthvagw", x, eye_h, eye_v).reshape(Bt, T, H * V * K, H * V)
 
         def make_UW():
-            return -kron(bk), kron(alpha * k)
+            return kron(ra), kron(alpha * rb)
 
-        scalar_alpha = g is None or g.dim() == 3
+        scalar_alpha = tied and (g is None or g.dim() == 3)
 
         def eig():
             if scalar_alpha:  # α(I − β kᵀk) is symmetric: α (K − 1 times) and α(1 − β‖k‖²) along k, exactly
@@ -441,7 +450,7 @@ class DSF:
                 along = a * (1 - beta.unsqueeze(-1) * (k * k).sum(-1, keepdim=True))
                 ev = torch.cat([a.expand(Bt, T, H, K - 1), along], -1).to(torch.complex128)
             else:
-                M = torch.diag_embed(alpha) - bk.unsqueeze(-1) * (alpha * k).unsqueeze(-2)  # [B, T, H, K, K]
+                M = torch.diag_embed(alpha) + ra.unsqueeze(-1) * (alpha * rb).unsqueeze(-2)  # [B, T, H, K, K]
                 ev = torch.linalg.eigvals(M)
             ev = torch.gather(ev, -1, torch.argsort(ev.abs(), dim=-1, descending=True, stable=True))  # by magnitude: smooth trajectories
             return ev.unsqueeze(3).expand(Bt, T, H, V, K).reshape(Bt, T, H * V * K)

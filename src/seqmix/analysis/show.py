@@ -291,10 +291,14 @@ class MixerView:
     conditions: object | None  # seqmix.analysis.Conditions, or None
     config: dict = field(default_factory=dict)
     diagonal: bool = True  # whether Λ_i is diagonal; if not, lam holds the eigenvalues of Λ_i (mixer.spectrum)
+    #: reduced views (seqmix.analysis.model_maps): what each drawn map of ``phi`` is ("mean of 1536 channels",
+    #: "channel 512", ...) and how many maps the mixer has in all; None: phi holds every map, titled by index
+    map_labels: list[str] | None = None
+    total_maps: int | None = None
 
     @property
     def maps(self) -> int:
-        return int(self.phi.shape[0])
+        return int(self.total_maps if self.total_maps is not None else self.phi.shape[0])
 
     def facts(self) -> list[tuple[str, str]]:
         """The DSF facts table: (what, value) rows."""
@@ -485,7 +489,7 @@ def _draw_column(col: _Column, view: MixerView, *, log: bool, max_maps: int) -> 
     col.text(col.W / 2, 0.12, f"{view.label}", ha="center", va="top", fontsize=10, weight="bold")
     col.text(col.W / 2, 0.36, view.source, ha="center", va="top", fontsize=7, color="#444")
     # the maps: a grid in the box [0.35, 3.35] x [0.65, 4.45] (inches), colour bar at its right
-    k = min(view.maps, max_maps)
+    k = min(int(view.phi.shape[0]), max_maps)
     cols = math.ceil(math.sqrt(k))
     rows = math.ceil(k / cols)
     box_w, box_h, gap = 3.0, 3.8, 0.3
@@ -497,7 +501,7 @@ def _draw_column(col: _Column, view: MixerView, *, log: bool, max_maps: int) -> 
         ax = col.axes(0.35 + c * (side + gap), 0.65 + gap + r * (side + gap), side, side)
         im = ax.imshow(view.phi[i].numpy(), cmap=cmap, norm=norm, interpolation="antialiased")
         im.set_gid(f"phi:{view.label}:{i}")
-        ax.set_title(f"Φ {view.map_unit} {i}", fontsize=7, pad=2)
+        ax.set_title(f"Φ {view.map_labels[i]}" if view.map_labels else f"Φ {view.map_unit} {i}", fontsize=7, pad=2)
         ax.set_xticks(ticks)
         ax.set_yticks(ticks)
         ax.tick_params(labelsize=5, length=2, pad=1)
@@ -597,17 +601,18 @@ def _img(png: bytes, alt: str) -> str:
 
 
 def html_report(views: list[MixerView], *, theory: dict | None = None, title: str = "seqmix show", input_description: str = "",
-                log: bool = False, max_maps: int = 4, dpi: int = 100) -> str:
+                log: bool = False, max_maps: int = 4, dpi: int = 100, theory_heading: str = "Theory figures",
+                reference: str = "softmax attention on the same input (docs/show.md)") -> str:
     """A self-contained HTML page: the numbers of every mixer in one table, one figure per mixer
-    (maps, spectrum, facts; PNG embedded as base64), and the theory figures ``theory``
-    ({name: figure or (figure, data)}). No external resource is referenced."""
+    (maps, spectrum, facts; PNG embedded as base64), and the figures ``theory`` ({name: figure or
+    (figure, data)}) under ``theory_heading``. No external resource is referenced."""
     esc = html.escape
     parts = [
         "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">', f"<title>{esc(title)}</title>",
         f"<style>{_CSS}</style>", "</head>", "<body>", f"<h1>{esc(title)}</h1>",
     ]
     if input_description:
-        parts.append(f"<p>Input: {esc(input_description)}. Reference map P: softmax attention on the same input (docs/show.md).</p>")
+        parts.append(f"<p>Input: {esc(input_description)}. Reference map P: {esc(reference)}.</p>")
     if views:
         facts = [v.facts() for v in views]
         parts += ["<h2>Numbers</h2>", '<table class="numbers">', "<thead><tr><th>mixer</th>"]
@@ -624,7 +629,7 @@ def html_report(views: list[MixerView], *, theory: dict | None = None, title: st
             parts.append(f"<figure>{_img(png, 'maps of ' + v.label)}<figcaption>{esc(cap)}</figcaption></figure>")
         parts.append("</div>")
     if theory:
-        parts.append("<h2>Theory figures</h2>")
+        parts.append(f"<h2>{esc(theory_heading)}</h2>")
         for name, fig in theory.items():
             fig = fig[0] if isinstance(fig, tuple) else fig
             parts.append(f"<figure>{_img(figure_png(fig), name)}<figcaption>{esc(name)}</figcaption></figure>")

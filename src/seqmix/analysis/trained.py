@@ -83,6 +83,10 @@ def load_run(run: str | Path, runs: str | Path = "runs"):
     else:
         raise ValueError(f"argument 'run': {str(d)!r} has no config.json (the run has not finished; its config is in the "
                          "results store of its sweep)")
+    if getattr(config, "init_from_hf", None):  # a converted transformers model, not a LanguageModel (seqmix.interop.train)
+        raise ValueError(f"argument 'run': run {d.name} started from the transformers checkpoint {config.init_from_hf!r} "
+                         "(--init-from-hf): lm eval, lm generate, lm export and show --run rebuild a seqmix LanguageModel "
+                         "and do not support such runs")
     model = LanguageModel(config.model)  # RunConfig filled vocab_size and max_seq_len from the data
     from ..models.lm import load_state_checked
 

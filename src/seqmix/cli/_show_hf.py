@@ -48,8 +48,10 @@ def run_show_hf(args, text: str | None) -> int:
         load_config(src)
     output_dir(args.out, "--out")  # a file in the way: one line before minutes of work
     out = Path(args.out)
-    models, descs = [], []
     labels = _labels(args.hf)
+    if getattr(args, "report", False):
+        return _run_report(args, text, labels, out)
+    models, descs = [], []
     for src, label in zip(args.hf, labels):
         model, what = load_converted(src)
         toks, how = tokenize(src, text, ids=args.ids, vocab_size=int(model.config.vocab_size), seq_len=args.seq_len)
@@ -86,6 +88,36 @@ def run_show_hf(args, text: str | None) -> int:
         print(f"{mm.label}: state floats per sequence (T = {mm.T}) over {len(mm.layers)} layers = "
               f"{sum(s.state_size for s in mm.layers):,}; median memory per layer: "
               + " ".join(f"{s.memory:.3g}" for s in mm.layers))
+    for p in written:
+        print(f"wrote {p}")
+    return 0
+
+
+def _run_report(args, text: str | None, labels: list[str], out) -> int:
+    """``--report``: one page per model (Markdown and HTML) listing every layer (analysis.model_maps.layer_report)."""
+    import re
+
+    import torch
+
+    from seqmix.analysis.model_maps import REPORT_NOTE, layer_report, report_html, report_markdown
+    from seqmix.interop.load import load_converted, tokenize
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for src, label in zip(args.hf, labels):
+        model, what = load_converted(src)
+        toks, how = tokenize(src, text, ids=args.ids, vocab_size=int(model.config.vocab_size), seq_len=args.seq_len)
+        with torch.no_grad():
+            rows = layer_report(model, toks, max_bytes=int(args.max_memory * 2**30))
+        del model
+        title = f"seqmix show --hf {label} --report"
+        note = f"{what}; {how}; T = {int(toks.numel())} tokens. {REPORT_NOTE}"
+        md = report_markdown(rows, title=title, note=note)
+        stem = "report" if len(labels) == 1 else "report_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
+        (out / f"{stem}.md").write_text(md, encoding="utf-8")
+        (out / f"{stem}.html").write_text(report_html(rows, title=title, note=note), encoding="utf-8")
+        written += [out / f"{stem}.md", out / f"{stem}.html"]
+        print(md)
     for p in written:
         print(f"wrote {p}")
     return 0

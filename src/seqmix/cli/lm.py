@@ -27,6 +27,10 @@ def _add_lm_train(sub):
     g.add_argument("--layers", type=int, default=4)
     g.add_argument("--channel-mixer", default="mlp", help="mlp, swiglu or none")
     g.add_argument("--positions", default="auto", help="auto, learned, rope (rotary, for the attention mixers) or none")
+    g.add_argument("--init-from-hf", default=None, metavar="PATH_OR_HUB_ID",
+                   help="fine-tune a transformers checkpoint (local folder, or hub id in the local cache) converted by "
+                        "seqmix.interop instead of building a model: the other model options are ignored, and the "
+                        "tokenizer defaults to the checkpoint's tokenizer.json (bytes without one); docs/interop.md")
     g = p.add_argument_group("training")
     g.add_argument("--max-tokens", type=int, default=None, help="token budget (default 2M when --max-steps is not given)")
     g.add_argument("--max-steps", type=int, default=None)
@@ -58,7 +62,18 @@ def _lm_config(args):
             "text_field": args.text_field, "seq_len": args.seq_len, "batch_size": args.batch_size,
             "eval_batch_size": args.eval_batch_size, "seed": args.data_seed}
     model = {"d_model": args.d_model, "n_layers": args.layers, "channel_mixer": args.channel_mixer, "positions": args.positions}
-    if args.pattern:
+    init = {}
+    if args.init_from_hf:  # the checkpoint's sizes and tokenizer (seqmix.interop.train)
+        from pathlib import Path
+
+        from ..interop.train import hf_model_config, hf_tokenizer
+
+        model = hf_model_config(args.init_from_hf)
+        if args.tokenizer == "char":  # the default: the checkpoint's own
+            data["tokenizer"] = hf_tokenizer(args.init_from_hf)
+        src = Path(args.init_from_hf).expanduser()
+        init = {"init_from_hf": str(src.resolve()) if src.is_dir() else args.init_from_hf}
+    elif args.pattern:
         model["pattern"] = args.pattern
     else:
         model.update(mixer=args.mixer, mixer_kwargs=_parse_kv(args.mixer_kw, "--mixer-kw"))
@@ -71,7 +86,7 @@ def _lm_config(args):
              "weight_decay": args.weight_decay, "betas": betas, "grad_clip": args.clip or None, "early_stop": None,
              "eval_every_steps": args.eval_every, "eval_batches": args.eval_batches, "checkpoint_every": args.checkpoint_every,
              "precision": args.precision, "seed": args.seed, "device": args.device, "threads": args.threads}
-    return make_run_config(experiment="lm", data=data, model=model, train=train)
+    return make_run_config(experiment="lm", data=data, model=model, train=train, **init)
 
 
 def _run_lm_train(args) -> int:
@@ -100,8 +115,11 @@ def _run_lm_train(args) -> int:
 
         torch.set_num_threads(config.train.threads)
     peak = None if args.no_mfu else matmul_peak_flops(config.train.device)
+    builder = None
+    if config.init_from_hf:  # a converted transformers model (seqmix.interop.train)
+        from ..interop.train import hf_model_builder as builder
     trainer = Trainer(config, run_dir=run_dir, progress=not args.no_progress, console=console, peak_flops=peak,
-                      write_maps=write_run_maps)  # maps: not for corpus runs unless Trainer(maps=True)
+                      write_maps=write_run_maps, model_builder=builder)  # maps: not for corpus runs unless Trainer(maps=True)
     result = trainer.fit()
     if not trainer.parallel.is_main:
         return 0

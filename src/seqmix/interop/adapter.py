@@ -27,7 +27,8 @@ from ..ops import KVCache
 from .table import State
 
 #: keyword arguments transformers' blocks may pass that do not change a recurrent mixer's output
-_HARMLESS = frozenset({"position_ids", "cache_position", "use_cache", "output_attentions", "return_dict", "position_embeddings"})
+_HARMLESS = frozenset({"position_ids", "cache_position", "use_cache", "output_attentions", "return_dict", "position_embeddings",
+                       "output_router_logits", "output_hidden_states"})  # the last two: MoE hybrids pass them to every layer
 
 
 class InteropMixer(nn.Module):
@@ -48,7 +49,7 @@ class InteropMixer(nn.Module):
 
     def __init__(self, mixer: Mixer, *, layer_idx: int | None, state: tuple[State, ...], where: str, source: str,
                  returns_state: bool = False, aliases: tuple[tuple[str, str], ...] = (), returns_pair: bool = False,
-                 mask: str = "padding", positions: bool = False):
+                 mask: str = "padding", positions: bool = False, layer_arg: str | None = None):
         super().__init__()
         self.mixer = mixer
         self.layer_idx = layer_idx
@@ -60,6 +61,7 @@ class InteropMixer(nn.Module):
         self.returns_pair = bool(returns_pair)
         self.mask_kind = mask
         self.positions = bool(positions)
+        self.layer_arg = layer_arg
 
     def __getattr__(self, name: str):
         try:
@@ -82,6 +84,8 @@ class InteropMixer(nn.Module):
             raise ValueError(f"{where}: pass the decoding state once (got both 'cache' and 'state')")
         # RWKV-4 passes its state list as ``state=``, xLSTM its layer tuple as the second argument
         hf_cache = resolve_cache_argument(cache if cache is not None else state, past_key_values, cache_params, where)
+        if self.layer_arg is not None:  # Zamba2's shared attention is told its cache layer by the call
+            self._check_layer_arg(kwargs.pop(self.layer_arg, None), where)
         self._check_kwargs(kwargs, where)
         seqmix_state = self.read_state(hf_cache, where) if hf_cache is not None else None
         if self.mask_kind == "padding":
@@ -101,6 +105,13 @@ class InteropMixer(nn.Module):
         if self.returns_pair:
             return y, None
         return (y, new) if self.returns_state else y
+
+    def _check_layer_arg(self, layer, where: str) -> None:
+        """``ModuleMap.layer_arg``: the cache layer index the caller passes must be this adapter's (the N
+        of ``layers.N.`` in its path: one converted module per use of a shared block)."""
+        if layer is not None and int(layer) != self.layer_idx:
+            raise ValueError(f"{where}: argument {self.layer_arg!r} = {layer} is not this converted module's layer "
+                             f"{self.layer_idx} (a shared block is converted once per use, each use keeping its own state)")
 
     @staticmethod
     def _check_kwargs(kwargs: dict, where: str) -> None:
@@ -220,6 +231,8 @@ class InteropMixer(nn.Module):
             return None
         if self.state_table[0].kind == "kv":
             return self._read_kv(hf_cache, where)
+        if self.state_table[0].kind == "linear_cache":
+            return self._read_linear_cache(hf_cache, where)
         if self.state_table[0].kind in ("conv", "recurrent"):
             self._layer(hf_cache, where)
         else:
@@ -242,6 +255,14 @@ class InteropMixer(nn.Module):
         kind = self.state_table[0].kind
         if kind == "kv":
             self._write_kv(hf_cache, state, where)
+            return hf_cache
+        if kind == "linear_cache":
+            self._linear_cache_object(hf_cache, where)
+            for row in self.state_table:
+                if state.get(row.seqmix) is None:
+                    raise ValueError(f"{where}: the mixer's state has no entry {row.seqmix!r} (state table of {self.source})")
+                t = state[row.seqmix]
+                hf_cache.set_linear_cache(self.layer_idx, row.to_hf(t) if row.to_hf else t)
             return hf_cache
         layer = self._layer(hf_cache, where) if kind in ("conv", "recurrent") else None
         i = self.layer_idx
@@ -268,10 +289,31 @@ class InteropMixer(nn.Module):
                     layer.has_previous_state[slot] = True
         return tuple(out) if out is not None else hf_cache
 
+    # -- the "linear_cache" kind: a cache object's get_linear_cache / set_linear_cache (MiniMaxCache) ----
+
+    def _linear_cache_object(self, hf_cache, where: str) -> None:
+        if self.layer_idx is None or not (hasattr(hf_cache, "get_linear_cache") and hasattr(hf_cache, "set_linear_cache")):
+            raise ValueError(f"{where}: argument 'cache' ({type(hf_cache).__name__}) has no get_linear_cache / set_linear_cache "
+                             f"for layer {self.layer_idx}: pass the model's own cache class (MiniMaxCache), as the model builds it")
+        layers = getattr(hf_cache, "layers", None) or []
+        if self.layer_idx < len(layers) and getattr(layers[self.layer_idx], "record_past", False):
+            raise ValueError(f"{where}: the cache records past states (assisted decoding / cropping): not supported by "
+                             "the converted mixer")
+
+    def _read_linear_cache(self, hf_cache, where: str) -> dict | None:
+        self._linear_cache_object(hf_cache, where)
+        t = hf_cache.get_linear_cache(self.layer_idx)
+        if not isinstance(t, torch.Tensor):  # None, or [] for a layer not written yet
+            return None
+        row = self.state_table[0]
+        return {row.seqmix: row.to_seqmix(t) if row.to_seqmix else t}
+
     # -- the "kv" kind: seqmix's KVCache kept in a DynamicCache's attention layer ------------------
 
     def _kv_layer(self, hf_cache, where: str):
-        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+        from transformers.cache_utils import (
+            DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionAndFullAttentionLayer, LinearAttentionAndSlidingWindowAttentionLayer,
+        )
 
         layers = getattr(hf_cache, "layers", None)
         if self.layer_idx is not None and layers is not None and getattr(hf_cache, "layer_class_to_replicate", None) is not None:
@@ -283,7 +325,10 @@ class InteropMixer(nn.Module):
         layer = layers[self.layer_idx]
         w = self._window()
         want = DynamicLayer if w is None else DynamicSlidingWindowLayer
-        if type(layer) is not want or (w is not None and layer.sliding_window != w):
+        # a hybrid layer of the cache (Zamba2's hybrid layers, Falcon-H1's parallel attention + Mamba-2) keeps the
+        # keys and values in the same dynamic layer, beside the Mamba layer's conv / recurrent states
+        hybrid = LinearAttentionAndFullAttentionLayer if w is None else LinearAttentionAndSlidingWindowAttentionLayer
+        if type(layer) not in (want, hybrid) or (w is not None and layer.sliding_window != w):
             got = type(layer).__name__ + (f"(sliding_window={layer.sliding_window})" if hasattr(layer, "sliding_window") else "")
             raise ValueError(f"{where}: argument 'cache' layer {self.layer_idx} is a {got}; the converted attention"
                              f"{f' (window {w})' if w else ''} keeps its keys and values in a {want.__name__}"

@@ -42,7 +42,7 @@ def from_transformers(model: nn.Module, *, inplace: bool = False, mode: str | No
         raise ValueError(f"{_WHERE}: argument 'model' must be a transformers model (torch.nn.Module), got {type(model).__name__}")
     family = _family(model)
     _check_not_quantized(model)
-    targets = _targets(model, family)
+    targets, kept = _targets(model, family)
     adapters = {}
     for path, module, mm in targets:
         adapter = _convert(path, module, mm, model.config)
@@ -52,6 +52,7 @@ def from_transformers(model: nn.Module, *, inplace: bool = False, mode: str | No
             except ValueError as e:
                 raise ValueError(f"{_WHERE}: argument 'mode' for module {path}: {e}") from None
         adapters[path] = (module, adapter)
+    _share_tied(adapters)
     if inplace:
         out = model
         for path, (_, adapter) in adapters.items():
@@ -59,6 +60,8 @@ def from_transformers(model: nn.Module, *, inplace: bool = False, mode: str | No
             setattr(out.get_submodule(parent) if parent else out, name, adapter)
     else:  # copy everything but the replaced modules (deepcopy's memo maps each to its adapter)
         out = copy.deepcopy(model, memo={id(module): adapter for module, adapter in adapters.values()})
+    if kept or family.keeps:  # the mixers the family leaves as transformers' own (e.g. Kimi-Linear's MLA): `seqmix show --hf`
+        out.seqmix_kept = dict(kept)
     return out
 
 
@@ -105,13 +108,18 @@ def _check_not_quantized(model) -> None:
                          f"{method!r}): seqmix converts floating-point weights only; load the model unquantized")
 
 
-def _targets(model, family: Family) -> list[tuple[str, nn.Module, ModuleMap]]:
+def _targets(model, family: Family) -> tuple[list[tuple[str, nn.Module, ModuleMap]], dict[str, str]]:
     slot = re.compile(family.slots)
-    out = []
+    out, kept = [], {}
     for path, module in model.named_modules():
         mm = family.module_map(module)
+        name = f"{type(module).__module__}.{type(module).__qualname__}"
         if mm is not None:
             out.append((path, module, mm))
+        elif slot.search(path) and name in family.keeps:
+            kept[path] = type(module).__name__
+        elif slot.search(path) and name in family.not_mixers:
+            continue
         elif slot.search(path):
             if isinstance(module, InteropMixer):
                 raise ValueError(f"{_WHERE}: module {path} is already converted (an InteropMixer holding seqmix "
@@ -121,7 +129,33 @@ def _targets(model, family: Family) -> list[tuple[str, nn.Module, ModuleMap]]:
                              f"sequence mixer seqmix converts for family {family.model_type!r} (it converts: {known})")
     if not out:
         raise ValueError(f"{_WHERE}: {type(model).__name__} ({family.model_type}) has no sequence-mixing module to convert")
-    return out
+    return out, kept
+
+
+def _share_tied(adapters: dict) -> None:
+    """Modules that hold the same parameter objects (transformers ties them: Zamba2's shared attention
+    block is one module per use, its weights tied across the uses) are converted once per use, and the
+    mixers of the later uses are given the first one's parameters (the same nn.Parameter objects): the
+    converted model keeps one copy of the shared weights, and training updates it once. Each use keeps
+    its own decoding state (its own cache layer). Modules sharing some of their weights but not all are
+    refused (each use's mixer would hold a copy of the shared ones)."""
+    first, owner = {}, {}
+    for path, (module, adapter) in adapters.items():
+        key = tuple(id(p) for p in module.parameters())
+        if not key:
+            continue
+        if key in first:
+            src = first[key].mixer
+            for name, _ in list(adapter.mixer.named_parameters()):
+                parent, _, leaf = name.rpartition(".")
+                setattr(adapter.mixer.get_submodule(parent) if parent else adapter.mixer, leaf, src.get_parameter(name))
+            continue
+        first[key] = adapter
+        for i in key:
+            if i in owner:
+                raise ValueError(f"{_WHERE}: modules {owner[i]} and {path} share some of their weights but not all: "
+                                 "seqmix converts a module once per use and shares whole mixers only")
+            owner[i] = path
 
 
 def _check_weights(path: str, module: nn.Module) -> None:
@@ -164,7 +198,7 @@ def _convert(path: str, module: nn.Module, mm: ModuleMap, hf_config) -> InteropM
         layer_idx = int(found.group(1)) if found else None
     adapter = InteropMixer(mixer, layer_idx=layer_idx, state=mm.state, where=path, source=cls,
                            returns_state=mm.returns_state, aliases=mm.aliases, returns_pair=mm.returns_pair, mask=mm.mask,
-                           positions=mm.positions)
+                           positions=mm.positions, layer_arg=mm.layer_arg)
     adapter.train(module.training)
     return adapter
 
@@ -176,6 +210,10 @@ def _mapped_weights(path: str, module: nn.Module, mm: ModuleMap, mixer: Mixer):
     out, grads, used = {}, {}, set()
     parts: dict[str, dict[int, torch.Tensor]] = {}  # rows with ``part``: row blocks stacked into one seqmix tensor
     for row in mm.weight_rows(module):
+        if row.seqmix is None:  # derived: recomputed by the mixer from its config (checked by the adapter config)
+            if row.hf in src:
+                used.add(row.hf)
+            continue
         has_src, has_dst = row.hf in src, row.seqmix in dst
         if not has_src and not has_dst:
             continue

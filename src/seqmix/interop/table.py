@@ -136,10 +136,14 @@ class Weight:
     ``part`` (several transformers tensors stacked into one seqmix tensor): this row fills row
     block number ``part`` of ``seqmix``; the blocks, numbered 0, 1, ... without a gap, are
     concatenated along the first dimension in that order (softmax attention's W_qk = [q_proj;
-    k_proj], RecurrentGemma's W_in = [linear_x; linear_y]), and the stack must have seqmix's shape."""
+    k_proj], RecurrentGemma's W_in = [linear_x; linear_y]), and the stack must have seqmix's shape.
+
+    ``seqmix=None`` (a *derived* row): the transformers tensor is a function of the config that the
+    seqmix mixer recomputes itself (MiniMax's decay buffers from its slope rates, which the adapter
+    config reads into the mixer's config and checks); the row marks it read, nothing is copied."""
 
     hf: str
-    seqmix: str
+    seqmix: str | None
     transform: Transform | None = None
     part: int | None = None
 
@@ -164,13 +168,16 @@ class State:
       positions see the cached tokens without a copy; when transformers replaced them (beam
       search's reorder, crop, a cache filled by the original model) they are read into a new
       KVCache once. No transform (``to_seqmix`` / ``to_hf`` unused).
+    * ``"linear_cache"``: the cache object's ``get_linear_cache(layer_idx)`` /
+      ``set_linear_cache(layer_idx, state)`` (MiniMax's ``MiniMaxCache``, which keeps each lightning
+      layer's state [B, H, K, V] in a list beside its attention layers); ``index`` unused.
 
     ``index`` may be a tuple of slots that together make one seqmix entry (xLSTM's C and n are
     seqmix's S = [C | n]); ``to_seqmix`` then takes the tuple of tensors and ``to_hf`` returns one.
     """
 
     seqmix: str
-    kind: Literal["conv", "recurrent", "stacked", "tuple", "kv"]
+    kind: Literal["conv", "recurrent", "stacked", "tuple", "kv", "linear_cache"]
     index: int | tuple[int, ...] = 0
     to_seqmix: Transform | None = None
     to_hf: Transform | None = None
@@ -225,6 +232,10 @@ class ModuleMap:
     positions: the module reads ``position_ids`` (RoPE; RecurrentGemma's reset at position 0): the
              adapter checks they are the positions the seqmix state implies (consecutive, from the
              cached prefix's length), since the seqmix mixer takes them from its state
+    layer_arg: the module is told its layer index in the decoding state by this call argument
+             (Zamba2's shared attention: ``self_attn(..., layer_idx=N)``, its own ``layer_idx`` is -1);
+             the adapter's index is the N of ``layers.N.`` in its path (set ``layer_attr=""``) and the
+             argument is checked to be that N
     """
 
     module: str
@@ -239,6 +250,7 @@ class ModuleMap:
     returns_pair: bool = False
     mask: Literal["padding", "causal", "ignored"] = "padding"
     positions: bool = False
+    layer_arg: str | None = None
 
     @property
     def class_name(self) -> str:
@@ -250,7 +262,7 @@ class ModuleMap:
         return tuple(self.weights(module)) if callable(self.weights) else self.weights
 
     def layer_index(self, module) -> int | None:
-        return getattr(module, self.layer_attr, None)
+        return getattr(module, self.layer_attr, None) if self.layer_attr else None
 
 
 @dataclass(frozen=True)
@@ -264,6 +276,14 @@ class Family:
     #: the module path): each module there must be one of ``modules``, or the model is refused
     slots: str = r"(^|\.)layers\.\d+\.mixer$"
     description: str = ""
+    #: module classes ("package.module.ClassName") in a mixer slot that the family leaves as
+    #: transformers' own (Kimi-Linear's MLA attention): they are not converted, not listed by
+    #: ``seqmix_mixers``, and the converted model records them in ``model.seqmix_kept``
+    #: ({module path: class name})
+    keeps: tuple[str, ...] = ()
+    #: module classes found in a mixer slot that mix no tokens (Nemotron-H's MLP and MoE layers sit at
+    #: ``layers.N.mixer`` like its Mamba-2 and attention layers): left as transformers' own, not listed
+    not_mixers: tuple[str, ...] = ()
 
     def module_map(self, module) -> ModuleMap | None:
         name = f"{type(module).__module__}.{type(module).__qualname__}"

@@ -6,6 +6,8 @@ from . import ssm  # noqa: F401  (registers)
 from . import convolution  # noqa: F401  (registers)
 from . import hybrid  # noqa: F401  (registers)
 from . import delta  # noqa: F401  (registers deltanet, gated_deltanet, kda)
+from . import log_linear  # noqa: F401  (registers log_linear_mamba2, log_linear_gdn)
+from . import regression  # noqa: F401  (registers mesanet)
 from .base import Cache, Mixer, MixerConfig, MixerEntry, MixOut, build_mixer, list_mixers, mixer_entry, register, register_preset
 
 __all__ = [

@@ -68,10 +68,13 @@ from torch import nn
 
 from ..dsf import DSF
 from ..ops import KVCache, attention_decode, attention_probs, linear_recurrence, recurrence_map, repeat_kv, rotary, softmax_attention
-from ..ops.precision import linear_f32
+from ..ops.precision import compute_dtype, linear_f32, upcast
+from ..ops.forgetting import forgetting_attention, forgetting_decode, forgetting_keys, forgetting_probs
+from ..ops.path import path_attention, path_probs, path_scores
+from ..ops.stickbreaking import stickbreaking_attention, stickbreaking_probs
 from ..ops.features import FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, taylor_feature_dim
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import RMSNorm
+from .layers import RMSNorm, ShortConv
 
 FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor"]
 Normalizer = Literal["none", "row_sum", "abs_row_sum", "exp", "softplus", "sigmoid"]
@@ -153,7 +156,8 @@ class _Attention(Mixer):
         out_bias = c.bias if c.out_bias is None else c.out_bias
         self.W_qk = nn.Linear(c.d_model, (self.heads + self.kv_heads) * self.head_qk, bias=qkv_bias)
         self.W_v = nn.Linear(c.d_model, self.kv_heads * self.head_v, bias=qkv_bias)
-        self.W_o = nn.Linear(self.heads * self.head_v, c.d_model, bias=out_bias) if c.output_projection else nn.Identity()
+        d_out = getattr(c, "d_out", None) or c.d_model  # (softmax attention's d_out: Zamba2's shared block)
+        self.W_o = nn.Linear(self.heads * self.head_v, d_out, bias=out_bias) if c.output_projection else nn.Identity()
         self.has_bias = qkv_bias or (out_bias and c.output_projection)
 
     @staticmethod
@@ -397,6 +401,11 @@ class SoftmaxAttentionConfig(AttentionConfig):
         False, description="y = W_o(σ(W_g x) ⊙ o): a sigmoid gate per head and channel on the attention output before W_o "
         "(gated attention: Qiu et al. 2025; Qwen3-Next). W_g: d_model -> heads·V, with a bias when qkv_bias"
     )
+    d_out: int | None = Field(
+        None, gt=0, description="width of the output, W_o: heads·V -> d_out (Zamba2's shared attention reads [h; embeddings] "
+        "of width 2·d and writes d: seqmix.interop); None = d_model. y is [batch, time, d_out]: such a mixer stands in for a "
+        "module of that shape, not in a residual stream of width d_model"
+    )
 
     @model_validator(mode="after")
     def _sizes(self):  # replaces AttentionConfig._sizes: head_dim frees d_model from heads
@@ -421,6 +430,8 @@ class SoftmaxAttentionConfig(AttentionConfig):
                 raise ValueError(f"rotary_dim = {R} must be even and at most the head dim K = {K} (RoPE turns pairs of a head's channels)"
                                  + ("" if self.rotary_dim else "; rotary_dim defaults to the whole head"))
         V = self.head_dim or self.d_model // H
+        if self.d_out is not None and not self.output_projection:
+            raise ValueError(f"d_out = {self.d_out} needs output_projection = True (W_o maps the heads to d_out)")
         if not self.output_projection and H * V != self.d_model:
             raise ValueError(f"output_projection = False needs heads·V = {H}·{V} = d_model = {self.d_model} (no W_o to map it back)")
         return self
@@ -585,3 +596,359 @@ class SoftmaxAttention(_Attention):
         else:
             cached = seq_len if w is None else min(seq_len, w - 1)
         return self.kv_heads * (self.head_qk + self.head_v) * cached
+
+
+# ------------------------------------------------------------------------------------------
+# gated and position-encoding variants of softmax attention (issue 30): FoX, stick-breaking, PaTH
+# ------------------------------------------------------------------------------------------
+
+
+def _heads_rms(x, norm):
+    """A per-head RMSNorm (``RMSNorm(H·K, groups=H)``: a weight per head and channel) on [B, T, H, K]."""
+    return norm(x.flatten(2)).view(x.shape).to(x.dtype)
+
+
+class FoxConfig(AttentionConfig):
+    """The Forgetting Transformer's attention (Lin et al. 2025). Defaults: the paper's FoX
+    (LLaMA) layer, a forget gate and nothing else (no RoPE). The "Pro" block is
+    qk_norm = k_shift = v_shift = output_gate = output_norm = True."""
+
+    scale: float | Literal["sqrt", "none"] = Field("sqrt", description="multiplies qᵀk (not the forget bias): 'sqrt' = 1/sqrt(K) (the paper), 'none' = 1, or a number > 0")
+    forget_bias: bool = Field(True, description="a bias b_f in the forget gate f_t = σ(w_fᵀx_t + b_f) (the paper's 'full' gate has one)")
+    window: int | None = Field(None, ge=1, description="sliding window (tokens seen, itself included); None = all (the paper)")
+    rope: bool = Field(False, description="RoPE on q and k (the paper: off, the forget gate encodes position)")
+    rope_theta: float = Field(10000.0, gt=1, description="RoPE base (the FoX code uses 500000 when RoPE is on)")
+    qk_norm: bool = Field(False, description="Pro: RMSNorm of q and k per head, a weight per head and channel")
+    k_shift: bool = Field(False, description="Pro: data-dependent token shift of the keys, k_t ← α_t k_{t−1} + (1 − α_t) k_t, α_t = σ(w_αᵀx_t) per head")
+    v_shift: bool = Field(False, description="Pro: the same token shift of the values")
+    output_gate: bool = Field(False, description="Pro: y = W_o(σ(W_g x) ⊙ o)")
+    output_norm: bool = Field(False, description="Pro: RMSNorm of each head's output before the gate")
+    norm_eps: float = Field(1e-6, gt=0, description="ε of the qk and output RMSNorms")
+
+
+@register("fox", description="Forgetting Transformer (Lin et al. 2025): softmax attention with a data-dependent forget-gate bias")
+class ForgettingAttention(_Attention):
+    """The Forgetting Transformer's attention, FoX (Lin et al. 2025, arXiv:2503.02130), with the Pro block's options.
+
+        f_t = σ(w_fᵀ x_t + b_f)   per head                                        (the forget gate)
+        o_i = Σ_{j<=i} softmax_j(s·q_iᵀk_j + Σ_{l=j+1..i} log f_l) v_j            (forgetting attention)
+
+    One call into ``seqmix.ops.forgetting_attention`` with c_t = Σ_{l<=t} log f_t (float32).
+    Modes: "parallel" (the explicit masked matrix with the bias c_i − c_j: the reference, and
+    phi) and "sdpa" (the bias folded into one extra key channel, k̃_j = [k_j, −c_j], q̃_i =
+    [s·q_i, 1]: plain causal SDPA of width K + 1, no [T, T] bias). Decoding: a KV cache
+    (``Cache`` entry "kv", :class:`~seqmix.ops.KVCache`) of the augmented keys, so it stores the
+    cumulative log forget gate per cached token beside k and v; "k_last"/"v_last": the last key
+    and value projections with k_shift / v_shift. Maps of phi(x): [B, heads, T, T].
+
+    State per sequence: heads·(K + 1 + V)·L floats for L cached tokens (L = seq_len, or
+    min(seq_len, window − 1)), + heads·K (k_shift) + heads·V (v_shift).
+
+    finite_state = False: the forget gate makes the weights decay, but the softmax
+    normalization over all past tokens still needs every key (Lemma 1's infinite state, as
+    softmax attention); with f ≡ 1 FoX is softmax attention.
+    """
+
+    modes = ("parallel", "sdpa")
+    reference_mode = "parallel"
+    state_formula = "heads·(K + 1 + V)·L, L = min(seq_len, window − 1) cached tokens (+ heads·(K + V) with the k/v shifts)"
+    finite_state = False
+    Config = FoxConfig
+
+    def __init__(self, config: FoxConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        H, K, V = self.heads, self.head_qk, self.head_v
+        qkv_bias = c.bias if c.qkv_bias is None else c.qkv_bias
+        self.W_f = nn.Linear(c.d_model, H, bias=c.forget_bias)
+        self.q_norm = RMSNorm(H * K, eps=c.norm_eps, groups=H) if c.qk_norm else None
+        self.k_norm = RMSNorm(H * K, eps=c.norm_eps, groups=H) if c.qk_norm else None
+        self.W_kshift = nn.Linear(c.d_model, H, bias=False) if c.k_shift else None
+        self.W_vshift = nn.Linear(c.d_model, H, bias=False) if c.v_shift else None
+        self.out_norm = RMSNorm(H * V, eps=c.norm_eps, groups=H) if c.output_norm else None
+        self.W_g = nn.Linear(c.d_model, H * V, bias=qkv_bias) if c.output_gate else None
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "n": 8, "heads": 2}
+
+    def _shift(self, x, z, W, last):
+        """z_t ← α_t z_{t−1} + (1 − α_t) z_t per head (z_{−1}: ``last`` or 0); z [B, T, H, ·]."""
+        alpha = torch.sigmoid(W(x)).unsqueeze(-1).to(z.dtype)  # [B, T, H, 1]
+        prev = torch.zeros_like(z[:, :1]) if last is None else last.view(z[:, :1].shape).to(z.dtype)
+        prev = torch.cat([prev, z[:, :-1]], dim=1)
+        return alpha * prev + (1 - alpha) * z
+
+    def _parts(self, x, state):
+        """q, k [B, T, H, K]; v [B, T, H, V]; log f [B, T, H] (float32 or wider); the raw last k, v."""
+        c = self.config
+        B, T, _ = x.shape
+        H, K, V = self.heads, self.head_qk, self.head_v
+        q, k = self.W_qk(x).split([H * K, H * K], dim=-1)
+        q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), self.W_v(x).view(B, T, H, V)
+        raw_k, raw_v = k[:, -1].flatten(1), v[:, -1].flatten(1)
+        if self.W_kshift is not None:
+            k = self._shift(x, k, self.W_kshift, state.get("k_last") if state else None)
+        if self.W_vshift is not None:
+            v = self._shift(x, v, self.W_vshift, state.get("v_last") if state else None)
+        if self.q_norm is not None:
+            q, k = _heads_rms(q, self.q_norm), _heads_rms(k, self.k_norm)
+        if c.rope:
+            start = state["kv"].seen if state and "kv" in state else 0
+            pos = torch.arange(start, start + T, device=x.device)
+            q, k = rotary(q, pos, theta=c.rope_theta), rotary(k, pos, theta=c.rope_theta)
+        log_f = F.logsigmoid(linear_f32(self.W_f, x))  # [B, T, H]
+        return q, k, v, log_f, raw_k, raw_v
+
+    def _forward(self, x, *, state, mode, need_state):
+        K = self.head_qk
+        q, k, v, log_f, raw_k, raw_v = self._parts(x, state)
+        kv = state["kv"] if state else None
+        if need_state and kv is None:
+            kv = KVCache(window=self.config.window)
+        cum = log_f.cumsum(1)  # c_t = Σ_{l<=t} log f_l, continued from the last cached token's c (only differences matter)
+        if kv is not None and len(kv):
+            cum = cum - kv.keys[:, -1:, :, K].to(cum.dtype)
+        if mode == "step":
+            keys, vals = kv.append(forgetting_keys(k, cum), v)
+            o = forgetting_decode(q[:, 0], keys, vals, scale=self.qk_scale).unsqueeze(1)
+        else:
+            if kv is not None:
+                keys, vals = kv.append(forgetting_keys(k, cum), v)
+                k_all, c_all = keys[..., :K], -keys[..., K]
+            else:
+                k_all, c_all, vals = k, cum, v
+            o = forgetting_attention(q, k_all, vals, c_all, scale=self.qk_scale, window=self.config.window, mode=mode, check_values=False)
+        new = None
+        if need_state:
+            new = {"kv": kv}
+            if self.W_kshift is not None:
+                new["k_last"] = raw_k
+            if self.W_vshift is not None:
+                new["v_last"] = raw_v
+        return MixOut(self._out(o, x), new, values=v, mixed=o)
+
+    def _out(self, o, x):
+        if self.out_norm is not None:
+            o = _heads_rms(o, self.out_norm)
+        if self.W_g is not None:
+            o = o * torch.sigmoid(self.W_g(x)).view(o.shape).to(o.dtype)
+        return self._readout(o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: softmax_j(s·q_iᵀk_j + c_i − c_j) (``ops.forgetting_probs``)."""
+        self.check_input(x)
+        q, k, _, log_f, _, _ = self._parts(x, None)
+        return forgetting_probs(q, k, log_f.cumsum(1), scale=self.qk_scale, window=self.config.window, check_values=False)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        w = self.config.window
+        if seq_len is None:
+            if w is None:
+                raise ValueError(f"{type(self).__name__}.state_size: without a window the KV cache grows with the context; pass 'seq_len'")
+            cached = w - 1
+        else:
+            cached = seq_len if w is None else min(seq_len, w - 1)
+        H, K, V = self.heads, self.head_qk, self.head_v
+        shifts = H * K * (self.W_kshift is not None) + H * V * (self.W_vshift is not None)
+        return H * (K + 1 + V) * cached + shifts
+
+
+class StickBreakingConfig(AttentionConfig):
+    """Stick-breaking attention (Tan et al. 2024). Defaults: the paper's (keys before the query,
+    the remainder to the query's own value, no position embedding)."""
+
+    scale: float | Literal["sqrt", "none"] = Field("sqrt", description="multiplies qᵀk in β = σ(s·qᵀk): 'sqrt' = 1/sqrt(K) (the paper), 'none', or a number > 0")
+    attend_current: bool = Field(False, description="a query also breaks the stick on its own key (j <= i); the paper: False (j < i)")
+    remainder: Literal["current", "drop"] = Field(
+        "current", description="the stick left over, r_i = 1 − Σ_j A_ij: 'current' adds r_i v_i (the authors' code), 'drop' leaves it (fla's naive op)"
+    )
+    chunk_size: int = Field(64, gt=0, description="key/query block length of the chunk mode")
+
+
+@register("stickbreaking", description="Stick-breaking attention (Tan et al. 2024): σ-gated shares of a stick, nearest key first, no softmax")
+class StickBreakingAttention(_Attention):
+    """Stick-breaking attention (Tan et al. 2024, arXiv:2410.17980).
+
+        β_{i,j} = σ(s·q_iᵀk_j),   A_{i,j} = β_{i,j} Π_{j<l<i} (1 − β_{i,l}),   o_i = Σ_{j<i} A_{i,j} v_j + r_i v_i
+
+    One call into ``seqmix.ops.stickbreaking_attention`` (log space: logσ and a reverse cumsum).
+    Modes: "parallel" (the explicit [T, T] log-weight matrix: the reference, and phi) and
+    "chunk" (key blocks from the nearest to the farthest, carrying each query's remaining stick:
+    the authors' kernel's structure, O(T·chunk) memory). Decoding needs only the past keys and
+    values: a KV cache (``Cache`` entry "kv", :class:`~seqmix.ops.KVCache`). Maps of phi(x):
+    [B, heads, T, T], A_{i,j} with r_i on the diagonal ("current").
+
+    State per sequence: heads·(K + V)·L floats for L = seq_len cached tokens.
+
+    finite_state = False: the weight of key j depends on the logits of query i against every
+    key between them (Π (1 − σ(q_iᵀk_l))), a function of q_i that no fixed finite state of the
+    past can hold; no normalization, but the same growing memory as softmax attention.
+    """
+
+    modes = ("parallel", "chunk")
+    reference_mode = "parallel"
+    state_formula = "heads·(K + V)·L, L = seq_len cached tokens"
+    finite_state = False
+    Config = StickBreakingConfig
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "n": 8, "heads": 2, "chunk_size": 8}
+
+    def _parts(self, x):
+        B, T, _ = x.shape
+        H, K = self.heads, self.head_qk
+        q, k = self.W_qk(x).split([H * K, H * K], dim=-1)
+        return q.view(B, T, H, K), k.view(B, T, H, K), self.W_v(x).view(B, T, H, self.head_v)
+
+    def _forward(self, x, *, state, mode, need_state):
+        c = self.config
+        q, k, v = self._parts(x)
+        kv = state["kv"] if state else None
+        if need_state and kv is None:
+            kv = KVCache()
+        keys, vals = kv.append(k, v) if kv is not None else (k, v)
+        o = stickbreaking_attention(
+            q, keys, vals, scale=self.qk_scale, attend_current=c.attend_current, remainder=c.remainder,
+            mode="parallel" if mode == "step" else mode, chunk_size=c.chunk_size, check_values=False,
+        )
+        return MixOut(self._readout(o), {"kv": kv} if need_state else None, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: A_{i,j}, with the remainder r_i on the diagonal ("current")."""
+        self.check_input(x)
+        q, k, _ = self._parts(x)
+        c = self.config
+        return stickbreaking_probs(q, k, scale=self.qk_scale, attend_current=c.attend_current, remainder=c.remainder, check_values=False)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        if seq_len is None:
+            raise ValueError(f"{type(self).__name__}.state_size: the KV cache grows with the context; pass 'seq_len'")
+        return self.heads * (self.head_qk + self.head_v) * seq_len
+
+
+class PathConfig(AttentionConfig):
+    """PaTH attention (Yang et al. 2025). Defaults: the paper's and flash-linear-attention's
+    PaTHAttention layer (low-rank W_w of rank 32, a short conv of width 3 with SiLU on w, L2
+    normalized; β = 2σ(·); no forget gate, no qk-norm)."""
+
+    scale: float | Literal["sqrt", "none"] = Field("sqrt", description="multiplies the scores q_iᵀP_{i,j}k_j: 'sqrt' = 1/sqrt(K), 'none', or a number > 0")
+    chunk_size: int = Field(64, gt=0, description="chunk length of the chunk (UT-transform) mode")
+    w_rank: int | None = Field(32, gt=0, description="rank of the low-rank projection W_w = W_w2 W_w1 (d -> r -> n); None = a full d -> n projection")
+    conv_size: int | None = Field(3, ge=1, description="width of the short causal conv (SiLU, no bias) on w; None = no conv")
+    beta_scale: float = Field(2.0, gt=0, le=2, description="β_t = beta_scale·σ(w_βᵀx_t + b_β); 2 (the paper) allows reflections, eigenvalues 1 − β_t ∈ (−1, 1)")
+    forget_gate: bool = Field(False, description="PaTH-FoX: add FoX's forget-gate bias c_i − c_j, f_t = σ(w_fᵀx_t + b_f) per head")
+    gate_scaled: bool = Field(True, description="with forget_gate: scale the bias with the scores, s·(qᵀPk + c_i − c_j) (fla's kernels), or not (FoX's convention)")
+    qk_norm: bool = Field(False, description="RMSNorm of q and k over each head's K channels, one weight [K] (fla's use_qk_norm)")
+    w_eps: float = Field(1e-6, gt=0, description="ε of the L2 norm of w: w / sqrt(Σw² + ε)")
+
+
+@register("path_attention", description="PaTH attention (Yang et al. 2025): positions by accumulated data-dependent Householder factors")
+class PathAttention(_Attention):
+    """PaTH attention (Yang et al. 2025): relative positions as the product of the
+    data-dependent Householder factors of the tokens in between.
+
+        w_t = L2norm(SiLU(ShortConv(W_w x)_t)),  β_t = 2σ(w_βᵀx_t + b_β),  H_t = I − β_t w_t w_tᵀ  (per head)
+        o_i = Σ_{j<=i} softmax_j(s·q_iᵀ H_i H_{i−1} ⋯ H_{j+1} k_j  [+ c_i − c_j]) v_j
+
+    One call into ``seqmix.ops.path_attention``. Modes: "parallel" (every product formed as a
+    K×K matrix: the reference, O(T²K²)), "recurrent" (the decoding algorithm: each new factor
+    carries every earlier key, O(T²K)) and "chunk" (the UT transform: O(T²K) in matmuls).
+    Decoding: the cache holds the keys already carried to the current position; a step applies
+    the new factor to every cached key, k_j ← H_t k_j = k_j − β_t (w_tᵀk_j) w_t (O(L·K) per
+    step and head, as the read itself), appends its own key and reads them. ``Cache`` entries:
+    "k" [B, L, H, K] (carried keys, float32 or wider), "v" [B, L, H, V], "c" [B, L, H]
+    (forget_gate: cumulative log f), "conv" (the short conv's last conv_size − 1 inputs).
+    Maps of phi(x): [B, heads, T, T].
+
+    State per sequence: heads·(K + V)·L floats (+ heads·L with the forget gate) + heads·K·(conv_size − 1).
+
+    finite_state = False: the scores are a softmax over every past token (Lemma 1), and the keys
+    themselves change with every new token, so the cache cannot even be appended to: it is
+    rewritten each step.
+    """
+
+    modes = ("parallel", "recurrent", "chunk")
+    reference_mode = "parallel"
+    state_formula = "heads·(K + V)·L (+ heads·L with forget_gate) + heads·K·(conv_size − 1), L = seq_len cached tokens"
+    finite_state = False
+    Config = PathConfig
+
+    def __init__(self, config: PathConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        H, K = self.heads, self.head_qk
+        if c.w_rank is None:
+            self.W_w = nn.Linear(c.d_model, H * K, bias=False)
+        else:
+            self.W_w = nn.Sequential(nn.Linear(c.d_model, c.w_rank, bias=False), nn.Linear(c.w_rank, H * K, bias=False))
+        self.w_conv = ShortConv(H * K, c.conv_size, bias=False, activation="silu") if c.conv_size else None
+        self.W_beta = nn.Linear(c.d_model, H, bias=True)
+        self.W_f = nn.Linear(c.d_model, H, bias=True) if c.forget_gate else None
+        self.q_norm = RMSNorm(K) if c.qk_norm else None
+        self.k_norm = RMSNorm(K) if c.qk_norm else None
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "n": 8, "heads": 2, "chunk_size": 8, "w_rank": 4, "forget_gate": True}
+
+    def _parts(self, x, state, need_state=False):
+        """q, k [B, T, H, K]; v; w (unit, float32 or wider) [B, T, H, K]; β [B, T, H]; log f or None; conv state."""
+        B, T, _ = x.shape
+        H, K = self.heads, self.head_qk
+        q, k = self.W_qk(x).split([H * K, H * K], dim=-1)
+        q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), self.W_v(x).view(B, T, H, self.head_v)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
+        w, conv = self.W_w(x), None
+        if self.w_conv is not None:
+            w, conv = self.w_conv(w, state.get("conv") if state else None, output_final_state=need_state)
+        w = upcast(w).view(B, T, H, K)
+        w = w * torch.rsqrt(w.pow(2).sum(-1, keepdim=True) + self.config.w_eps)
+        beta = self.config.beta_scale * torch.sigmoid(linear_f32(self.W_beta, x))
+        log_f = F.logsigmoid(linear_f32(self.W_f, x)) if self.W_f is not None else None
+        return q, k, v, w, beta, log_f, conv
+
+    def _forward(self, x, *, state, mode, need_state):
+        c = self.config
+        q, k, v, w, beta, log_f, conv = self._parts(x, state, need_state)
+        if state:
+            k_all, v_all = torch.cat([state["k"].to(compute_dtype(k, state["k"])), k], 1), torch.cat([state["v"].to(v.dtype), v], 1)
+        else:
+            k_all, v_all = k, v
+        c_all = None
+        if log_f is not None:
+            cum = log_f.cumsum(1)
+            if state:
+                cum = cum + state["c"][:, -1:].to(cum.dtype)
+                c_all = torch.cat([state["c"].to(cum.dtype), cum], 1)
+            else:
+                c_all = cum
+        o, keys = path_attention(
+            q, k_all, v_all, w, beta, c=c_all, scale=self.qk_scale, gate_scaled=c.gate_scaled,
+            mode="recurrent" if mode == "step" else mode, chunk_size=c.chunk_size, output_final_keys=True, check_values=False,
+        )
+        new = None
+        if need_state:
+            new = {"k": keys, "v": v_all}
+            if c_all is not None:
+                new["c"] = c_all
+            if conv is not None:
+                new["conv"] = conv
+        return MixOut(self._readout(o), new, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: softmax_j(s·q_iᵀP_{i,j}k_j [+ bias]), scores by the chunk form."""
+        self.check_input(x)
+        q, k, _, w, beta, log_f, _ = self._parts(x, None)
+        S, _ = path_scores(q, k, w, beta, mode="chunk", chunk_size=self.config.chunk_size, check_values=False)
+        c = log_f.cumsum(1) if log_f is not None else None
+        return path_probs(S, c, scale=self.qk_scale, gate_scaled=self.config.gate_scaled)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        if seq_len is None:
+            raise ValueError(f"{type(self).__name__}.state_size: the cache grows with the context; pass 'seq_len'")
+        H, K, V = self.heads, self.head_qk, self.head_v
+        conv = H * K * (self.config.conv_size - 1) if self.config.conv_size else 0
+        return H * (K + V + (self.W_f is not None)) * seq_len + conv

@@ -34,12 +34,16 @@ result back with an output projection (convblog note §14):
       y = W_o (U ⊙ W_3 V̂)                  (paper; "simplified": no W_3 and H = F, the blog's form)
 
   Modes as S4D ("fft", "recurrent", "chunk"), finite state.
+* The gated short convolution of LFM2, ``short_conv``: y = out_proj(c ⊙ conv_W(b ⊙ x)) with
+  (b, c, x) = in_proj(u) and an explicit W-tap depthwise filter: Hyena of order 2 with a short
+  filter, a finite state (the last W - 1 products). Modes "direct" and "fft".
 
 The map of each (``phi``) is causal and per head / channel:
 
     H3:     Φ_h[t, s] = (q_t·k̃_s) (K^h_(t-s) + D_h δ_ts)                   [B, heads, T, T]
     Hyena:  Φ_c = D_(x^N) (T_(h^N) + b^N I) ⋯ D_(x^1) (T_(h^1) + b^1 I)     [B, d_model, T, T]
     GSS:    Φ_c = T_(K_c) + D_c I                                           [B, d_ssm, T, T]
+    short:  Φ_c = D_(c) T_(w_c) D_(b)   (W taps)                            [B, d_model, T, T]
 
 and ``dsf(x)`` is exact for H3 and GSS (finite state); Hyena has none (``finite_state = False``):
 its filters are arbitrary length-T sequences, not the kernels of a small LTI system, so the
@@ -61,7 +65,7 @@ from torch import nn
 from .._checks import check_choice, check_positive_int
 from ..dsf import DSF
 from ..ops import linear_recurrence
-from ..ops.conv import causal_conv1d, direct_conv, fft_conv, toeplitz
+from ..ops.conv import causal_conv1d, causal_conv1d_step, direct_conv, fft_conv, toeplitz
 from ..ops.precision import linear_f32, upcast
 from ..ops.ssm import diagonal_ssm_conv
 from .base import Mixer, MixerConfig, MixOut, register
@@ -550,3 +554,120 @@ class GSS(DiagonalSSM, Mixer):
 
     def state_size(self, seq_len: int | None = None) -> int:
         return self.d_ssm * self.config.d_state
+
+
+# ------------------------------------------------------------------------------------------
+# the gated short convolution (LFM2)
+# ------------------------------------------------------------------------------------------
+
+
+class ShortConvConfig(MixerConfig):
+    width: int = Field(3, ge=1, description="W, the taps of the depthwise causal conv (LFM2's conv_L_cache)")
+    bias: bool = Field(False, description="biases of in_proj, the conv and out_proj (LFM2's conv_bias)")
+
+
+@register("short_conv", description="gated short convolution (LFM2): y = W_o(c ⊙ conv_W(b ⊙ x)), (b, c, x) = in_proj(u)")
+class GatedShortConv(Mixer):
+    """The gated short convolution of LFM2 (Liquid AI; transformers' ``Lfm2ShortConv``), per channel:
+
+        (b_t, c_t, x_t) = in_proj(u_t),   z_t = b_t ⊙ x_t,   h_t = Σ_(j<W) w_j z_(t-W+1+j) (+ bias),
+        y_t = out_proj(c_t ⊙ h_t)
+
+    Hyena of order 2 in the code's convention (x² ⊙ (h * (x¹ ⊙ v))) with an explicit W-tap filter
+    instead of an implicit long one, hence a finite state: the last W - 1 products z.
+
+    Modes: "direct" (``causal_conv1d``, the sum of W shifted copies: the reference) and "fft"
+    (``fft_conv`` of the filter zero-padded to the sequence: the convolution is time-invariant).
+
+    DSF view (values x, maps = channels, mixed = c ⊙ conv(b ⊙ x) without the conv bias, which adds
+    c ⊙ bias outside the map): Φ_c[t, s] = c_(t,c) w_(c, W-1-(t-s)) b_(s,c) for 0 <= t - s < W. As a
+    system per channel, h_i ∈ R^W holds z_(i-W+1) .. z_i: Λ is the shift (Λ[j, j+1] = 1; nilpotent, all
+    eigenvalues 0, not diagonal), B_i = b_i e_W, C_i = c_i w (the W taps), D_i = 0. ``dsf(x)`` builds
+    it densely (N = d·W: a theory object for small d). The decoding state is the W - 1 inputs the
+    next step reads (transformers' conv cache keeps W of them).
+    """
+
+    family = "convolution"
+    modes = ("direct", "fft")
+    reference_mode = "direct"
+    state_formula = "d_model·(W-1)"
+    map_unit = "channel"
+    diagonal_transition = False
+    Config = ShortConvConfig
+
+    def __init__(self, config: ShortConvConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        d, W = c.d_model, c.width
+        self.in_proj = nn.Linear(d, 3 * d, bias=c.bias)
+        self.conv = ShortConv(d, W, bias=c.bias)
+        self.out_proj = nn.Linear(d, d, bias=c.bias)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "width": 3, "bias": True}
+
+    def _streams(self, x):
+        b, c, v = self.in_proj(x).chunk(3, dim=-1)
+        return b, c, v
+
+    def _filter(self, L: int, dtype) -> torch.Tensor:
+        """The conv as a causal filter k [L, d]: k[j] = w[:, W-1-j] (j < W), zeros after."""
+        k = self.conv.weight.flip(-1).t().to(dtype)
+        W = k.shape[0]
+        return F.pad(k, (0, 0, 0, L - W)) if L > W else k[:L]
+
+    def _forward(self, x, *, state, mode, need_state):
+        b, c, v = self._streams(x)
+        z = b * v
+        prev = state.get("conv") if state else None
+        W = self.config.width
+        if mode == "fft":
+            B_, T, d = z.shape
+            past = prev.transpose(1, 2).to(z.dtype) if prev is not None else z.new_zeros(B_, W - 1, d)
+            full = torch.cat([past, z], dim=1)
+            h = fft_conv(full, self._filter(full.shape[1], z.dtype), check_values=False)[:, W - 1:]
+            new = full[:, full.shape[1] - (W - 1):].transpose(1, 2) if need_state else None
+        elif mode == "step":
+            y1, new = causal_conv1d_step(z[:, 0], self.conv.weight, None, prev)
+            h = y1.unsqueeze(1)
+        else:
+            h, new = causal_conv1d(z, self.conv.weight, None, prev, output_final_state=need_state)
+        mixed = c * h
+        out = mixed + c * self.conv.bias if self.conv.bias is not None else mixed
+        return MixOut(self.out_proj(out), {"conv": new} if need_state else None, values=v.unsqueeze(-1), mixed=mixed.unsqueeze(-1))
+
+    # -- the DSF view ----------------------------------------------------------------------
+
+    def phi(self, x):
+        """[B, d_model, T, T]: Φ_c[t, s] = c_(t,c) w_(c, W-1-(t-s)) b_(s,c), 0 <= t - s < W."""
+        self.check_input(x)
+        b, c, _ = self._streams(x)
+        T = x.shape[1]
+        K = toeplitz(self._filter(T, x.dtype), T)  # [d, T, T]
+        return c.transpose(1, 2).unsqueeze(-1) * K.unsqueeze(0) * b.transpose(1, 2).unsqueeze(-2)
+
+    def dsf(self, x):
+        """Per channel the W-state shift register (see the class docstring), dense: N = d·W."""
+        self.check_input(x)
+        b, c, _ = (t.detach().to(torch.float64) for t in self._streams(x))
+        Bt, T, d = b.shape
+        W = self.config.width
+        N = d * W
+        shift = torch.diag(torch.ones(W - 1, dtype=torch.float64), 1)  # Λ[j, j+1] = 1
+        Lam = torch.block_diag(*[shift] * d).expand(Bt, T, N, N)
+        e_last = torch.zeros(W, dtype=torch.float64)
+        e_last[-1] = 1
+        eye = torch.eye(d, dtype=torch.float64)
+        Bm = torch.einsum("btc,cd,j->btcjd", b, eye, e_last).reshape(Bt, T, N, d)
+        w = self.conv.weight.detach().to(torch.float64)  # [d, W]
+        Cm = torch.einsum("btc,cd,dj->btcdj", c, eye, w).reshape(Bt, T, d, N)
+        return DSF.from_dense(Lam, Bm, Cm)
+
+    def spectrum(self, x):
+        """The eigenvalues of the shift Λ: all 0 (nilpotent: the map reaches back W - 1 tokens exactly)."""
+        self.check_input(x)
+        return torch.zeros(x.shape[0], x.shape[1], self.config.d_model * self.config.width, dtype=torch.complex128)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        return self.config.d_model * (self.config.width - 1)

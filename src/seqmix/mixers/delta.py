@@ -10,6 +10,15 @@ One class, :class:`DeltaNet`, and its presets; the core is ``seqmix.ops.delta_ru
     deltanet         1                                              Yang et al. 2024 (DeltaNet), §2.2 eq. 1-2
     gated_deltanet   exp(−Δ_t A_h), Δ_t = softplus(x W_a + b_Δ)     Yang, Kautz, Hatamizadeh 2025, eq. 10 (Mamba-2's gate)
     kda              exp(−A_h softplus(x W_f¹ W_f² + b)) per key    Kimi Delta Attention (KDA-style: a key-wise α)
+    qwen3_next_gdn   as gated_deltanet                               Qwen3-Next's layer (transformers): GVA, one conv, shared norm
+    kimi_kda         as kda                                          Kimi-Linear's KDA layer (transformers): σ low-rank gate
+
+The last two are the options real checkpoints need (issue 26; ``seqmix.interop`` converts
+transformers' Qwen3NextGatedDeltaNet and KimiLinearDeltaAttention into them): grouped value
+heads ``k_heads`` (each q/k head serves heads/k_heads value heads), one ``fused_conv`` over
+[q; k; v] (one conv state), FLA's ``qk_l2_eps`` form of the L2 norm, an output RMSNorm whose
+weight is shared by the heads (``norm_shared``), and Kimi's gate σ(x W_g¹ W_g²) (``gate_act``,
+``gate_rank``). None changes the recurrence: every mode, phi and dsf are the op's.
 
 The parametrization follows the papers' released configurations (flash-linear-attention's
 layers, read for the conventions): q, k, v = SiLU(ShortConv(x W)) (kernel 4), q and k
@@ -17,11 +26,9 @@ L2-normalized per head, β_t = σ(x W_β) per head (2σ with ``negative_eigenval
 et al. 2025: the transition may then flip the key direction), scale K^{-1/2}, and the
 readout y = (RMSNorm_h(o) ⊙ SiLU(x W_g)) W_O (norm per head, then the gate).
 
-RWKV-7 does not fit this op: its transition Diag(w_t) − κ̂_tᵀ(a_t ⊙ κ̂_t) has a vector
-in-context learning rate a_t that is not tied to the decay (here the low-rank part is
-β k_tᵀ(α_t ⊙ k_t), i.e. a = β α), and it writes with a key k̃_t different from the key κ̂_t it
-removes. It needs the general diagonal-plus-low-rank recurrence; the DSF object
-(``DSF(lam, B, C, U=..., W=...)``) represents it exactly, the op does not run it.
+Issue 30 generalized the op to the transition (I + a_tᵀb_t) Diag(α_t) (keyword options a, b of
+``delta_rule``): ``comba`` (b = p = σ(d)k, q ← q − D p) is a preset of this class, ``gated_deltaproduct``
+(``num_householder`` n_h steps per token, ``seqmix.ops.delta_product``) too; RWKV-7 is :class:`RWKV7` below.
 
 DSF view: maps = heads, values = v, mixed = the core's output (before the norm and gate).
 Λ_i is block diagonal with one K×K block M_i = (I − β_i k_iᵀk_i) Diag(α_i) per head and value
@@ -41,9 +48,9 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops.delta_rule import delta_rule, delta_rule_map
+from ..ops.delta_rule import delta_product, delta_product_map, delta_rule, delta_rule_map
 from .base import Mixer, MixerConfig, MixOut, register, register_preset
-from .layers import RMSNorm, ShortConv
+from .layers import LayerNorm, RMSNorm, ShortConv
 
 # Gated DeltaNet's initialization (the released code): A uniform in [A_MIN, A_MAX], Δ at init log-uniform in [DT_MIN, DT_MAX]
 A_MIN, A_MAX = 1.0, 16.0
@@ -65,6 +72,40 @@ class DeltaNetConfig(MixerConfig):
     norm_eps: float = Field(1e-5, gt=0, description="epsilon of the output RMSNorm")
     low_rank: int | None = Field(None, gt=0, description="rank of the key-wise gate's projection W_f¹ W_f² (decay = 'key'; None: d_k' = d_k/H)")
     scale: Literal["inv_sqrt_k", "none"] = Field("inv_sqrt_k", description="scale of q_t S_t: d_k'^{-1/2} (the released code) or 1")
+    # -- options of real models (transformers' Qwen3-Next and Kimi-Linear; issue 26) -----------------
+    k_heads: int | None = Field(
+        None, gt=0, description="query/key heads, dividing heads (grouped value attention, GVA: Qwen3-Next's linear_num_key_heads): "
+        "q/k head j serves the heads/k_heads consecutive value heads j·r .. j·r + r - 1 (repeat_interleave); d_k' = d_k/k_heads. "
+        "None = heads",
+    )
+    fused_conv: bool = Field(
+        False, description="one short conv over the concatenated [q; k; v] channels with one state 'conv' [B, 2·d_k + d_v, W-1] "
+        "(transformers' conv1d of Qwen3-Next and Kimi-Linear) instead of three convs conv_q, conv_k, conv_v: the same map",
+    )
+    qk_l2_eps: float | None = Field(
+        None, gt=0, description="L2 norm of q and k as x / sqrt(Σx² + ε) (flash-linear-attention's l2norm, which transformers' "
+        "Qwen3-Next and Kimi-Linear copy: ε = 1e-6); None: x / max(‖x‖, 1e-12) (F.normalize)",
+    )
+    norm_shared: bool = Field(
+        False, description="the output RMSNorm has one weight [d_v'] shared by the heads (transformers' RMSNormGated of Qwen3-Next "
+        "and Kimi-Linear); False: one weight per channel [d_v]",
+    )
+    gate_act: Literal["silu", "sigmoid"] = Field("silu", description="activation of the output gate: SiLU (Gated DeltaNet) or σ (Kimi-Linear's KDA)")
+    gate_rank: int | None = Field(
+        None, gt=0, description="the output gate's projection as a low-rank product d -> gate_rank -> d_v (Kimi-Linear's g_a_proj, "
+        "g_b_proj); None: one d -> d_v projection",
+    )
+    # -- Gated DeltaProduct (Siems et al. 2025) and Comba (Hu et al. 2025) ------------------------------
+    num_householder: int = Field(
+        1, ge=1, description="n_h delta steps per token (DeltaProduct): n_h keys, values and β per token, the gate once; "
+        "Λ_t = α_t Π_j (I − β_{t,j} k_{t,j}ᵀ k_{t,j}), diagonal plus rank n_h",
+    )
+    inner_decay: bool = Field(
+        False, description="Comba's closed-loop key p_t = σ(d_h) k_t (one d_h per head): the delta step removes β k_tᵀ(p_t S), "
+        "Λ_t = (I − β_t k_tᵀ p_t) α_t (Comba eq. 8; SPLR)",
+    )
+    output_correction: bool = Field(False, description="Comba's output correction o_t = (q_t − D_h p_t) S_t (p = k without inner_decay)")
+    correction_factor: float = Field(1.0, description="initial D_h of the output correction (fla: 1, 'sometimes 0.02 works better')")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
 
     @property
@@ -81,8 +122,19 @@ class DeltaNetConfig(MixerConfig):
             w = e * self.d_model
             if abs(w - round(w)) > 1e-9 or round(w) < 1:
                 raise ValueError(f"{name} = {e} times d_model = {self.d_model} must be a positive integer")
-            if round(w) % self.heads:
-                raise ValueError(f"{name}·d_model = {round(w)} must be divisible by heads = {self.heads}")
+            heads = self.k_heads or self.heads if name == "expand_k" else self.heads
+            if round(w) % heads:
+                raise ValueError(f"{name}·d_model = {round(w)} must be divisible by {'k_heads' if self.k_heads and name == 'expand_k' else 'heads'} = {heads}")
+        if self.k_heads is not None:
+            if self.heads % self.k_heads:
+                raise ValueError(f"k_heads = {self.k_heads} must divide heads = {self.heads} (each q/k head serves heads / k_heads value heads)")
+            if self.decay == "key" and self.k_heads != self.heads:
+                raise ValueError(f"k_heads = {self.k_heads} != heads = {self.heads} (GVA) takes decay 'none' or 'head', got decay = 'key'")
+        if self.num_householder > 1 and (self.fused_conv or (self.k_heads or self.heads) != self.heads or self.inner_decay or self.output_correction):
+            raise ValueError(f"num_householder = {self.num_householder} (DeltaProduct) takes fused_conv = False, k_heads = None, "
+                             "inner_decay = False and output_correction = False")
+        if self.gate_rank is not None and not self.gate:
+            raise ValueError(f"gate_rank = {self.gate_rank} is the output gate's rank: needs gate = True")
         return self
 
 
@@ -94,14 +146,16 @@ class _Params:
     beta: torch.Tensor  # [B, T, H]
     g: torch.Tensor | None  # log α: [B, T, H] or [B, T, H, K]
     state: dict = field(default_factory=dict)
+    p: torch.Tensor | None = None  # Comba's closed-loop key [B, T, H, K] (the op's b), or None (b = k)
 
 
 @register("deltanet", description="DeltaNet (Yang et al. 2024): the delta rule, L2-normalized q/k, β = σ(xW_β), short convs, norm + gate")
 class DeltaNet(Mixer):
     """S_t = (I − β_t k_tᵀk_t) Diag(α_t) S_{t-1} + β_t k_tᵀ v_t (see the module docstring).
 
-    Maps of phi(x): one per head [B, H, T, T] (``seqmix.ops.delta_rule_map``). State per
-    sequence: H·d_k'·d_v' + (2 d_k + d_v)(conv_size − 1).
+    Maps of phi(x): one per (value) head [B, H, T, T] (``seqmix.ops.delta_rule_map``). State per
+    sequence: H·d_k'·d_v' + (2 d_k + d_v)(conv_size − 1), H the value heads (with ``k_heads``, GVA,
+    d_k' = d_k/k_heads and the q/k of head j // (H/k_heads) are shared by its value heads).
     """
 
     family = "linear_attention"
@@ -116,28 +170,41 @@ class DeltaNet(Mixer):
         super().__init__(config, **kwargs)
         c = self.config
         d, d_k, d_v, H = c.d_model, c.d_k, c.d_v, c.heads
-        self.H, self.K, self.V = H, d_k // H, d_v // H
+        self.Hk = c.k_heads or H
+        self.H, self.K, self.V = H, d_k // self.Hk, d_v // H
+        self.n = n = c.num_householder
         self.W_q = nn.Linear(d, d_k, bias=False)
-        self.W_k = nn.Linear(d, d_k, bias=False)
-        self.W_v = nn.Linear(d, d_v, bias=False)
-        self.W_beta = nn.Linear(d, H, bias=False)
-        if c.conv_size:
+        self.W_k = nn.Linear(d, n * d_k, bias=False)  # DeltaProduct: n_h keys per token, layout (n h k) as fla
+        self.W_v = nn.Linear(d, n * d_v, bias=False)
+        self.W_beta = nn.Linear(d, n * H, bias=False)
+        if c.conv_size and c.fused_conv:
+            self.conv = ShortConv(2 * d_k + d_v, c.conv_size, bias=False, activation="silu")
+        elif c.conv_size:
             self.conv_q = ShortConv(d_k, c.conv_size, bias=False, activation="silu")
-            self.conv_k = ShortConv(d_k, c.conv_size, bias=False, activation="silu")
-            self.conv_v = ShortConv(d_v, c.conv_size, bias=False, activation="silu")
+            self.conv_k = ShortConv(n * d_k, c.conv_size, bias=False, activation="silu")
+            self.conv_v = ShortConv(n * d_v, c.conv_size, bias=False, activation="silu")
+        if c.inner_decay:  # Comba: p = σ(d_h) k (fla's init d_h = 1)
+            self.p_decay = nn.Parameter(torch.ones(H))
+        if c.output_correction:  # Comba: q ← q − D_h p
+            self.D = nn.Parameter(torch.full((H,), float(c.correction_factor)))
         if c.decay != "none":
-            width = H if c.decay == "head" else d_k
+            width = H if c.decay == "head" else H * self.K
             if c.decay == "head":
                 self.W_a = nn.Linear(d, H, bias=False)
             else:
                 r = c.low_rank or self.K
-                self.W_a = nn.Sequential(nn.Linear(d, r, bias=False), nn.Linear(r, d_k, bias=False))
+                self.W_a = nn.Sequential(nn.Linear(d, r, bias=False), nn.Linear(r, width, bias=False))
             A = torch.empty(H).uniform_(A_MIN, A_MAX)
             self.A_log = nn.Parameter(A.log())
             dt = torch.exp(torch.rand(width) * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN)).clamp(min=1e-4)
             self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
-        self.norm = RMSNorm(d_v, eps=c.norm_eps, groups=H)
-        self.W_g = nn.Linear(d, d_v, bias=False) if c.gate else None
+        self.norm = RMSNorm(self.V, eps=c.norm_eps) if c.norm_shared else RMSNorm(d_v, eps=c.norm_eps, groups=H)
+        if not c.gate:
+            self.W_g = None
+        elif c.gate_rank:
+            self.W_g = nn.Sequential(nn.Linear(d, c.gate_rank, bias=False), nn.Linear(c.gate_rank, d_v, bias=False))
+        else:
+            self.W_g = nn.Linear(d, d_v, bias=False)
         self.W_o = nn.Linear(d_v, d, bias=False)
         self._scale = self.K**-0.5 if c.scale == "inv_sqrt_k" else 1.0
 
@@ -153,7 +220,12 @@ class DeltaNet(Mixer):
         H, K, V = self.H, self.K, self.V
         q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
         new = {}
-        if c.conv_size:
+        if c.conv_size and c.fused_conv:
+            qkv, s = self.conv(torch.cat([q, k, v], dim=-1), state.get("conv") if state else None, output_final_state=need_state)
+            if need_state:
+                new["conv"] = s
+            q, k, v = qkv.split([c.d_k, c.d_k, c.d_v], dim=-1)
+        elif c.conv_size:
             outs = []
             for name, conv, t in (("conv_q", self.conv_q, q), ("conv_k", self.conv_k, k), ("conv_v", self.conv_v, v)):
                 y, s = conv(t, state.get(name) if state else None, output_final_state=need_state)
@@ -163,10 +235,17 @@ class DeltaNet(Mixer):
             q, k, v = outs
         else:
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
-        q = F.normalize(q.view(B, T, H, K), dim=-1)
-        k = F.normalize(k.view(B, T, H, K), dim=-1)
-        v = v.view(B, T, H, V)
-        beta = torch.sigmoid(self.W_beta(x))
+        n = self.n  # DeltaProduct: micro-step j of token t at t·n + j (fla's '... t (n h d) -> ... (t n) h d')
+        q, k = self._l2(q.view(B, T, self.Hk, K)), self._l2(k.view(B, T * n, self.Hk, K))
+        if self.Hk != H:  # GVA: q/k head j serves value heads j·r .. j·r + r - 1
+            q, k = q.repeat_interleave(H // self.Hk, dim=2), k.repeat_interleave(H // self.Hk, dim=2)
+        v = v.view(B, T * n, H, V)
+        beta = torch.sigmoid(self.W_beta(x)).view(B, T * n, H)
+        p = None
+        if c.inner_decay:  # Comba eq. 8: the closed-loop key p_t = σ(d) k_t (after the L2 norm: the paper's form)
+            p = k * torch.sigmoid(self.p_decay).view(H, 1)
+        if c.output_correction:  # Comba: o_t = (q_t − D p_t) S_t
+            q = q - self.D.view(H, 1) * (p if p is not None else k)
         if c.negative_eigenvalues:
             beta = 2 * beta
         g = None
@@ -174,22 +253,57 @@ class DeltaNet(Mixer):
             g = -self.A_log.exp() * F.softplus(self.W_a(x) + self.dt_bias)
         elif c.decay == "key":  # KDA-style: one gate per key channel
             g = -self.A_log.exp().view(H, 1) * F.softplus(self.W_a(x) + self.dt_bias).view(B, T, H, K)
-        return _Params(q=q, k=k, v=v, beta=beta, g=g, state=new)
+        return _Params(q=q, k=k, v=v, beta=beta, g=g, state=new, p=p)
+
+    def _l2(self, t):
+        eps = self.config.qk_l2_eps
+        return F.normalize(t, dim=-1) if eps is None else t / torch.sqrt((t * t).sum(-1, keepdim=True) + eps)
+
+    def _readout(self, o, x):
+        """o [B, T, H, V] -> y [B, T, d]: the per-head RMSNorm, the gate, W_o."""
+        c = self.config
+        y = self.norm(o).flatten(2) if c.norm_shared else self.norm(o.flatten(2))
+        if self.W_g is not None:
+            g = self.W_g(x)
+            y = y * (torch.sigmoid(g) if c.gate_act == "sigmoid" else F.silu(g))
+        return self.W_o(y)
 
     # -- forward -------------------------------------------------------------------------
 
     def _forward(self, x, *, state, mode, need_state):
         c = self.config
         P = self._params(x, state, need_state)
-        o, S = delta_rule(
-            P.q, P.k, P.v, P.beta, P.g, scale=self._scale, initial_state=state.get("S") if state else None,
-            output_final_state=need_state, mode=mode, chunk_size=c.chunk_size, check_values=False,
-        )
-        y = self.norm(o.flatten(2))
-        if self.W_g is not None:
-            y = y * F.silu(self.W_g(x))
-        y = self.W_o(y)
+        o, S = self._core_op(P, P.v, state.get("S") if state else None, mode, need_state)
+        y = self._readout(o, x)
+        if self.n > 1:  # values and mixed per (head, Householder step): see core()
+            return MixOut(y, {"S": S, **P.state} if need_state else None)
         return MixOut(y, {"S": S, **P.state} if need_state else None, values=P.v, mixed=o)
+
+    def _core_op(self, P, v, S0, mode, need_state):
+        c = self.config
+        if self.n > 1:
+            return delta_product(P.q, P.k, v, P.beta, P.g, num_householder=self.n, scale=self._scale, initial_state=S0,
+                                 output_final_state=need_state, mode=mode, chunk_size=c.chunk_size, check_values=False)
+        return delta_rule(P.q, P.k, v, P.beta, P.g, scale=self._scale, initial_state=S0, output_final_state=need_state,
+                          mode=mode, chunk_size=c.chunk_size, check_values=False, b=P.p)
+
+    def core(self, x, *, mode=None):
+        """(values, mixed). For n_h = 1 the forward pass's v and o. For DeltaProduct (n_h > 1) the maps are
+        (head, Householder step j), m = h·n_h + j: values [B, T, H·n_h, V] the v_{t,j}, mixed the part of o
+        that v_{·,j} writes (the op run on v with the other steps' values zeroed: o = Σ_j mixed_j by linearity)."""
+        if self.n == 1:
+            return super().core(x, mode=mode)
+        self.check_input(x)
+        P = self._params(x, None, False)
+        B, T, n, H, V = x.shape[0], x.shape[1], self.n, self.H, self.V
+        vj = P.v.view(B, T, n, H, V)
+        parts = []
+        for j in range(n):
+            mask = torch.zeros(n, 1, 1, dtype=vj.dtype, device=vj.device)
+            mask[j] = 1
+            parts.append(self._core_op(P, (vj * mask).view(B, T * n, H, V), None, mode or self.reference_mode, False)[0])
+        mixed = torch.stack(parts, 3).reshape(B, T, H * n, V)  # [B, T, H, n, V] -> maps h·n + j
+        return vj.permute(0, 1, 3, 2, 4).reshape(B, T, H * n, V), mixed
 
     # -- the DSF view ----------------------------------------------------------------------
 
@@ -197,14 +311,50 @@ class DeltaNet(Mixer):
         """[B, H, T, T]: Φ[t, s] = scale · q_t M_t ⋯ M_{s+1} β_s k_sᵀ per head (values → core output)."""
         self.check_input(x)
         P = self._params(x, None, False)
-        return delta_rule_map(P.q, P.k, P.beta, P.g, scale=self._scale, check_values=False)
+        if self.n > 1:  # [B, H, T, T, n] -> maps (h, j): [B, H·n, T, T]
+            Phi = delta_product_map(P.q, P.k, P.beta, P.g, num_householder=self.n, scale=self._scale, check_values=False)
+            B, H, T = Phi.shape[:3]
+            return Phi.permute(0, 1, 4, 2, 3).reshape(B, H * self.n, T, T)
+        return delta_rule_map(P.q, P.k, P.beta, P.g, scale=self._scale, check_values=False, b=P.p)
 
     def dsf(self, x):
         """The core as a DSF with the block-diagonal, diagonal-plus-low-rank Λ_i of
         :meth:`seqmix.DSF.from_delta_rule` (input v, heads concatenated; output the core's o)."""
         self.check_input(x)
         P = self._params(x, None, False)
-        return DSF.from_delta_rule(P.q, P.k, P.beta, self.V, P.g, scale=self._scale)
+        if self.n > 1:
+            return self._product_dsf(P)
+        return DSF.from_delta_rule(P.q, P.k, P.beta, self.V, P.g, scale=self._scale, b=P.p)
+
+    def _product_dsf(self, P):
+        """DeltaProduct's DSF, dense: one copy of the state per Householder step j (the input v_{·,j} and its
+        part of o, as core()): per (h, j, value channel) the K×K block Λ_t = M_{t,n} ⋯ M_{t,1} Diag(α_t),
+        B_t = M_{t,n} ⋯ M_{t,j+1} β_{t,j} k_{t,j}ᵀ, C_t = scale · q_t. The mixer's state is the sum of the copies."""
+        n, H, K, V = self.n, self.H, self.K, self.V
+        q, k, beta = (t.detach().double() for t in (P.q, P.k, P.beta))
+        B, T = q.shape[:2]
+        k, beta = k.view(B, T, n, H, K), beta.view(B, T, n, H)
+        I = torch.eye(K, dtype=torch.float64)
+        alpha = torch.ones(B, T, H, K, dtype=torch.float64)
+        if P.g is not None:
+            g = P.g.detach().double()
+            alpha = (g.unsqueeze(-1) if g.dim() == 3 else g).exp().expand(B, T, H, K)
+        Ms = [I - beta[:, :, j, :, None, None] * k[:, :, j].unsqueeze(-1) * k[:, :, j].unsqueeze(-2) for j in range(n)]
+        Lam = torch.diag_embed(alpha)
+        ins = []
+        for j in range(n):
+            Lam = Ms[j] @ Lam
+            b_j = (beta[:, :, j].unsqueeze(-1) * k[:, :, j]).unsqueeze(-1)  # [B, T, H, K, 1]
+            for i in range(j + 1, n):
+                b_j = Ms[i] @ b_j
+            ins.append(b_j[..., 0])
+        Bin = torch.stack(ins, 3)  # [B, T, H, n, K]
+        eh, en, ev = (torch.eye(m, dtype=torch.float64) for m in (H, n, V))
+        N, d = H * n * V * K, H * n * V  # state index ((h·n + j)·V + v)·K + a, input/output index (h·n + j)·V + v
+        Lam_full = torch.einsum("bthac,hg,jl,vw->bthjvaglwc", Lam, eh, en, ev).reshape(B, T, N, N)
+        Bm = torch.einsum("bthja,hg,jl,vw->bthjvaglw", Bin, eh, en, ev).reshape(B, T, N, d)
+        Cm = torch.einsum("btha,hg,jl,vw->bthjvglwa", q * self._scale, eh, en, ev).reshape(B, T, d, N)
+        return DSF.from_dense(Lam_full, Bm, Cm)
 
     def spectrum(self, x):
         """Eigenvalues of Λ_i [B, T, N] (complex): per head, those of (I − β kᵀk) Diag(α)."""
@@ -212,10 +362,10 @@ class DeltaNet(Mixer):
 
     def state_size(self, seq_len: int | None = None) -> int:
         c = self.config
-        n = self.H * self.K * self.V
+        size = self.H * self.K * self.V
         if c.conv_size:
-            n += (2 * c.d_k + c.d_v) * (c.conv_size - 1)
-        return n
+            size += (c.d_k + self.n * (c.d_k + c.d_v)) * (c.conv_size - 1)
+        return size
 
 
 register_preset(
@@ -228,3 +378,173 @@ register_preset(
     description="KDA-style gated delta rule: a key-wise (channel-wise) gate Diag(α_t) before the delta step",
     defaults={"decay": "key"},
 )
+register_preset(
+    "qwen3_next_gdn", DeltaNet,
+    description="Qwen3-Next's Gated DeltaNet layer: gated_deltanet with grouped value heads (k_heads), one conv over [q; k; v], "
+                "FLA's l2norm and the gated RMSNorm with one weight shared by the heads",
+    defaults={"decay": "head", "fused_conv": True, "qk_l2_eps": 1e-6, "norm_shared": True, "norm_eps": 1e-6},
+    example={"d_model": 16, "heads": 4, "k_heads": 2, "chunk_size": 8},
+)
+register_preset(
+    "kimi_kda", DeltaNet,
+    description="Kimi-Linear's KDA layer: kda (key-wise gate A_h softplus(x W_f¹ W_f² + b)) with one conv over [q; k; v], "
+                "FLA's l2norm, a low-rank sigmoid output gate and the RMSNorm with one weight shared by the heads",
+    defaults={"decay": "key", "fused_conv": True, "qk_l2_eps": 1e-6, "norm_shared": True, "gate_act": "sigmoid", "norm_eps": 1e-6},
+    example={"d_model": 16, "heads": 2, "chunk_size": 8, "gate_rank": 8},
+)
+
+
+register_preset(
+    "gated_deltaproduct", DeltaNet,
+    description="Gated DeltaProduct (Siems et al. 2025): n_h = 2 delta steps per token, Λ_t = α_t Π_j (I − β_j k_jᵀk_j), "
+                "β ∈ [0, 2] (negative eigenvalues), Mamba-2's gate once per token",
+    defaults={"decay": "head", "num_householder": 2, "negative_eigenvalues": True},
+)
+register_preset(
+    "comba", DeltaNet,
+    description="Comba (Hu et al. 2025): the gated delta rule with closed-loop key p = σ(d)k, Λ_t = (I − β k_tᵀp_t) α_t, "
+                "and output correction o_t = (q_t − D p_t) S_t",
+    defaults={"decay": "head", "inner_decay": True, "output_correction": True},
+)
+
+
+# ------------------------------------------------------------------------------------------
+# RWKV-7 "Goose" (Peng et al. 2025): the generalized delta rule, diagonal plus rank one
+# ------------------------------------------------------------------------------------------
+
+
+class RWKV7Config(MixerConfig):
+    """RWKV-7's time mixing (Peng et al. 2025, §4, eq. 6-19; flash-linear-attention's RWKV7Attention for the defaults)."""
+
+    heads: int = Field(4, gt=0, description="H (the paper: head size 64)")
+    decay_rank: int | None = Field(None, gt=0, description="LoRA rank of the decay (None: fla's max(32, round(2.5√d·K/64 / 32)·32))")
+    a_rank: int | None = Field(None, gt=0, description="LoRA rank of the in-context learning rate a (None: as decay_rank)")
+    gate_rank: int | None = Field(None, gt=0, description="LoRA rank of the output gate (None: max(32, round(5√d / 32)·32))")
+    v_rank: int | None = Field(None, gt=0, description="LoRA rank of the value-residual mix (None: max(32, round(1.7√d·K/64 / 32)·32))")
+    value_residual: bool = Field(
+        False, description="value residual learning (eq. 13): v ← lerp(v, v_first, σ(ν_0 + x_v V_1 V_2)); v_first is set by the "
+        "model on the mixer (attribute v_first, [B, T, d]); unset: the mixer's own v (a first layer, or a single mixer)",
+    )
+    norm_eps: float = Field(1e-5, gt=0, description="GroupNorm epsilon per unit of head size (fla: head_dim · 1e-5)")
+    chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model = {self.d_model} must be divisible by heads = {self.heads}")
+        return self
+
+
+def _lora_rank(d, K, mult, per_head=True):
+    f = K / 64 if per_head else 1.0
+    return max(32, int(round(mult * d**0.5 * f / 32) * 32))
+
+
+@register("rwkv7", description="RWKV-7 Goose (Peng et al. 2025): S_t = (Diag(w_t) − (a⊙κ̂)ᵀκ̂) S_{t-1} + k̃ᵀv, diagonal plus rank one")
+class RWKV7(Mixer):
+    """RWKV-7's time mixing, in the row convention of ``seqmix.ops.delta_rule`` (the paper's column state transposed):
+
+        S_t = (Diag(w_t) − (a_t ⊙ κ̂_t)ᵀ κ̂_t) S_{t-1} + k̃_tᵀ v_t,      o_t = r_t S_t                (eq. 17)
+            = (I + a'ᵀ b') Diag(w_t) S_{t-1} + k̃ᵀ v,   a' = −a ⊙ κ̂,  b' = κ̂ ⊘ w                (the op's general pair)
+
+    κ̂ reads the state before the decay (the paper and fla); the op's b reads it after, hence κ̂ ⊘ w, bounded
+    since w = exp(−e^{−1/2} σ(·)) ≥ 0.545. Parametrization (eq. 6-16): token shift lerp x_□ = x + (x_{t−1} − x) ⊙ μ_□;
+    r = x_r W_r, k = x_k W_k, v = x_v W_v; w = exp(−e^{−1/2} σ(w_0 + tanh(x_w W_1) W_2)); a = σ(a_0 + x_a A_1 A_2);
+    g = σ(x_g G_1) G_2; κ̂ = normalize(k ⊙ ξ) per head; k̃ = k ⊙ (1 + (a − 1) ⊙ α) (fla: k + k(a − 1)k_a).
+    Readout: y = ((GroupNorm_h(o) + (r ⊙ ρ ⊙ k̃)·1 v) ⊙ g) W_o, the bonus per head (fla's r_k).
+
+    DSF view: maps = heads, values = v, mixed = o (the state path, before the norm; the bonus is a D_i term
+    of the full layer, outside Φ). Λ_t per head and value channel: the K×K block Diag(w_t) − (a_t⊙κ̂_t)ᵀκ̂_t
+    (:meth:`seqmix.DSF.from_delta_rule` with a, b). State: H·K·V + d (the token shift).
+    """
+
+    family = "linear_attention"
+    modes = ("recurrent", "chunk", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "H·K·V + d"
+    map_unit = "head"
+    diagonal_transition = False
+    Config = RWKV7Config
+
+    def __init__(self, config: RWKV7Config | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        d, H = c.d_model, c.heads
+        self.H, self.K, self.V = H, d // H, d // H
+        K = self.K
+        ratio = torch.arange(d, dtype=torch.float32) / d  # the official layer-0 initialization (ratio_1_to_almost0 = 1)
+        self.mu = nn.Parameter(torch.stack([1 - ratio**p for p in (0.2, 0.9, 0.7, 0.7, 0.9, 0.2)]))  # r, w, k, v, a, g
+        self.W_r = nn.Linear(d, d, bias=False)
+        self.W_k = nn.Linear(d, d, bias=False)
+        self.W_v = nn.Linear(d, d, bias=False)
+        self.W_o = nn.Linear(d, d, bias=False)
+        rw, ra = c.decay_rank or _lora_rank(d, K, 2.5), c.a_rank or _lora_rank(d, K, 2.5)
+        rg, rv = c.gate_rank or _lora_rank(d, K, 5, per_head=False), c.v_rank or _lora_rank(d, K, 1.7)
+        self.w1, self.w2 = nn.Linear(d, rw, bias=False), nn.Linear(rw, d, bias=False)
+        self.w0 = nn.Parameter(-6 + 5 * ratio)  # the official decay speed init (w0 = -6 + 5 (i/(d-1))^{0.85·...}, simplified)
+        self.a1, self.a2 = nn.Linear(d, ra, bias=False), nn.Linear(ra, d, bias=False)
+        self.a0 = nn.Parameter(torch.full((d,), -0.19))
+        self.g1, self.g2 = nn.Linear(d, rg, bias=False), nn.Linear(rg, d, bias=False)
+        if c.value_residual:
+            self.v1, self.v2 = nn.Linear(d, rv, bias=False), nn.Linear(rv, d, bias=False)
+            self.v0 = nn.Parameter(torch.full((d,), 0.73))
+        for lin in (self.w2, self.a2, self.g2):
+            nn.init.zeros_(lin.weight) if lin is not self.g2 else nn.init.normal_(lin.weight, std=0.1)
+        self.k_k = nn.Parameter(torch.full((d,), 0.85))  # ξ: the removal key's scale before the norm
+        self.k_a = nn.Parameter(torch.ones(d))  # α: how much a reaches the written key
+        self.r_k = nn.Parameter(torch.full((H, K), 0.1))  # ρ: the bonus
+        self.norm = LayerNorm(d, eps=K * c.norm_eps, groups=H)
+        self.v_first = None
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "heads": 2, "chunk_size": 8, "decay_rank": 4, "a_rank": 4, "gate_rank": 4, "v_rank": 4}
+
+    def _params(self, x, state, need_state):
+        c = self.config
+        B, T, d = x.shape
+        H, K, V = self.H, self.K, self.V
+        first = state.get("shift") if state else None
+        prev = torch.cat([first.unsqueeze(1) if first is not None else torch.zeros_like(x[:, :1]), x[:, :-1]], 1)
+        xr, xw, xk, xv, xa, xg = (x + (prev - x) * m for m in self.mu)  # token shift (eq. 6)
+        r, k, v = self.W_r(xr), self.W_k(xk), self.W_v(xv)
+        logw = -math.exp(-0.5) * torch.sigmoid(self.w0 + self.w2(torch.tanh(self.w1(xw))))  # log w (eq. 11)
+        a = torch.sigmoid(self.a0 + self.a2(self.a1(xa)))  # in-context learning rate (eq. 12)
+        g = self.g2(torch.sigmoid(self.g1(xg)))  # gate (eq. 10)
+        if c.value_residual:
+            v_first = self.v_first if self.v_first is not None else v
+            v = torch.lerp(v, v_first, torch.sigmoid(self.v0 + self.v2(self.v1(xv))))
+        kappa = F.normalize((k * self.k_k).view(B, T, H, K), dim=-1)  # κ̂ (eq. 14)
+        kt = (k + k * (a - 1) * self.k_a).view(B, T, H, K)  # k̃ (eq. 15)
+        view = lambda t: t.view(B, T, H, K)  # noqa: E731
+        logw, a = view(logw), view(a)
+        return dict(r=view(r), k=kt, v=v.view(B, T, H, V), logw=logw, ra=-(a * kappa), rb=kappa * (-logw).exp(), g=g,
+                    kappa=kappa, a=a, shift=x[:, -1] if need_state else None)
+
+    def _forward(self, x, *, state, mode, need_state):
+        c = self.config
+        P = self._params(x, state, need_state)
+        one = torch.ones_like(P["logw"][..., 0])
+        o, S = delta_rule(P["r"], P["k"], P["v"], one, P["logw"], a=P["ra"], b=P["rb"], initial_state=state.get("S") if state else None,
+                          output_final_state=need_state, mode=mode, chunk_size=c.chunk_size, check_values=False)
+        B, T = x.shape[:2]
+        bonus = ((P["r"] * P["k"] * self.r_k).sum(-1, keepdim=True) * P["v"]).flatten(2)
+        y = self.W_o((self.norm(o.flatten(2)) + bonus) * P["g"])
+        return MixOut(y, {"S": S, "shift": P["shift"]} if need_state else None, values=P["v"], mixed=o)
+
+    def phi(self, x):
+        """[B, H, T, T]: Φ[t, s] = r_t M_t ⋯ M_{s+1} k̃_sᵀ per head."""
+        self.check_input(x)
+        P = self._params(x, None, False)
+        return delta_rule_map(P["r"], P["k"], torch.ones_like(P["logw"][..., 0]), P["logw"], a=P["ra"], b=P["rb"], check_values=False)
+
+    def dsf(self, x):
+        self.check_input(x)
+        P = self._params(x, None, False)
+        return DSF.from_delta_rule(P["r"], P["k"], torch.ones_like(P["logw"][..., 0]), self.V, P["logw"], a=P["ra"], b=P["rb"])
+
+    def spectrum(self, x):
+        return self.dsf(x).eigenvalues()
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        return self.H * self.K * self.V + self.d_model

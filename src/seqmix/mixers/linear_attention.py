@@ -19,6 +19,7 @@ registered preset of it (:func:`register_preset`), never a copy:
     preset        parameter group   f_q        f_k                 f_α                          f_g
     linformer     {Q, K}            φ(xW_Q)    φ(xW_K)             1 (+ normalizer)             1
     retnet        {Q, K, Λ}         xW_Q       xW_K                γ_h e^{iθ} (fixed, rotary)   SiLU(xW_G)
+    lightning_attention {Q, K, Λ}   SiLU(xW_Q) SiLU(xW_K)          exp(-r_h) (fixed, per head)  σ(xW_G)   (MiniMax-01)
     transnormer   {Q, K, Λ}         φ(xW_Q)    φ(xW_K)             λ_h e^{iθ} (fixed, rotary)   xW_U
     gla           {Q, K, Λ_t}       xW_Q       xW_K                σ(xW¹W² + b)^{1/τ}           SiLU(xW_r + b)
     mamba_gf      {Q, K, Λ_t}       xW_C       Δ_t ⊙ xW_B          exp(-Δ_t A)                  1
@@ -30,6 +31,8 @@ registered preset of it (:func:`register_preset`), never a copy:
     qlstm_rs      {K, Λ_t}          1          σ(xW_i)             σ(-xW_f)^a                   σ(xW_o)
     metala        {Q, Λ_t}          xW_Q       1 - α_t             σ(xW_α)^{1/τ}                SiLU(xW_G + b)
     mlstm         {Q, K, Λ_t}       xW_Q       e^{ĩ_t} xW_K/√d_k'  σ(f̃_t), one per head          σ(xW_o)  (+ normalizer η_t)
+    rwkv6         {Q, K, Λ_t}       x_r W_r    x_k W_K             exp(-exp(λ + tanh(x_w A)B))  SiLU(x_g W_g)  (+ bonus u, ddlerp shift)
+    hgrn2         {Q, Λ_t}          SiLU(xW_Q) 1 - α_t             lb + (1-lb)σ(xW_f)           1  (RMSNorm over d)
 
 (qlstm_block / qlstm_rs_block: the gated block of the DSF paper's experiments, with an
 in-projection, a short conv and a GELU outer gate; rg_lru_block: Griffin's recurrent block as
@@ -78,6 +81,11 @@ TransNormer's λe^{jθ} of Table A1, exact RoPE), a current-token bonus and toke
 short conv before the parameter functions (MetaLA Eq. A31), an in-projection with an outer
 gate branch (the qLSTM block, Mamba's block).
 
+RWKV-6 (Finch) and HGRN2 are presets too (``rwkv6``: a LoRA decay 'lora_exp', the linear bonus u and
+the data-dependent token shift ddlerp; ``hgrn2``: q = SiLU(x W_q), the key tied to the decay, head size
+128). Gated Slot Attention (``gsa``, :class:`GatedSlotAttention`, at the end of this file) is not: it
+runs two recurrences per head with a softmax over slots between them (its docstring gives its DSF).
+
 Computation: heads with a vector state (d_k' = 1: the LinRNNs, LRU) are run as one head
 whose V = H·d_v' value channels carry their own (value-wise) decay, so the chunk mode
 does one [C, C]·[C, H·V] matmul per chunk instead of H thin ones.
@@ -104,12 +112,12 @@ from .layers import LayerNorm, RMSNorm, ShortConv
 Query = Literal["proj", "one"]
 Key = Literal["proj", "one", "one_minus_decay", "sqrt_one_minus_decay_sq", "sigmoid_proj", "exp_proj", "delta_proj"]
 Value = Literal["proj", "identity", "silu_proj", "gated_identity", "lru"]
-Decay = Literal["none", "fixed_head", "fixed", "lru", "sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru", "exp"]
+Decay = Literal["none", "fixed_head", "fixed", "lru", "sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru", "exp", "lora_exp"]
 Gate = Literal["none", "silu", "sigmoid", "gelu", "linear"]
 FeatureMap = Literal["identity", "elu1", "silu", "relu"]
 QUERIES, KEYS, VALUES, DECAYS, GATES, FEATURE_MAPS = (get_args(t) for t in (Query, Key, Value, Decay, Gate, FeatureMap))
 #: decays that depend on the input (the group Λ_t); the others are Λ (fixed) or absent
-DYNAMIC_DECAYS = ("sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru", "exp")
+DYNAMIC_DECAYS = ("sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru", "exp", "lora_exp")
 #: the mLSTM normalizers (xLSTM): η_t = max(|q_t n_t|, 1) ('max_abs', the paper), + ε e^{m_t} ('xlstm', transformers / NX-AI)
 Normalizer = Literal["sum", "max_abs", "xlstm"]
 #: keys that are their own parameter group K (the others are 1 or tied to the decay)
@@ -126,6 +134,10 @@ class GeneralFormConfig(MixerConfig):
 
     # -- sizes ------------------------------------------------------------------------
     heads: int | None = Field(1, gt=0, description="H; None: one head per value channel (H = d_v, the LinRNNs and SSMs)")
+    head_size: int | None = Field(
+        None, gt=0, description="d_v' per head, overriding heads: H = d_v / head_size (RWKV-6: 64; HGRN2's expand ratio: 128, "
+        "with d_k = d_v so that d_k' = d_v' too), one head when d_v <= head_size; None: H = heads"
+    )
     expand_k: float = Field(1.0, gt=0, description="d_k = expand_k·d_in (the query/key/decay width over all heads); with heads = None, d_k = expand_k·d_v")
     expand_v: float = Field(1.0, gt=0, description="d_v = expand_v·d_in (the value width over all heads)")
     d_state: int | None = Field(None, gt=0, description="d_k' per head, overriding expand_k (an SSM's state size N)")
@@ -160,13 +172,14 @@ class GeneralFormConfig(MixerConfig):
         "'lru' complex exp(-exp(ν) + i exp(θ)); 'sigmoid' lb + (1 - lb)σ(x W_α + b) (MetaLA, HGRN, qLSTM); 'low_rank_sigmoid' σ(x W¹ W² + b) (GLA); "
         "'reversed_sigmoid' σ(-x W_f + b)^a, a learned (DSF eq. 23); 'delta_A' exp(-Δ_t A) (Mamba); 'rg_lru' σ(Λ)^{c σ(x W_a + b)} (Griffin); "
         "'exp' α = exp(x W_α + b), xLSTM's exponential forget gate (may exceed 1: needs input_gate = 'exp', whose stabilizer keeps the "
-        "stored decays <= 1). Every decay is then raised to 1/tau",
+        "stored decays <= 1); 'lora_exp' α = exp(-exp(λ + tanh(x A) B)), a LoRA of rank low_rank per key channel (RWKV-6's w_t). "
+        "Every decay is then raised to 1/tau",
     )
     gate: Gate = Field("none", description="f_g: act(x W_G + b) or 'linear' x W_U (TransNormer) or 'none' (g = 1)")
     feature_map: FeatureMap = Field("identity", description="φ applied to q and k of the 'proj' options (the LinFormer kernel)")
     # -- decay details --------------------------------------------------------------------
     tau: float = Field(1.0, gt=0, description="temperature: α <- α^{1/τ} (GLA and MetaLA: 16)")
-    low_rank: int = Field(16, gt=0, description="rank of W_α¹ W_α² of 'low_rank_sigmoid' (GLA: 16)")
+    low_rank: int = Field(16, gt=0, description="rank of W_α¹ W_α² of 'low_rank_sigmoid' (GLA: 16) and of A B of 'lora_exp' (RWKV-6: 64)")
     decay_bias: bool = Field(False, description="bias in the decay's projection (GLA b_α, Griffin b_a; none in MetaLA)")
     decay_lower_bound: float = Field(0.0, ge=0, lt=1, description="lb of 'sigmoid': α = lb + (1 - lb)σ(z) (HGRN's lower bound)")
     decay_per_head: bool = Field(
@@ -182,7 +195,14 @@ class GeneralFormConfig(MixerConfig):
         None, gt=0, description="cap·tanh(z/cap) on the pre-activations of the forget gate (decay 'sigmoid', 'low_rank_sigmoid', 'exp') "
         "and of the exponential input gate (xLSTM-7B in transformers: 15); None: no cap",
     )
-    head_decay: Literal["retnet", "transnormer"] = Field("retnet", description="'fixed_head' schedule: γ_h = 1 - 2^{-5-h} (RetNet) or exp(-8h/H) (TransNormerLLM, layer 0)")
+    head_decay: Literal["retnet", "transnormer", "lightning"] = Field(
+        "retnet", description="'fixed_head' schedule: γ_h = 1 - 2^{-5-h} (RetNet), exp(-8h/H) (TransNormerLLM, layer 0) or "
+        "exp(-2^{-8(h+1)/H}) (MiniMax's lightning attention, layer 0: ALiBi's slopes)"
+    )
+    head_decay_rates: tuple[float, ...] | None = Field(
+        None, description="'fixed_head' with given rates r_h > 0, one per head: γ_h = exp(-r_h), overriding head_decay (MiniMax-01 "
+        "scales the lightning slopes per layer: r_h = 2^{-8(h+1)/H}(1 - l/(L-1) + 1e-5); seqmix.interop reads its slope_rate)"
+    )
     rg_lru_c: float = Field(8.0, gt=0, description="c of 'rg_lru' (Griffin: 8)")
     rs_exponent: Literal["relu", "exp", "fixed"] = Field(
         "relu", description="exponent a of 'reversed_sigmoid': relu(a) of a learned scalar (the released code), exp(a_log) (S6's A > 0), or fixed a = 1"
@@ -209,6 +229,15 @@ class GeneralFormConfig(MixerConfig):
     )
     bonus: bool = Field(False, description="RWKV-4's current-token bonus: o_t = q_t S_{t-1} + (q_t ⊙ e^u ⊙ k_t)·1 v_t")
     token_shift: bool = Field(False, description="RWKV-4's token shift: f_k, f_v, f_g read μ ⊙ x_t + (1 - μ) ⊙ x_{t-1}")
+    bonus_form: Literal["exp", "linear"] = Field(
+        "exp", description="the bonus weight of the current token: 'exp' e^u (RWKV-4's time_first), 'linear' u itself (RWKV-5/6's "
+        "time_faaaa: o_t = r_t (S_{t-1} + diag(u) k_tᵀ v_t), Finch's wkv)"
+    )
+    ddlerp_rank: int | None = Field(
+        None, gt=0, description="with token_shift: Finch's data-dependent token shift (RWKV-6's ddlerp): f_q (r), f_k, f_v, f_g and the "
+        "decay each read ddlerp_□(x_t, x_{t-1}) = x_t + (x_{t-1} - x_t) ⊙ (λ_□ + tanh((x_t + (x_{t-1} - x_t) ⊙ μ_x) A_□) B_□), "
+        "a LoRA of this rank (RWKV-6: 32); None: RWKV-4's static μ"
+    )
     skip: Literal["none", "head", "input"] = Field("none", description="skip term D: 'head' o += D_h v_h inside the core (Mamba); 'input' y += D ⊙ x (LRU)")
     scale: Literal["none", "inv_sqrt_k"] | float = Field("none", description="scale of q_t S_t: 'inv_sqrt_k' d_k'^{-1/2} (FLA's default), 'none' (1) or a number")
     # -- MetaLA --------------------------------------------------------------------------
@@ -238,12 +267,14 @@ class GeneralFormConfig(MixerConfig):
 
     @property
     def n_heads(self) -> int:
+        if self.head_size is not None:
+            return max(self.d_v // self.head_size, 1)
         return self.heads if self.heads is not None else self.d_v
 
     @property
     def _k_base(self) -> int:
         """What expand_k multiplies: d_in, or d_v with one head per value channel (so that d_k' = expand_k)."""
-        return self.d_v if self.heads is None else self.d_in
+        return self.d_v if self.heads is None and self.head_size is None else self.d_in
 
     @property
     def d_k(self) -> int:
@@ -266,11 +297,18 @@ class GeneralFormConfig(MixerConfig):
         d_in = self.d_in
         checks = [("expand_v", self.expand_v, d_in, "d_in")]
         if self.d_state is None:
-            checks.append(("expand_k", self.expand_k, *((round(self.expand_v * d_in), "d_v") if self.heads is None else (d_in, "d_in"))))
+            checks.append(("expand_k", self.expand_k, *((round(self.expand_v * d_in), "d_v") if self.heads is None and self.head_size is None
+                                                        else (d_in, "d_in"))))
         for name, e, base, what in checks:
             if abs(e * base - round(e * base)) > 1e-9 or round(e * base) < 1:
                 raise ValueError(f"{name} = {e} times {what} = {base} must be a positive integer")
         H, d_k, d_v = self.n_heads, self.d_k, self.d_v
+        if self.head_size is not None and d_v > self.head_size and d_v % self.head_size:
+            raise ValueError(f"head_size = {self.head_size} must divide d_v = {d_v} (expand_v·d_in), or exceed it (one head)")
+        if self.ddlerp_rank is not None and not self.token_shift:
+            raise ValueError("ddlerp_rank (Finch's data-dependent token shift) needs token_shift = True")
+        if self.bonus_form != "exp" and not self.bonus:
+            raise ValueError(f"bonus_form = {self.bonus_form!r} weights the current-token bonus: needs bonus = True")
         if d_v % H:
             raise ValueError(f"d_v = {d_v} (expand_v·d_in) must be divisible by heads = {H}")
         if d_k % H:
@@ -294,6 +332,12 @@ class GeneralFormConfig(MixerConfig):
                 raise ValueError(f"rotary = True rotates pairs of key channels: d_k' = {self.head_k} must be even")
             if self.normalizer or self.bonus or self.self_aug:
                 raise ValueError("rotary = True does not combine with normalizer, bonus or self_aug")
+        if self.head_decay_rates is not None:
+            if self.decay != "fixed_head":
+                raise ValueError(f"head_decay_rates sets the fixed decays of decay = 'fixed_head', got decay = {self.decay!r}")
+            if len(self.head_decay_rates) != self.n_heads or not all(math.isfinite(r) and r > 0 for r in self.head_decay_rates):
+                raise ValueError(f"head_decay_rates must hold heads = {self.n_heads} finite rates > 0 (γ_h = exp(-r_h)), "
+                                 f"got {self.head_decay_rates!r}")
         if self.xpos and not self.rotary:
             raise ValueError("xpos = True scales the rotary pairs: needs rotary = True")
         if self.shared_qk and self.key in ("sigmoid_proj", "exp_proj"):
@@ -384,11 +428,18 @@ class GeneralForm(Mixer):
         # the stream: in-projection (block form), short conv
         self.W_in = nn.Linear(d, 2 * d_in, bias=c.in_proj_bias) if c.expand else None
         self.conv = ShortConv(d_in, c.conv_size, bias=c.conv_bias, activation=None if c.conv_activation == "none" else "silu") if c.conv_size else None
-        if c.token_shift:  # RWKV-4: μ_k, μ_v, μ_r (layer-0 initialization of the RWKV-4 code)
+        if c.token_shift and c.ddlerp_rank is None:  # RWKV-4: μ_k, μ_v, μ_r (layer-0 initialization of the RWKV-4 code)
             ramp = torch.arange(d_in, dtype=torch.float32) / d_in
             self.mu_k = nn.Parameter(ramp.clone())
             self.mu_v = nn.Parameter(ramp.clone())
             self.mu_r = nn.Parameter(ramp.sqrt())
+        elif c.token_shift:  # RWKV-6's ddlerp (Finch's ddlerp and lora), layer-0 initialization of the official x060 code:
+            # μ_x, λ_k, λ_v, λ_w = 1 - i/d; λ_r, λ_g = 1 - (i/d)^0.5; A = 0 (the LoRA starts static), B ~ U(±0.01)
+            ramp = torch.arange(d_in, dtype=torch.float32) / d_in
+            self.mu_x = nn.Parameter(1 - ramp)
+            self.lam_mix = nn.Parameter(torch.stack([1 - ramp.sqrt(), 1 - ramp, 1 - ramp, 1 - ramp.sqrt(), 1 - ramp]))  # r, k, v, g, w
+            self.A_mix = nn.Parameter(torch.zeros(d_in, 5 * c.ddlerp_rank))
+            self.B_mix = nn.Parameter(torch.empty(5, c.ddlerp_rank, d_in).uniform_(-0.01, 0.01))
 
         # f_q, f_k, f_v
         self.W_q = nn.Linear(d_in, qk_width, bias=c.bias) if c.query == "proj" else None
@@ -420,9 +471,11 @@ class GeneralForm(Mixer):
                 self.W_i.bias.fill_(-10.0)
                 if c.decay_bias:
                     self.W_a.bias.copy_(torch.linspace(3.0, 6.0, H))
-        # RWKV-4 bonus u (time_first), per key channel
-        if c.bonus:
+        # RWKV-4 bonus u (time_first), per key channel; RWKV-6's u (time_faaaa): the layer-0 zigzag ((i+1) mod 3 - 1)/10
+        if c.bonus and c.bonus_form == "exp":
             self.u = nn.Parameter(math.log(0.3) + 0.5 * torch.linspace(-1, 1, d_k))
+        elif c.bonus:
+            self.u = nn.Parameter(((torch.arange(d_k) + 1) % 3 - 1).float() * 0.1)
         # MetaLA self-augmentation weight, initialized to 0 (the official code)
         if c.self_aug:
             self.w_aug = nn.Parameter(torch.zeros(d_k))
@@ -469,6 +522,11 @@ class GeneralForm(Mixer):
             self.W_a = nn.Linear(d_in, H if c.decay_per_head else d_k, bias=c.decay_bias)
         elif kind == "low_rank_sigmoid":
             self.W_a = nn.Sequential(nn.Linear(d_in, c.low_rank, bias=False), nn.Linear(c.low_rank, d_k, bias=c.decay_bias))
+        elif kind == "lora_exp":  # RWKV-6: d_t = λ_w + tanh(x A_w) B_w; layer-0 init of x060: λ_w = -6 + 5 (i/(d_k-1))^0.7, A_w = 0, B_w ~ U(±0.01)
+            ramp = torch.arange(d_k, dtype=torch.float32) / max(d_k - 1, 1)
+            self.w0 = nn.Parameter(-6 + 5 * ramp**0.7)
+            self.A_w = nn.Parameter(torch.zeros(d_in, c.low_rank))
+            self.B_w = nn.Parameter(torch.empty(c.low_rank, d_k).uniform_(-0.01, 0.01))
         elif kind == "delta_A":  # Mamba: Δ_t = softplus(x W_u W_Δ + b_Δ) per head (channel), A = exp(A_log)
             p = c.dt_rank or math.ceil(d_in / 16)
             self.W_u = nn.Linear(d_in, p, bias=False)
@@ -517,7 +575,12 @@ class GeneralForm(Mixer):
             return None, None
         if kind == "fixed_head":  # not learned (RetNet, TransNormer): computed here, in the input's precision
             h = torch.arange(H, dtype=torch.float64, device=u.device)
-            log_gamma = torch.log1p(-(2.0 ** (-5 - h))) if c.head_decay == "retnet" else -8 * h / H
+            if c.head_decay_rates is not None:
+                log_gamma = -torch.tensor(c.head_decay_rates, dtype=torch.float64, device=u.device)
+            elif c.head_decay == "lightning":
+                log_gamma = -(2.0 ** (-8 * (h + 1) / H))
+            else:
+                log_gamma = torch.log1p(-(2.0 ** (-5 - h))) if c.head_decay == "retnet" else -8 * h / H
             la = log_gamma.to(compute_dtype(u)).expand(B, T, H)  # float32 or wider: docs/scale.md
         elif kind == "fixed":
             la = (-torch.exp(upcast(self.w))).view(H, K).expand(B, T, H, K)
@@ -531,6 +594,9 @@ class GeneralForm(Mixer):
                 la = z
             else:
                 la = F.logsigmoid(z) if lb == 0 else torch.log(lb + (1 - lb) * torch.sigmoid(z))
+        elif kind == "lora_exp":  # RWKV-6 (Finch's data-dependent decay): log w_t = -exp(d_t), d_t = λ_w + tanh(x A_w) B_w, per key channel
+            d = upcast(self.w0) + torch.tanh(u @ self.A_w.to(u.dtype)) @ self.B_w.to(u.dtype)
+            la = -torch.exp(upcast(d)).view(B, T, H, K)
         elif kind == "reversed_sigmoid":  # DSF eq. (23): σ_rev(z)^a = σ(-z)^a
             z = upcast(self.W_a(u)).view(B, T, H, K)
             a = {"relu": lambda: F.relu(self.a), "exp": lambda: torch.exp(self.a_log), "fixed": lambda: 1.0}[c.rs_exponent]()
@@ -550,6 +616,20 @@ class GeneralForm(Mixer):
         cap = self.config.gate_soft_cap
         return z if cap is None else cap * torch.tanh(z / cap)
 
+    def _ddlerp(self, x, prev):
+        """Finch's data-dependent token shift (RWKV-6, Peng et al. 2024, §4: ddlerp and lora), for □ = r, k, v, g, w:
+
+            lora_□(y) = λ_□ + tanh(y A_□) B_□,   ddlerp_□(x_t, x_{t-1}) = x_t + (x_{t-1} - x_t) ⊙ lora_□(x_t + (x_{t-1} - x_t) ⊙ μ_x)
+
+        x, prev [B, T, d_in] (prev = x delayed by one step). The five A_□ are stacked in A_mix [d_in, 5·rank]
+        (the official code's time_maa_w1), the B_□ in B_mix [5, rank, d_in], the λ_□ in lam_mix [5, d_in].
+        Returns the five streams (r, k, v, g, w), each [B, T, d_in]."""
+        xx = prev - x
+        Bt, T, _ = x.shape
+        z = torch.tanh((x + xx * self.mu_x) @ self.A_mix.to(x.dtype)).view(Bt, T, 5, -1)
+        lora = torch.einsum("btir,ird->btid", z, self.B_mix.to(x.dtype)) + self.lam_mix
+        return (x.unsqueeze(2) + xx.unsqueeze(2) * lora).to(x.dtype).unbind(2)
+
     def _params(self, x, state, need_state) -> _Params:
         """The parameter functions (Eqs. 11-12) on x [B, T, d]:
         q, k [B, T, H, K]; v [B, T, H, V]; gk (log α) [B, T, H] or [B, T, H, K]; g [B, T, d_v]."""
@@ -557,15 +637,18 @@ class GeneralForm(Mixer):
         B, T, _ = x.shape
         H, K, V = self.H, self.K, self.V
         u, z, new = self._stream(x, state, need_state)
-        u_k = u_v = u_g = u
-        if c.token_shift:  # RWKV-4: x_k = μ_k x_t + (1 - μ_k) x_{t-1}, the same for v and the receptance r
+        u_q = u_k = u_v = u_g = u_w = u
+        if c.token_shift:
             prev = _shift_right(u, state.get("x_prev") if state else None)
-            u_k = prev + self.mu_k * (u - prev)
-            u_v = prev + self.mu_v * (u - prev)
-            u_g = prev + self.mu_r * (u - prev)
+            if c.ddlerp_rank is None:  # RWKV-4: x_k = μ_k x_t + (1 - μ_k) x_{t-1}, the same for v and the receptance r
+                u_k = prev + self.mu_k * (u - prev)
+                u_v = prev + self.mu_v * (u - prev)
+                u_g = prev + self.mu_r * (u - prev)
+            else:  # RWKV-6: r, k, v, g and the decay each read their own ddlerp
+                u_q, u_k, u_v, u_g, u_w = self._ddlerp(u, prev)
             if need_state:
                 new["x_prev"] = u[:, -1]
-        la, delta = self._decay(u)
+        la, delta = self._decay(u_w)
         m = li = None
         if c.input_gate == "exp":  # xLSTM: i_t = exp(ĩ_t); the max-stabilizer turns (f_t, i_t) into gates <= 1 (seqmix.ops.stabilizer)
             li_raw = self._soft_cap(upcast(self.W_i(u_k)))  # [B, T, H]
@@ -575,7 +658,7 @@ class GeneralForm(Mixer):
         # f_q
         qk_heads = 1 if c.shared_qk else H
         if c.query == "proj":
-            q = _act(c.feature_map, self.W_q(u)).view(B, T, qk_heads, K).expand(B, T, H, K)
+            q = _act(c.feature_map, self.W_q(u_q)).view(B, T, qk_heads, K).expand(B, T, H, K)
         else:
             q = u.new_ones(B, T, H, K)
         # f_k
@@ -657,7 +740,11 @@ class GeneralForm(Mixer):
 
     def _bonus_term(self, P: _Params):
         """RWKV's current-token term: scale·Σ_i q_i e^{u_i} k_i, one number per head [B, T, H, 1]."""
-        return self._scale * (P.q * torch.exp(self.u).view(self.H, self.K) * P.k).sum(-1, keepdim=True)
+        return self._scale * (P.q * self._bonus_u().view(self.H, self.K) * P.k).sum(-1, keepdim=True)
+
+    def _bonus_u(self):
+        """The bonus weight per key channel: e^u (bonus_form 'exp', RWKV-4) or u (bonus_form 'linear', RWKV-5/6)."""
+        return torch.exp(self.u) if self.config.bonus_form == "exp" else self.u
 
     def _core(self, P: _Params, S0, mode, need_state):
         """The core map on P.v: o_t = q_t S_t (Eq. 13-14), or with the bonus q_t S_{t-1} + bonus·v_t,
@@ -780,7 +867,7 @@ class GeneralForm(Mixer):
         Dh = torch.zeros(B, T, H, dtype=torch.float64)
         if c.bonus:
             u = self.u.detach().double().view(H, K)
-            Dh = self._scale * (q * (torch.exp(u) - torch.exp(-gk)) * k).sum(-1)
+            Dh = self._scale * (q * ((torch.exp(u) if c.bonus_form == "exp" else u) - torch.exp(-gk)) * k).sum(-1)
             q = q * torch.exp(-gk)
         if c.normalizer and (c.normalizer_form != "sum" or c.input_gate == "exp"):
             # the mLSTM: η_t = max(|q_t n_t|, 1) (+ ε e^{m_t}) depends on q_t, so 1/η_t goes into C_t; with the
@@ -855,6 +942,14 @@ _preset(
     "TransNormer(LLM) (Table A1): φ = SiLU on q and k, fixed decay λ_h = exp(-8h/H) with rotary phase, SRMSNorm, linear gate x W_U",
     dict(heads=4, key="proj", value="proj", decay="fixed_head", head_decay="transnormer", rotary=True, feature_map="silu",
          xnorm="rmsnorm", norm_per_head=False, norm_affine=False, gate="linear"),
+)
+_preset(
+    "lightning_attention", "{Q, K, Λ}",
+    "MiniMax-01's lightning attention (transformers' MiniMaxLightningAttention): q, k, v = SiLU(x W), a fixed decay exp(-r_h) per "
+    "head (ALiBi's slopes r_h = 2^{-8(h+1)/H}, or head_decay_rates), no scale, RMSNorm over all heads, σ output gate",
+    dict(heads=4, key="proj", value="silu_proj", decay="fixed_head", head_decay="lightning", feature_map="silu", xnorm="rmsnorm",
+         norm_per_head=False, norm_eps=1e-6, gate="sigmoid"),
+    example={"heads": 2, "head_decay_rates": (0.3, 0.03)},  # the contract runs the given-rates option (the converter's)
 )
 _preset(
     "gla", "{Q, K, Λ_t}",
@@ -945,6 +1040,29 @@ _preset(
          reset_at_start=True),
     example={"heads": None},
 )
+_preset(
+    "rwkv6", "{Q, K, Λ_t}",
+    "RWKV-6 Finch (Peng et al. 2024, 'Eagle and Finch'): ddlerp token shift (LoRA rank 32), w_t = exp(-exp(λ + tanh(x A) B)) per key channel "
+    "(LoRA rank 64), bonus o_t = r_t (S_{t-1} + diag(u) k_tᵀ v_t), head size 64, GroupNorm per head, SiLU gate",
+    dict(head_size=64, query="proj", key="proj", value="proj", decay="lora_exp", low_rank=64, bonus=True, bonus_form="linear",
+         token_shift=True, ddlerp_rank=32, scale="none", xnorm="layernorm", norm_per_head=True, norm_affine=True, norm_eps=6.4e-4,
+         gate="silu"),
+    example={"head_size": 8},
+)
+_preset(
+    "hgrn2", "{Q, Λ_t}",
+    "HGRN2 (Qin et al. 2024, §3): S_t = diag(f_t) S_{t-1} + (1 - f_t)ᵀ i_t, f_t = lb + (1-lb)σ(x W_f), y_t = q_t S_t with "
+    "q = SiLU(x W_q) (the output gate), i = x W_i; expand ratio (head size) 128, RMSNorm over d, W_O",
+    dict(head_size=128, expand_k=1.0, query="proj", feature_map="silu", key="one_minus_decay", value="proj", decay="sigmoid",
+         decay_lower_bound=0.0, scale="none", xnorm="rmsnorm", norm_per_head=False, norm_affine=True, gate="none"),
+    example={"head_size": 8},
+)
+
+#: RWKV-6 where fla's RWKV6Attention differs from the official x060 code and the paper's GroupNorm: eps 1e-5 (x060:
+#: 1e-5·head_size_divisor² = 6.4e-4). fla's layer also differs in its LoRA structure and initialization (not options here).
+RWKV6_FLA = dict(norm_eps=1e-5)
+#: HGRN2 with fla's q scale d_k'^{-1/2} (its gla kernels' default; the paper has none: it cancels in the RMSNorm up to eps)
+HGRN2_FLA = dict(scale="inv_sqrt_k")
 
 #: the mLSTM cell as the xLSTM paper writes it where transformers' xLSTM differs: the normalizer
 #: max(|n_tᵀ q_t|, 1) without transformers' ε e^{m_t}, and no soft cap on the gate pre-activations
@@ -1016,3 +1134,186 @@ def mamba_gf_state_from_s6(s6_state: dict, *, d_state: int, dt_rank: int, names:
     if n["out_proj.bias"] in s6_state and s6_state[n["out_proj.bias"]] is not None:
         out["W_o.bias"] = s6_state[n["out_proj.bias"]]
     return {key: val.detach().clone() for key, val in out.items()}
+
+
+# ------------------------------------------------------------------------------------------
+# Gated Slot Attention: two gated linear attentions joined by a softmax over slots
+# ------------------------------------------------------------------------------------------
+
+
+class GSAConfig(MixerConfig):
+    """Gated Slot Attention (Zhang et al. 2024, "Gated Slot Attention for Efficient Linear-Time Sequence
+    Modeling", NeurIPS; its code is flash-linear-attention's GatedSlotAttention layer)."""
+
+    heads: int = Field(4, gt=0, description="H (the paper: 4)")
+    expand_k: float = Field(1.0, gt=0, description="d_k = expand_k·d, the width of q and k over all heads")
+    expand_v: float = Field(1.0, gt=0, description="d_v = expand_v·d, the width of v over all heads")
+    num_slots: int = Field(64, gt=0, description="m, memory slots per head (the paper: 64; fla's layer defaults to d_k')")
+    tau: float = Field(8.0, gt=0, description="damping τ of the slot forget gate α_t = σ(x W_α)^{1/τ} (the paper: 8; fla's gate_logit_normalizer)")
+    feature_map: Literal["silu", "relu", "identity"] = Field("silu", description="φ on q and k: q = φ(x W_q), k = φ(x W_k) (Swish in the paper)")
+    value_act: Literal["silu", "identity"] = Field("silu", description="v = act(x W_v) (Swish in the paper)")
+    scale: Literal["none", "inv_sqrt_k"] | float = Field(
+        "none", description="scale of the slot logits q_t K̃_tᵀ: 'none' (1; fla's layer), 'inv_sqrt_k' d_k'^{-1/2} (fla's op default) or a number"
+    )
+    output_act: Literal["silu", "none"] = Field("silu", description="activation on the core output before the norm (fla's layer: SiLU, RMSNorm, W_O)")
+    xnorm: Literal["rmsnorm", "none"] = Field("rmsnorm", description="norm of the output (RMSNorm over d_v, or per head)")
+    norm_per_head: bool = Field(False, description="the norm per head (GroupNorm-like) instead of over all d_v")
+    norm_affine: bool = Field(True, description="the norm with a learned weight")
+    norm_eps: float = Field(1e-5, gt=0, description="norm epsilon")
+    chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode (both passes)")
+
+    @property
+    def d_k(self) -> int:
+        return round(self.expand_k * self.d_model)
+
+    @property
+    def d_v(self) -> int:
+        return round(self.expand_v * self.d_model)
+
+    @model_validator(mode="after")
+    def _check(self):
+        for name, e in (("expand_k", self.expand_k), ("expand_v", self.expand_v)):
+            if abs(e * self.d_model - round(e * self.d_model)) > 1e-9 or round(e * self.d_model) < 1:
+                raise ValueError(f"{name} = {e} times d_model = {self.d_model} must be a positive integer")
+        for name, width in (("d_k", self.d_k), ("d_v", self.d_v)):
+            if width % self.heads:
+                raise ValueError(f"{name} = {width} must be divisible by heads = {self.heads}")
+        if not isinstance(self.scale, str) and not self.scale > 0:
+            raise ValueError(f"scale = {self.scale} must be > 0 (or 'none', 'inv_sqrt_k')")
+        return self
+
+
+@dataclass
+class _GSAParams:
+    q: torch.Tensor  # [B, T, H, K] (float32 or wider)
+    k: torch.Tensor  # [B, T, H, K] (float32 or wider)
+    v: torch.Tensor  # [B, T, H, V] (the projections' dtype)
+    la: torch.Tensor  # log α_t [B, T, H, M] (float32 or wider)
+    s: torch.Tensor  # 1 - α_t [B, T, H, M]
+
+
+@register("gsa", description="Gated Slot Attention (Zhang et al. 2024): two gated linear attentions over m slots joined by a softmax")
+class GatedSlotAttention(Mixer):
+    """Gated Slot Attention (GSA; Zhang et al. 2024, §3). Per head, m slots hold a key memory and a
+    value memory, both written with the slot gate α_t = σ(x_t W_α)^{1/τ} ∈ (0, 1)^m:
+
+        K̃_t = diag(α_t) K̃_{t-1} + (1 - α_t)ᵀ k_t        ∈ R^{m×d_k'}     (the key memory)
+        Ṽ_t = diag(α_t) Ṽ_{t-1} + (1 - α_t)ᵀ v_t        ∈ R^{m×d_v'}     (the value memory)
+        o_t = softmax(scale · q_t K̃_tᵀ) Ṽ_t             ∈ R^{1×d_v'}
+
+    with q, k = Swish(x W_q), Swish(x W_k), v = Swish(x W_v), then y = W_O RMSNorm(SiLU(o)) (fla's layer).
+    Each memory is a gated linear attention (GLA) over the slots, so the forward is two passes of
+    ``linear_recurrence``: pass 1 with query q, key k, "values" s_t = 1 - α_t and a value-wise
+    (per-slot) log-decay log α_t gives the slot logits z_t = q_t K̃_tᵀ; pass 2 with query
+    p_t = softmax(scale·z_t), key s_t, value v_t and a key-wise log-decay log α_t gives o_t. The first
+    pass never reads v, so the passes run one after the other over the whole sequence in every
+    mode: ``recurrent``, ``chunk`` and ``parallel`` are the op's modes for both passes, and step
+    decoding carries both slot memories (the cache holds "Sk" = K̃ᵀ [B, H, d_k', m] and
+    "Sv" = Ṽ [B, H, m, d_v']: H·m·(d_k' + d_v') floats per sequence, no conv, no position).
+
+    The DSF view. GSA is a composition of two linear systems with a softmax between them, so the map
+    x → o is not one LTV system in any input: the softmax makes the second system's readout a
+    nonlinear function of the first system's output. But the first system never sees v, and given
+    its readout p_t the second is exactly linear in v. So, as for the mLSTM's η_t and normalized
+    attention's η, the DSF of GSA (values → core output) is the second system, with an
+    input-dependent C_t:
+
+        dsf(x):       Λ_t = diag(α_t) per slot (diagonal, data-dependent, shared by the d_v' value channels),
+                      B_t = (1 - α_t) ⊗ I (the input gate tied to the forget gate, as HGRN2 and MetaLA),
+                      C_t = p_t ⊗ I with p_t = softmax(scale · q_t K̃_tᵀ): the first system's readout
+        phi(x):       [B, H, T, T], Φ[t, s] = Σ_m p_{t,m} (Π_{r=s+1}^{t} α_{r,m}) (1 - α_{s,m})  (rows are convex
+                      combinations of the softmax weights: Σ_s Φ[t, s] ≤ 1)
+        slot_dsf(x):  the first system: input s_t = 1 - α_t (the slot write weights), output the logits z_t;
+                      Λ_t = diag(α_t) per slot (value-wise), B_t = k_t ⊗ I_m, C_t = scale · q_t ⊗ I_m.
+
+    Neither system alone is the mixer, and their composition is not a DSF; the model is "a DSF whose
+    readout C_t is computed by another DSF". ``finite_state`` is True: the values' map is finite-state.
+    """
+
+    family = "linear_attention"
+    modes = ("recurrent", "chunk", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "H·m·(d_k' + d_v') (both slot memories)"
+    map_unit = "head"
+    Config = GSAConfig
+
+    def __init__(self, config: GSAConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        d, H = c.d_model, c.heads
+        self.H, self.K, self.V, self.M = H, c.d_k // H, c.d_v // H, c.num_slots
+        self.W_q = nn.Linear(d, c.d_k, bias=False)
+        self.W_k = nn.Linear(d, c.d_k, bias=False)
+        self.W_v = nn.Linear(d, c.d_v, bias=False)
+        self.W_f = nn.Linear(d, H * self.M, bias=False)  # the slot forget gate W_α
+        self.norm = RMSNorm(c.d_v, eps=c.norm_eps, groups=H if c.norm_per_head else 1, affine=c.norm_affine) if c.xnorm == "rmsnorm" else None
+        self.W_o = nn.Linear(c.d_v, d, bias=False)
+        if c.scale == "inv_sqrt_k":
+            self._scale = self.K ** -0.5
+        elif c.scale == "none":
+            self._scale = 1.0
+        else:
+            self._scale = float(c.scale)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "heads": 2, "num_slots": 4, "chunk_size": 8}
+
+    def _params(self, x) -> _GSAParams:
+        c = self.config
+        B, T, _ = x.shape
+        H, K, V, M = self.H, self.K, self.V, self.M
+        q = upcast(_act(c.feature_map, self.W_q(x))).view(B, T, H, K)  # the logits pass runs in float32 or wider
+        k = upcast(_act(c.feature_map, self.W_k(x))).view(B, T, H, K)
+        v = _act(c.value_act, self.W_v(x)).view(B, T, H, V)
+        la = F.logsigmoid(upcast(self.W_f(x))).view(B, T, H, M) / c.tau  # log α_t <= 0, float32 or wider
+        return _GSAParams(q=q, k=k, v=v, la=la, s=-torch.expm1(la))
+
+    def _slot_weights(self, P: _GSAParams, Sk0, mode, need_state):
+        """Pass 1: z_t = scale · q_t K̃_tᵀ over the slots, then p_t = softmax(z_t). Returns (p [B, T, H, M], K̃ᵀ)."""
+        z, Sk = linear_recurrence(P.q, P.k, P.s, None, P.la, scale=self._scale, initial_state=Sk0, output_final_state=need_state,
+                                  mode=mode, chunk_size=self.config.chunk_size, check_values=False)
+        return torch.softmax(z, dim=-1), Sk
+
+    def _forward(self, x, *, state, mode, need_state):
+        P = self._params(x)
+        p, Sk = self._slot_weights(P, state.get("Sk") if state else None, mode, need_state)
+        o, Sv = linear_recurrence(p, P.s, P.v, P.la, scale=1.0, initial_state=state.get("Sv") if state else None,
+                                  output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size, check_values=False)
+        o = o.to(P.v.dtype)
+        y = o.flatten(2)
+        if self.config.output_act == "silu":
+            y = F.silu(y)
+        if self.norm is not None:
+            y = self.norm(y)
+        y = self.W_o(y.to(P.v.dtype))
+        return MixOut(y, {"Sk": Sk, "Sv": Sv} if need_state else None, values=P.v, mixed=o)
+
+    # -- the DSF view --------------------------------------------------------------------------
+
+    def _slot_readout(self, x):
+        self.check_input(x)
+        P = self._params(x)
+        p, _ = self._slot_weights(P, None, self.reference_mode, False)
+        return P, p
+
+    def phi(self, x):
+        """[B, H, T, T]: the second system's map from v to o, given the softmax slot weights p_t."""
+        P, p = self._slot_readout(x)
+        return recurrence_map(p, P.s, P.la, check_values=False)
+
+    def dsf(self, x):
+        """The second system (input v, heads concatenated [B, T, H·d_v']; output o): Λ_t = α_t per slot,
+        B_t = (1 - α_t) ⊗ I, C_t = p_t ⊗ I with p_t the softmax of the first system's readout."""
+        P, p = self._slot_readout(x)
+        return DSF.from_recurrence(p.detach(), P.s.detach(), self.V, P.la.detach())
+
+    def slot_dsf(self, x):
+        """The first system (input s_t = 1 - α_t, [B, T, H·m]; output the slot logits z_t = scale·q_t K̃_tᵀ,
+        [B, T, H·m]): Λ_t = α_t per slot (value-wise), B_t = k_t ⊗ I_m, C_t = scale · q_t ⊗ I_m."""
+        self.check_input(x)
+        P = self._params(x)
+        return DSF.from_recurrence(P.q.detach(), P.k.detach(), self.M, gv=P.la.detach(), scale=self._scale)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        return self.H * self.M * (self.K + self.V)

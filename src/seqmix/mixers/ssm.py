@@ -1,4 +1,4 @@
-"""State space models in the DSF: S4, S4D, S6 / Mamba, SSD / Mamba-2 and the DSF paper's MQAR "SSD".
+"""State space models in the DSF: S4, S4D, S6 / Mamba, SSD / Mamba-2, Mamba-3 and the DSF paper's MQAR "SSD".
 
 Every model here is h_i = Λ_i h_{i-1} + B_i u_i, y_i = C_i h_i + D_i u_i (DSF paper eq. 11)
 with one SSM per channel (S4, S4D, S6) or per head (SSD):
@@ -37,8 +37,8 @@ from ..ops.precision import complex_, upcast
 from ..ops.conv import fft_conv, toeplitz
 from ..ops.selective_scan import selective_scan
 from ..ops.ssm import (
-    diagonal_ssm_conv, discretize, dplr_kernel, nplr_legs, s4d_init, ssm_final_state, ssm_free_response, ssm_scan,
-    vandermonde_kernel,
+    diagonal_ssm_conv, discretize, dplr_kernel, nplr_legs, rotate_pairs, s4d_init, ssm_final_state, ssm_free_response,
+    ssm_scan, trapezoidal_map, trapezoidal_recurrence, vandermonde_kernel,
 )
 from .base import Mixer, MixerConfig, MixOut, register, register_preset
 from .layers import RMSNorm, ShortConv
@@ -468,6 +468,9 @@ class S6Config(_DtRange):
         False, description="Falcon-Mamba: weightless RMS norms on δ (before dt_proj), b and c, each over its own features"
     )
     bcdt_rms_eps: float = Field(1e-6, gt=0, description="epsilon of the bcdt_rms norms (Falcon-Mamba's mixer_rms_eps)")
+    bcdt_rms_affine: bool = Field(
+        False, description="Jamba: the bcdt_rms norms carry a learnt weight each (dt_norm [dt_rank], b_norm, c_norm [d_state])"
+    )
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
 
     @model_validator(mode="after")
@@ -483,6 +486,8 @@ class S6Config(_DtRange):
             raise ValueError(f"dt_rank = {rank} must be <= d_inner = expand·d_model = {d_inner} (a low-rank Δ projection)")
         if self.shared_delta and rank != 1:
             raise ValueError(f"shared_delta = True needs dt_rank = 1 (one Δ pre-activation for all channels), got dt_rank = {rank}")
+        if self.bcdt_rms_affine and not self.bcdt_rms:
+            raise ValueError("bcdt_rms_affine = True needs bcdt_rms = True (it gives the bcdt_rms norms their weights)")
         return self
 
 
@@ -511,6 +516,8 @@ class S6(Mixer):
     bcdt_rms (``falcon_mamba``, Falcon-Mamba): δ_t, b_t and c_t are each divided by their RMS
     (no weight, eps = bcdt_rms_eps) right after x_proj, before dt_proj and the scan; Λ_i, B_i and
     C_i keep the form above with the normalized δ, b, c (a per-token rescaling of B_i and C_i).
+    bcdt_rms_affine (``jamba_mamba``, Jamba's dt_layernorm, b_layernorm, c_layernorm): the same
+    norms, each with a learnt weight (dt_norm.weight [p], b_norm.weight and c_norm.weight [n]).
 
     Init (Mamba): A_log = log(1..n) per channel (S4D-Real) or 0 (scalar_A), D = 1, dt_proj
     weight U(±dt_scale/√p), b_Δ = softplus⁻¹(dt) with dt log-uniform in [dt_min, dt_max].
@@ -546,8 +553,8 @@ class S6(Mixer):
             self.A_log = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(D, 1))
         self.D = nn.Parameter(torch.ones(D))
         self.out_proj = nn.Linear(D, c.d_model, bias=c.bias)
-        if c.bcdt_rms:  # weightless: no parameters, the state dict is unchanged
-            self.dt_norm, self.b_norm, self.c_norm = (RMSNorm(m, eps=c.bcdt_rms_eps, affine=False) for m in (R, n, n))
+        if c.bcdt_rms:  # weightless (Falcon-Mamba: the state dict is unchanged) or with a weight each (Jamba)
+            self.dt_norm, self.b_norm, self.c_norm = (RMSNorm(m, eps=c.bcdt_rms_eps, affine=c.bcdt_rms_affine) for m in (R, n, n))
 
     @classmethod
     def example_config(cls) -> dict:
@@ -646,6 +653,12 @@ register_preset(
     example={"d_model": 16, "d_state": 8, "dt_rank": 4, "chunk_size": 8},
 )
 register_preset(
+    "jamba_mamba", S6,
+    description="Jamba's Mamba block (Lieber et al. 2024): the Mamba block with RMS norms (learnt weights) on Δ's input, B and C",
+    defaults={"block": True, "expand": 2, "bcdt_rms": True, "bcdt_rms_affine": True},
+    example={"d_model": 16, "d_state": 8, "dt_rank": 4, "chunk_size": 8},
+)
+register_preset(
     "dsf_ssd", S6,
     description="the DSF paper's MQAR 'SSD': S6 with one scalar A and a shared rank-1 Δ plus per-channel Δ bias",
     defaults={"scalar_A": True, "shared_delta": True, "dt_rank": 1},
@@ -674,7 +687,28 @@ class SSDConfig(_DtRange):
     dt_limit: tuple[float, float] | None = Field(
         None, description="Mamba-2's dt_limit: Δ is clamped to [lo, hi] after the softplus, in every mode (None: no clamp)"
     )
+    d_inner: int | None = Field(
+        None, gt=0, description="block only: the inner width itself, overriding expand·d_model (Falcon-H1's mamba_d_ssm, "
+        "Nemotron-H's mamba_num_heads·mamba_head_dim); None = expand·d_model"
+    )
+    gate_norm: Literal["gated", "before_gate", "none"] = Field(
+        "gated", description="block only, the readout before out_proj: 'gated' = RMSNorm_G(y ⊙ SiLU(z)) (Mamba-2), "
+        "'before_gate' = RMSNorm_G(y) ⊙ SiLU(z) (mamba_ssm's norm_before_gate, Falcon-H1's mamba_norm_before_gate), "
+        "'none' = y ⊙ SiLU(z) without a norm (Falcon-H1's mamba_rms_norm = False)"
+    )
+    in_multiplier: float = Field(
+        1.0, gt=0, description="block only: u is multiplied by it before in_proj (Falcon-H1's μP ssm_in_multiplier)"
+    )
+    zxbcdt_multipliers: tuple[float, float, float, float, float] = Field(
+        (1.0, 1.0, 1.0, 1.0, 1.0), description="block only: in_proj's output blocks z, x, B, C, dt are multiplied by these "
+        "(Falcon-H1's μP ssm_multipliers), before the conv"
+    )
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode (the SSD algorithm)")
+
+    @property
+    def inner(self) -> int:
+        """d_inner: the d_inner field, or expand·d_model."""
+        return self.d_inner if self.d_inner is not None else self.expand * self.d_model
 
     @model_validator(mode="after")
     def _fits(self):
@@ -683,9 +717,15 @@ class SSDConfig(_DtRange):
                 f"expand = {self.expand} does not fit the bare SSD (block = False has no in_proj, so d_inner = d_model); "
                 "use expand = 1 or block = True"
             )
-        d_inner = self.expand * self.d_model
+        mup = self.in_multiplier != 1.0 or any(m != 1.0 for m in self.zxbcdt_multipliers)
+        if not self.block and (self.d_inner is not None or self.gate_norm != "gated" or mup):
+            raise ValueError("d_inner, gate_norm, in_multiplier and zxbcdt_multipliers are options of the block (block = True): "
+                             "the bare SSD has no in_proj, gate or norm")
+        if not all(math.isfinite(m) and m > 0 for m in self.zxbcdt_multipliers):
+            raise ValueError(f"zxbcdt_multipliers = {self.zxbcdt_multipliers} must be finite numbers > 0")
+        d_inner = self.inner
         if d_inner % self.headdim:
-            raise ValueError(f"headdim = {self.headdim} must divide d_inner = expand·d_model = {d_inner}")
+            raise ValueError(f"headdim = {self.headdim} must divide d_inner = {d_inner}")
         heads = d_inner // self.headdim
         if heads % self.groups:
             raise ValueError(f"groups = {self.groups} must divide the number of heads d_inner/headdim = {heads}")
@@ -716,6 +756,12 @@ class SSD(Mixer):
     y = out_proj(RMSNorm_G(y_core ⊙ SiLU(z))) (gated RMSNorm, gate before the norm, one norm per group).
     dt_limit = (lo, hi) (Mamba-2's time_step_limit): Δ_t^h = clamp(softplus(dt_t^h + b_Δ^h), lo, hi)
     in every mode (the DSF view reads the clamped Δ).
+    Options of the hybrids' Mamba-2 layers (block only): d_inner (an inner width that is no multiple of
+    d_model: Falcon-H1's mamba_d_ssm); gate_norm, the readout: 'gated' (above), 'before_gate'
+    y = out_proj(RMSNorm_G(y_core) ⊙ SiLU(z)), 'none' y = out_proj(y_core ⊙ SiLU(z)) (no norm weight);
+    Falcon-H1's μP multipliers: (z, x, B, C, dt) = m ⊙ in_proj(in_multiplier·u) with m the five
+    zxbcdt_multipliers, one per output block. They scale the inputs of Λ, B, C (through Δ, B, C) and
+    the gate; the DSF view reads the scaled ones.
 
     Init (Mamba-2): -A ~ U[A_init_min, A_init_max], D = 1, b_Δ = softplus⁻¹(dt), dt log-uniform.
     Maps of phi(x): one per head, [B, heads, T, T]. State: heads·d_state·headdim
@@ -732,13 +778,18 @@ class SSD(Mixer):
     def __init__(self, config: SSDConfig | None = None, **kwargs):
         super().__init__(config, **kwargs)
         c = self.config
-        self.d_inner = D = c.expand * c.d_model
+        self.d_inner = D = c.inner
         self.heads = H = D // c.headdim
         G, N = c.groups, c.d_state
         if c.block:
             self.in_proj = nn.Linear(c.d_model, 2 * D + 2 * G * N + H, bias=c.bias)
             self.conv = ShortConv(D + 2 * G * N, c.d_conv, bias=c.conv_bias, activation="silu")
-            self.norm = RMSNorm(D, eps=c.norm_eps, groups=G)
+            if c.gate_norm != "none":
+                self.norm = RMSNorm(D, eps=c.norm_eps, groups=G)
+            widths = (D, D, G * N, G * N, H)
+            mup = torch.cat([torch.full((w,), float(m)) for w, m in zip(widths, c.zxbcdt_multipliers)])
+            # μP multipliers (Falcon-H1): a constant of the config, not a weight (absent from the state dict)
+            self.register_buffer("zxbcdt_scale", mup if bool((mup != 1).any()) else None, persistent=False)
         else:
             self.x_proj = nn.Linear(D, 2 * G * N + H, bias=False)
         self.dt_bias = nn.Parameter(dt_bias_init(H, c.dt_min, c.dt_max, c.dt_init_floor))
@@ -758,7 +809,10 @@ class SSD(Mixer):
         G, N, H = c.groups, c.d_state, self.heads
         z = new_conv = None
         if c.block:
-            z, xBC, dt = self.in_proj(u).split([self.d_inner, self.d_inner + 2 * G * N, H], dim=-1)
+            zxbcdt = self.in_proj(u * c.in_multiplier if c.in_multiplier != 1.0 else u)
+            if self.zxbcdt_scale is not None:
+                zxbcdt = zxbcdt * self.zxbcdt_scale.to(zxbcdt.dtype)
+            z, xBC, dt = zxbcdt.split([self.d_inner, self.d_inner + 2 * G * N, H], dim=-1)
             xBC, new_conv = self.conv(xBC, conv_state, output_final_state=need_state)
             x, Bm, Cm = xBC.split([self.d_inner, G * N, G * N], dim=-1)
         else:
@@ -794,11 +848,20 @@ class SSD(Mixer):
         y_core = o + self.D.unsqueeze(-1) * x  # [B, T, H, P]
         y = y_core.flatten(2)
         if self.config.block:
-            y = self.norm(y, gate=z)
+            y = self._readout(y, z)
         new_state = None
         if need_state:
             new_state = {"S": S, "conv": conv} if self.config.block else {"S": S}
         return MixOut(self.out_proj(y), new_state, values=x, mixed=y_core)
+
+    def _readout(self, y, z):
+        """The block's gate and norm (gate_norm): RMSNorm_G(y ⊙ SiLU(z)), RMSNorm_G(y) ⊙ SiLU(z) or y ⊙ SiLU(z)."""
+        how = self.config.gate_norm
+        if how == "gated":
+            return self.norm(y, gate=z)
+        if how == "before_gate":  # as transformers / mamba_ssm: the product in float32 (or wider), cast back
+            return (upcast(self.norm(y)) * F.silu(upcast(z))).to(y.dtype)
+        return y * F.silu(z)
 
     # -- DSF view --------------------------------------------------------------------------
 
@@ -832,3 +895,227 @@ register_preset(
     defaults={"block": True, "expand": 2, "d_state": 128},
     example={"d_model": 16, "d_state": 8, "headdim": 8, "groups": 2, "chunk_size": 8},
 )
+
+
+# ------------------------------------------------------------------------------------------
+# Mamba-3: trapezoidal discretization, complex states by data-dependent rotation
+# ------------------------------------------------------------------------------------------
+
+
+class Mamba3Config(_DtRange):
+    d_state: int = Field(128, gt=0, description="state size N per head")
+    headdim: int = Field(64, gt=0, description="channels per head P; heads = d_inner / headdim")
+    expand: int = Field(2, gt=0, description="d_inner = expand·d_model")
+    groups: int = Field(1, gt=0, description="groups of B and C; heads are split evenly among them")
+    rope_fraction: float = Field(
+        0.5, ge=0, le=1, description="fraction of the N state channels that are complex (rotated in pairs (2j, 2j+1)): "
+        "R = floor(N·rope_fraction/2) angles; 0 gives a real SSM (Mamba-2's Λ)"
+    )
+    trapezoid: float | None = Field(
+        None, ge=0, le=1, description="λ of the trapezoidal rule: None = data-dependent λ_t = σ(W_λ u_t) (Mamba-3); "
+        "a number fixes it (1 = Euler / Mamba-2's rule, 0.5 = the classical trapezoid)"
+    )
+    A_floor: float = Field(1e-4, gt=0, description="A_t = min(-softplus(W_A u_t), -A_floor): the decay rate's floor")
+    dt_init_floor: float = Field(1e-4, gt=0, description="lower clamp of the initial Δ")
+    norm_eps: float = Field(1e-5, gt=0, description="epsilon of the RMS norms of B and C")
+    bias: bool = Field(False, description="biases of in_proj and out_proj")
+    chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
+    mimo_rank: int = Field(
+        1, gt=0, description="r of the MIMO form: rank-r input B_t X_tᵀ and r outputs C_tᵀ h_t per head; 1 = SISO "
+        "(the layer unchanged, no MIMO parameters)"
+    )
+
+    @model_validator(mode="after")
+    def _fits(self):
+        d_inner = self.expand * self.d_model
+        if d_inner % self.headdim:
+            raise ValueError(f"headdim = {self.headdim} must divide d_inner = expand·d_model = {d_inner}")
+        if (d_inner // self.headdim) % self.groups:
+            raise ValueError(f"groups = {self.groups} must divide the number of heads d_inner/headdim = {d_inner // self.headdim}")
+        return self
+
+
+@register("mamba3", description="Mamba-3 (Lahoti et al. 2026): trapezoidal SSD with data-dependent complex (rotary) states")
+class Mamba3(Mixer):
+    """Mamba-3 (Lahoti et al., "Mamba-3: Improved Sequence Modeling using State Space Principles"),
+    the SISO form and (``mimo_rank`` > 1) the MIMO form; layer layout of the reference implementation
+    (mamba_ssm / fla ``Mamba3``: no short conv, RMS-normed B and C plus a learnt per-head bias, data-dependent A).
+
+    Heads h < H = d_inner/headdim of P = headdim channels; B, C in groups of N = d_state:
+
+        (z, x, B, C, dt, a, λ̂, θ) = in_proj(u)
+        Δ_t = softplus(dt_t + b_Δ),  A_t = min(−softplus(a_t), −A_floor),  λ_t = σ(λ̂_t)   (per head)
+        B_t = RMSNorm(B_t) + b_B,    C_t = RMSNorm(C_t) + b_C                             (per head)
+
+    1. Trapezoidal discretization (generalized trapezoidal rule, a two-tap input):
+
+        h_t = α_t h_(t−1) + β_t B_(t−1) x_(t−1)ᵀ + γ_t B_t x_tᵀ,
+        α_t = exp(Δ_t A_t),  β_t = (1 − λ_t) Δ_t α_t,  γ_t = λ_t Δ_t;
+
+       λ = 1 is Mamba-2's Euler rule (``trapezoid=1.0``), λ = ½ the classical trapezoid.
+    2. Complex states, the "RoPE trick": R = floor(N·rope_fraction/2) state pairs are complex with
+       Λ_t = α_t e^(iθ_t^h), θ_t^h = Δ_t^h θ_t (θ_t [R] from in_proj, shared by the heads); this equals
+       the real system above with B_t and C_t rotated pairwise by −φ_t, φ_t = Σ_(r≤t) θ_r
+       (``ops.ssm.rotate_pairs``); the β term uses the previous token's rotated B (as the paper's
+       discretization of e^(ΔA) with complex A implies).
+    3. y_t = C̃_tᵀ h_t + D_h x_t,  out = out_proj(y ⊙ SiLU(z)).
+
+    The recurrence runs in ``ops.ssm.trapezoidal_recurrence``: ``linear_recurrence`` on the folded key
+    k̃_t = (γ_t + η_(t+1)) B̃_t (η = (1−λ)Δ) with a diagonal correction, so every mode of that op
+    (recurrent, chunk = the SSD algorithm, parallel, step) comes for free.
+    4. MIMO (``mimo_rank`` = r > 1): B_t, C_t ∈ R^(N×r) per head (in_proj gives r groups' worth of each,
+       rank-major; RMS norm per rank, bias [H, r, N]), rotated like SISO (the same head angle for every
+       rank). x is projected to r channels per head dim, X_t[p, j] = W_x[h, j, p]·x_t[p] (learnt, init 1),
+       the r outputs are combined back by a learnt per-channel down-projection W_o[h, j, p] (init 1/r):
+
+        h_t = α_t h_(t−1) + β_t B̃_(t−1) X_(t−1)ᵀ + γ_t B̃_t X_tᵀ   (a sum of r outer products),
+        y_t[p] = Σ_j W_o[h, j, p] (C̃_tᵀ h_t)[j, p] + D_h x_t[p],   then the SiLU(z) gate as in SISO.
+
+       Since X_t is x_t scaled per channel, column p of h_t is a SISO system of its own with the
+       effective vectors b_(t,p) = Σ_j W_x[h,j,p] B̃_(t,j) and c_(t,p) = Σ_j W_o[h,j,p] C̃_(t,j):
+       h_t[:, p] = α_t h_(t−1)[:, p] + (two-tap of) b_(t,p) x_t[p], y_t[p] = c_(t,p)ᵀ h_t[:, p] — exact, not
+       an approximation. So MIMO runs the same op with H·P single-channel heads (K = N, V = 1) sharing the
+       head's decay; the state is still N·P per head. Maps of phi(x) are per channel, [B, heads·headdim,
+       T, T], and the core's values / mixed are [B, T, heads·headdim, 1]. (The reference code's per-rank
+       z scaling, mimo_z, is not taken: the gate is applied after the combination, as in SISO, so the
+       core stays a linear map of x.)
+    Not implemented: the output norm option (is_outproj_norm).
+
+    DSF view (real, diagonal): Λ_t = α_t I per head (the rotation folded into B and C),
+    B_t = (γ_t + η_(t+1)) I_P ⊗ B̃_t, C_t = I_P ⊗ C̃_tᵀ, D_t = (D_h − η_(t+1) C̃_t·B̃_t) I_P. Its state is
+    h_t + η_(t+1) B̃_t x_tᵀ (the true state plus the next token's trapezoid input), so B_t and D_t read
+    token t+1's Δ and λ: an exact realization of the causal map Φ(x), not of the causal state.
+    decays(x) are the magnitudes α_t; the complex eigenvalues α_t e^(±iθ_t) are not in this view.
+    Maps of phi(x): one per head, [B, heads, T, T] (MIMO: one per channel, see 4.; the DSF view is
+    the same with H·P single-channel heads, B_t and C_t read b_(t,p) and c_(t,p)).
+    State (the Cache): S [B, H, N, P], the last rotated B̃ [B, H, N] (MIMO: [B, H, r, N]) and x [B, H, P]
+    (the next token's β term), the cumulative angle φ mod 2π [B, H, R]: H·(N·P + r·N + P + R) floats.
+    """
+
+    family = "ssm"
+    modes = ("recurrent", "chunk", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "heads·(d_state·headdim + mimo_rank·d_state + headdim + R), R = floor(d_state·rope_fraction/2)"
+    map_unit = "head"
+    Config = Mamba3Config
+
+    def __init__(self, config: Mamba3Config | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        self.d_inner = D = c.expand * c.d_model
+        self.heads = H = D // c.headdim
+        G, N = c.groups, c.d_state
+        self.angles = R = int(N * c.rope_fraction) // 2
+        self.rank = r = c.mimo_rank
+        self.mimo = r > 1
+        self.in_proj = nn.Linear(c.d_model, 2 * D + 2 * r * G * N + 3 * H + R, bias=c.bias)
+        self.dt_bias = nn.Parameter(dt_bias_init(H, c.dt_min, c.dt_max, c.dt_init_floor))
+        self.B_norm = RMSNorm(N, eps=c.norm_eps)
+        self.C_norm = RMSNorm(N, eps=c.norm_eps)
+        self.B_bias = nn.Parameter(torch.ones(H, r, N) if self.mimo else torch.ones(H, N))
+        self.C_bias = nn.Parameter(torch.ones(H, r, N) if self.mimo else torch.ones(H, N))
+        if self.mimo:  # x up to r channels per head dim, the r outputs back down (per channel)
+            self.mimo_x = nn.Parameter(torch.ones(H, r, c.headdim))
+            self.mimo_o = nn.Parameter(torch.full((H, r, c.headdim), 1.0 / r))
+        self.D = nn.Parameter(torch.ones(H))
+        self.out_proj = nn.Linear(D, c.d_model, bias=c.bias)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "d_state": 8, "headdim": 8, "groups": 2, "chunk_size": 8}
+
+    # -- parametrization -------------------------------------------------------------------
+
+    def _inputs(self, u, phi0=None):
+        """u -> dict of x [B,T,H,P], z [B,T,D], q = C̃ and k = B̃ [B,T,H,N] (rotated; MIMO [B,T,H,r,N]),
+        g = log α, gamma, eta [B,T,H], phi [B,T,H,R] (cumulative angle, float32 or wider)."""
+        c = self.config
+        G, N, H, R, r = c.groups, c.d_state, self.heads, self.angles, self.rank
+        Bt, T, _ = u.shape
+        z, x, Bm, Cm, dt, a, lam, theta = self.in_proj(u).split([self.d_inner, self.d_inner, r * G * N, r * G * N, H, H, H, R], dim=-1)
+
+        def heads(t, norm, bias):  # [B, T, (r·)G·N] -> [B, T, H, (r,) N], head h reads group h // (H/G)
+            if self.mimo:  # rank-major: [B, T, r, G, N] -> [B, T, H, r, N]
+                return norm(t.view(Bt, T, r, G, N)).repeat_interleave(H // G, dim=3).transpose(2, 3) + bias
+            return norm(t.view(Bt, T, G, N)).repeat_interleave(H // G, dim=2) + bias
+
+        delta = F.softplus(upcast(dt) + self.dt_bias)
+        A = (-F.softplus(upcast(a))).clamp(max=-c.A_floor)
+        lam = torch.sigmoid(upcast(lam)) if c.trapezoid is None else torch.full_like(delta, c.trapezoid)
+        phi = torch.cumsum(delta.unsqueeze(-1) * upcast(theta).unsqueeze(2), dim=1)  # [B, T, H, R]
+        if phi0 is not None:
+            phi = phi + phi0.unsqueeze(1)
+        rot = phi.unsqueeze(3) if self.mimo else phi  # every rank of a head turns by the head's angle
+        return dict(
+            x=x.view(Bt, T, H, c.headdim), z=z, g=delta * A, gamma=lam * delta, eta=(1 - lam) * delta, phi=phi,
+            q=rotate_pairs(heads(Cm, self.C_norm, self.C_bias), rot), k=rotate_pairs(heads(Bm, self.B_norm, self.B_bias), rot),
+        )
+
+    def _channels(self, p):
+        """MIMO as H·P single-channel heads (class docstring, 4.): q = c_(t,p), k = b_(t,p) [B,T,H·P,N],
+        v = x [B,T,H·P,1], g, gamma, eta repeated per channel [B,T,H·P]. SISO: the head form unchanged."""
+        if not self.mimo:
+            return p["q"], p["k"], p["x"], p["g"], p["gamma"], p["eta"]
+        Bt, T, H, P = p["x"].shape
+        q = torch.einsum("bthjn,hjp->bthpn", p["q"], self.mimo_o.to(p["q"].dtype)).reshape(Bt, T, H * P, -1)
+        k = torch.einsum("bthjn,hjp->bthpn", p["k"], self.mimo_x.to(p["k"].dtype)).reshape(Bt, T, H * P, -1)
+        per_channel = [t.repeat_interleave(P, dim=2) for t in (p["g"], p["gamma"], p["eta"])]
+        return (q, k, p["x"].reshape(Bt, T, H * P, 1), *per_channel)
+
+    # -- forward ---------------------------------------------------------------------------
+
+    def _forward(self, u, *, state, mode, need_state):
+        p = self._inputs(u, state["phi"] if state else None)
+        x = p["x"]
+        Bt, T, H, P = x.shape
+        q, k, v, g, gamma, eta = self._channels(p)
+        S0, prev = (state["S"], (state["k"], state["v"])) if state else (None, None)
+        if self.mimo and state:  # cache layout [B,H,N,P] / rank form -> H·P single-channel heads
+            S0 = S0.transpose(-1, -2).reshape(Bt, H * P, -1, 1)
+            prev = (torch.einsum("bhjn,hjp->bhpn", prev[0], self.mimo_x.to(prev[0].dtype)).reshape(Bt, H * P, -1),
+                    prev[1].reshape(Bt, H * P, 1))
+        o, S = trapezoidal_recurrence(
+            q, k, v, g, gamma, eta, initial_state=S0, prev=prev,
+            output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size,
+        )
+        D = self.D.repeat_interleave(P).unsqueeze(-1) if self.mimo else self.D.unsqueeze(-1)
+        y_core = o.to(x.dtype) + D * v  # [B, T, H, P]; MIMO [B, T, H·P, 1]
+        y = y_core.flatten(2) * F.silu(p["z"])
+        new_state = None
+        if need_state:
+            if self.mimo:
+                S = S.reshape(Bt, H, P, -1).transpose(-1, -2)
+            new_state = {"S": S, "k": p["k"][:, -1], "v": upcast(x[:, -1]), "phi": torch.remainder(p["phi"][:, -1], 2 * math.pi)}
+        return MixOut(self.out_proj(y), new_state, values=v, mixed=y_core)
+
+    # -- DSF view --------------------------------------------------------------------------
+
+    def phi(self, u):
+        """[B, heads, T, T]: Φ_h[t, s] = (C̃_t·B̃_s) Π_(r=s+1..t) α_r (γ_s + η_(s+1)[s < t]) + D_h δ_ts.
+        MIMO: [B, heads·headdim, T, T], the same with c_(t,p)·b_(s,p) (class docstring, 4.)."""
+        self.check_input(u)
+        p = self._inputs(u)
+        T = u.shape[1]
+        q, k, _, g, gamma, eta = self._channels(p)
+        M = trapezoidal_map(q, k, g, gamma, eta)
+        D = self.D.repeat_interleave(self.config.headdim) if self.mimo else self.D
+        return M + torch.diag_embed(upcast(D).unsqueeze(-1).expand(-1, T))
+
+    def dsf(self, u):
+        """Λ_t = α_t I per head (N = heads·d_state·headdim), B_t = (γ_t + η_(t+1)) I_P ⊗ B̃_t, C_t = I_P ⊗ C̃_tᵀ,
+        D_t = (D_h − η_(t+1) C̃_t·B̃_t) I_P (see the class docstring). Input: x; output: y_core.
+        MIMO: the same with H·P single-channel heads, B̃_t, C̃_t -> b_(t,p), c_(t,p), P -> 1."""
+        self.check_input(u)
+        p = self._inputs(u)
+        q, k, v, g, gamma, eta = (t.detach().double() for t in self._channels(p))
+        P = v.shape[-1]
+        D = (self.D.repeat_interleave(self.config.headdim) if self.mimo else self.D).detach().double()
+        eta_next = torch.cat((eta[:, 1:], torch.zeros_like(eta[:, :1])), dim=1)
+        w = gamma + eta_next
+        d = D - eta_next * (q * k).sum(-1)  # [B, T, H] (MIMO [B, T, H·P])
+        Dm = torch.diag_embed(d.repeat_interleave(P, dim=-1))
+        return DSF.from_recurrence(q, k * w.unsqueeze(-1), P, gk=g, D=Dm)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        c = self.config
+        return self.heads * (c.d_state * c.headdim + self.rank * c.d_state + c.headdim + self.angles)

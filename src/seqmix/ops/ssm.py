@@ -21,6 +21,11 @@ paths of S4D and S4. Complex diagonal systems are stored as conjugate pairs: M =
 (λ_n, B_n, C_n) stand for the 2M modes λ_n and conj(λ_n), whose kernel is 2·Re of the
 half sum; :func:`dplr_kernel` takes ``conj_pairs=True`` for that layout.
 
+The last section holds Mamba-3's selective pieces (time-varying, not LTI): the trapezoidal
+two-tap recurrence folded into ``linear_recurrence`` (:func:`trapezoidal_recurrence`, its map
+:func:`trapezoidal_map` and the loop it is tested against) and the cumulative-angle rotation of
+its complex states (:func:`rotate_pairs`, the "RoPE trick").
+
 Layouts: a batch of H independent single-input single-output systems (one per channel):
 A [H, N] (diagonal) or [H, N, N] (dense), B and C [H, N], Δ [H]; sequences u [B, T, H]
 (time second, channels last, as everywhere in seqmix); states [B, H, N].
@@ -35,11 +40,13 @@ import torch
 from .._checks import check_choice, check_positive_int, check_tensor, fmt_shape
 from .conv import fft_conv
 from .precision import full_precision
+from .recurrence import linear_recurrence, recurrence_map
 
 __all__ = [
     "DISCRETIZATIONS", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose",
     "vandermonde_kernel", "cauchy", "dplr_kernel", "hippo_legs", "nplr_legs", "s4d_init", "S4D_INITS",
     "ssm_scan", "ssm_free_response", "ssm_final_state", "diagonal_ssm_conv",
+    "rotate_pairs", "trapezoidal_recurrence", "trapezoidal_recurrence_reference", "trapezoidal_map",
 ]
 
 DISCRETIZATIONS = ("zoh", "bilinear")
@@ -474,3 +481,131 @@ def diagonal_ssm_conv(
         if initial_state is not None:
             S = S + (T * log_Abar).exp() * initial_state
     return y, S
+
+
+# ------------------------------------------------------------------------------------------
+# Mamba-3: trapezoidal two-tap recurrence, cumulative-angle rotation
+# ------------------------------------------------------------------------------------------
+
+
+def _wide(*ts):
+    """The compute dtype of the Mamba-3 pieces: float32 for half inputs, else the promoted dtype."""
+    dt = None
+    for t in ts:
+        if t is not None:
+            dt = t.dtype if dt is None else torch.promote_types(dt, t.dtype)
+    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+
+
+def rotate_pairs(x: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
+    """Rotates the channel pairs (2j, 2j+1), j < R, of x by the angle −φ_j: as complex numbers
+    (x_2j + i x_2j+1)·e^(−iφ_j); channels 2R .. K−1 pass unchanged.
+
+    Mamba-3's "RoPE trick" (Lahoti et al., Prop. on complex SSMs): the complex diagonal
+    transition Λ_t = α_t e^(iθ_t) on R pairs is the real transition α_t with B_t and C_t both
+    rotated by −φ_t, φ_t = Σ_(r≤t) θ_r, since Re(c̄_t e^(i(φ_t−φ_s)) b_s) = ⟨R(−φ_t)c_t, R(−φ_s)b_s⟩.
+
+    x [B, T, H, K]; phi [B, T, H, R] with 2R ≤ K. Computed in float32 or wider; returns that dtype.
+    """
+    R = phi.shape[-1]
+    if 2 * R > x.shape[-1]:
+        raise ValueError(f"rotate_pairs: argument 'phi' has R = {R} angles, more than K/2 = {x.shape[-1] // 2} pairs of x")
+    dt = _wide(x, phi)
+    x, phi = x.to(dt), phi.to(dt)
+    if R == 0:
+        return x
+    a, b = x[..., 0 : 2 * R : 2], x[..., 1 : 2 * R : 2]
+    cos, sin = phi.cos(), phi.sin()
+    rot = torch.stack((a * cos + b * sin, b * cos - a * sin), dim=-1).flatten(-2)
+    return rot if 2 * R == x.shape[-1] else torch.cat((rot, x[..., 2 * R :]), dim=-1)
+
+
+def _trap_weights(gamma, eta):
+    """(w, η_next): the folded key weight w_t = γ_t + η_(t+1) (w_(T−1) = γ_(T−1)) and η_(t+1) (0 at T−1)."""
+    eta_next = torch.cat((eta[:, 1:], torch.zeros_like(eta[:, :1])), dim=1)
+    return gamma + eta_next, eta_next
+
+
+def trapezoidal_recurrence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    gamma: torch.Tensor,
+    eta: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | None = None,
+    prev: tuple[torch.Tensor, torch.Tensor] | None = None,
+    output_final_state: bool = False,
+    mode: str = "auto",
+    chunk_size: int | None = None,
+):
+    """Mamba-3's trapezoidal recurrence (generalized trapezoidal rule, a two-tap input):
+
+        S_t = α_t S_(t−1) + β_t k_(t−1)ᵀ v_(t−1) + γ_t k_tᵀ v_t,    o_t = q_t S_t,
+        α_t = exp(g_t),   β_t = η_t α_t   (Mamba-3: γ_t = λ_t Δ_t, η_t = (1 − λ_t) Δ_t)
+
+    run by ``linear_recurrence`` (every mode: recurrent, chunk, parallel, step) on a folded key.
+    Reindexing the β term (β_(s+1) Π_(r=s+2..t) α_r = η_(s+1) Π_(r=s+1..t) α_r) gives
+
+        S_t = Σ_(s≤t) (Π_(r=s+1..t) α_r) w_s^(t) k_sᵀ v_s,   w_s^(t) = γ_s + η_(s+1) [s < t],
+
+    i.e. the one-tap recurrence of k̃_s = (γ_s + η_(s+1)) k_s, whose state S̃_t = S_t + η_(t+1) k_tᵀ v_t
+    holds the next token's trapezoid input too; hence o_t = q_t S̃_t − η_(t+1) (q_t·k_t) v_t (a
+    diagonal correction, like RWKV's bonus), and the last token of the call uses w = γ (η_T unknown),
+    so the final state is the true S_T. A call that continues a sequence gets ``prev`` = (k_(−1), v_(−1)),
+    the previous call's last key and value, and starts from S_(−1) + η_0 k_(−1)ᵀ v_(−1).
+
+    Args:
+        q, k: [B, T, H, K]; v: [B, T, H, V]; g: log α, [B, T, H] (<= 0); gamma, eta: [B, T, H].
+        initial_state: [B, H, K, V] or None (zeros); prev: ([B, H, K], [B, H, V]) or None (zeros).
+        mode, chunk_size: as ``linear_recurrence``.
+
+    Returns:
+        (o [B, T, H, V], final state [B, H, K, V] or None); half inputs are computed in float32
+        and o is cast back.
+    """
+    out_dtype = v.dtype
+    dt = _wide(q, k, v, g, gamma, eta, initial_state)
+    q, k, v, g, gamma, eta = (t.to(dt) for t in (q, k, v, g, gamma, eta))
+    w, eta_next = _trap_weights(gamma, eta)
+    S0 = initial_state.to(dt) if initial_state is not None else None
+    if prev is not None:
+        k_prev, v_prev = prev[0].to(dt), prev[1].to(dt)
+        carry = eta[:, 0, :, None, None] * k_prev.unsqueeze(-1) * v_prev.unsqueeze(-2)
+        S0 = carry if S0 is None else S0 + carry
+    o, S = linear_recurrence(
+        q, k * w.unsqueeze(-1), v, g, initial_state=S0, output_final_state=output_final_state,
+        mode=mode, chunk_size=chunk_size, check_values=False,
+    )
+    o = o - (eta_next * (q * k).sum(-1)).unsqueeze(-1) * v
+    return o.to(out_dtype if out_dtype in (torch.float16, torch.bfloat16) else dt), S
+
+
+def trapezoidal_recurrence_reference(q, k, v, g, gamma, eta, *, initial_state=None, prev=None):
+    """The loop written from the equations (two taps, no folding): returns (o, final state)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    dt = _wide(q, k, v, g, gamma, eta, initial_state)
+    S = initial_state.to(dt) if initial_state is not None else torch.zeros(B, H, K, V, dtype=dt, device=q.device)
+    kv_prev = torch.zeros(B, H, K, V, dtype=dt, device=q.device)
+    if prev is not None:
+        kv_prev = prev[0].to(dt).unsqueeze(-1) * prev[1].to(dt).unsqueeze(-2)
+    outs = []
+    for t in range(T):
+        a = g[:, t].to(dt).exp()[..., None, None]
+        kv = k[:, t].to(dt).unsqueeze(-1) * v[:, t].to(dt).unsqueeze(-2)
+        S = a * S + eta[:, t].to(dt)[..., None, None] * a * kv_prev + gamma[:, t].to(dt)[..., None, None] * kv
+        outs.append((q[:, t].to(dt).unsqueeze(-2) @ S).squeeze(-2))
+        kv_prev = kv
+    return torch.stack(outs, 1), S
+
+
+def trapezoidal_map(q, k, g, gamma, eta) -> torch.Tensor:
+    """[B, H, T, T]: the map of :func:`trapezoidal_recurrence` (zero initial state),
+    Φ[t, s] = (q_t·k_s) Π_(r=s+1..t) α_r (γ_s + η_(s+1) [s < t])."""
+    dt = _wide(q, k, g, gamma, eta)
+    q, k, g, gamma, eta = (t.to(dt) for t in (q, k, g, gamma, eta))
+    w, eta_next = _trap_weights(gamma, eta)
+    A = recurrence_map(q, k * w.unsqueeze(-1), g, check_values=False)
+    return A - torch.diag_embed((eta_next * (q * k).sum(-1)).transpose(1, 2))

@@ -81,6 +81,9 @@ class RunConfig(BaseModel):
     data: RunData = Field(description="a synthetic task set, or a text corpus (kind='corpus')")
     model: ModelConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
+    init_from_hf: str | None = Field(
+        None, description="a transformers checkpoint (folder, or hub id in the local cache) the run fine-tunes, converted "
+        "by seqmix.interop; 'model' then records its sizes and is not what is built (docs/interop.md)")
 
     @model_validator(mode="before")
     @classmethod

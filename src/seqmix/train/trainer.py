@@ -159,8 +159,10 @@ class Trainer:
     def __init__(self, config: RunConfig, *, run_dir: str | Path | None = None, progress: bool = True,
                  on_epoch: Callable[[int, dict], None] | None = None, console=None, maps: bool | None = None,
                  on_checkpoint: Callable[[int, dict], None] | None = None, peak_flops: float | None = None,
-                 tensorboard: bool | None = None, write_maps: Callable[[Path, RunConfig, torch.nn.Module], object] | None = None):
+                 tensorboard: bool | None = None, write_maps: Callable[[Path, RunConfig, torch.nn.Module], object] | None = None,
+                 model_builder: Callable[[RunConfig], torch.nn.Module] | None = None):
         self.config = config
+        self.model_builder = model_builder  # config -> model (a run with init_from_hf: seqmix.interop.train.hf_model_builder)
         self.maps = maps
         self.write_maps = write_maps
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -176,7 +178,15 @@ class Trainer:
     # -- pieces ------------------------------------------------------------------------
 
     def build_model(self) -> LanguageModel:
-        """The model of ``config.model`` on the run's device (seeded before: the init is the seed's)."""
+        """The model of ``config.model`` on the run's device (seeded before: the init is the seed's);
+        ``model_builder(config)`` when given (a run from a transformers checkpoint, ``init_from_hf``,
+        needs one: the trainer sits below seqmix.interop and does not import it)."""
+        if self.model_builder is not None:
+            return self.model_builder(self.config).to(self.device)
+        if self.config.init_from_hf is not None:
+            raise ValueError(f"run {self.config.run_id}: init_from_hf = {self.config.init_from_hf!r} needs "
+                             "Trainer(config, model_builder=seqmix.interop.train.hf_model_builder) (or `seqmix lm train "
+                             "--init-from-hf`): a seqmix LanguageModel built from 'model' would be another model")
         return build_model(self.config.model).to(self.device)  # a LanguageModel, or a classifier (LRA)
 
     def micro_batches(self, train, start: int) -> Iterator:

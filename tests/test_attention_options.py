@@ -358,6 +358,19 @@ def _hf_mask(T, window=None):
     return torch.zeros(T, T).masked_fill(~ok, float("-inf"))[None, None]
 
 
+def assert_converted_equals(m, x, y_hf) -> Cache:
+    """Every mode of the converted mixer ``m``, and decoding ``x`` token by token through a Cache,
+    equal transformers' output ``y_hf``; returns that cache."""
+    with torch.no_grad():
+        for mode in m.modes:
+            m.mode = mode
+            assert max_abs(m(x), y_hf) <= 1e-5, mode
+        cache = Cache()
+        steps = torch.cat([m(x[:, t : t + 1], cache=cache) for t in range(x.shape[1])], 1)
+        assert max_abs(steps, y_hf) <= 1e-5
+    return cache
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_llama_attention_converts_exactly(bias):
     """transformers' LlamaAttention (GQA: 4 heads, 2 kv heads; full RoPE, rotate_half) on a tiny
@@ -383,13 +396,7 @@ def test_llama_attention_converts_exactly(bias):
         y_hf = hf(x, position_embeddings=LlamaRotaryEmbedding(cfg)(x, pos), attention_mask=_hf_mask(T))[0]
     m = convert_module(hf, cfg).mixer  # the llama family's adapter config and weight table (seqmix.interop)
     assert (m.heads, m.kv_heads, m.head_qk, m.config.rope_theta, m.config.qkv_bias, m.config.out_bias) == (4, 2, 8, 500.0, bias, bias)
-    with torch.no_grad():
-        for mode in m.modes:
-            m.mode = mode
-            assert max_abs(m(x), y_hf) <= 1e-5, mode
-        cache = Cache()
-        steps = torch.cat([m(x[:, t : t + 1], cache=cache) for t in range(T)], 1)
-        assert max_abs(steps, y_hf) <= 1e-5
+    assert_converted_equals(m, x, y_hf)
 
 
 def test_recurrent_gemma_local_attention_converts_exactly():
@@ -413,13 +420,7 @@ def test_recurrent_gemma_local_attention_converts_exactly():
         y_hf = hf(x, position_ids=torch.arange(T)[None].expand(2, T), attention_mask=_hf_mask(T, W))[0]
     m = convert_module(hf, cfg).mixer  # the recurrent_gemma family's adapter config and weight table (seqmix.interop)
     assert (m.kv_heads, m.head_qk, m.config.rotary_dim, m.config.window, m.config.qkv_bias, m.config.out_bias) == (1, 8, 4, W, False, True)
-    with torch.no_grad():
-        for mode in m.modes:
-            m.mode = mode
-            assert max_abs(m(x), y_hf) <= 1e-5, mode
-        cache = Cache()
-        steps = torch.cat([m(x[:, t : t + 1], cache=cache) for t in range(T)], 1)
-        assert max_abs(steps, y_hf) <= 1e-5 and len(cache.get(m)["kv"]) == W - 1
+    assert len(assert_converted_equals(m, x, y_hf).get(m)["kv"]) == W - 1
 
 
 def test_qwen3_next_gated_attention_converts_exactly():
@@ -447,13 +448,7 @@ def test_qwen3_next_gated_attention_converts_exactly():
     c = m.config
     assert (m.heads, m.kv_heads, m.head_qk, c.rotary_dim, c.rope_theta, c.qk_norm, c.qk_norm_eps, c.output_gate) == (
         4, 2, 16, 4, 1000.0, "head", cfg.rms_norm_eps, True)
-    with torch.no_grad():
-        for mode in m.modes:
-            m.mode = mode
-            assert max_abs(m(x), y_hf) <= 1e-5, mode
-        cache = Cache()
-        steps = torch.cat([m(x[:, t : t + 1], cache=cache) for t in range(T)], 1)
-        assert max_abs(steps, y_hf) <= 1e-5
+    assert_converted_equals(m, x, y_hf)
 
 
 # -- the LM backbone's positions = "rope" ---------------------------------------------------------

@@ -18,18 +18,17 @@ from transformers import (  # noqa: E402
 import seqmix  # noqa: E402
 from seqmix.interop import InteropMixer, from_transformers, seqmix_mixers, supported_families  # noqa: E402
 from seqmix.mixers.base import Cache  # noqa: E402
+from interop_helpers import (  # noqa: E402
+    INTEROP_RTOL, VOCAB, assert_beam_search_equal, assert_generate_equals, assert_logits_equal_in_every_mode,
+    assert_refused, convert, converted, fine_tune, ids, prefill_and_step, scale_err, unchanged,
+)
 from tolerances import assert_modes_agree_f64, max_abs  # noqa: E402
 
-#: converted vs original logits, float32: max abs error <= INTEROP_RTOL x the logits' scale
-#: (max |logit|), the bound of issue 25
-INTEROP_RTOL = 2e-4
-#: the same in float64 for Mamba: transformers' torch scan rounds A (-exp(A_log.float())), the Δ
+#: converted vs original logits in float64 for Mamba: transformers' torch scan rounds A (-exp(A_log.float())), the Δ
 #: bias, B and x to float32 (eps 6e-8) even in a float64 model (measured: 3e-10 to 2e-8 of the
 #: scale); Falcon-Mamba's B/C/Δ norms and Mamba-2's chunk scan run wholly in float32 inside
 #: transformers, so INTEROP_RTOL is their bound in float64 too
 INTEROP_F64_RTOL = {"mamba": 1e-7, "mamba_bias": 1e-7}
-
-VOCAB = 64
 
 
 def tiny(family: str, **overrides) -> nn.Module:
@@ -57,28 +56,6 @@ def tiny(family: str, **overrides) -> nn.Module:
 FAMILIES = ["mamba", "mamba_bias", "falcon_mamba", "mamba2"]
 
 
-def ids(batch=2, T=21, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(2, VOCAB, (batch, T), generator=g)  # no pad / eos token
-
-
-def convert(m, **kw):
-    c = from_transformers(m, **kw)
-    for mx in seqmix_mixers(c).values():
-        if "chunk_size" in type(mx.config).model_fields:
-            mx.config.chunk_size = 8  # T = 21 spans three chunks, the last one partial
-    return c
-
-
-def scale_err(a, b) -> float:
-    """max|a - b| / max|b| over the finite entries (generate's scores hold -inf where a token is
-    masked: those must be -inf in both)."""
-    fin = torch.isfinite(b)
-    assert torch.equal(fin, torch.isfinite(a)), "non-finite entries differ"
-    a, b = a[fin], b[fin]
-    return max_abs(a, b) / float(b.abs().max())
-
-
 # ------------------------------------------------------------------------------------------
 # the converted model
 # ------------------------------------------------------------------------------------------
@@ -87,12 +64,7 @@ def scale_err(a, b) -> float:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_converted_is_the_same_class_and_the_original_is_unchanged(family):
     m = tiny(family)
-    before = {k: v.clone() for k, v in m.state_dict().items()}
-    classes = {p: type(x) for p, x in m.named_modules()}
-    c = from_transformers(m)
-    assert type(c) is type(m) and c is not m
-    assert {p: type(x) for p, x in m.named_modules()} == classes
-    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    c = converted(m)
     mixers = seqmix_mixers(c)
     n = m.config.num_hidden_layers
     assert sorted(mixers) == [f"backbone.layers.{i}.mixer" for i in range(n)]
@@ -108,16 +80,7 @@ def test_converted_is_the_same_class_and_the_original_is_unchanged(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_equal_in_every_mode_float32(family):
     m = tiny(family)
-    c = convert(m)
-    x = ids()
-    with torch.no_grad():
-        ref = m(x).logits
-        modes = next(iter(seqmix_mixers(c).values())).modes
-        for mode in ("auto",) + modes:
-            for mx in seqmix_mixers(c).values():
-                mx.mode = mode
-            err = scale_err(c(x).logits, ref)
-            assert err <= INTEROP_RTOL, f"{family}, mode {mode}: logits differ by {err:.3g} of their scale"
+    assert_logits_equal_in_every_mode(m, convert(m), ids(), family)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -147,46 +110,16 @@ def test_from_transformers_sets_the_mode():
 # ------------------------------------------------------------------------------------------
 
 
-def spy_on(model, monkeypatch):
-    """Records (path, T, mode, state given) of every call into each converted mixer's forward pass."""
-    calls = []
-    for path, mx in seqmix_mixers(model).items():
-        def spy(x, *, state, mode, need_state, _orig=mx._forward, _path=path):
-            calls.append((_path, x.shape[1], mode, state is not None))
-            return _orig(x, state=state, mode=mode, need_state=need_state)
-        monkeypatch.setattr(mx, "_forward", spy)
-    return calls
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_generate_equals_the_original_at_every_step(family, monkeypatch):
     m = tiny(family)
-    c = convert(m)
-    prompt, new = ids(T=7), 6
-    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, output_scores=True, return_dict_in_generate=True,
-              attention_mask=torch.ones_like(prompt))
-    ref = m.generate(prompt, **kw)
-    calls = spy_on(c, monkeypatch)
-    out = c.generate(prompt, **kw)
-    assert torch.equal(out.sequences, ref.sequences)
-    assert len(out.scores) == len(ref.scores) == new
-    for t, (a, b) in enumerate(zip(out.scores, ref.scores)):
-        assert scale_err(a, b) <= INTEROP_RTOL, f"{family}: step {t} scores differ by {scale_err(a, b):.3g}"
-    # each mixer: one prefill of the prompt, then one decoding step (T == 1, mode "step", from its
-    # state) per generated token; the prefix is never run again
-    for path in seqmix_mixers(c):
-        mine = [(T, mode, has) for p, T, mode, has in calls if p == path]
-        assert mine[0][0] == 7 and mine[0][2] is False
-        assert mine[1:] == [(1, "step", True)] * (new - 1), f"{path}: {mine}"
+    assert_generate_equals(m, convert(m), ids(T=7), 6, monkeypatch, family)
 
 
 @pytest.mark.parametrize("family", ["mamba", "mamba2"])
 def test_beam_search_reorders_the_state(family):
     m = tiny(family)
-    c = convert(m)
-    prompt = ids(T=5)
-    kw = dict(max_new_tokens=5, min_new_tokens=5, num_beams=3, do_sample=False, attention_mask=torch.ones_like(prompt))
-    assert torch.equal(c.generate(prompt, **kw), m.generate(prompt, **kw))
+    assert_beam_search_equal(m, convert(m))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -197,13 +130,7 @@ def test_cache_state_layout_and_continuation(family):
     c = convert(m)
     x = ids(T=16)
     with torch.no_grad():
-        caches = []
-        for model in (m, c):
-            cache = DynamicCache(config=model.config)
-            model(x[:, :11], cache=cache, use_cache=True)
-            model(x[:, 11:12], cache=cache, use_cache=True)
-            caches.append(cache)
-        ref, mine = caches
+        ref, mine = prefill_and_step((m, c), x, lambda model: DynamicCache(config=model.config))
         for i in range(m.config.num_hidden_layers):
             assert scale_err(mine.get_recurrent_state(i), ref.get_recurrent_state(i)) <= INTEROP_RTOL
             # column 0 of transformers' conv window is never read (seqmix keeps the W - 1 inputs it needs)
@@ -241,25 +168,10 @@ def test_old_cache_keywords_are_read():
 
 def test_fine_tuning_a_converted_mamba_lowers_the_loss(monkeypatch):
     m = tiny("mamba")
-    c = convert(m, mode="chunk").train()
-    calls = spy_on(c, monkeypatch)
-    batch = ids(batch=4, T=24, seed=3)
-    opt = torch.optim.AdamW(c.parameters(), lr=3e-3)
-    losses = []
-    for step in range(12):
-        loss = c(batch, labels=batch).loss
-        opt.zero_grad()
-        loss.backward()
-        if step == 0:
-            for path, mx in seqmix_mixers(c).items():
-                for name, p in mx.named_parameters():
-                    assert p.grad is not None and float(p.grad.abs().max()) > 0, f"{path}.{name}: no gradient"
-        opt.step()
-        losses.append(loss.item())
-    assert {mode for _, _, mode, _ in calls} == {"chunk"}
+    losses, modes = fine_tune(convert(m, mode="chunk").train(), monkeypatch)
+    assert modes == {"chunk"}
     assert losses[-1] < 0.7 * losses[0], losses
-    # the original did not move
-    assert all(torch.equal(a, b) for a, b in zip(tiny("mamba").state_dict().values(), m.state_dict().values()))
+    assert unchanged(tiny("mamba"), m)  # the original did not move
 
 
 # ------------------------------------------------------------------------------------------
@@ -340,9 +252,7 @@ def test_unsupported_family():
 ])
 def test_an_option_seqmix_cannot_express_is_named(family, overrides, option):
     m = tiny(family, **overrides)
-    with pytest.raises(ValueError, match=rf"backbone\.layers\.0\.mixer.*'{option}'"):
-        from_transformers(m, inplace=True)
-    assert not any(isinstance(x, InteropMixer) for x in m.modules())  # untouched, even inplace
+    assert_refused(m, rf"backbone\.layers\.0\.mixer.*'{option}'")
 
 
 def test_unsupported_module_in_a_mixer_slot():

@@ -7,8 +7,6 @@ classes, every weight moved off its initial value so that every weight matters."
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from torch import nn
@@ -21,10 +19,12 @@ from transformers.cache_utils import DynamicSlidingWindowLayer  # noqa: E402
 
 from seqmix.interop import InteropMixer, from_transformers, seqmix_mixers, supported_families  # noqa: E402
 from seqmix.ops import KVCache  # noqa: E402
-from test_interop import INTEROP_RTOL, scale_err, spy_on  # noqa: E402  (the bound of issue 25, stated once)
+from interop_helpers import (  # noqa: E402
+    INTEROP_RTOL, VOCAB, Recorder, all_modes, assert_generate_equals, assert_logits_equal_in_every_mode,
+    assert_refused, converted, fine_tune, ids, prefill_and_step, randomize, scale_err, set_mode, unchanged,
+)
 from tolerances import max_abs  # noqa: E402
 
-VOCAB = 64
 #: RecurrentGemma's attention window: smaller than the prompts (7) and the tests' lengths (21), so
 #: the window matters in the full forward, in the prefill and in decoding
 WINDOW = 5
@@ -61,21 +61,8 @@ def tiny(family: str, *, attn: str = "sdpa", **overrides) -> nn.Module:
         m = RecurrentGemmaForCausalLM(RecurrentGemmaConfig(**{**kw, **overrides}))
     else:
         raise KeyError(family)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            r = torch.randn(p.shape, generator=g)
-            if "embed" in name:
-                p.copy_(r)
-            elif name.endswith("recurrent_param"):
-                p.add_(0.3 * r)
-            elif "norm" in name:  # Llama's RMSNorm weight w (init 1), Gemma's zero-centred 1 + w (init 0)
-                p.add_(0.2 * r)
-            elif p.dim() == 1:
-                p.copy_(0.3 * r)
-            else:
-                p.copy_(1.5 * r / math.sqrt(p.shape[-1]))
-    return m.eval()
+    # norm weights: Llama's RMSNorm weight w (init 1), Gemma's zero-centred 1 + w (init 0)
+    return randomize(m, moved=("recurrent_param",))
 
 
 def mixer_paths(m) -> list[str]:
@@ -85,29 +72,8 @@ def mixer_paths(m) -> list[str]:
     return [f"model.layers.{i}.temporal_block" for i in range(cfg.num_hidden_layers)]
 
 
-def ids(batch=2, T=21, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(2, VOCAB, (batch, T), generator=g)  # no pad / eos token
-
-
-def set_mode(c, mode: str) -> None:
-    """``mode`` on every mixer that has it (a hybrid's other mixers run "auto")."""
-    for mx in seqmix_mixers(c).values():
-        mx.mode = mode if mode in mx.modes else "auto"
-
-
-def all_modes(c) -> list[str]:
-    return ["auto"] + sorted({mode for mx in seqmix_mixers(c).values() for mode in mx.modes})
-
-
 #: measured errors (max |logit error| / max |logit|), printed by ``pytest -s``
-MEASURED: dict[str, float] = {}
-
-
-def record(key: str, err: float) -> float:
-    MEASURED[key] = max(MEASURED.get(key, 0.0), err)
-    print(f"\n[interop attention] {key}: {err:.3g}")
-    return err
+record = Recorder("interop attention")
 
 
 # ------------------------------------------------------------------------------------------
@@ -118,12 +84,7 @@ def record(key: str, err: float) -> float:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_converted_is_the_same_class_and_the_original_is_unchanged(family):
     m = tiny(family)
-    before = {k: v.clone() for k, v in m.state_dict().items()}
-    classes = {p: type(x) for p, x in m.named_modules()}
-    c = from_transformers(m)
-    assert type(c) is type(m) and c is not m
-    assert {p: type(x) for p, x in m.named_modules()} == classes
-    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    c = converted(m)
     mixers = seqmix_mixers(c)
     assert sorted(mixers) == sorted(mixer_paths(m))
     kinds = {p: mx.registry_name for p, mx in mixers.items()}
@@ -155,16 +116,7 @@ def test_logits_equal_in_every_mode_float32(family, attn):
     """Both of transformers' attention paths (eager: an additive 4D mask; sdpa: a boolean mask or
     is_causal), with and without transformers' cache object in the call."""
     m = tiny(family, attn=attn)
-    c = from_transformers(m)
-    x = ids()
-    with torch.no_grad():
-        ref = m(x, use_cache=False).logits
-        assert float(ref.abs().max()) > 1.0  # the weights matter: not a near-uniform model
-        for mode in all_modes(c):
-            set_mode(c, mode)
-            err = record(f"{family} {attn} float32 {mode}", scale_err(c(x, use_cache=False).logits, ref))
-            assert err <= INTEROP_RTOL, f"{family}, mode {mode}: logits differ by {err:.3g} of their scale"
-            assert scale_err(c(x, use_cache=True).logits, ref) <= INTEROP_RTOL, f"{family}, mode {mode}, with a cache"
+    assert_logits_equal_in_every_mode(m, from_transformers(m), ids(), f"{family} {attn}", record)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -242,24 +194,8 @@ def test_from_transformers_sets_the_mode():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_generate_equals_the_original_at_every_step(family, attn, monkeypatch):
     m = tiny(family, attn=attn)
-    c = from_transformers(m)
-    prompt, new = ids(T=7), 10  # the prompt and the generated tokens both exceed RecurrentGemma's window
-    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, output_scores=True, return_dict_in_generate=True,
-              attention_mask=torch.ones_like(prompt))
-    ref = m.generate(prompt, **kw)
-    calls = spy_on(c, monkeypatch)
-    out = c.generate(prompt, **kw)
-    assert torch.equal(out.sequences, ref.sequences)
-    assert len(out.scores) == len(ref.scores) == new
-    for t, (a, b) in enumerate(zip(out.scores, ref.scores)):
-        err = record(f"{family} {attn} generate", scale_err(a, b))
-        assert err <= INTEROP_RTOL, f"{family}: step {t} scores differ by {err:.3g}"
-    # each mixer: one prefill of the prompt (no state), then one decoding step per generated token
-    # (T == 1, mode "step", from its KV cache / recurrent state); the prefix is never run again
-    for path in seqmix_mixers(c):
-        mine = [(T, mode, has) for p, T, mode, has in calls if p == path]
-        assert mine[0][0] == 7 and mine[0][2] is False, f"{path}: {mine[0]}"
-        assert mine[1:] == [(1, "step", True)] * (new - 1), f"{path}: {mine}"
+    # the prompt (7) and the generated tokens (10) both exceed RecurrentGemma's window
+    assert_generate_equals(m, from_transformers(m), ids(T=7), 10, monkeypatch, f"{family} {attn}", record)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -273,13 +209,7 @@ def test_the_kv_cache_lives_in_the_transformers_cache(family):
     c = from_transformers(m)
     x = ids(T=16)
     with torch.no_grad():
-        caches = []
-        for model in (m, c):
-            cache = DynamicCache(config=model.config)
-            model(x[:, :11], cache=cache, use_cache=True)
-            model(x[:, 11:12], cache=cache, use_cache=True)
-            caches.append(cache)
-        ref, mine = caches
+        ref, mine = prefill_and_step((m, c), x, lambda model: DynamicCache(config=model.config))
         assert mine.get_seq_length() == ref.get_seq_length() == 12
         for i, path in enumerate(mixer_paths(m)):
             mx = seqmix_mixers(c)[path]
@@ -370,23 +300,10 @@ def test_fine_tuning_lowers_the_loss(family, monkeypatch):
     c = from_transformers(m).train()
     for mx in seqmix_mixers(c).values():  # the fast modes: SDPA for attention, the chunked scan for the RG-LRU
         mx.mode = "sdpa" if mx.registry_name == "softmax_attention" else "chunk"
-    calls = spy_on(c, monkeypatch)
-    batch = ids(batch=4, T=24, seed=3)
-    opt = torch.optim.AdamW(c.parameters(), lr=3e-3)
-    losses = []
-    for step in range(12):
-        loss = c(batch, labels=batch, use_cache=False).loss
-        opt.zero_grad()
-        loss.backward()
-        if step == 0:
-            for path, mx in seqmix_mixers(c).items():
-                for name, p in mx.named_parameters():
-                    assert p.grad is not None and float(p.grad.abs().max()) > 0, f"{path}.{name}: no gradient"
-        opt.step()
-        losses.append(loss.item())
-    assert {mode for _, _, mode, _ in calls} == ({"sdpa"} if family == "llama" else {"sdpa", "chunk"})
+    losses, modes = fine_tune(c, monkeypatch, use_cache=False)
+    assert modes == ({"sdpa"} if family == "llama" else {"sdpa", "chunk"})
     assert losses[-1] < 0.7 * losses[0], losses
-    assert all(torch.equal(a, b) for a, b in zip(tiny(family).state_dict().values(), m.state_dict().values()))
+    assert unchanged(tiny(family), m)
 
 
 # ------------------------------------------------------------------------------------------
@@ -433,9 +350,7 @@ def test_both_families_are_supported():
 ], ids=lambda r: r["rope_type"])
 def test_a_rope_type_seqmix_cannot_express_is_named(rope):
     m = tiny("llama", rope_parameters=rope)
-    with pytest.raises(ValueError, match=rf"model\.layers\.0\.self_attn.*'rope_parameters\.rope_type'.*'{rope['rope_type']}'"):
-        from_transformers(m, inplace=True)
-    assert not any(isinstance(x, InteropMixer) for x in m.modules())  # untouched, even inplace
+    assert_refused(m, rf"model\.layers\.0\.self_attn.*'rope_parameters\.rope_type'.*'{rope['rope_type']}'")
 
 
 def test_attention_bias_variations():
@@ -470,9 +385,7 @@ def test_attention_bias_variations():
 ])
 def test_an_option_seqmix_cannot_express_is_named(family, overrides, option, path):
     m = tiny(family, **overrides)
-    with pytest.raises(ValueError, match=rf"{path.replace('.', chr(92) + '.')}.*'{option}'"):
-        from_transformers(m, inplace=True)
-    assert not any(isinstance(x, InteropMixer) for x in m.modules())
+    assert_refused(m, rf"{path.replace('.', chr(92) + '.')}.*'{option}'")
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])

@@ -21,11 +21,13 @@ from transformers import RwkvConfig, RwkvForCausalLM, xLSTMConfig, xLSTMForCausa
 from transformers.models.rwkv.modeling_rwkv import RwkvFeedForward  # noqa: E402
 from transformers.models.xlstm import modeling_xlstm  # noqa: E402
 
-from seqmix.interop import InteropMixer, from_transformers, seqmix_mixers, supported_families  # noqa: E402
-from test_interop import INTEROP_RTOL, scale_err, spy_on  # noqa: E402
+from seqmix.interop import from_transformers, seqmix_mixers, supported_families  # noqa: E402
+from interop_helpers import (  # noqa: E402
+    INTEROP_RTOL, VOCAB, assert_generate_equals, assert_logits_equal_in_every_mode, assert_refused, convert,
+    converted, fine_tune, ids, scale_err, unchanged,
+)
 from tolerances import max_abs  # noqa: E402
 
-VOCAB = 64
 #: float64, xLSTM in transformers' "train" mode (its chunkwise kernel in the input dtype, T a multiple of
 #: its chunk) with the norms' float32 reductions off: both sides run wholly in float64 (measured: 1e-15)
 XLSTM_F64_RTOL = 1e-12
@@ -72,18 +74,6 @@ def slot(family, i):
     return SLOT[family.split("_")[0]].format(i)
 
 
-def ids(batch=2, T=21, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(2, VOCAB, (batch, T), generator=g)
-
-
-def convert(m, **kw):
-    c = from_transformers(m, **kw)
-    for mx in seqmix_mixers(c).values():
-        mx.config.chunk_size = 8  # T = 21 spans three chunks, the last one partial
-    return c
-
-
 # ------------------------------------------------------------------------------------------
 # the converted model
 # ------------------------------------------------------------------------------------------
@@ -92,9 +82,7 @@ def convert(m, **kw):
 @pytest.mark.parametrize("family", ["rwkv", "xlstm"])
 def test_converted_is_the_same_class_and_the_ffn_stays_transformers(family):
     m = tiny(family)
-    before = {k: v.clone() for k, v in m.state_dict().items()}
-    c = from_transformers(m)
-    assert type(c) is type(m) and all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    c = converted(m)
     mixers = seqmix_mixers(c)
     assert sorted(mixers) == [slot(family, i) for i in range(2)]
     assert {mx.registry_name for mx in mixers.values()} == {"rwkv4" if family == "rwkv" else "mlstm"}
@@ -107,15 +95,7 @@ def test_converted_is_the_same_class_and_the_ffn_stays_transformers(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_equal_in_every_mode_float32(family):
     m = tiny(family)
-    c = convert(m)
-    x = ids()
-    with torch.no_grad():
-        ref = m(x).logits
-        for mode in ("auto",) + next(iter(seqmix_mixers(c).values())).modes:
-            for mx in seqmix_mixers(c).values():
-                mx.mode = mode
-            err = scale_err(c(x).logits, ref)
-            assert err <= INTEROP_RTOL, f"{family}, mode {mode}: logits differ by {err:.3g} of their scale"
+    assert_logits_equal_in_every_mode(m, convert(m), ids(), family)
 
 
 def blocks_out(model, x):
@@ -162,24 +142,10 @@ def test_rwkv_float64_is_held_to_the_float32_bound():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_generate_equals_the_original_at_every_step(family, monkeypatch):
     m = tiny(family)
-    c = convert(m)
     # RWKV at batch 1: transformers 5.24's one-token step broadcasts its shift state to [B, B, d] for B > 1
-    prompt, new = ids(batch=1 if family.startswith("rwkv") else 2, T=7), 6
-    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, output_scores=True, return_dict_in_generate=True,
-              attention_mask=torch.ones_like(prompt))
-    ref = m.generate(prompt, **kw)
-    calls = spy_on(c, monkeypatch)
-    out = c.generate(prompt, **kw)
-    assert torch.equal(out.sequences, ref.sequences)
-    assert len(out.scores) == len(ref.scores) == new
-    for t, (a, b) in enumerate(zip(out.scores, ref.scores)):
-        assert scale_err(a, b) <= INTEROP_RTOL, f"{family}: step {t} scores differ by {scale_err(a, b):.3g}"
-    # each mixer: one prefill of the prompt (from the model's empty state: transformers builds it filled with
-    # zeros), then one decoding step (T == 1, mode "step", from its state) per generated token
-    for path in seqmix_mixers(c):
-        mine = [(T, mode, has) for p, T, mode, has in calls if p == path]
-        assert mine[0][0] == 7 and mine[0][1] != "step"
-        assert mine[1:] == [(1, "step", True)] * (new - 1), f"{path}: {mine}"
+    prompt = ids(batch=1 if family.startswith("rwkv") else 2, T=7)
+    # the prefill starts from the model's empty state (transformers builds it filled with zeros)
+    assert_generate_equals(m, convert(m), prompt, 6, monkeypatch, family, fresh_prefill=False)
 
 
 def test_rwkv_state_layout_and_continuation():
@@ -299,24 +265,10 @@ def test_rwkv_rescale_every_is_matched_in_training_and_inference():
 @pytest.mark.parametrize("family", ["rwkv", "xlstm"])
 def test_fine_tuning_lowers_the_loss(family, monkeypatch):
     m = tiny(family)
-    c = convert(m, mode="chunk").train()
-    calls = spy_on(c, monkeypatch)
-    batch = ids(batch=4, T=24, seed=3)
-    opt = torch.optim.AdamW(c.parameters(), lr=3e-3)
-    losses = []
-    for step in range(12):
-        loss = c(batch, labels=batch).loss
-        opt.zero_grad()
-        loss.backward()
-        if step == 0:
-            for path, mx in seqmix_mixers(c).items():
-                for name, p in mx.named_parameters():
-                    assert p.grad is not None and float(p.grad.abs().max()) > 0, f"{path}.{name}: no gradient"
-        opt.step()
-        losses.append(loss.item())
-    assert {mode for _, _, mode, _ in calls} == {"chunk"}
+    losses, modes = fine_tune(convert(m, mode="chunk").train(), monkeypatch)
+    assert modes == {"chunk"}
     assert losses[-1] < 0.7 * losses[0], losses
-    assert all(torch.equal(a, b) for a, b in zip(tiny(family).state_dict().values(), m.state_dict().values()))
+    assert unchanged(tiny(family), m)
 
 
 @pytest.mark.parametrize("family", ["rwkv", "xlstm"])
@@ -352,9 +304,7 @@ def test_converted_mixer_keeps_its_dsf_view(family):
 ])
 def test_an_option_seqmix_cannot_express_is_named(family, overrides, option):
     m = tiny(family, **overrides)
-    with pytest.raises(ValueError, match=rf"{slot(family, 0).replace('.', '[.]')}.*'{option}'"):
-        from_transformers(m, inplace=True)
-    assert not any(isinstance(x, InteropMixer) for x in m.modules())
+    assert_refused(m, rf"{slot(family, 0).replace('.', '[.]')}.*'{option}'")
 
 
 def test_unsupported_module_and_bad_state_are_named():

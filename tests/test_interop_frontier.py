@@ -13,7 +13,6 @@ option tests in tests/test_delta_mixers.py, tests/test_general_form.py and tests
 
 from __future__ import annotations
 
-import math
 import re
 
 import pytest
@@ -27,9 +26,11 @@ from transformers import (  # noqa: E402
 )
 
 from seqmix.interop import from_transformers, seqmix_mixers, supported_families  # noqa: E402
-from test_interop import INTEROP_RTOL, scale_err, spy_on  # noqa: E402  (the bound of issue 25, stated once)
+from interop_helpers import (  # noqa: E402
+    INTEROP_RTOL, VOCAB, Recorder, assert_generate_equals, assert_logits_equal_in_every_mode, converted, ids,
+    prefill_and_step, randomize, scale_err,
+)
 
-VOCAB = 64
 FAMILIES = ["qwen3_next", "qwen3_next_mha", "kimi_linear", "minimax", "lfm2"]
 
 #: the mixer each layer becomes (None: the layer stays transformers' own)
@@ -83,44 +84,11 @@ def tiny(family: str, *, attn: str = "sdpa", **overrides) -> nn.Module:
     torch.manual_seed(0)
     cfg = config(family, attn_implementation=attn, **overrides)
     m = CLASSES[cfg.model_type](cfg)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            r = torch.randn(p.shape, generator=g)
-            if "embed" in name:
-                p.copy_(r)
-            elif "A_log" in name or "dt_bias" in name:
-                p.add_(0.3 * r)
-            elif "norm" in name:
-                p.add_(0.2 * r)
-            elif p.dim() == 1:
-                p.copy_(0.3 * r)
-            else:
-                p.copy_(1.5 * r / math.sqrt(p.shape[-1]))
-    return m.eval()
-
-
-def ids(batch=2, T=21, seed=1):
-    return torch.randint(2, VOCAB, (batch, T), generator=torch.Generator().manual_seed(seed))  # no pad / eos token
-
-
-def set_mode(c, mode: str) -> None:
-    for mx in seqmix_mixers(c).values():
-        mx.mode = mode if mode in mx.modes else "auto"
-
-
-def all_modes(c) -> list[str]:
-    return ["auto"] + sorted({mode for mx in seqmix_mixers(c).values() for mode in mx.modes})
+    return randomize(m, moved=("A_log", "dt_bias"))
 
 
 #: measured errors (max |logit error| / max |logit|), printed by ``pytest -s``
-MEASURED: dict[str, float] = {}
-
-
-def record(key: str, err: float) -> float:
-    MEASURED[key] = max(MEASURED.get(key, 0.0), err)
-    print(f"\n[interop frontier] {key}: {err:.3g}")
-    return err
+record = Recorder("interop frontier")
 
 
 # ------------------------------------------------------------------------------------------
@@ -136,10 +104,7 @@ def test_the_families_are_supported():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_converted_is_the_same_class_and_the_original_is_unchanged(family):
     m = tiny(family)
-    before = {k: v.clone() for k, v in m.state_dict().items()}
-    c = from_transformers(m)
-    assert type(c) is type(m) and c is not m
-    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    c = converted(m)
     want = LAYERS[family]
     assert {p: mx.registry_name for p, mx in seqmix_mixers(c).items()} == {p: n for p, n in want.items() if n}
     kept = {p: type(m.get_submodule(p)).__name__ for p, n in want.items() if n is None}
@@ -167,16 +132,7 @@ def test_logits_equal_in_every_mode_float32(family):
     """Every mode of every converted mixer (a hybrid's other mixers run "auto"), with and without
     transformers' cache object in the call."""
     m = tiny(family)
-    c = from_transformers(m)
-    x = ids()
-    with torch.no_grad():
-        ref = m(x, use_cache=False).logits
-        assert float(ref.abs().max()) > 1.0  # the weights matter
-        for mode in all_modes(c):
-            set_mode(c, mode)
-            err = record(f"{family} float32 {mode}", scale_err(c(x, use_cache=False).logits, ref))
-            assert err <= INTEROP_RTOL, f"{family}, mode {mode}: logits differ by {err:.3g} of their scale"
-            assert scale_err(c(x, use_cache=True).logits, ref) <= INTEROP_RTOL, f"{family}, mode {mode}, with a cache"
+    assert_logits_equal_in_every_mode(m, from_transformers(m), ids(), family, record)
 
 
 @pytest.mark.parametrize("family", ["qwen3_next", "minimax", "lfm2"])
@@ -197,24 +153,7 @@ def test_logits_equal_with_eager_attention(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_generate_equals_the_original_at_every_step(family, monkeypatch):
     m = tiny(family)
-    c = from_transformers(m)
-    prompt, new = ids(T=7), 8
-    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, output_scores=True, return_dict_in_generate=True,
-              attention_mask=torch.ones_like(prompt))
-    ref = m.generate(prompt, **kw)
-    calls = spy_on(c, monkeypatch)
-    out = c.generate(prompt, **kw)
-    assert torch.equal(out.sequences, ref.sequences)
-    assert len(out.scores) == len(ref.scores) == new
-    for t, (a, b) in enumerate(zip(out.scores, ref.scores)):
-        err = record(f"{family} generate", scale_err(a, b))
-        assert err <= INTEROP_RTOL, f"{family}: step {t} scores differ by {err:.3g}"
-    # each converted mixer: one prefill of the prompt (no state), then one step per generated token
-    # (T == 1, mode "step", from its own state); the prefix is never run again
-    for path in seqmix_mixers(c):
-        mine = [(T, mode, has) for p, T, mode, has in calls if p == path]
-        assert mine[0][0] == 7 and mine[0][2] is False, f"{path}: {mine[0]}"
-        assert mine[1:] == [(1, "step", True)] * (new - 1), f"{path}: {mine}"
+    assert_generate_equals(m, from_transformers(m), ids(T=7), 8, monkeypatch, family, record)
 
 
 def _cache_of(model):
@@ -234,13 +173,7 @@ def test_the_state_lives_in_the_transformers_cache(family):
     c = from_transformers(m)
     x = ids(T=16)
     with torch.no_grad():
-        caches = []
-        for model in (m, c):
-            cache = _cache_of(model)
-            model(x[:, :11], cache=cache, use_cache=True)
-            model(x[:, 11:12], cache=cache, use_cache=True)
-            caches.append(cache)
-        ref, mine = caches
+        ref, mine = prefill_and_step((m, c), x, _cache_of)
         for path, name in LAYERS[family].items():
             i = int(path.split(".")[2])
             if name in ("qwen3_next_gdn", "kimi_kda", "short_conv"):

@@ -10,7 +10,6 @@ and bad input named."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -27,10 +26,13 @@ import seqmix  # noqa: E402
 from seqmix.interop import InteropMixer, from_transformers, seqmix_mixers, supported_families  # noqa: E402
 from seqmix.mixers.base import Cache  # noqa: E402
 from seqmix.ops import KVCache  # noqa: E402
-from test_interop import INTEROP_RTOL, scale_err, spy_on  # noqa: E402  (the bound of issue 25, stated once)
+from interop_helpers import (  # noqa: E402
+    INTEROP_RTOL, VOCAB, Recorder, assert_beam_search_equal, assert_generate_equals,
+    assert_logits_equal_in_every_mode, assert_refused, convert, converted, ids, prefill_and_step, randomize,
+    scale_err,
+)
 from tolerances import F64_ATOL, assert_modes_agree_f64, max_abs  # noqa: E402
 
-VOCAB = 64
 
 #: the cases: a family and a variant of its options; each builds every layer kind of its family
 CASES = [
@@ -100,33 +102,15 @@ def tiny(case: str, *, attn: str = "sdpa", **overrides) -> nn.Module:
     cfg_cls, model_cls, kw = _config(case, **overrides)
     torch.manual_seed(0)
     m = model_cls(cfg_cls(**kw, attn_implementation=attn))
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        seen = set()
-        for name, p in m.named_parameters():  # (tied weights, e.g. Zamba2's shared block, are visited once)
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            r = torch.randn(p.shape, generator=g)
-            if "embed" in name:
-                p.copy_(r)
-            elif "norm" in name and p.dim() == 1:  # RMSNorm weights (init 1)
-                p.add_(0.2 * r)
-            elif name.endswith("dt_bias"):  # Δ well above time_step_min (see test_time_step_min_...)
-                p.copy_(0.5 * r)
-            elif name.endswith("A_log") or p.dim() == 1:
-                p.add_(0.3 * r)
-            else:
-                p.copy_(gain * r / math.sqrt(p.shape[-1]))
-    return m.eval()
+    return randomize(m, gain=gain, moved=("A_log",), add_vectors=True, rule=_dt_bias)
 
 
-def convert(m, **kw):
-    c = from_transformers(m, **kw)
-    for mx in seqmix_mixers(c).values():
-        if "chunk_size" in type(mx.config).model_fields:
-            mx.config.chunk_size = 8  # T = 21 spans three chunks, the last one partial
-    return c
+def _dt_bias(name, p, r) -> bool:
+    """Δ bias ~ 0.5 N(0, 1): Δ well above time_step_min (see test_time_step_min_...)."""
+    if name.endswith("dt_bias"):
+        p.copy_(0.5 * r)
+        return True
+    return False
 
 
 def layer_kinds(m) -> dict[str, str]:
@@ -160,34 +144,14 @@ def layer_kinds(m) -> dict[str, str]:
     return out
 
 
-def ids(batch=2, T=21, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(2, VOCAB, (batch, T), generator=g)  # no pad / eos token
-
-
 def pos(a: int, b: int) -> torch.Tensor:
     """position_ids a..b-1: BambaModel (and GraniteMoeHybrid's, Falcon-H1's) start every call without
     position_ids at position 0, also after a cached prefix (generate() passes them; a direct call must)."""
     return torch.arange(a, b)[None]
 
 
-def set_mode(c, mode: str) -> None:
-    for mx in seqmix_mixers(c).values():
-        mx.mode = mode if mode in mx.modes else "auto"
-
-
-def all_modes(c) -> list[str]:
-    return ["auto"] + sorted({mode for mx in seqmix_mixers(c).values() for mode in mx.modes})
-
-
 #: measured errors (max |logit error| / max |logit|), printed by ``pytest -s``
-MEASURED: dict[str, float] = {}
-
-
-def record(key: str, err: float) -> float:
-    MEASURED[key] = max(MEASURED.get(key, 0.0), err)
-    print(f"\n[interop hybrids] {key}: {err:.3g}")
-    return err
+record = Recorder("interop hybrids")
 
 
 # ------------------------------------------------------------------------------------------
@@ -198,10 +162,7 @@ def record(key: str, err: float) -> float:
 @pytest.mark.parametrize("case", CASES)
 def test_every_mixer_is_converted_and_the_original_is_unchanged(case):
     m = tiny(case)
-    before = {k: v.clone() for k, v in m.state_dict().items()}
-    c = convert(m)
-    assert type(c) is type(m) and c is not m
-    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    c = converted(m, convert)
     assert not any(isinstance(x, InteropMixer) for x in m.modules())
     kinds = {p: mx.registry_name for p, mx in seqmix_mixers(c).items()}
     assert kinds == layer_kinds(m)
@@ -217,16 +178,7 @@ def test_every_mixer_is_converted_and_the_original_is_unchanged(case):
 @pytest.mark.parametrize("case", CASES)
 def test_logits_equal_in_every_mode_float32(case, attn):
     m = tiny(case, attn=attn)
-    c = convert(m)
-    x = ids()
-    with torch.no_grad():
-        ref = m(x, use_cache=False).logits
-        assert float(ref.abs().max()) > 1.0  # the weights matter: not a near-uniform model
-        for mode in all_modes(c):
-            set_mode(c, mode)
-            err = record(f"{case} {attn} float32 {mode}", scale_err(c(x, use_cache=False).logits, ref))
-            assert err <= INTEROP_RTOL, f"{case}, mode {mode}: logits differ by {err:.3g} of their scale"
-            assert scale_err(c(x, use_cache=True).logits, ref) <= INTEROP_RTOL, f"{case}, mode {mode}, with a cache"
+    assert_logits_equal_in_every_mode(m, convert(m), ids(), f"{case} {attn}", record)
 
 
 def _rope64(T: int, R: int, theta: float):
@@ -279,33 +231,13 @@ def test_each_converted_module_equals_the_original_in_float64(case):
 @pytest.mark.parametrize("case", CASES)
 def test_generate_equals_the_original_at_every_step(case, monkeypatch):
     m = tiny(case)
-    c = convert(m)
-    prompt, new = ids(T=7), 8
-    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, output_scores=True, return_dict_in_generate=True,
-              attention_mask=torch.ones_like(prompt))
-    ref = m.generate(prompt, **kw)
-    calls = spy_on(c, monkeypatch)
-    out = c.generate(prompt, **kw)
-    assert torch.equal(out.sequences, ref.sequences)
-    assert len(out.scores) == len(ref.scores) == new
-    for t, (a, b) in enumerate(zip(out.scores, ref.scores)):
-        err = record(f"{case} generate", scale_err(a, b))
-        assert err <= INTEROP_RTOL, f"{case}: step {t} scores differ by {err:.3g}"
-    # each mixer: one prefill of the prompt (no state), then one decoding step per generated token
-    # (T == 1, mode "step", from its own state / KV cache); the prefix is never run again
-    for path in seqmix_mixers(c):
-        mine = [(T, mode, has) for p, T, mode, has in calls if p == path]
-        assert mine[0][0] == 7 and mine[0][2] is False, f"{path}: {mine[0]}"
-        assert mine[1:] == [(1, "step", True)] * (new - 1), f"{path}: {mine}"
+    assert_generate_equals(m, convert(m), ids(T=7), 8, monkeypatch, case, record)
 
 
 @pytest.mark.parametrize("case", ["bamba", "falcon_h1", "jamba", "zamba2"])
 def test_beam_search_reorders_the_state(case):
     m = tiny(case)
-    c = convert(m)
-    prompt = ids(T=5)
-    kw = dict(max_new_tokens=5, min_new_tokens=5, num_beams=3, do_sample=False, attention_mask=torch.ones_like(prompt))
-    assert torch.equal(c.generate(prompt, **kw), m.generate(prompt, **kw))
+    assert_beam_search_equal(m, convert(m))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -319,13 +251,7 @@ def test_the_state_lives_in_the_transformers_cache(case):
     c = convert(m)
     x = ids(T=16)
     with torch.no_grad():
-        caches = []
-        for model in (m, c):
-            cache = DynamicCache(config=model.config)
-            model(x[:, :11], cache=cache, use_cache=True, position_ids=pos(0, 11))
-            model(x[:, 11:12], cache=cache, use_cache=True, position_ids=pos(11, 12))
-            caches.append(cache)
-        ref, mine = caches
+        ref, mine = prefill_and_step((m, c), x, lambda model: DynamicCache(config=model.config), positions=True)
         for path, kind in layer_kinds(m).items():
             i = c.get_submodule(path).layer_idx
             if kind == "softmax_attention":
@@ -560,9 +486,7 @@ def test_the_families_are_supported():
 ])
 def test_an_option_seqmix_cannot_express_is_named(case, overrides, option, path):
     m = tiny(case, **overrides)
-    with pytest.raises(ValueError, match=rf"{path}.*'{option}'"):
-        from_transformers(m, inplace=True)
-    assert not any(isinstance(x, InteropMixer) for x in m.modules())  # untouched, even inplace
+    assert_refused(m, rf"{path}.*'{option}'")
 
 
 def test_a_module_in_a_mixer_slot_that_is_not_converted_is_named():

@@ -5,9 +5,6 @@ against the parallel reference, state carrying at any offset, the O(log T) state
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,21 +13,10 @@ import seqmix
 from seqmix.mixers.base import Cache
 from seqmix.ops import delta_rule, linear_recurrence
 from seqmix.ops.log_linear import fenwick_levels, hierarchical_mask, levels_needed, log_linear_attention
+from fla_ref import fla_naive
 from tolerances import F32_RTOL, F64_ATOL, assert_modes_agree_f64, max_abs, rel_err
 
 MODES = ("parallel", "recurrent", "chunk")
-
-
-def fla_naive(path: str, fn: str):
-    """A function of fla's naive.py files, loaded from its file (``fla.ops`` imports triton)."""
-    fla = pytest.importorskip("fla")
-    file = Path(fla.__file__).parent / path
-    if not file.exists():
-        pytest.skip(f"fla {getattr(fla, '__version__', '?')} has no {path}")
-    spec = importlib.util.spec_from_file_location(f"_fla_naive_{fn}", file)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return getattr(mod, fn)
 
 
 def rnd(*shape, seed=0, dtype=torch.float64):

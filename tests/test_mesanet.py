@@ -5,9 +5,6 @@ reference, CG converging to the exact solve, and against flash-linear-attention'
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,21 +12,10 @@ import torch.nn.functional as F
 import seqmix
 from seqmix.mixers.base import Cache
 from seqmix.ops.mesa import mesa_net, mesa_solve
+from fla_ref import fla_naive
 from tolerances import F32_RTOL, F64_ATOL, assert_modes_agree_f64, max_abs, rel_err
 
 MODES = ("recurrent", "parallel", "chunk")
-
-
-def fla_naive(path: str, fn: str):
-    """A function of fla's naive.py files, loaded from its file (``fla.ops`` imports triton)."""
-    fla = pytest.importorskip("fla")
-    file = Path(fla.__file__).parent / path
-    if not file.exists():
-        pytest.skip(f"fla {getattr(fla, '__version__', '?')} has no {path}")
-    spec = importlib.util.spec_from_file_location(f"_fla_naive_{fn}", file)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return getattr(mod, fn)
 
 
 def rnd(*shape, seed=0, dtype=torch.float64):

@@ -65,6 +65,15 @@ def record(key, err):
     print(f"\n[real mixers] {key}: {err:.3g}")
 
 
+def assert_every_mode(m, x, y_ref, key: str, bound: float, detail: str = "") -> None:
+    """Every mode of ``m`` gives ``y_ref`` on ``x`` to ``bound`` (relative error), recorded as "key (detail mode)"."""
+    for mode in m.modes:
+        m.mode = mode
+        err = rel_err(m(x), y_ref)
+        record(f"{key} ({detail}{mode})", err)
+        assert err < bound, mode
+
+
 # ------------------------------------------------------------------------------------------
 # xLSTM: the mLSTM layer
 # ------------------------------------------------------------------------------------------
@@ -117,11 +126,7 @@ def test_xlstm_mlstm_layer_float32(use_bias, weight_mode):
     x = inputs(2, 37, 32, torch.float32)  # two chunks of 16 plus a tail of 5
     with torch.no_grad():
         y_ref, _ = layer(x)
-        for mode in m.modes:
-            m.mode = mode
-            err = rel_err(m(x), y_ref)
-            record(f"xlstm fp32 forward ({weight_mode}, bias={use_bias}, {mode})", err)
-            assert err < REAL_F32_RTOL, mode
+        assert_every_mode(m, x, y_ref, "xlstm fp32 forward", REAL_F32_RTOL, f"{weight_mode}, bias={use_bias}, ")
 
 
 def test_xlstm_mlstm_layer_float64():
@@ -132,11 +137,7 @@ def test_xlstm_mlstm_layer_float64():
     x = inputs(2, 48, 32, torch.float64)
     with torch.no_grad():
         y_ref, _ = layer(x)
-        for mode in m.modes:
-            m.mode = mode
-            err = rel_err(m(x), y_ref)
-            record(f"xlstm fp64 forward ({mode})", err)
-            assert err < REAL_F64_RTOL, mode
+        assert_every_mode(m, x, y_ref, "xlstm fp64 forward", REAL_F64_RTOL)
 
 
 def test_xlstm_decoding_and_split_match_transformers_state():
@@ -309,11 +310,7 @@ def test_rwkv4_self_attention():
     with torch.no_grad():
         y_ref, _ = att(x, state=rwkv_state(2, d, dtype))
         assert rel_err(att(x)[0], y_ref) == 0  # the state given (zeros, max -1e30) is transformers' empty state
-        for mode in m.modes:
-            m.mode = mode
-            err = rel_err(m(x), y_ref)
-            record(f"rwkv4 fp32 forward ({mode})", err)
-            assert err < REAL_F32_RTOL, mode
+        assert_every_mode(m, x, y_ref, "rwkv4 fp32 forward", REAL_F32_RTOL)
         # a split sequence: the token shift (last input) and the WKV state (num, den, max) carried across
         for B, cut in ((2, 11), (2, 20), (1, 1)):
             xb = x[:B]
@@ -368,11 +365,7 @@ def test_recurrent_gemma_recurrent_block():
     pos = torch.arange(T).expand(B, T)
     with torch.no_grad():
         y_ref, _ = blk(x, position_ids=pos, attention_mask=None, use_cache=False)
-        for mode in m.modes:
-            m.mode = mode
-            err = rel_err(m(x), y_ref)
-            record(f"recurrent_gemma fp32 forward ({mode})", err)
-            assert err < REAL_F32_RTOL, mode
+        assert_every_mode(m, x, y_ref, "recurrent_gemma fp32 forward", REAL_F32_RTOL)
         # prefill 9 tokens, then decode one at a time (transformers' cache: conv state + RG-LRU state)
         blk._setup_cache(B, x.device, dtype)
         ys_ref = [blk(x[:, :9], position_ids=pos[:, :9], attention_mask=None, use_cache=True)[0]]

@@ -564,6 +564,7 @@ def norm_and_gate(mixer: Mixer) -> tuple[str, str]:
     "none" where there is none."""
     c = mixer.config
     f = c.model_dump()
+    kinds = {k.__name__ for k in type(mixer).__mro__}  # a preset's subclass reads as its base class
     norms, gates = [], []
     if f.get("bcdt_rms"):
         norms.append("RMS on Δ, B, C" + (" (weighted)" if f.get("bcdt_rms_affine") else ""))
@@ -572,17 +573,17 @@ def norm_and_gate(mixer: Mixer) -> tuple[str, str]:
         norms.append("gated RMSNorm(y ⊙ SiLU(z))")
     elif gn == "before_gate":
         norms.append("RMSNorm(y), then gate")
-    if f.get("block") and type(mixer).__name__ in ("S6", "SSD"):
+    if f.get("block") and kinds & {"S6", "SSD"}:
         gates.append("SiLU(z) (block)")
-    if f.get("qk_norm") not in (None, "none"):
+    if f.get("qk_norm") not in (None, "none", False):
         norms.append(f"qk-norm ({f['qk_norm']})")
     if f.get("output_gate") is True:
         gates.append("σ output gate")
-    if type(mixer).__name__ == "DeltaNet":
+    if "DeltaNet" in kinds:
         norms.append("l2(q, k); RMSNorm per head")
         if f.get("gate"):
             gates.append(f"{f.get('gate_act', 'silu')}(x W_g){' low-rank' if f.get('gate_rank') else ''}")
-    if type(mixer).__name__ == "GeneralForm":
+    if "GeneralForm" in kinds:
         if f.get("xnorm") not in (None, "none"):
             norms.append(f"{f['xnorm']}{' per head' if f.get('norm_per_head') else ''}")
         if f.get("normalizer"):
@@ -593,7 +594,7 @@ def norm_and_gate(mixer: Mixer) -> tuple[str, str]:
             gates.append(f"{f.get('outer_gate')}(z) (block)")
         if f.get("input_gate") not in (None, "none"):
             gates.append(f"input gate {f['input_gate']}")
-    if type(mixer).__name__ == "GatedShortConv":
+    if "GatedShortConv" in kinds:
         gates.append("b ⊙ x in, c ⊙ conv out")
     return ("; ".join(norms) or "none"), ("; ".join(gates) or "none")
 

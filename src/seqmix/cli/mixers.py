@@ -10,6 +10,8 @@ def _add_list(sub):
     p = sub.add_parser("list", help="list the registered mixers")
     p.add_argument("--family", help="only this family")
     p.add_argument("--format", choices=["table", "markdown", "names"], default="table")
+    p.add_argument("--dsf", action="store_true", help="the DSF table of docs/mixers.md instead: structure of Λ, state, "
+                   "normalization, gating, modes (markdown)")
 
 
 def _run_list(args) -> int:
@@ -23,6 +25,12 @@ def _run_list(args) -> int:
     if args.family and args.family not in families:
         raise ValueError(f"argument --family: unknown family {args.family!r}; families: {', '.join(families)}")
     entries = [e for e in every if not args.family or e.family == args.family]
+    if getattr(args, "dsf", False):  # docs/mixers.md: seqmix.analysis.mixer_table
+        from seqmix.analysis.mixer_table import mixer_table, mixer_table_markdown
+
+        rows = mixer_table()
+        print(mixer_table_markdown([r for r in rows if not args.family or r["family"] == args.family]), end="")
+        return 0
     if args.format == "names":
         print("\n".join(e.name for e in entries))
         return 0
@@ -123,6 +131,9 @@ def _add_show(sub):
     g.add_argument("--heads", default=None, help="--hf: heads or channels drawn beside the mean map, comma-separated "
                                                  "(default: --maps - 1 evenly spaced)")
     g.add_argument("--ids", default=None, help="--hf: token ids to read instead of a text, comma-separated")
+    g.add_argument("--report", action="store_true", help="--hf: write one page per model (report.md and report.html) listing "
+                   "every layer: its transformers class, seqmix mixer, state size, structure of Λ, normalization and gating, "
+                   "decay range and the 90%% mass lag of Φ on the text (docs/interop.md), instead of the maps")
 
 
 def _run_show(args) -> int:
@@ -155,6 +166,8 @@ def _run_show(args) -> int:
             raise ValueError(f"argument '--text-file': cannot read {args.text_file!r} ({e.strerror})") from None
         except UnicodeDecodeError:
             raise ValueError(f"argument '--text-file': {args.text_file!r} is not UTF-8 text") from None
+    if getattr(args, "report", False) and not args.hf:
+        raise ValueError("argument '--report': the layer report is of real models: pass --hf PATH_OR_HUB_ID")
     if args.hf:  # real models: seqmix.interop + seqmix.analysis.model_maps (docs/interop.md)
         from ._show_hf import run_show_hf
 

@@ -184,6 +184,26 @@ class _Attention(Mixer):
     def _readout(self, o):
         return self.W_o(o.flatten(2))
 
+    def _output_gate(self):
+        """W_g of the output gate σ(W_g x) ⊙ o (heads·V outputs, the q/k/v projections' bias), or None
+        without ``output_gate``."""
+        c = self.config
+        qkv_bias = c.bias if c.qkv_bias is None else c.qkv_bias
+        return nn.Linear(c.d_model, self.heads * self.head_v, bias=qkv_bias) if c.output_gate else None
+
+    def _gate(self, o, x):
+        """σ(W_g x) ⊙ o with the output gate, o [B, T, heads, V]; o without."""
+        return o if self.W_g is None else o * torch.sigmoid(self.W_g(x)).view(o.shape).to(o.dtype)
+
+    def _cached_tokens(self, seq_len: int | None) -> int:
+        """Tokens a KV cache holds after ``seq_len`` (min(seq_len, window − 1); window − 1 for None)."""
+        w = self.config.window
+        if seq_len is None:
+            if w is None:
+                raise ValueError(f"{type(self).__name__}.state_size: without a window the KV cache grows with the context; pass 'seq_len'")
+            return w - 1
+        return seq_len if w is None else min(seq_len, w - 1)
+
     def _compose(self, system: DSF, projections: bool) -> DSF:
         """With projections, the DSF's input is x and its output y (W_v and W_o absorbed; with
         grouped kv heads, W_v's rows repeated for every query head that reads them)."""
@@ -477,8 +497,7 @@ class SoftmaxAttention(_Attention):
         elif c.qk_norm == "full":
             self.q_norm = RMSNorm(self.heads * self.head_qk, eps=c.qk_norm_eps)
             self.k_norm = RMSNorm(self.kv_heads * self.head_qk, eps=c.qk_norm_eps)
-        qkv_bias = c.bias if c.qkv_bias is None else c.qkv_bias
-        self.W_g = nn.Linear(c.d_model, self.heads * self.head_v, bias=qkv_bias) if c.output_gate else None
+        self.W_g = self._output_gate()
 
     @staticmethod
     def _sizes(c) -> tuple[int, int, int, int]:
@@ -513,9 +532,7 @@ class SoftmaxAttention(_Attention):
 
     def _gated_readout(self, o, x):
         """W_o(σ(W_g x) ⊙ o), o [B, T, heads, V]."""
-        if self.W_g is not None:
-            o = o * torch.sigmoid(self.W_g(x)).view(o.shape).to(o.dtype)
-        return self._readout(o)
+        return self._readout(self._gate(o, x))
 
     def _forward(self, x, *, state, mode, need_state):
         kv = state["kv"] if state else None
@@ -588,14 +605,7 @@ class SoftmaxAttention(_Attention):
         return self._compose(DSF.from_separable(fq, fk, eta, value_dim=self.head_v), projections)
 
     def state_size(self, seq_len: int | None = None) -> int:
-        w = self.config.window
-        if seq_len is None:
-            if w is None:
-                raise ValueError(f"{type(self).__name__}.state_size: without a window the KV cache grows with the context; pass 'seq_len'")
-            cached = w - 1
-        else:
-            cached = seq_len if w is None else min(seq_len, w - 1)
-        return self.kv_heads * (self.head_qk + self.head_v) * cached
+        return self.kv_heads * (self.head_qk + self.head_v) * self._cached_tokens(seq_len)
 
 
 # ------------------------------------------------------------------------------------------
@@ -659,14 +669,13 @@ class ForgettingAttention(_Attention):
         super().__init__(config, **kwargs)
         c = self.config
         H, K, V = self.heads, self.head_qk, self.head_v
-        qkv_bias = c.bias if c.qkv_bias is None else c.qkv_bias
         self.W_f = nn.Linear(c.d_model, H, bias=c.forget_bias)
         self.q_norm = RMSNorm(H * K, eps=c.norm_eps, groups=H) if c.qk_norm else None
         self.k_norm = RMSNorm(H * K, eps=c.norm_eps, groups=H) if c.qk_norm else None
         self.W_kshift = nn.Linear(c.d_model, H, bias=False) if c.k_shift else None
         self.W_vshift = nn.Linear(c.d_model, H, bias=False) if c.v_shift else None
         self.out_norm = RMSNorm(H * V, eps=c.norm_eps, groups=H) if c.output_norm else None
-        self.W_g = nn.Linear(c.d_model, H * V, bias=qkv_bias) if c.output_gate else None
+        self.W_g = self._output_gate()
 
     @classmethod
     def example_config(cls) -> dict:
@@ -731,9 +740,7 @@ class ForgettingAttention(_Attention):
     def _out(self, o, x):
         if self.out_norm is not None:
             o = _heads_rms(o, self.out_norm)
-        if self.W_g is not None:
-            o = o * torch.sigmoid(self.W_g(x)).view(o.shape).to(o.dtype)
-        return self._readout(o)
+        return self._readout(self._gate(o, x))
 
     def phi(self, x):
         """[B, heads, T, T]: softmax_j(s·q_iᵀk_j + c_i − c_j) (``ops.forgetting_probs``)."""
@@ -742,16 +749,9 @@ class ForgettingAttention(_Attention):
         return forgetting_probs(q, k, log_f.cumsum(1), scale=self.qk_scale, window=self.config.window, check_values=False)
 
     def state_size(self, seq_len: int | None = None) -> int:
-        w = self.config.window
-        if seq_len is None:
-            if w is None:
-                raise ValueError(f"{type(self).__name__}.state_size: without a window the KV cache grows with the context; pass 'seq_len'")
-            cached = w - 1
-        else:
-            cached = seq_len if w is None else min(seq_len, w - 1)
         H, K, V = self.heads, self.head_qk, self.head_v
         shifts = H * K * (self.W_kshift is not None) + H * V * (self.W_vshift is not None)
-        return H * (K + 1 + V) * cached + shifts
+        return H * (K + 1 + V) * self._cached_tokens(seq_len) + shifts
 
 
 class StickBreakingConfig(AttentionConfig):

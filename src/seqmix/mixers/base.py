@@ -48,6 +48,25 @@ class MixerConfig(BaseModel):
     mode: str = Field("auto", description="computation mode: 'auto' or one of the mixer's modes")
 
 
+class ExpandedWidths:
+    """For a config with fields ``expand_k`` and ``expand_v``: the key and value widths d_k = expand_k·d_model,
+    d_v = expand_v·d_model, and the check that both are positive integers."""
+
+    @property
+    def d_k(self) -> int:
+        return round(self.expand_k * self.d_model)
+
+    @property
+    def d_v(self) -> int:
+        return round(self.expand_v * self.d_model)
+
+    def _check_widths(self) -> None:
+        for name, e in (("expand_k", self.expand_k), ("expand_v", self.expand_v)):
+            w = e * self.d_model
+            if abs(w - round(w)) > 1e-9 or round(w) < 1:
+                raise ValueError(f"{name} = {e} times d_model = {self.d_model} must be a positive integer")
+
+
 #: at most this many problems are listed in one config error (then "and N more")
 CONFIG_ERROR_PROBLEMS = 3
 #: characters of one problem (a longer one is cut with "…"), and of a shown input value

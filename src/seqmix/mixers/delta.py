@@ -49,7 +49,7 @@ from torch import nn
 
 from ..dsf import DSF
 from ..ops.delta_rule import delta_product, delta_product_map, delta_rule, delta_rule_map
-from .base import Mixer, MixerConfig, MixOut, register, register_preset
+from .base import ExpandedWidths, Mixer, MixerConfig, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv
 
 # Gated DeltaNet's initialization (the released code): A uniform in [A_MIN, A_MAX], Δ at init log-uniform in [DT_MIN, DT_MAX]
@@ -57,7 +57,7 @@ A_MIN, A_MAX = 1.0, 16.0
 DT_MIN, DT_MAX = 1e-3, 0.1
 
 
-class DeltaNetConfig(MixerConfig):
+class DeltaNetConfig(ExpandedWidths, MixerConfig):
     """Sizes and options of the delta-rule mixers."""
 
     heads: int = Field(4, gt=0, description="H")
@@ -108,23 +108,13 @@ class DeltaNetConfig(MixerConfig):
     correction_factor: float = Field(1.0, description="initial D_h of the output correction (fla: 1, 'sometimes 0.02 works better')")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
 
-    @property
-    def d_k(self) -> int:
-        return round(self.expand_k * self.d_model)
-
-    @property
-    def d_v(self) -> int:
-        return round(self.expand_v * self.d_model)
-
     @model_validator(mode="after")
     def _check(self):
-        for name, e in (("expand_k", self.expand_k), ("expand_v", self.expand_v)):
-            w = e * self.d_model
-            if abs(w - round(w)) > 1e-9 or round(w) < 1:
-                raise ValueError(f"{name} = {e} times d_model = {self.d_model} must be a positive integer")
+        self._check_widths()
+        for name, w in (("expand_k", self.d_k), ("expand_v", self.d_v)):
             heads = self.k_heads or self.heads if name == "expand_k" else self.heads
-            if round(w) % heads:
-                raise ValueError(f"{name}·d_model = {round(w)} must be divisible by {'k_heads' if self.k_heads and name == 'expand_k' else 'heads'} = {heads}")
+            if w % heads:
+                raise ValueError(f"{name}·d_model = {w} must be divisible by {'k_heads' if self.k_heads and name == 'expand_k' else 'heads'} = {heads}")
         if self.k_heads is not None:
             if self.heads % self.k_heads:
                 raise ValueError(f"k_heads = {self.k_heads} must divide heads = {self.heads} (each q/k head serves heads / k_heads value heads)")

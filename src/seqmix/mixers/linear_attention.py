@@ -105,7 +105,7 @@ from torch import nn
 from ..dsf import DSF
 from ..ops import linear_recurrence, max_stabilizer, recurrence_map
 from ..ops.precision import complex_, compute_dtype, upcast
-from .base import MixerConfig, Mixer, MixOut, register, register_preset
+from .base import ExpandedWidths, MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv
 
 # the vocabulary of each parameter function (the config fields below take exactly these names)
@@ -1141,7 +1141,7 @@ def mamba_gf_state_from_s6(s6_state: dict, *, d_state: int, dt_rank: int, names:
 # ------------------------------------------------------------------------------------------
 
 
-class GSAConfig(MixerConfig):
+class GSAConfig(ExpandedWidths, MixerConfig):
     """Gated Slot Attention (Zhang et al. 2024, "Gated Slot Attention for Efficient Linear-Time Sequence
     Modeling", NeurIPS; its code is flash-linear-attention's GatedSlotAttention layer)."""
 
@@ -1162,19 +1162,9 @@ class GSAConfig(MixerConfig):
     norm_eps: float = Field(1e-5, gt=0, description="norm epsilon")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode (both passes)")
 
-    @property
-    def d_k(self) -> int:
-        return round(self.expand_k * self.d_model)
-
-    @property
-    def d_v(self) -> int:
-        return round(self.expand_v * self.d_model)
-
     @model_validator(mode="after")
     def _check(self):
-        for name, e in (("expand_k", self.expand_k), ("expand_v", self.expand_v)):
-            if abs(e * self.d_model - round(e * self.d_model)) > 1e-9 or round(e * self.d_model) < 1:
-                raise ValueError(f"{name} = {e} times d_model = {self.d_model} must be a positive integer")
+        self._check_widths()
         for name, width in (("d_k", self.d_k), ("d_v", self.d_v)):
             if width % self.heads:
                 raise ValueError(f"{name} = {width} must be divisible by heads = {self.heads}")

@@ -10,13 +10,24 @@ from .conv import causal_conv1d, causal_conv1d_step, direct_conv, fft_conv, toep
 from .features import FEATURE_MAPS, apply_feature_map, taylor_feature_dim, taylor_features
 from .recurrence import linear_recurrence, recurrence_map, recurrence_step
 from .delta_rule import MODES as DELTA_RULE_MODES
-from .delta_rule import delta_rule, delta_rule_map, delta_rule_step
+from .delta_rule import delta_product, delta_product_map, delta_rule, delta_rule_map, delta_rule_step
 from .selective_scan import selective_scan
 from .stabilizer import max_stabilizer
 from .ssm import (
     cauchy, diagonal_ssm_conv, discretize, dplr_kernel, hippo_legs, krylov_kernel, nplr_legs, s4d_init, ssm_final_state,
-    ssm_free_response, ssm_scan, vandermonde, vandermonde_kernel, vandermonde_transpose,
+    ssm_free_response, ssm_scan, trapezoidal_map, trapezoidal_recurrence, trapezoidal_recurrence_reference, vandermonde,
+    vandermonde_kernel, vandermonde_transpose,
 )
+from .forgetting import MODES as FORGETTING_MODES
+from .forgetting import forgetting_attention, forgetting_decode, forgetting_probs
+from .stickbreaking import MODES as STICKBREAKING_MODES
+from .stickbreaking import stickbreaking_attention, stickbreaking_probs
+from .path import MODES as PATH_MODES
+from .path import householder, path_attention, path_probs, path_scores
+from .log_linear import MODES as LOG_LINEAR_MODES
+from .log_linear import fenwick_levels, hierarchical_mask, levels_needed, log_linear_attention
+from .mesa import MODES as MESA_MODES
+from .mesa import gram_states, mesa_net, mesa_readout, mesa_solve
 
 __all__ = [
     "linear_recurrence", "recurrence_step", "recurrence_map", "RECURRENCE_MODES",
@@ -27,5 +38,11 @@ __all__ = [
     "FEATURE_MAPS", "apply_feature_map", "taylor_features", "taylor_feature_dim",
     "selective_scan", "max_stabilizer", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose", "vandermonde_kernel",
     "cauchy", "dplr_kernel", "hippo_legs", "nplr_legs", "s4d_init", "ssm_scan", "ssm_free_response", "ssm_final_state",
-    "diagonal_ssm_conv",
+    "diagonal_ssm_conv", "delta_product", "delta_product_map",
+    "trapezoidal_recurrence", "trapezoidal_recurrence_reference", "trapezoidal_map",
+    "forgetting_attention", "forgetting_probs", "forgetting_decode", "FORGETTING_MODES",
+    "stickbreaking_attention", "stickbreaking_probs", "STICKBREAKING_MODES",
+    "path_attention", "path_scores", "path_probs", "householder", "PATH_MODES",
+    "log_linear_attention", "levels_needed", "fenwick_levels", "hierarchical_mask", "LOG_LINEAR_MODES",
+    "mesa_net", "mesa_solve", "gram_states", "mesa_readout", "MESA_MODES",
 ]

@@ -167,6 +167,21 @@ def _check_qkv(q, k, v, where, *, step=False):
         check_shape("v", v, (B, k.shape[1], Hkv, None), "[B, Tk, Hkv, V]", where)
 
 
+def _check_appended_qkv(q, k, v, where):
+    """q [B, Tq, H, K], k [B, Tk, H, K] and v [B, Tk, H, V] or None, the queries the last Tq >= 1 of
+    the Tk positions (as when new tokens are appended to a cache)."""
+    check_tensor("q", q, rank=4, layout="[B, Tq, H, K]", where=where)
+    check_tensor("k", k, rank=4, layout="[B, Tk, H, K]", where=where)
+    B, Tq, H, K = q.shape
+    check_shape("k", k, (B, None, H, K), "[B, Tk, H, K] (q's B, H, K)", where)
+    Tk = k.shape[1]
+    if Tq == 0 or Tk < Tq:
+        raise ValueError(f"{where}: argument 'k' must have Tk >= Tq >= 1 positions (queries are the last Tq), got Tq = {Tq}, Tk = {Tk}")
+    if v is not None:
+        check_tensor("v", v, rank=4, layout="[B, Tk, H, V]", where=where)
+        check_shape("v", v, (B, Tk, H, None), "[B, Tk, H, V]", where)
+
+
 def repeat_kv(x: torch.Tensor, groups: int, dim: int = 2) -> torch.Tensor:
     """Each of the Hkv heads of x (on ``dim``) repeated ``groups`` times in a row: [.., Hkv, ..]
     -> [.., Hkv·groups, ..], head h of the result is head h // groups of x (transformers' repeat_kv)."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_choice, check_finite, check_shape, check_tensor
-from .attention import _check_window, _scale, attention_decode, attention_mask, softmax_attention
+from .attention import _check_appended_qkv, _check_window, _scale, attention_decode, attention_mask, softmax_attention
 from .precision import autocast_off, compute_dtype
 
 MODES = ("parallel", "sdpa")
@@ -44,16 +44,8 @@ _WHERE = "forgetting_attention"
 
 
 def _check(q, k, v, c, where):
-    check_tensor("q", q, rank=4, layout="[B, Tq, H, K]", where=where)
-    check_tensor("k", k, rank=4, layout="[B, Tk, H, K]", where=where)
-    B, Tq, H, K = q.shape
-    check_shape("k", k, (B, None, H, K), "[B, Tk, H, K] (q's B, H, K)", where)
-    Tk = k.shape[1]
-    if Tq == 0 or Tk < Tq:
-        raise ValueError(f"{where}: argument 'k' must have Tk >= Tq >= 1 positions (queries are the last Tq), got Tq = {Tq}, Tk = {Tk}")
-    if v is not None:
-        check_tensor("v", v, rank=4, layout="[B, Tk, H, V]", where=where)
-        check_shape("v", v, (B, Tk, H, None), "[B, Tk, H, V]", where)
+    _check_appended_qkv(q, k, v, where)
+    (B, Tq, H, K), Tk = q.shape, k.shape[1]
     check_tensor("c", c, rank=3, layout="[B, Tk, H]", where=where)
     check_shape("c", c, (B, Tk, H), "[B, Tk, H] (cumulative log forget gate at every key position)", where)
 

@@ -53,7 +53,7 @@ import torch
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
 from .delta_rule import delta_rule, delta_rule_map, delta_rule_step
 from .precision import full_precision
-from .recurrence import _compute_dtype, linear_recurrence, recurrence_map, recurrence_step
+from .recurrence import _check_qkv, _compute_dtype, linear_recurrence, recurrence_map, recurrence_step
 
 MODES = ("recurrent", "chunk", "parallel", "step")
 _WHERE = "log_linear_attention"
@@ -93,12 +93,7 @@ def hierarchical_mask(level_scales: torch.Tensor, offset: int = 0) -> torch.Tens
 
 
 def _check(q, k, v, level_scales, g, beta, S0, offset, *, check_values):
-    check_tensor("q", q, rank=4, layout="[B, T, H, K]", where=_WHERE)
-    Bt, T, H, K = q.shape
-    check_shape("k", k, (Bt, T, H, K), "[B, T, H, K]", _WHERE)
-    check_tensor("v", v, rank=4, layout="[B, T, H, V]", where=_WHERE)
-    check_shape("v", v, (Bt, T, H, None), "[B, T, H, V]", _WHERE)
-    V = v.shape[-1]
+    Bt, T, H, K, V = _check_qkv(q, k, v, _WHERE)
     check_tensor("level_scales", level_scales, rank=4, layout="[B, T, H, L]", where=_WHERE)
     check_shape("level_scales", level_scales, (Bt, T, H, None), "[B, T, H, L]", _WHERE)
     L = level_scales.shape[-1]

@@ -38,7 +38,7 @@ import torch
 
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor
 from .precision import full_precision
-from .recurrence import _compute_dtype, linear_recurrence
+from .recurrence import _check_qkv, _compute_dtype, linear_recurrence
 
 MODES = ("recurrent", "chunk", "parallel", "step")
 SOLVERS = ("exact", "cg")
@@ -81,12 +81,7 @@ def mesa_solve(Hm, q, lamb, *, solver: str = "cg", cg_steps: int = 30, cg_init: 
 
 
 def _check(q, k, v, beta, g, lamb, state, check_values):
-    check_tensor("q", q, rank=4, layout="[B, T, H, K]", where=_WHERE)
-    Bt, T, H, K = q.shape
-    check_shape("k", k, (Bt, T, H, K), "[B, T, H, K]", _WHERE)
-    check_tensor("v", v, rank=4, layout="[B, T, H, V]", where=_WHERE)
-    check_shape("v", v, (Bt, T, H, None), "[B, T, H, V]", _WHERE)
-    V = v.shape[-1]
+    Bt, T, H, K, V = _check_qkv(q, k, v, _WHERE)
     check_shape("beta", beta, (Bt, T, H), "[B, T, H]", _WHERE)
     if g is not None:
         check_shape("g", g, (Bt, T, H), "[B, T, H]", _WHERE)

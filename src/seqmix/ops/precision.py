@@ -58,6 +58,18 @@ def autocast_off(device_type: str):
     return contextlib.nullcontext()
 
 
+def backward_autocast_off(backward):
+    """Decorator for the backward of an autograd Function: runs it with autocast switched off on
+    the device of the first saved tensor, so that the backward's matmuls stay in the forward's dtype."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with autocast_off(ctx.saved_tensors[0].device.type):
+            return backward(ctx, *grads)
+
+    return wrapper
+
+
 def full_precision(fn):
     """Decorator for an op that computes half inputs in float32: runs ``fn`` with autocast
     switched off on the device of its first tensor argument, so that the op's own matmuls

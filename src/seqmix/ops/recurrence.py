@@ -69,6 +69,16 @@ _WHERE = "linear_recurrence"
 # --------------------------------------------------------------------------------------
 
 
+def _check_qkv(q, k, v, where):
+    """q, k [B, T, H, K] and v [B, T, H, V] (q's B, T, H); returns (B, T, H, K, V)."""
+    check_tensor("q", q, rank=4, layout="[B, T, H, K]", where=where)
+    B, T, H, K = q.shape
+    check_shape("k", k, (B, T, H, K), "[B, T, H, K]", where)
+    check_tensor("v", v, rank=4, layout="[B, T, H, V]", where=where)
+    check_shape("v", v, (B, T, H, None), "[B, T, H, V]", where)
+    return B, T, H, K, v.shape[-1]
+
+
 def _check_inputs(q, k, v, gk, gv, initial_state, *, check_values: bool, where: str, step: bool = False):
     """Validates shapes, dtypes and value ranges; returns (B, T, H, K, V)."""
     lay = "[B, H, K]" if step else "[B, T, H, K]"

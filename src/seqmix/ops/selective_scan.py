@@ -51,7 +51,7 @@ from torch.autograd.function import once_differentiable
 
 from . import backends as _backends
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
-from .precision import autocast_off, full_precision
+from .precision import backward_autocast_off, full_precision
 
 MODES = ("reference", "chunked", "fused")
 _WHERE = "selective_scan"
@@ -110,12 +110,8 @@ class _FusedScan(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @backward_autocast_off  # the backward's matmuls stay in the forward's dtype
     def backward(ctx, dy, dh_last):
-        with autocast_off(ctx.saved_tensors[0].device.type):  # the backward's matmuls stay in the forward's dtype
-            return _FusedScan._backward(ctx, dy, dh_last)
-
-    @staticmethod
-    def _backward(ctx, dy, dh_last):
         delta, A, u, Bm, Cm, h0, a, H = ctx.saved_tensors
         shared_B, shared_C = Bm.shape[2] == 1, Cm.shape[2] == 1
         g = dh_last if dh_last is not None else torch.zeros_like(h0)
@@ -244,12 +240,8 @@ class _ChunkedScan(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @backward_autocast_off  # the backward's matmuls stay in the forward's dtype
     def backward(ctx, dy, dh_last):
-        with autocast_off(ctx.saved_tensors[0].device.type):  # the backward's matmuls stay in the forward's dtype
-            return _ChunkedScan._backward(ctx, dy, dh_last)
-
-    @staticmethod
-    def _backward(ctx, dy, dh_last):
         delta, A, u, Bm, Cm, states = ctx.saved_tensors
         L = ctx.L
         T, Bt, D = delta.shape

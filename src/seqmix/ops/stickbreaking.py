@@ -43,8 +43,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_choice, check_finite, check_shape, check_tensor
-from .attention import _scale
+from .._checks import check_choice, check_finite
+from .attention import _check_appended_qkv, _scale
 from .precision import autocast_off, compute_dtype
 
 MODES = ("parallel", "chunk")
@@ -54,15 +54,7 @@ _WHERE = "stickbreaking_attention"
 
 
 def _check(q, k, v, where, remainder="drop"):
-    check_tensor("q", q, rank=4, layout="[B, Tq, H, K]", where=where)
-    check_tensor("k", k, rank=4, layout="[B, Tk, H, K]", where=where)
-    B, Tq, H, K = q.shape
-    check_shape("k", k, (B, None, H, K), "[B, Tk, H, K] (q's B, H, K)", where)
-    if Tq == 0 or k.shape[1] < Tq:
-        raise ValueError(f"{where}: argument 'k' must have Tk >= Tq >= 1 positions (queries are the last Tq), got Tq = {Tq}, Tk = {k.shape[1]}")
-    if v is not None:
-        check_tensor("v", v, rank=4, layout="[B, Tk, H, V]", where=where)
-        check_shape("v", v, (B, k.shape[1], H, None), "[B, Tk, H, V]", where)
+    _check_appended_qkv(q, k, v, where)
     check_choice("remainder", remainder, REMAINDERS, where)
 
 

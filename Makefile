@@ -1,6 +1,6 @@
 # seqmix: set-up and the common jobs. Every target creates .venv on first use.
 #   make main       the main job (see README)
-#   make test       the whole test suite, slow tests included (what CI runs; ~2.5 min on 2 cores)
+#   make test       the whole test suite, slow tests included (what CI runs; about 6 min on 2 cores, set-up excluded)
 #   make test-slow  only the tests marked slow (pytest -m "not slow" skips them while developing)
 #   make bench      every benchmark script at full size
 #   make test-latest   the whole suite in .venv-latest, with the newest release of every dependency
@@ -56,7 +56,7 @@ test-latest:
 	python3 -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install -q --upgrade pip
 	$(LATEST)/bin/python -m pip install -q "$(TORCH)"
-	$(LATEST)/bin/python -m pip install -q --upgrade $$($(LATEST)/bin/python tools/lock.py names $(EXTRAS))
+	$(LATEST)/bin/python -m pip install -q --upgrade "$(TORCH)" $$($(LATEST)/bin/python tools/lock.py names $(EXTRAS) | tr ' ' '\n' | grep -vx torch)
 	$(LATEST)/bin/python -m pip install -q --no-deps -e .
 	$(LATEST)/bin/python -m pip list 2>/dev/null | grep -i -E "^(torch|transformers|tokenizers|datasets|pydantic|numpy) "
 	$(LATEST)/bin/python -m pytest -q -p no:cacheprovider

@@ -3,27 +3,16 @@ and Comba, against their own loops and flash-linear-attention's naive references
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
+from fla_ref import fla_naive
 import torch
 import torch.nn.functional as F
 
 import seqmix
 from seqmix.ops.delta_rule import delta_product, delta_rule, delta_rule_map
 from tolerances import max_abs
-
-
-def fla_naive(path: str, fn: str):
-    """A function of fla's naive.py files, loaded by path (``fla.ops`` imports triton, the naive files only torch)."""
-    fla = pytest.importorskip("fla")
-    file = Path(fla.__file__).parent / path
-    spec = importlib.util.spec_from_file_location(f"_fla_naive2_{fn}", file)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return getattr(mod, fn)
 
 
 def build(name, **kw):

@@ -12,12 +12,11 @@ import torch
 import torch.nn.functional as F
 
 import seqmix
-from seqmix.mixers.base import Cache
 from seqmix.mixers.linear_attention import (
     METALA_ABLATIONS, METALA_MQAR, METALA_PAPER, MLSTM_EXP_FORGET, MLSTM_PAPER, PRESETS, RWKV4_FULL, S6_NAMES, GeneralForm,
     mamba_gf_state_from_s6,
 )
-from tolerances import F32_RTOL, F64_ATOL, max_abs, rel_err
+from tolerances import F32_RTOL, F64_ATOL, assert_decodes_splits_and_maps, max_abs, rel_err
 
 B = 2
 
@@ -115,27 +114,8 @@ def test_variant_passes_contract_checks(variant):
     y_ref, _ = _grads(m32, x32, "recurrent")
     for mode in ("chunk", "parallel"):
         assert rel_err(_grads(m32, x32, mode)[0], y_ref) < F32_RTOL
-    # decoding step by step, split and carry, state size
-    T = 2 * c + 3
-    x = randn(B, T, m.d_model)
-    m.mode = "recurrent"
-    y_full = m(x)
-    cache = Cache()
-    steps = torch.cat([m(x[:, t : t + 1], cache=cache) for t in range(T)], 1)
-    assert max_abs(steps, y_full) < F64_ATOL
-    assert cache.floats() == B * m.state_size(T)
-    for mode in m.modes:
-        m.mode = mode
-        cache = Cache()
-        y = torch.cat([m(x[:, :5], cache=cache), m(x[:, 5:], cache=cache)], 1)
-        assert max_abs(y, y_full) < F64_ATOL, (variant, mode)
-    # phi and dsf reproduce the core
-    values, mixed = m.core(x)
-    phi = m.phi(x)
-    assert max_abs(torch.einsum("bmts,bsmp->btmp", phi, values), mixed) < F64_ATOL
-    Bt, _, M, P = values.shape
-    system = m.dsf(x)
-    assert max_abs(system.evaluate(values.reshape(Bt, T, M * P)), mixed.reshape(Bt, T, M * P)) < F64_ATOL
+    # decoding step by step, split and carry, state size; phi and dsf reproduce the core
+    assert_decodes_splits_and_maps(m, randn(B, 2 * c + 3, m.d_model), variant)
 
 
 def test_every_option_value_is_exercised():

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import seqmix
 from seqmix.mixers.base import Cache
 from seqmix.mixers.linear_attention import HGRN2_FLA, RWKV6_FLA, GatedSlotAttention, GeneralForm
-from tolerances import F32_RTOL, F64_ATOL, assert_modes_agree_f64, max_abs, rel_err
+from tolerances import F32_RTOL, F64_ATOL, assert_decodes_splits_and_maps, assert_modes_agree_f64, max_abs, rel_err
 
 B = 2
 NAMES = ("rwkv6", "hgrn2", "gsa")
@@ -194,23 +194,7 @@ def test_variant_passes_contract_checks(variant):
     for mode in m32.modes:
         m32.mode = mode
         assert rel_err(m32(x32).detach(), y_ref) < F32_RTOL, (variant, mode)
-    T = 2 * c + 3
-    x = randn(B, T, m.d_model)
-    m.mode = m.reference_mode
-    y_full = m(x)
-    cache = Cache()
-    steps = torch.cat([m(x[:, t : t + 1], cache=cache) for t in range(T)], 1)
-    assert max_abs(steps, y_full) < F64_ATOL
-    assert cache.floats() == B * m.state_size(T)
-    for mode in m.modes:
-        m.mode = mode
-        cache = Cache()
-        y = torch.cat([m(x[:, :5], cache=cache), m(x[:, 5:], cache=cache)], 1)
-        assert max_abs(y, y_full) < F64_ATOL, (variant, mode)
-    values, mixed = m.core(x)
-    assert max_abs(torch.einsum("bmts,bsmp->btmp", m.phi(x), values), mixed) < F64_ATOL
-    Bt, _, M, P = values.shape
-    assert max_abs(m.dsf(x).evaluate(values.reshape(Bt, T, M * P)), mixed.reshape(Bt, T, M * P)) < F64_ATOL
+    assert_decodes_splits_and_maps(m, randn(B, 2 * c + 3, m.d_model), variant)
 
 
 # ------------------------------------------------------------------------------------------

@@ -58,6 +58,31 @@ def assert_modes_agree_f64(m, x, where: str = ""):
     m.mode = m.reference_mode
     return y_ref
 
+
+def assert_decodes_splits_and_maps(m, x, where: str = "", split: int = 5):
+    """Float64 checks of a mixer on x [B, T, d]: step-by-step decoding through a Cache equals the
+    full forward (reference mode) and the cache holds B·state_size(T) floats; in every mode, two
+    calls split at ``split`` and carried through the cache equal one pass; phi(x) applied to the
+    values and dsf(x) evaluated on them reproduce the core output."""
+    from seqmix.mixers.base import Cache
+
+    B, T, _ = x.shape
+    m.mode = m.reference_mode
+    y_full = m(x)
+    cache = Cache()
+    steps = torch.cat([m(x[:, t : t + 1], cache=cache) for t in range(T)], 1)
+    assert max_abs(steps, y_full) < F64_ATOL, f"{where}: step decoding"
+    assert cache.floats() == B * m.state_size(T), f"{where}: cache floats"
+    for mode in m.modes:
+        m.mode = mode
+        cache = Cache()
+        y = torch.cat([m(x[:, :split], cache=cache), m(x[:, split:], cache=cache)], 1)
+        assert max_abs(y, y_full) < F64_ATOL, f"{where}: split in mode {mode}"
+    values, mixed = m.core(x)
+    assert max_abs(torch.einsum("bmts,bsmp->btmp", m.phi(x), values), mixed) < F64_ATOL, f"{where}: phi"
+    Bt, _, M, P = values.shape
+    assert max_abs(m.dsf(x).evaluate(values.reshape(Bt, T, M * P)), mixed.reshape(Bt, T, M * P)) < F64_ATOL, f"{where}: dsf"
+
 #: mixed precision (tests/test_contract.py, bench/scale.py): relative error max|y - y32| / max|y32|
 #: of a mixer's output under autocast (or with half parameters) against float32. bf16 keeps 8
 #: significant bits (2⁻⁹ ≈ 2e-3 per rounding): 3e-2 is issue 15's bound at T = 512 with the default

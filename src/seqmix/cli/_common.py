@@ -68,3 +68,19 @@ def _check_out_dir(path, argument: str = "--out"):
     if any(q.exists() and not q.is_dir() for q in (p, *p.parents)):
         output_dir(p, argument)  # raises, creating nothing
     return p
+
+
+def print_facts_table(views, title: str) -> None:
+    """The numbers beside the maps (``MixerView.facts()``), one column per view, as a rich table."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=escape(title))
+    facts = [v.facts() for v in views]
+    table.add_column("")
+    for v in views:
+        table.add_column(escape(v.label))
+    for i, (key, _) in enumerate(facts[0]):
+        table.add_row(key, *(f[i][1] for f in facts))
+    Console(width=max(120, Console().width)).print(table)

@@ -5,6 +5,8 @@ mechanism (:mod:`seqmix.analysis.show`)."""
 
 from __future__ import annotations
 
+from ._common import print_facts_table
+
 
 def parse_index_list(spec: str | None, argument: str, *, allow_all: bool = False):
     """"0,-1" -> [0, -1]; "all" -> "all" (when allowed); None -> None."""
@@ -23,9 +25,6 @@ def run_show_hf(args, text: str | None) -> int:
     from pathlib import Path
 
     import torch
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
 
     from seqmix.analysis import show
     from seqmix.analysis.model_maps import layers_figure, model_maps
@@ -76,14 +75,7 @@ def run_show_hf(args, text: str | None) -> int:
         (out / "maps.png").write_bytes(show.figure_png(show.show_figure(views, log=args.log, max_maps=args.maps, dpi=args.dpi)))
         (out / "layers.png").write_bytes(show.figure_png(across))
         written += [out / "maps.png", out / "layers.png"]
-    table = Table(title=escape(f"seqmix show --hf: {desc}; numbers of the mean map Φ̄"))
-    facts = [v.facts() for v in views]
-    table.add_column("")
-    for v in views:
-        table.add_column(escape(v.label))
-    for i, (key, _) in enumerate(facts[0]):
-        table.add_row(key, *(f[i][1] for f in facts))
-    Console(width=max(120, Console().width)).print(table)
+    print_facts_table(views, f"seqmix show --hf: {desc}; numbers of the mean map Φ̄")
     for mm in models:
         print(f"{mm.label}: state floats per sequence (T = {mm.T}) over {len(mm.layers)} layers = "
               f"{sum(s.state_size for s in mm.layers):,}; median memory per layer: "

@@ -3,7 +3,7 @@ Table 2, and their maps Φ side by side."""
 
 from __future__ import annotations
 
-from ._common import _check_out_dir
+from ._common import _check_out_dir, print_facts_table
 
 
 def _add_list(sub):
@@ -139,10 +139,6 @@ def _add_show(sub):
 def _run_show(args) -> int:
     from pathlib import Path
 
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     from seqmix._checks import output_dir
     from seqmix.analysis import show
     from seqmix.analysis.theory_figures import THEORY_FIGURES
@@ -211,14 +207,7 @@ def _run_show(args) -> int:
             (out / f"{n}.png").write_bytes(show.figure_png(fig))
             written.append(out / f"{n}.png")
     if views:
-        table = Table(title=escape(f"seqmix show: {inp.description}; P = the reference softmax map"))
-        facts = [v.facts() for v in views]
-        table.add_column("")
-        for v in views:
-            table.add_column(escape(v.label))
-        for i, (key, _) in enumerate(facts[0]):
-            table.add_row(key, *(f[i][1] for f in facts))
-        Console(width=max(120, Console().width)).print(table)
+        print_facts_table(views, f"seqmix show: {inp.description}; P = the reference softmax map")
     for p in written:
         print(f"wrote {p}")
     return 0

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import seqmix
 from seqmix.ops.delta_rule import delta_product, delta_rule, delta_rule_map
-from tolerances import max_abs
+from tolerances import F64_ATOL, max_abs
 
 
 def build(name, **kw):
@@ -148,10 +148,105 @@ def test_rwkv7_transition_and_core():
 
 
 def test_rwkv7_value_residual_option():
-    m = build("rwkv7", value_residual=True)
+    m = build("rwkv7")  # value_residual is on by default (RWKV-7)
+    assert m.config.value_residual and m.uses_context
     x = x_()
     y0 = m(x)
-    m.v_first = torch.zeros(2, 19, 16, dtype=torch.float64)
-    assert max_abs(m(x), y0) > 1e-6  # the lerp toward v_first acts
-    m.v_first = None
-    assert max_abs(m(x), y0) == 0  # unset: the mixer's own v (lerp(v, v) = v)
+    context = {}
+    assert max_abs(m(x, context=context), y0) == 0  # a first layer: lerp(v, v, ·) = v ...
+    assert context["v_first"].shape == (2, 19, 16)  # ... that hands its v to the later ones
+    assert max_abs(context["v_first"], m._params(x, None, False)["v"].flatten(2)) == 0
+    assert max_abs(m(x, context={"v_first": torch.zeros(2, 19, 16, dtype=torch.float64)}), y0) > 1e-6  # the mix acts
+    with pytest.raises(ValueError, match=r"'context'\['v_first'\].*\[2, 19, 16\]"):
+        m(x, context={"v_first": torch.zeros(2, 18, 16, dtype=torch.float64)})
+    with pytest.raises(ValueError, match="argument 'context' must be a dict"):
+        m(x, context=[1])
+    off = build("rwkv7", value_residual=False)
+    assert not any(n.startswith(("v0", "v1", "v2")) for n, _ in off.named_parameters())
+    c = {}
+    y = off(x, context=c)  # no ν parameters; the first layer's v is still written for the later layers
+    assert "v_first" in c and max_abs(off(x, context={"v_first": torch.zeros_like(x)}), y) == 0
+    # a mixer without uses_context ignores the context
+    g = build("gla")
+    assert not g.uses_context and max_abs(g(x, context={"v_first": x}), g(x)) == 0
+
+
+def _rwkv7_lm(n_layers=2, seed=0, **mixer):
+    from seqmix.models.lm import LanguageModel, ModelConfig
+
+    torch.manual_seed(seed)
+    kw = {**seqmix.mixer_entry("rwkv7").example_config(), **mixer}
+    kw.pop("d_model")
+    cfg = ModelConfig(mixer="rwkv7", mixer_kwargs=kw, d_model=16, n_layers=n_layers, vocab_size=11, max_seq_len=32)
+    return LanguageModel(cfg).double().eval()
+
+
+def test_rwkv7_value_residual_through_the_backbone():
+    """The second layer reads the first layer's v (RWKV-7 eq. 13) through the backbone's context."""
+    lm = _rwkv7_lm()
+    ids = torch.randint(0, 11, (2, 13), generator=torch.Generator().manual_seed(3))
+    seen = []
+    hooks = [b.mixer.register_forward_hook(lambda mod, args, kw, out: seen.append((args[0], kw["context"], out)), with_kwargs=True)
+             for b in lm.blocks]
+    logits = lm(ids)
+    for h in hooks:
+        h.remove()
+    (x0, c0, _), (x1, c1, y1) = seen
+    assert c0 is c1  # one dict for the pass
+    v0 = lm.blocks[0].mixer._params(x0, None, False)["v"].flatten(2)
+    assert max_abs(c1["v_first"], v0) == 0  # layer 0 wrote its own values
+    m1 = lm.blocks[1].mixer
+    assert max_abs(m1(x1, context={"v_first": v0}), y1) == 0
+    assert max_abs(m1(x1), y1) > 1e-6  # without layer 0's v the second layer's output differs
+    # perturbing v_first alone moves layer 1: a nonzero gradient of its output w.r.t. v_first
+    vf = v0.detach().clone().requires_grad_()
+    (gv,) = torch.autograd.grad(m1(x1.detach(), context={"v_first": vf}).square().sum(), vf)
+    assert float(gv.abs().max()) > 1e-8
+    # the ν LoRA of layer 0 mixes v with itself (zero gradient, but used: DDP sees every parameter); layer 1's learns
+    logits.square().sum().backward()
+    for name in ("v1", "v2"):
+        assert float(getattr(lm.blocks[0].mixer, name).weight.grad.abs().max()) == 0
+        assert float(getattr(lm.blocks[1].mixer, name).weight.grad.abs().max()) > 0
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunk", "parallel"])
+def test_rwkv7_value_residual_decoding_equals_the_full_pass(mode):
+    """With the residual on, every mode of the whole model agrees, and a prefill followed by step-by-step
+    decoding through the Cache reproduces the full pass (each step's v_first is layer 0's v of that token)."""
+    from seqmix import Cache
+
+    lm = _rwkv7_lm(n_layers=3, seed=1)
+    ids = torch.randint(0, 11, (2, 17), generator=torch.Generator().manual_seed(4))
+    for b in lm.blocks:
+        b.mixer.mode = mode
+    with torch.no_grad():
+        full = lm.hidden(ids)
+        for b in lm.blocks:
+            b.mixer.mode = "recurrent"
+        assert max_abs(full, lm.hidden(ids)) < F64_ATOL
+        for b in lm.blocks:
+            b.mixer.mode = mode
+        cache = Cache()
+        parts = [lm.hidden(ids[:, :6], cache=cache)]  # prefill in the mode, then T == 1 steps
+        parts += [lm.hidden(ids[:, t:t + 1], cache=cache, start=t) for t in range(6, 17)]
+    assert max_abs(torch.cat(parts, 1), full) < F64_ATOL
+
+
+def test_rwkv7_value_residual_off_is_the_layer_without_it():
+    """value_residual = False: no ν parameters, each layer is the mixer on its own (the backbone before the
+    residual was wired); with the residual on and σ(ν) = 0 the model equals it, and with its init it does not."""
+    off, on = _rwkv7_lm(value_residual=False), _rwkv7_lm(value_residual=True)
+    ids = torch.randint(0, 11, (2, 13), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        h = off.embed(ids) + off.pos.weight[:13]
+        for b in off.blocks:  # the old Block: the mixer without a context
+            h = h + b.mixer(b.norm1(h))
+            h = h + b.channel(b.norm2(h))
+        assert max_abs(off.hidden(ids), off.norm_f(h)) == 0
+        missing, unexpected = on.load_state_dict(off.state_dict(), strict=False)
+        assert not unexpected and sorted(missing) == sorted(f"blocks.{i}.mixer.{n}" for i in range(2)
+                                                              for n in ("v0", "v1.weight", "v2.weight"))
+        assert max_abs(on.hidden(ids), off.hidden(ids)) > 1e-6
+        for b in on.blocks:
+            b.mixer.v0.fill_(-1e4)  # σ(ν) = 0: v unchanged
+        assert max_abs(on.hidden(ids), off.hidden(ids)) == 0

@@ -1,11 +1,14 @@
 """Reproduction presets: the grid, validation of mixers and fields at run time, claims,
 and reproduce() end to end on a small preset built from linear attention."""
 
+import json
+
 import pytest
 
 import seqmix
 from seqmix.experiments import PRESETS, Claim, ModelSpec, Preset, Scale, TaskSpec, evaluate_claims, reproduce
-from seqmix.experiments.presets import DSF_FIG2, TINY_LRS, TINY_N, TINY_SSM_LRS, tiny_mqar
+from seqmix.experiments.base import LR_DSF
+from seqmix.experiments.presets import DSF_FIG2, MAIN_LRS, TINY_N, tiny_mqar
 
 #: the registry names every developer uses (BRIEF.md)
 CANONICAL = set("""softmax_attention separable_attention linear_attention generalized_linear_attention normalized_attention
@@ -33,7 +36,7 @@ def test_every_preset_names_canonical_mixers_and_builds_its_data():
                             "bmojo-fig2", "bmojo-fig2-me", "dsf-table1-lm", "dsf-table3", "metala-lra", "lra-tiny"}
     for p in PRESETS.values():
         assert set(p.mixers()) <= CANONICAL, p.name
-        assert set(p.scales) == {"tiny", "paper"}
+        assert set(p.scales) == ({"tiny", "small", "paper"} if p.name == "dsf-fig2" else {"tiny", "paper"})
         labels = [m.label for m in p.models]
         for c in p.claims:
             assert c.a in labels and (c.b is None or c.b in labels), (p.name, c.text)
@@ -68,12 +71,15 @@ def test_skip_missing_runs_the_registered_models():
     runs = DSF_FIG2.runs("tiny", skip_missing=True)
     registered = {e.name for e in seqmix.list_mixers()}
     assert {r.model.mixer for r in runs} == {m.mixer for m in DSF_FIG2.models} & registered
-    for r in runs:
-        assert r.train.lr in TINY_SSM_LRS.get(r.label, TINY_LRS)
+    # the paper's protocol: every model sweeps the rates (the main job's three of np.logspace(-4, -2, 4)), in order
+    assert DSF_FIG2.scales["tiny"].sweep_stop and DSF_FIG2.scales["tiny"].lr_select == "per_seed"
+    assert [r.train.lr for r in runs if r.label == "S6" and r.model.d_model == 32 and r.train.seed == 0] == MAIN_LRS
+    assert set(MAIN_LRS) < set(LR_DSF)
     lin = [r for r in runs if r.label == "linear"]
-    assert [(r.model.d_model, r.train.seed) for r in lin] == [(d, s) for d in (32, 64) for s in (0, 1, 2)]
+    assert [(r.model.d_model, r.train.lr, r.train.seed) for r in lin] == [
+        (d, lr, s) for d in (32, 64) for lr in MAIN_LRS for s in (0, 1, 2)]
     for r in lin:
-        assert r.model.mixer_kwargs == {"heads": 1, "n": TINY_N} and r.train.lr in TINY_LRS
+        assert r.model.mixer_kwargs == {"heads": 1, "n": TINY_N}
         assert r.data.train[0].seq_len == 32 and r.data.train[0].num_kv_pairs == 4 and r.data.vocab_size == 128
         assert r.experiment == "dsf-fig2/tiny"
     # init std per model (presets docstring, "Init"): 0.1 for softmax and linear attention in the tiny
@@ -225,3 +231,44 @@ def test_every_model_of_the_bmojo_presets_trains(preset):
         assert res.steps == 2 and 0.0 <= res.accuracy <= 1.0 and res.history[0]["loss"] == res.history[0]["loss"], r.label
         assert res.state_size > 0
     assert seen == {m.label for m in PRESETS[preset].models}
+
+
+def test_sweep_stop_runs_a_cells_rates_in_order_until_one_reaches_early_stop(tmp_path):
+    """sweep_stop: wave k runs the k-th rate of each cell not yet at the early-stop accuracy. A
+    cell whose first rate reached it has no run at the second rate, every other cell has; without
+    early stopping every rate runs."""
+    from rich.console import Console
+
+    from seqmix.experiments import lr_waves
+    from seqmix.train.store import ResultsStore
+
+    def preset(early_stop):
+        sc = _mini().scales["tiny"].model_copy(update={
+            "d_models": [8], "ns": [4], "lrs": [1e-2, 1e-3], "seeds": [0, 1], "sweep_stop": True,
+            "train": {"epochs": 1, "threads": 1, "early_stop": early_stop}})
+        return _mini().model_copy(update={"name": "mini", "scales": {"tiny": sc}})
+
+    configs = preset(1e-4).runs("tiny")
+    waves = lr_waves(configs)
+    assert [len(w) for w in waves] == [4, 4]  # 2 models × 2 seeds per wave
+    assert {c.train.lr for c in waves[0]} == {1e-2} and {c.train.lr for c in waves[1]} == {1e-3}
+    con = Console(file=open(tmp_path / "log.txt", "w"), width=160)
+    for early_stop in (1e-4, None):
+        out = tmp_path / f"out-{early_stop}"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setitem(PRESETS, "mini", preset(early_stop))
+            r = reproduce("mini", "tiny", out_dir=out, workers=1, progress=False, console=con)
+        stored = ResultsStore(out / "results.sqlite").rows()
+        first = {(row["label"], row["seed"]): row["accuracy"] for row in stored if row["lr"] == 1e-2}
+        second = {(row["label"], row["seed"]) for row in stored if row["lr"] == 1e-3}
+        assert len(first) == 4
+        if early_stop is None:
+            assert len(second) == 4
+        else:
+            solved = {k for k, acc in first.items() if acc >= early_stop}
+            assert solved and second == set(first) - solved
+            assert f"round 2/2: {4 - len(solved)} runs ({len(solved)} cells already" in (tmp_path / "log.txt").read_text()
+        for row in r.rows:
+            assert set(row["per_seed_lr"].values()) <= {1e-2, 1e-3}
+        saved = json.loads((out / "mini-tiny.json").read_text())
+        assert saved["lr_select"] == "per_seed" and len(saved["cells"]) == len(r.rows)

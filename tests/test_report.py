@@ -156,6 +156,11 @@ def test_report_is_well_formed_and_self_contained(small_report):
     summary = md.read_text()
     assert "| mini | 12 | 3 | 1 of 2 agree | 1 min 15 s | 2 min 10 s |" in summary
     assert "**does not agree** (1/3 seeds): a > b" in summary and "why: too small to tell" in summary
+    # both open with the verdict counts, then each disagreement with its numbers and cause
+    assert summary.startswith("**Verdicts: 1 of 2 claims agree (mini 1/2).**")
+    first = summary.index("- mini: a > b — does not agree (1/3 seeds; t: ")
+    assert first < summary.index("| preset |") and "; why: too small to tell" in summary[first:summary.index("| preset |")]
+    assert text.index("Verdicts: 1 of 2 claims agree (mini 1/2).") < text.index("<th>preset</th>")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)

@@ -157,3 +157,27 @@ def test_killing_a_sweep_stops_its_workers(tmp_path, sig):
     while any(_alive(pid) for pid in workers) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in workers), "a worker outlived its sweep"
+
+
+def test_best_over_lr_per_seed_and_by_final_accuracy():
+    """select='per_seed': each seed at its own best rate; criterion='final': the last evaluation chooses."""
+    rows = [_row("a", 16, 1e-3, 0.9, 0), _row("a", 16, 1e-3, 0.1, 1), _row("a", 16, 1e-3, 0.5, 2),
+            _row("a", 16, 3e-3, 0.6, 0), _row("a", 16, 3e-3, 0.6, 1), _row("a", 16, 3e-3, 0.5, 2)]
+    rows[0]["final_accuracy"] = 0.2  # seed 0 at 1e-3 peaked at 0.9 and ended at 0.2
+    (med,) = best_over_lr(rows)  # one rate for the cell: 3e-3 (median 0.6 against 0.5)
+    assert med["lr"] == 3e-3 and med["accuracy"] == pytest.approx(0.6)
+    (per,) = best_over_lr(rows, select="per_seed")
+    # seed 0 takes 1e-3 (0.9), seed 1 3e-3 (0.6), seed 2 a tie (0.5): the smaller rate
+    assert per["per_seed_lr"] == {0: 1e-3, 1: 3e-3, 2: 1e-3} and per["per_seed"] == {0: 0.9, 1: 0.6, 2: 0.5}
+    assert per["accuracy"] == pytest.approx(0.6) and per["lo"] == 0.5 and per["hi"] == 0.9
+    assert per["lr"] == 1e-3 and per["lrs"] == [1e-3, 3e-3] and per["wall_time"] == 6.0
+    (fin,) = best_over_lr(rows, select="per_seed", criterion="final")
+    assert fin["per_seed_lr"][0] == 3e-3 and fin["per_seed"][0] == pytest.approx(0.6)
+    md = table([per])
+    assert "0.001 · 0.003 · 0.001" in md and "one per seed" in md
+    from seqmix.train.results import seed_rows
+    assert {s: rs[0]["lr"] for s, rs in seed_rows([per]).items()} == {0: 1e-3, 1: 3e-3, 2: 1e-3}
+    with pytest.raises(ValueError, match="unknown select 'mean'"):
+        best_over_lr(rows, select="mean")
+    with pytest.raises(ValueError, match="unknown criterion 'last'"):
+        best_over_lr(rows, criterion="last")

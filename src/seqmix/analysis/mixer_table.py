@@ -7,7 +7,8 @@ normalization and gating, extended to today's mixers (docs/mixers.md is this tab
 
 One mechanism with the per-layer report of converted real models: the structure of Λ_i is
 :data:`seqmix.analysis.model_maps.LAMBDA_STRUCTURE` (a new mixer gets its entry there), the
-normalization and gating are :func:`seqmix.analysis.model_maps.norm_and_gate`. Each mixer is
+normalization and gating are :func:`seqmix.analysis.model_maps.norm_and_gate` (the norm modules
+a mixer holds, plus :data:`~seqmix.analysis.model_maps.NORM_GATE_RULES` per class). Each mixer is
 built at its example config (``MixerEntry.example_config()``, d_model 16: the size the contract
 suite tests), and its state is counted by ``mixer.state_size(seq_len)``:
 
@@ -23,7 +24,7 @@ suite tests), and its state is counted by ``mixer.state_size(seq_len)``:
 from __future__ import annotations
 
 from ..mixers.base import list_mixers
-from .model_maps import LAMBDA_STRUCTURE, lambda_structure, norm_and_gate
+from .model_maps import LAMBDA_STRUCTURE, lambda_structure, missing_norm_gate_rule, norm_and_gate
 
 __all__ = [
     "MIXER_TABLE_COLUMNS", "GROWTH", "mixer_table", "mixer_table_markdown", "missing_lambda_structure", "state_growth",
@@ -72,12 +73,19 @@ def missing_lambda_structure() -> list[str]:
 def mixer_table(*, strict: bool = True) -> list[dict]:
     """One dict per registered mixer (keys: :data:`MIXER_TABLE_COLUMNS`), sorted by family then
     name, each built at its example config. ``strict``: a registered mixer without a Λ structure
-    entry raises a ValueError naming the table to add it to."""
+    entry, or whose class has no normalization / gating entry, raises a ValueError naming the table
+    to add it to."""
     missing = missing_lambda_structure()
     if strict and missing:
         raise ValueError(
             f"mixer_table: no Λ structure for {', '.join(missing)}: add an entry per name to LAMBDA_STRUCTURE in "
             "src/seqmix/analysis/model_maps.py (scalar, diagonal, diagonal + low rank, product, shift, identity or none)"
+        )
+    missing = missing_norm_gate_rule()
+    if strict and missing:
+        raise ValueError(
+            f"mixer_table: no normalization / gating entry for the class of {', '.join(missing)}: add one per class to "
+            "NORM_GATE_RULES in src/seqmix/analysis/model_maps.py (an empty one if it has no functional norm and no gate)"
         )
     from ..mixers.base import build_mixer
 

@@ -41,6 +41,7 @@ from torch import nn
 
 from .._checks import check_positive_int
 from ..mixers.base import Mixer
+from ..mixers.layers import LayerNorm, RMSNorm
 from ..mixers.ssm import S6, SSD
 from ..ops.recurrence import recurrence_map
 from .mapstats import (
@@ -52,7 +53,8 @@ from .show import SPECTRUM_ROWS, MixerView, _conditions, softmax_reference
 __all__ = [
     "Pieces", "MAP_PIECES", "register_map_pieces", "map_pieces", "ReducedMaps", "reduced_maps", "reduced_spectrum",
     "mixer_layers", "layer_inputs", "LayerSummary", "ModelMaps", "model_maps", "layers_figure", "BLOCK_BYTES",
-    "LAMBDA_STRUCTURE", "lambda_structure", "norm_and_gate", "mass_lag", "layer_lag", "decay_range", "layer_report",
+    "LAMBDA_STRUCTURE", "lambda_structure", "norm_and_gate", "NORM_GATE_RULES", "NORM_PLACES", "norm_gate_rule",
+    "missing_norm_gate_rule", "mass_lag", "layer_lag", "decay_range", "layer_report",
     "report_markdown", "report_html", "REPORT_HEADINGS", "REPORT_NOTE",
 ]
 
@@ -558,44 +560,164 @@ def lambda_structure(mixer: Mixer) -> str:
     return "none" if not cls.finite_state else ("diagonal" if cls.diagonal_transition else "diagonal + low rank")
 
 
+# ------------------------------------------------------------------------------------------
+# normalization and gating (the DSF table's columns: docs/mixers.md; the layer report's)
+# ------------------------------------------------------------------------------------------
+
+#: the norm modules a mixer may hold (read from its children by :func:`norm_and_gate`), class -> the name shown
+_NORM_KINDS: tuple[tuple[type, str], ...] = (
+    (RMSNorm, "RMSNorm"), (LayerNorm, "LayerNorm"), (nn.LayerNorm, "LayerNorm"), (nn.GroupNorm, "GroupNorm"),
+    *(((nn.RMSNorm, "RMSNorm"),) if hasattr(nn, "RMSNorm") else ()),
+)
+
+#: what a norm module acts on, from its attribute name (the part before "_norm", lower case; "norm" alone:
+#: the core output o); a name not listed is shown as it is
+NORM_PLACES: dict[str, str] = {"": "o", "out": "o", "o": "o", "g": "o", "q": "q", "k": "k", "b": "B", "c": "C", "dt": "Δ"}
+
+
+def _on(flag, text: str) -> list[str]:
+    return [text] if flag else []
+
+
+def _eta(name: str) -> str:
+    return f"normalizer η ({name})"
+
+
+def _hyena_gates(c) -> list[str]:
+    if c.order_convention == "code":
+        return [f"x¹ ⊙ v in, x^n ⊙ conv out (n = 2..{c.order})" if c.order > 2 else "x¹ ⊙ v in, x² ⊙ conv out"]
+    return [f"x^n ⊙ conv out (n = 1..{c.order})"]
+
+
+def _ssd_gates(c) -> list[str]:
+    where = {"gated": " inside the norm: norm(y ⊙ SiLU(z))", "before_gate": " after the norm: norm(y) ⊙ SiLU(z)", "none": ""}
+    return _on(c.block, "SiLU(z) (block)" + where[c.gate_norm])
+
+
+def _general_form(c) -> tuple[list[str], list[str]]:
+    norms = _on(c.value == "lru", "γ = √(1 − |λ|²) on the input (LRU)") + _on(c.normalizer, _eta(c.normalizer_form))
+    gates = (_on(c.gate != "none", f"{c.gate}(x W_g)") + _on(c.expand is not None, f"{c.outer_gate}(z) (block)")
+             + _on(c.input_gate != "none", f"input gate {c.input_gate}(x W_i)") + _on(c.key == "sigmoid_proj", "input gate σ(x W_k) (key)")
+             + _on(c.value == "gated_identity", "input gate σ(x W_x) ⊙ x"))
+    return norms, gates
+
+
+#: what each mixer class computes that is no module (functional norms: L2, a normalizer η, the softmax; every
+#: gate: the block's z branch, output and input gates), read from its config: class name -> mixer ->
+#: (norms, gates). Looked up along the class's MRO (a preset or subclass reads as its base class). The norm
+#: modules (RMSNorm, LayerNorm, GroupNorm children) and sub-mixers are read by :func:`norm_and_gate` itself,
+#: never listed here. Every registered mixer's class needs an entry, even an empty one (checked by
+#: :func:`missing_norm_gate_rule` and tests/test_mixer_table.py): "none" in the table then means checked.
+NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
+    # attention
+    "SeparableAttention": lambda m: (_on(m.config.normalizer != "none", _eta(m.config.normalizer)), []),
+    "SoftmaxAttention": lambda m: (["softmax"], _on(m.config.output_gate, "σ(x W_g) output gate")),
+    "ForgettingAttention": lambda m: (["softmax"], _on(m.config.output_gate, "σ(x W_g) output gate")),
+    "PathAttention": lambda m: (["softmax", "l2(w)"], []),
+    "StickBreakingAttention": lambda m: ([], []),  # no normalization: a row's weights sum to at most 1
+    "Bmojo": lambda m: (["softmax"], []),  # its Mamba block is a sub-mixer (read as "ssm: ...")
+    # convolution
+    "GatedShortConv": lambda m: ([], ["b ⊙ x in, c ⊙ conv out"]),
+    "Hyena": lambda m: ([], _hyena_gates(m.config)),
+    "H3": lambda m: ([], ["k̃ ⊙ v in, q ⊙ SSM out" if m.config.head_dim == 1 else "k̃ ⊗ v in, q · SSM out (per head)"]),
+    "GSS": lambda m: ([], [f"{m.config.activation}(x W_u) ⊙ SSM out" if m.config.activation != "none" else "x W_u ⊙ SSM out"]),
+    # SSMs
+    "S4": lambda m: ([], []),
+    "S4D": lambda m: ([], []),
+    "S6": lambda m: ([], _on(m.config.block, "SiLU(z) (block)")),
+    "SSD": lambda m: ([], _ssd_gates(m.config)),
+    "Mamba3": lambda m: ([], ["SiLU(z) (block)"]),
+    # linear attention and linear RNNs
+    "GeneralForm": lambda m: _general_form(m.config),
+    "DeltaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, f"{m.config.gate_act}(x W_g)" + (" low-rank" if m.config.gate_rank else ""))),
+    "MesaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, "silu(x W_g)")),
+    "GatedSlotAttention": lambda m: ([], _on(m.config.output_act == "silu", "SiLU(o) = o ⊙ σ(o) (self-gate, before the norm)")),
+    "RWKV7": lambda m: (["l2(κ̂)"], ["σ(x G₁) G₂ output gate (low rank)"]
+                        + _on(m.config.value_residual, "σ(ν) value-residual mix toward v_first")),
+}
+
+
+def norm_gate_rule(cls: type) -> Callable[[Mixer], tuple[list[str], list[str]]] | None:
+    """The entry of :data:`NORM_GATE_RULES` for a mixer class (the first along its MRO), None without one."""
+    for k in cls.__mro__:
+        if k.__name__ in NORM_GATE_RULES:
+            return NORM_GATE_RULES[k.__name__]
+    return None
+
+
+def missing_norm_gate_rule() -> list[str]:
+    """Registered mixers whose class has no entry in :data:`NORM_GATE_RULES` (along its MRO)."""
+    from ..mixers.base import list_mixers
+
+    return [e.name for e in list_mixers() if norm_gate_rule(e.cls) is None]
+
+
+def _heads(mixer: nn.Module) -> int:
+    for a in ("H", "heads"):
+        h = getattr(mixer, a, None)
+        if isinstance(h, int) and not isinstance(h, bool):
+            return h
+    h = getattr(getattr(mixer, "config", None), "heads", None)
+    return h if isinstance(h, int) else 1
+
+
+def _norm_modules(mixer: nn.Module) -> list[str]:
+    """The norm modules among ``mixer``'s children, one entry per (kind, scope, weight), their places
+    merged: "RMSNorm on Δ, B, C (no weight)", "LayerNorm on o per head", "qk-norm (RMSNorm per head)".
+    Scope (o, q, k only): "per head" when the norm has one group per head or normalizes one head's
+    width (K, V, head_qk, head_v or headdim of the mixer), "in G groups of heads" for another group
+    count (Mamba-2's grouped norm)."""
+    H = _heads(mixer)
+    widths = {getattr(mixer, a) for a in ("K", "V", "head_qk", "head_v", "headdim") if isinstance(getattr(mixer, a, None), int)}
+    merged: dict[tuple[bool, str, str, str], list[str]] = {}  # q and k norms merge with each other only
+    for name, mod in mixer.named_children():
+        kind = next((k for cls, k in _NORM_KINDS if isinstance(mod, cls)), None)
+        if kind is None:
+            continue
+        stem = name[: -len("norm")].rstrip("_").lower() if name.lower().endswith("norm") else name
+        place = NORM_PLACES.get(stem, stem)
+        groups = getattr(mod, "groups", None) or getattr(mod, "num_groups", 1)
+        dim = getattr(mod, "dim", None) or getattr(mod, "num_channels", None) or (list(getattr(mod, "normalized_shape", [0]))[-1])
+        scope = ""
+        if place in ("o", "q", "k") and H > 1:
+            if groups == H or (groups == 1 and dim in widths):
+                scope = " per head"
+            elif groups > 1:
+                scope = f" in {groups} groups of heads"
+        weight = "" if getattr(mod, "weight", None) is not None else " (no weight)"
+        merged.setdefault((place in ("q", "k"), kind, scope, weight), []).append(place)
+    out = []
+    for (_, kind, scope, weight), places in merged.items():
+        if places == ["q", "k"]:
+            out.append(f"qk-norm ({kind}{scope}{weight})")
+        else:
+            out.append(f"{kind} on {', '.join(places)}{scope}{weight}")
+    return out
+
+
+def _norms_and_gates(mixer: Mixer) -> tuple[list[str], list[str]]:
+    rule = norm_gate_rule(type(mixer))
+    fn, gates = rule(mixer) if rule is not None else ([], [])
+    norms, gates = _norm_modules(mixer) + list(fn), list(gates)
+    for name, sub in mixer.named_children():  # a mixer inside the mixer (B'MOJO's Mamba block): its own, prefixed
+        if isinstance(sub, Mixer):
+            n, g = _norms_and_gates(sub)
+            norms += [f"{name}: {s}" for s in n]
+            gates += [f"{name}: {s}" for s in g]
+    return norms, gates
+
+
 def norm_and_gate(mixer: Mixer) -> tuple[str, str]:
-    """(normalization, gating) of ``mixer`` read from its config: the norms it applies inside the
-    mixer (on Δ/B/C, q/k, the output) and its gates (output gate, the block's z branch, input gate);
-    "none" where there is none."""
-    c = mixer.config
-    f = c.model_dump()
-    kinds = {k.__name__ for k in type(mixer).__mro__}  # a preset's subclass reads as its base class
-    norms, gates = [], []
-    if f.get("bcdt_rms"):
-        norms.append("RMS on Δ, B, C" + (" (weighted)" if f.get("bcdt_rms_affine") else ""))
-    gn = f.get("gate_norm")
-    if gn == "gated":
-        norms.append("gated RMSNorm(y ⊙ SiLU(z))")
-    elif gn == "before_gate":
-        norms.append("RMSNorm(y), then gate")
-    if f.get("block") and kinds & {"S6", "SSD"}:
-        gates.append("SiLU(z) (block)")
-    if f.get("qk_norm") not in (None, "none", False):
-        norms.append(f"qk-norm ({f['qk_norm']})")
-    if f.get("output_gate") is True:
-        gates.append("σ output gate")
-    if "DeltaNet" in kinds:
-        norms.append("l2(q, k); RMSNorm per head")
-        if f.get("gate"):
-            gates.append(f"{f.get('gate_act', 'silu')}(x W_g){' low-rank' if f.get('gate_rank') else ''}")
-    if "GeneralForm" in kinds:
-        if f.get("xnorm") not in (None, "none"):
-            norms.append(f"{f['xnorm']}{' per head' if f.get('norm_per_head') else ''}")
-        if f.get("normalizer"):
-            norms.append(f"normalizer ({f.get('normalizer_form', 'sum')})")
-        if f.get("gate") not in (None, "none"):
-            gates.append(f"{f['gate']}(x W_G)")
-        if f.get("expand") is not None:
-            gates.append(f"{f.get('outer_gate')}(z) (block)")
-        if f.get("input_gate") not in (None, "none"):
-            gates.append(f"input gate {f['input_gate']}")
-    if "GatedShortConv" in kinds:
-        gates.append("b ⊙ x in, c ⊙ conv out")
+    """(normalization, gating) of ``mixer``, "; "-joined, "none" where there is none.
+
+    Normalization: its norm modules, read from its children (RMSNorm / LayerNorm / GroupNorm; what
+    they act on from the attribute name, :data:`NORM_PLACES`: "RMSNorm on Δ, B, C", "LayerNorm on o per
+    head", "qk-norm (RMSNorm per head)"), then what :data:`NORM_GATE_RULES` reads from its config: L2
+    norms (of q and k in the delta rule), the attention normalizer η (the softmax; a linear attention's
+    η, DSF eq. 15 and 22). Gating (:data:`NORM_GATE_RULES`): output gates, the block's z branch, input
+    gates, the multiplicative gates of the H3 / Hyena family. A mixer held inside the mixer (B'MOJO's
+    Mamba block) adds its own, prefixed by its attribute name."""
+    norms, gates = _norms_and_gates(mixer)
     return ("; ".join(norms) or "none"), ("; ".join(gates) or "none")
 
 

@@ -9,10 +9,12 @@ dsf-table1-lm (language modelling), each with scales "paper" and "tiny". How to 
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import LR_DSF, LR_METALA_512, Claim, ModelSpec, Preset, Scale, TaskSpec, evaluate_claims, load_sweep
+from .base import LR_DSF, LR_METALA_512, Claim, ModelSpec, Preset, Scale, TaskSpec, cell_key, evaluate_claims, load_sweep, lr_waves
 from .._checks import output_dir
 from .presets import PRESETS
 
@@ -77,13 +79,26 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
     if dry_run:
         db = out_dir / "results.sqlite"
         done = ResultsStore(db).finished_ids() if db.exists() else set()
-        console.print(plan_table(configs, done) + "(* finished: a real run skips it)", markup=False, highlight=False)
+        console.print(plan_table(configs, done) + "(* finished: a real run skips it)" + (
+            "; rates run in the order listed, and a cell (model, task, d, n, seed) stops at the first that reaches the "
+            "early-stop accuracy (sweep_stop)" if sc.sweep_stop else ""), markup=False, highlight=False)
         return Reproduction(preset, scale, [], "", None, runs=configs)
     t0 = time.perf_counter()
     out_dir = output_dir(out_dir, "--out")
     store = ResultsStore(out_dir / "results.sqlite")
-    outcomes = run_sweep(configs, out_dir=out_dir, store=store, workers=workers or sc.workers, threads=threads,
-                         plugins=plugins, progress=progress, console=console, launcher=launcher, write_maps=write_run_maps)
+    outcomes, solved = [], set()
+    waves = lr_waves(configs) if sc.sweep_stop else [configs]
+    for i, wave in enumerate(waves):
+        todo = [c for c in wave if cell_key(c) not in solved]
+        if len(waves) > 1:
+            console.print(f"[dim]learning rates, round {i + 1}/{len(waves)}: {len(todo)} runs "
+                          f"({len(wave) - len(todo)} cells already at the early-stop accuracy)[/dim]")
+        outcomes += run_sweep(todo, out_dir=out_dir, store=store, workers=workers or sc.workers, threads=threads,
+                              plugins=plugins, progress=progress, console=console, launcher=launcher,
+                              write_maps=write_run_maps) if todo else []
+        solved |= {cell_key(o.config) for o in outcomes
+                   if o.result is not None and o.config.train.early_stop is not None
+                   and o.result.accuracy >= o.config.train.early_stop}
     ids = [o.config.run_id for o in outcomes if o.result is not None]
     order = [m.label for m in preset.models]
     x = preset.x
@@ -92,7 +107,7 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
         rows = best_lm_over_lr(store.rows(preset.experiment(scale), run_ids=ids))
         text = lm_table(rows, order=order)
     else:
-        rows = best_over_lr(store.rows(preset.experiment(scale), run_ids=ids))
+        rows = best_over_lr(store.rows(preset.experiment(scale), run_ids=ids), select=sc.lr_select, criterion=sc.lr_criterion)
         text = table(rows, x=x, order=order)
     console.rule("results")
     console.print(text, markup=False, highlight=False)
@@ -114,6 +129,10 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
     if path:
         console.print(f"plot: {path}")
     (out_dir / f"{preset.name}-{scale}.md").write_text(text)
+    # the cells as computed (each seed's accuracy and chosen rate): what the table and the claims read
+    (out_dir / f"{preset.name}-{scale}.json").write_text(json.dumps(
+        {"preset": preset.name, "scale": scale, "lr_select": sc.lr_select, "lr_criterion": sc.lr_criterion,
+         "cells": rows, "claims": claims}, indent=1, default=str))
     failed = sum(o.result is None for o in outcomes)
     if failed:
         console.print(f"[red]{failed} run(s) failed[/red]")

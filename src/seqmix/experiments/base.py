@@ -14,6 +14,7 @@ and every config field a registered one does not have, in one ValueError.
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 from typing import Any, Literal
 
 import pydantic
@@ -86,6 +87,16 @@ class Scale(_Frozen):
         default_factory=dict, description="learning rates of particular models (by label) instead of lrs: a budget-sized "
         "stand-in for best-over-LR, each model at the rate that was best for it in a calibration sweep")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    lr_select: Literal["per_seed", "median"] = Field(
+        "per_seed", description="best over the learning rates: each seed at its own best rate (per_seed: DSF Fig. 2 and "
+        "Zoology sweep the rate of every run they report) or one rate per cell, best on the median over seeds (median)")
+    lr_criterion: Literal["best", "final"] = Field(
+        "best", description="which accuracy of a run chooses its rate: the best validation accuracy seen (best) or the "
+        "last (final); the DSF paper says only 'best performing learning rate' (dsf note, ambiguity A22)")
+    sweep_stop: bool = Field(
+        False, description="run each cell's (model, task, d, n, seed) rates one after the other, in the order of lrs, and "
+        "stop at the first whose run reaches the early-stop accuracy: the rates left could raise that seed's best by at "
+        "most 1 − early_stop, and the budget goes to the cells still on a plateau")
     train: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields")
     model: dict[str, Any] = Field(default_factory=dict, description="ModelConfig fields shared by every model")
     workers: int = Field(1, gt=0, description="default number of worker processes")
@@ -272,6 +283,25 @@ class Preset(_Frozen):
                 seen.add(r.run_id)
                 unique.append(r)
         return unique
+
+
+def cell_key(c: RunConfig) -> tuple:
+    """The cell of a run in a learning-rate sweep: (label, task, d_model, n, seed) — every rate of it shares the key."""
+    return (c.label, c.tags.get("task"), c.model.d_model, c.tags.get("n"), c.train.seed)
+
+
+def lr_waves(configs: list[RunConfig]) -> list[list[RunConfig]]:
+    """The runs in waves for ``Scale.sweep_stop``: wave k holds the k-th rate (in the grid's
+    order) of every cell (:func:`cell_key`); a cell with one rate is all in wave 0."""
+    rank: dict[tuple, int] = defaultdict(int)
+    waves: list[list[RunConfig]] = []
+    for c in configs:
+        k = rank[cell_key(c)]
+        rank[cell_key(c)] += 1
+        if k == len(waves):
+            waves.append([])
+        waves[k].append(c)
+    return waves
 
 
 def load_sweep(path, argument: str = "preset") -> tuple[list[RunConfig] | None, Preset | None]:

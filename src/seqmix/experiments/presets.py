@@ -4,19 +4,24 @@ Each has ``--scale paper`` (the paper's protocol, for a GPU machine) and ``--sca
 (the same comparison at CPU size, several seeds: the tables show the median and the range).
 
 The main job (``dsf-fig2`` tiny): MQAR L = 32, 4 key-value pairs (the KV/L ratio of the
-(512, 64) task), vocabulary 128, 16,000 training / 1,000 test examples, batch 16, at most 4
-epochs (4,000 steps; an evaluation every 1,000 steps, early stop at 99%), n = 8, d ∈ {32, 64},
-seeds 0, 1, 2: 30 runs. Fresh data instead of 16 epochs over 5,000 examples: softmax
-attention at d = 128 solved 16k-20k fresh examples within 2,500 steps. d = 16 is left out: at
-CPU budgets softmax attention does not leave the 25% plateau there, and every extra d costs
-a third more time (S6 and SSD cost 2-3× attention per step). The runs tried, their numbers and
-the per-step costs are in docs/harness.md ("Calibrating the main job").
+(512, 64) task), vocabulary 128, 16,000 training / 1,000 test examples, batch 16, d ∈ {32,
+64}, n = 8, seeds 0, 1, 2, and the paper's protocol: each run's learning rate is swept and
+each seed reports its best rate (``Scale.lr_select = "per_seed"``; DSF Fig. 2 and Zoology
+report the best of np.logspace(-4, -2, 4) per run). To fit 10 minutes of 2 cores: three of
+the paper's four rates (2.2e-3, 4.6e-4, 1e-2: 1e-4 was never a cell's best in the
+calibration), at most 2 passes over the data (2,000 steps), an evaluation every 500 steps,
+and ``sweep_stop``: a cell (model, d, seed) tries the rates in that order and stops at the
+first whose run reaches 99%. Fresh data instead of 16 epochs over 5,000 examples: softmax
+attention at d = 128 solved 16k-20k fresh examples within 2,500 steps. d = 16 is left out:
+at CPU budgets softmax attention does not leave the 25% plateau there, and S6 and SSD cost
+about 3× attention per step. The runs tried, their numbers and the per-step costs are in
+docs/harness.md ("Calibrating the main job"). ``--scale small`` (≤ 60 minutes) is the same
+protocol at d ∈ {64, 128} with 6,000 steps.
 
-One learning rate per model stands in for the papers' best-over-LR sweep (which would not
-fit the budget): 1e-3 for the attention models, 3e-3 for S6 and SSD, each the best of
-{1e-3, 3e-3, 1e-2} for that model in a calibration sweep at d ∈ {32, 64} on the earlier
-5,000-example data (S6 at d = 64: 27% / 88% / 99%; at d = 32: 25% / 48% / 27%; SSD at
-d = 32: 26% / 98% / 26%; SSD at d = 64 stayed at 26-27% at all three).
+The other tiny presets keep one learning rate per model, a budget stand-in for the sweep:
+1e-3 (S6 and SSD in the B'MOJO presets: 3e-3), chosen in the earlier calibration sweep of
+{1e-3, 3e-3, 1e-2} at d ∈ {32, 64} (S6 at d = 64: 27% / 88% / 99%; at d = 32: 25% / 48% /
+27%; SSD at d = 32: 26% / 98% / 26%; SSD at d = 64 stayed at 26-27% at all three).
 
 Init: the papers' backbone draws every weight from N(0, 0.02) (Zoology's GPT-2 value, chosen
 for d = 768). At d <= 64 that leaves softmax attention's scores near zero, and with it the
@@ -58,8 +63,6 @@ TINY_MODEL = {"n_layers": 2, "channel_mixer": "none"}
 TINY_ATTENTION_INIT = 0.1
 TINY_TRAIN = {"epochs": 16, "warmup": 0.1, "weight_decay": 0.1, "early_stop": 0.99, "grad_clip": 1.0}
 TINY_LRS = [1e-3]
-#: S6 and SSD train at 3e-3 in the tiny scales (module docstring)
-TINY_SSM_LRS = {"S6": [3e-3], "SSD": [3e-3]}
 TINY_N = 8
 #: the seeds of the tiny scales other than the main job's (which has three)
 TINY_SEEDS = [0, 1]
@@ -112,6 +115,14 @@ DSF_NOTES = [
 #: most 4 times, instead of 5,000 seen 16 times (fresher data at the same number of steps)
 MAIN_MQAR = mqar(32, 4, train=16_000, test=1_000, vocab_size=128, batch_size=16, seed=0)
 MAIN_TRAIN = {**TINY_TRAIN, "epochs": 4}
+#: the small scale of dsf-fig2 (≤ 60 min): 48,000 fresh examples, at most 2 passes (6,000 steps), evaluated every 1,000
+SMALL_MQAR = mqar(32, 4, train=48_000, test=1_000, vocab_size=128, batch_size=16, seed=0)
+SMALL_TRAIN = {**TINY_TRAIN, "epochs": 2, "eval_every_steps": 1_000}
+#: the main job's learning-rate sweep: the paper's grid np.logspace(-4, -2, 4) without 1e-4, in the order
+#: the cells try them (sweep_stop; docs/harness.md, "Third calibration": 1e-4 was never a cell's best rate)
+MAIN_LRS = [LR_DSF[2], LR_DSF[1], LR_DSF[3]]
+#: at most 2 passes over the 16,000 examples (2,000 steps), evaluated every 500 steps
+MAIN_SWEEP_TRAIN = {**TINY_TRAIN, "epochs": 2, "eval_every_steps": 500}
 MAIN_BUDGET = "≤ 10 min on 2 CPU cores (30 runs: 5 models × 2 d × 3 seeds; measured 7 min 18 s on a quiet machine)"
 
 #: why the DSF Fig. 2 claims may not hold at the main job's size (docs/harness.md, calibration)
@@ -134,9 +145,17 @@ DSF_FIG2 = Preset(
             description="MQAR (32, 4), V = 128, 16,000 examples (1,000 steps at batch 16), each seen at most 4 times "
                         "(4,000 steps), 1,000 test examples, d ∈ {32, 64}, n = 8, lr 1e-3 (S6, SSD: 3e-3), init std 0.1 "
                         "for softmax and linear attention (0.02 for the others), seeds 0, 1, 2",
-            tasks=[_task(32, 4, MAIN_MQAR)], d_models=[32, 64], ns=[TINY_N], lrs=TINY_LRS,
-            lrs_by_model=TINY_SSM_LRS, seeds=[0, 1, 2], train=MAIN_TRAIN, model=TINY_MODEL, workers=2,
+            tasks=[_task(32, 4, MAIN_MQAR)], d_models=[32, 64], ns=[TINY_N], lrs=MAIN_LRS, sweep_stop=True,
+            seeds=[0, 1, 2], train=MAIN_SWEEP_TRAIN, model=TINY_MODEL, workers=2,
             budget=MAIN_BUDGET, models=TINY_ATTENTION),
+        "small": Scale(
+            description="MQAR (32, 4), V = 128, 48,000 examples, each seen at most twice (6,000 steps at batch 16), "
+                        "1,000 test examples, d ∈ {64, 128} (the paper's two smallest), n = 8, the main job's rate sweep "
+                        "(2.2e-3, 4.6e-4, 1e-2; each seed at its best, a cell stops at the first rate that reaches 99%), "
+                        "init std as the main job, seeds 0, 1, 2",
+            tasks=[_task(32, 4, SMALL_MQAR)], d_models=[64, 128], ns=[TINY_N], lrs=MAIN_LRS, sweep_stop=True,
+            seeds=[0, 1, 2], train=SMALL_TRAIN, model=TINY_MODEL, workers=2, models=TINY_ATTENTION,
+            budget="≤ 60 min on 2 CPU cores (90 runs at most: 5 models × 2 d × 3 rates × 3 seeds)"),
     },
     claims=[
         Claim(text="softmax attention is (near) perfect at every d", check="at_least", a="softmax", value=0.99,
@@ -590,4 +609,4 @@ from .lra import LRA_PRESETS  # noqa: E402  (DSF Table 3, MetaLA Table 7, lra-ti
 PRESETS: dict[str, Preset] = {p.name: p for p in (DSF_FIG1, DSF_FIG2, DSF_FIG3, DSF_TABLE2, METALA_TABLE_A7, BMOJO_TABLE3,
                                                   BMOJO_FIG2, BMOJO_FIG2_ME, DSF_TABLE1_LM, *LRA_PRESETS)}
 
-__all__ = ["PRESETS", "DSF_FIG1", "DSF_FIG2", "DSF_FIG3", "DSF_TABLE2", "METALA_TABLE_A7", "BMOJO_TABLE3", "BMOJO_FIG2", "BMOJO_FIG2_ME", "DSF_TABLE1_LM", "TINY_LRS", "TINY_N", "TINY_SSM_LRS", "tiny_mqar"]
+__all__ = ["PRESETS", "DSF_FIG1", "DSF_FIG2", "DSF_FIG3", "DSF_TABLE2", "METALA_TABLE_A7", "BMOJO_TABLE3", "BMOJO_FIG2", "BMOJO_FIG2_ME", "DSF_TABLE1_LM", "MAIN_LRS", "TINY_LRS", "TINY_N", "tiny_mqar"]

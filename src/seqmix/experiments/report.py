@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ..analysis.show import _SCRIPT
-from ..train.results import _cell, _fmt_x, _labels, panels
+from ..train.results import _cell, _fmt_x, _labels, _lr_note, panels
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -71,14 +71,17 @@ def _results_tables(rows: list[dict], x: str, order: list[str]) -> str:
     for title, rs in panels(rows, x).items():
         xs = sorted({r[x] for r in rs if r[x] is not None}, key=str if x == "task" else None)
         seeds = max((r.get("seeds", 1) for r in rs), default=1)
+        lrs_shown = len({r["lr"] for r in rs}) > 1 or any(len(r.get("lrs", ())) > 1 for r in rs)
         out.append(f"<p><b>{esc(str(title))}</b> — accuracy (%), best over learning rates"
+                   + (" (the chosen lr in brackets: one per seed where they differ)" if lrs_shown else "")
                    + (f"; median over {seeds} seeds (lowest–highest)" if seeds > 1 else "") + "</p>")
         out.append("<table><thead><tr><th>model</th>" + "".join(f"<th>{esc(x)}={esc(_fmt_x(v))}</th>" for v in xs)
                    + "</tr></thead><tbody>")
         for lab in _labels(rs, order):
             by_x = {r[x]: r for r in rs if r["label"] == lab}
             out.append(f"<tr><td>{esc(lab)}</td>" + "".join(
-                f"<td>{esc(_cell(by_x[v])) if v in by_x else ''}</td>" for v in xs) + "</tr>")
+                f"<td>{esc(_cell(by_x[v]) + (f' [{_lr_note(by_x[v])}]' if lrs_shown else '')) if v in by_x else ''}</td>"
+                for v in xs) + "</tr>")
         out.append("</tbody></table>")
     return "\n".join(out)
 
@@ -101,6 +104,23 @@ def _count(claims: list[dict]) -> str:
     return f"{k} of {len(claims)} agree" if claims else "no claims"
 
 
+def verdicts(reproductions: list) -> tuple[str, list[tuple[str, dict]]]:
+    """What the report opens with: one line of verdict counts (all presets, then each), and
+    every claim that does not agree as (preset, claim) — its numbers (``detail``) and the
+    measured cause (``caveat``) follow it in both reports."""
+    total = [c for r in reproductions for c in r.claims]
+    k = sum(c["verdict"] == "agrees" for c in total)
+    per = ", ".join(f"{r.preset.name} {sum(c['verdict'] == 'agrees' for c in r.claims)}/{len(r.claims)}"
+                    for r in reproductions if r.claims)
+    line = f"{k} of {len(total)} claims agree" + (f" ({per})" if per else "")
+    bad = [(r.preset.name, c) for r in reproductions for c in r.claims if c["verdict"] != "agrees"]
+    return line, bad
+
+
+def _seeds(c: dict) -> str:
+    return f"{c['seeds_agree']}/{c['seeds']} seeds" if c.get("seeds") else "1 seed"
+
+
 def report_html(reproductions: list, *, title: str = "seqmix reproductions", skipped: dict[str, str] | None = None) -> str:
     """The page: a summary table, then one section per reproduction (module docstring)."""
     esc = html.escape
@@ -109,7 +129,15 @@ def report_html(reproductions: list, *, title: str = "seqmix reproductions", ski
              f"<p class=\"muted\">Written {esc(time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))}. Accuracy: best "
              "validation accuracy of a run; a cell is the median over seeds with the lowest and highest seed in brackets. "
              "A claim agrees when it holds on the medians and for a majority of the seeds.</p>",
-             "<h2>Summary</h2>", "<table><thead><tr><th>preset</th><th>scale</th><th>runs</th><th>seeds</th>"
+             "<h2>Summary</h2>"]
+    line, bad = verdicts(reproductions)
+    parts.append(f"<p><strong>Verdicts: {esc(line)}.</strong></p>")
+    if bad:
+        parts.append("<p>Claims that do not agree, with the numbers and the measured cause:</p><ul>" + "".join(
+            f"<li><a href=\"#{esc(name)}\">{esc(name)}</a>: {esc(c['text'])} — {esc(c['verdict'])} ({esc(_seeds(c))}; "
+            f"{esc(c['panel'])}: {esc(c['detail'])})" + (f"<br><span class=\"muted\">why: {esc(c['caveat'])}</span>" if c.get("caveat") else "")
+            + "</li>" for name, c in bad) + "</ul>")
+    parts += ["<table><thead><tr><th>preset</th><th>scale</th><th>runs</th><th>seeds</th>"
              "<th>claims</th><th>time (this call)</th><th>training (sum over runs)</th></tr></thead><tbody>"]
     for r in reproductions:
         sc = r.preset.scale(r.scale)
@@ -148,8 +176,16 @@ def report_html(reproductions: list, *, title: str = "seqmix reproductions", ski
 
 
 def report_markdown(reproductions: list, *, skipped: dict[str, str] | None = None) -> str:
-    """The terminal summary: per preset its time, claims with verdicts and seed counts."""
-    lines = ["| preset | runs | seeds | claims | time (this call) | training (sum) |", "|---|---|---|---|---|---|"]
+    """The terminal summary: the verdict counts and every disagreement with its numbers and
+    cause first, then per preset its time, claims with verdicts and seed counts."""
+    line, bad = verdicts(reproductions)
+    lines = [f"**Verdicts: {line}.**", ""]
+    if bad:
+        lines += ["Claims that do not agree, with the numbers and the measured cause:", ""]
+        lines += [f"- {name}: {c['text']} — {c['verdict']} ({_seeds(c)}; {c['panel']}: {c['detail']})"
+                  + (f"; why: {c['caveat']}" if c.get("caveat") else "") for name, c in bad]
+        lines.append("")
+    lines += ["| preset | runs | seeds | claims | time (this call) | training (sum) |", "|---|---|---|---|---|---|"]
     for r in reproductions:
         lines.append(f"| {r.preset.name} | {len(r.runs)} | {len(r.preset.scale(r.scale).seeds)} | {_count(r.claims)} | "
                      f"{_minutes(r.elapsed)} | {_minutes(r.train_time)} |")

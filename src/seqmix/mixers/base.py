@@ -5,6 +5,9 @@ Every registered mixer is an ``nn.Module`` built from a typed config:
     y = mixer(x)                    x, y: [batch, time, d_model]
     y = mixer(x, cache=cache)       reads this layer's state from the cache and writes the
                                     final state back; T == 1 is a decoding step ("step" mode)
+    y = mixer(x, context=context)   context: a dict the backbone makes once per forward pass and hands
+                                    to every layer in order, for what one layer passes to the later
+                                    ones (RWKV-7's value residual: "v_first"); see ``Mixer.uses_context``
     mixer.phi(x)                    [batch, maps, time, time]: the token-mixing map(s) of the core
     mixer.core(x)                   (values, mixed), both [batch, time, maps, P], mixed = phi(x) @ values
     mixer.dsf(x)                    a :class:`~seqmix.dsf.DSF` with dsf(x).evaluate(values) == mixed
@@ -245,6 +248,9 @@ class Mixer(nn.Module):
     finite_state: ClassVar[bool] = True
     #: whether Λ_i is diagonal (False for the delta-rule mixers: diagonal plus low rank)
     diagonal_transition: ClassVar[bool] = True
+    #: whether ``_forward`` takes ``context=`` (the per-forward dict of :meth:`forward`); False: the
+    #: mixer never reads it
+    uses_context: ClassVar[bool] = False
     #: the config class
     Config: ClassVar[type[MixerConfig]] = MixerConfig
 
@@ -288,11 +294,22 @@ class Mixer(nn.Module):
             )
         check_finite("x", x, where)
 
-    def forward(self, x: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Cache | None = None, *, context: dict[str, Any] | None = None) -> torch.Tensor:
+        """y [B, T, d] from x [B, T, d] (the module docstring).
+
+        ``context``: side information between the layers of one forward pass. A backbone makes one
+        empty dict per pass (per call of ``LanguageModel.hidden``: a prefill, or one decoding step) and
+        hands it to every layer in order; a mixer with ``uses_context`` may read what an earlier layer
+        wrote and write for the later ones, always about the tokens of this call, so nothing of it
+        goes into the cache. The keys in use: "v_first" (RWKV-7's value residual: the first layer's
+        values [B, T, d_v]). None (a mixer on its own): the mixer is the first layer."""
         self.check_input(x)
+        if context is not None and not isinstance(context, dict):
+            raise ValueError(f"{type(self).__name__}: argument 'context' must be a dict or None, got {type(context).__name__}")
         state = cache.get(self) if cache is not None else None
         mode = "step" if (cache is not None and x.shape[1] == 1 and self.supports_step) else self.mode
-        out = self._forward(x, state=state, mode=mode, need_state=cache is not None)
+        extra = {"context": context} if self.uses_context else {}
+        out = self._forward(x, state=state, mode=mode, need_state=cache is not None, **extra)
         if cache is not None:
             cache.set(self, out.state)
         return out.y

@@ -412,8 +412,10 @@ class RWKV7Config(MixerConfig):
     gate_rank: int | None = Field(None, gt=0, description="LoRA rank of the output gate (None: max(32, round(5√d / 32)·32))")
     v_rank: int | None = Field(None, gt=0, description="LoRA rank of the value-residual mix (None: max(32, round(1.7√d·K/64 / 32)·32))")
     value_residual: bool = Field(
-        False, description="value residual learning (eq. 13): v ← lerp(v, v_first, σ(ν_0 + x_v V_1 V_2)); v_first is set by the "
-        "model on the mixer (attribute v_first, [B, T, d]); unset: the mixer's own v (a first layer, or a single mixer)",
+        True, description="value residual learning (RWKV-7 paper eq. 13, after ResFormer, Zhou et al. 2024): "
+        "v ← v + (v_first − v) ⊙ σ(ν_0 + x_v V_1 V_2), v_first the first layer's v of the same token, read from the "
+        "backbone's per-forward context (Mixer.forward); the first RWKV-7 layer of a pass, or a mixer called without a "
+        "context, has v_first = its own v (no residual). False: no ν parameters, v unchanged",
     )
     norm_eps: float = Field(1e-5, gt=0, description="GroupNorm epsilon per unit of head size (fla: head_dim · 1e-5)")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
@@ -423,6 +425,10 @@ class RWKV7Config(MixerConfig):
         if self.d_model % self.heads:
             raise ValueError(f"d_model = {self.d_model} must be divisible by heads = {self.heads}")
         return self
+
+
+#: the key of RWKV-7's value residual in the per-forward context (``Mixer.forward``): the first layer's v [B, T, d]
+V_FIRST = "v_first"
 
 
 def _lora_rank(d, K, mult, per_head=True):
@@ -443,6 +449,16 @@ class RWKV7(Mixer):
     g = σ(x_g G_1) G_2; κ̂ = normalize(k ⊙ ξ) per head; k̃ = k ⊙ (1 + (a − 1) ⊙ α) (fla: k + k(a − 1)k_a).
     Readout: y = ((GroupNorm_h(o) + (r ⊙ ρ ⊙ k̃)·1 v) ⊙ g) W_o, the bonus per head (fla's r_k).
 
+    Value residual (``value_residual``, eq. 13): v_t ← v_t + (v_first,t − v_t) ⊙ σ(ν_0 + x_v,t V_1 V_2), where
+    v_first [B, T, d] is the value of the same tokens in the model's first layer. It travels in the
+    backbone's per-forward ``context`` dict (``Mixer.forward``; key :data:`V_FIRST`): the first RWKV-7
+    layer of a pass writes its v there (and mixes nothing: lerp(v, v, ·) = v, its ν parameters get zero
+    gradients, kept so that every layer has the same parameters and DDP sees them used), later layers
+    read it. Each pass holds its own tokens, so a decoding step's v_first is the first layer's v of
+    that token: nothing more in the cache. Without a context (a mixer on its own, ``core``, ``phi``,
+    ``dsf``) the mixer is a first layer. The map Φ does not depend on v, so phi and dsf are unchanged;
+    ``core``'s values are this layer's v without the mix.
+
     DSF view: maps = heads, values = v, mixed = o (the state path, before the norm; the bonus is a D_i term
     of the full layer, outside Φ). Λ_t per head and value channel: the K×K block Diag(w_t) − (a_t⊙κ̂_t)ᵀκ̂_t
     (:meth:`seqmix.DSF.from_delta_rule` with a, b). State: H·K·V + d (the token shift).
@@ -454,6 +470,7 @@ class RWKV7(Mixer):
     state_formula = "H·K·V + d"
     map_unit = "head"
     diagonal_transition = False
+    uses_context = True
     Config = RWKV7Config
 
     def __init__(self, config: RWKV7Config | None = None, **kwargs):
@@ -484,13 +501,27 @@ class RWKV7(Mixer):
         self.k_a = nn.Parameter(torch.ones(d))  # α: how much a reaches the written key
         self.r_k = nn.Parameter(torch.full((H, K), 0.1))  # ρ: the bonus
         self.norm = LayerNorm(d, eps=K * c.norm_eps, groups=H)
-        self.v_first = None
 
     @classmethod
     def example_config(cls) -> dict:
         return {"d_model": 16, "heads": 2, "chunk_size": 8, "decay_rank": 4, "a_rank": 4, "gate_rank": 4, "v_rank": 4}
 
-    def _params(self, x, state, need_state):
+    def _v_first(self, v, context):
+        """The first layer's values for the value residual: context[V_FIRST], or v itself (written there)
+        when this is the first RWKV-7 layer of the pass or there is no context. v: [B, T, d]."""
+        if context is None:
+            return v
+        first = context.get(V_FIRST)
+        if first is None:
+            context[V_FIRST] = v
+            return v
+        if not isinstance(first, torch.Tensor) or first.shape != v.shape:
+            got = list(first.shape) if isinstance(first, torch.Tensor) else type(first).__name__
+            raise ValueError(f"RWKV7: argument 'context'[{V_FIRST!r}] must be the first layer's values of shape {list(v.shape)} "
+                             f"[batch, time, d_model] (the same tokens as this layer's input), got {got}")
+        return first
+
+    def _params(self, x, state, need_state, context=None):
         c = self.config
         B, T, d = x.shape
         H, K, V = self.H, self.K, self.V
@@ -501,9 +532,10 @@ class RWKV7(Mixer):
         logw = -math.exp(-0.5) * torch.sigmoid(self.w0 + self.w2(torch.tanh(self.w1(xw))))  # log w (eq. 11)
         a = torch.sigmoid(self.a0 + self.a2(self.a1(xa)))  # in-context learning rate (eq. 12)
         g = self.g2(torch.sigmoid(self.g1(xg)))  # gate (eq. 10)
-        if c.value_residual:
-            v_first = self.v_first if self.v_first is not None else v
-            v = torch.lerp(v, v_first, torch.sigmoid(self.v0 + self.v2(self.v1(xv))))
+        v_first = self._v_first(v, context)  # the first layer writes it, whether or not it mixes
+        if c.value_residual:  # eq. 13: v + (v_first − v) ⊙ σ(ν); lerp(v, v, ·) = v in the first layer
+            nu = torch.sigmoid(self.v0 + self.v2(self.v1(xv)))  # ν_t [B, T, d] (float32 under autocast: v0 is)
+            v = torch.lerp(v, v_first.to(v.dtype), nu.to(v.dtype))
         kappa = F.normalize((k * self.k_k).view(B, T, H, K), dim=-1)  # κ̂ (eq. 14)
         kt = (k + k * (a - 1) * self.k_a).view(B, T, H, K)  # k̃ (eq. 15)
         view = lambda t: t.view(B, T, H, K)  # noqa: E731
@@ -511,9 +543,9 @@ class RWKV7(Mixer):
         return dict(r=view(r), k=kt, v=v.view(B, T, H, V), logw=logw, ra=-(a * kappa), rb=kappa * (-logw).exp(), g=g,
                     kappa=kappa, a=a, shift=x[:, -1] if need_state else None)
 
-    def _forward(self, x, *, state, mode, need_state):
+    def _forward(self, x, *, state, mode, need_state, context=None):
         c = self.config
-        P = self._params(x, state, need_state)
+        P = self._params(x, state, need_state, context)
         one = torch.ones_like(P["logw"][..., 0])
         o, S = delta_rule(P["r"], P["k"], P["v"], one, P["logw"], a=P["ra"], b=P["rb"], initial_state=state.get("S") if state else None,
                           output_final_state=need_state, mode=mode, chunk_size=c.chunk_size, check_values=False)

@@ -18,6 +18,10 @@ peer-zoology note §1.5), with any registered mixer in it by name.
   ``mixer_init`` says what happens inside mixers (module docstring of :class:`LanguageModel`).
 * logits only where labels exist: :meth:`LanguageModel.scored_logits` gathers the
   labelled positions before the vocabulary-sized head (MQAR scores N of L positions).
+* side information between layers: each forward pass (each call of :meth:`LanguageModel.hidden`:
+  a whole sequence, a prefill or one decoding step) makes one empty dict and hands it to every
+  block's mixer in order (``Mixer.forward``'s ``context``): RWKV-7's value residual writes the first
+  layer's values there and later layers read them. It holds this pass's tokens only, never the cache.
 
 Conventions a mixer may use (docs/harness.md, "For mixer developers"):
 ``out_proj_names`` (class attribute, default ("W_o", "out_proj", "W_out", "o_proj")):
@@ -223,8 +227,10 @@ class Block(nn.Module):
             self.channel = (MLP if cfg.channel_mixer == "mlp" else SwiGLU)(cfg.d_model, cfg.mlp_ratio)
         self.drop = nn.Dropout(cfg.resid_dropout)
 
-    def forward(self, h, cache=None):
-        h = h + self.drop(self.mixer(self.norm1(h), cache=cache))
+    def forward(self, h, cache=None, context=None):
+        """h [B, T, d]; cache: the decoding state; context: the forward pass's dict of side
+        information between layers (``Mixer.forward``), shared by every block of one pass."""
+        h = h + self.drop(self.mixer(self.norm1(h), cache=cache, context=context))
         if self.channel is not None:
             h = h + self.drop(self.channel(self.norm2(h)))
         return h
@@ -304,8 +310,9 @@ class LanguageModel(nn.Module):
                 raise ValueError(f"LanguageModel: sequence of {start + T} tokens exceeds max_seq_len = {self.pos.num_embeddings}")
             h = h + self.pos.weight[start:start + T]
         h = self.drop(h)
+        context: dict = {}  # one per pass: what a layer hands to the later ones (RWKV-7's v_first), never cached
         for block in self.blocks:
-            h = block(h, cache=cache)
+            h = block(h, cache=cache, context=context)
         return self.norm_f(h)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """Tables and plots of the results store, as the papers report them.
 
-* :func:`best_over_lr`: for each (experiment, label, task, d_model, n) the learning rate
-  with the best median accuracy over seeds, and that median with its spread (the lowest
-  and highest seed; mean and std too): "only the best LR is reported" (dsf note §5.1;
-  Zoology's max over LRs). Each row keeps every seed's accuracy (``per_seed``), so a claim
-  can be checked seed by seed (:func:`seed_rows`);
+* :func:`best_over_lr`: for each (experiment, label, task, d_model, n) the best over the
+  learning rates — each seed at its own best rate (``select="per_seed"``, the papers'
+  protocol) or one rate for all seeds (``"median"``) — and the median over seeds with its
+  spread (the lowest and highest seed; mean and std too): "only the best LR is reported"
+  (dsf note §5.1; Zoology's max over LRs). Each row keeps every seed's accuracy and chosen
+  rate (``per_seed``, ``per_seed_lr``), so a claim can be checked seed by seed (:func:`seed_rows`);
 * :func:`table`: one table per task (and per n when several), rows = models, columns =
   the x axis (d_model, n or state size), as markdown or CSV; a cell is the median and, with
   several seeds, the range over seeds: ``98.1 (97.3–99.0)``;
@@ -25,39 +26,100 @@ X_AXES = ("d_model", "n", "state_size", "task")
 _X_LABEL = {"d_model": "model dimension d", "n": "state expansion n", "state_size": "state size (floats per sequence)", "task": "task"}
 
 
-def best_over_lr(rows: Iterable[dict], *, all_lrs: bool = False) -> list[dict]:
-    """Groups rows by (experiment, label, task, d_model, n[, lr]) and keeps, per group without
-    lr, the lr whose median accuracy over seeds is best (ties: the best mean). Each output row
-    has accuracy (the median over seeds), lo and hi (the lowest and highest seed), mean, std,
-    seeds, per_seed ({seed: accuracy}), lr, state_size, wall_time (summed over the group's
-    runs), epochs (mean)."""
+#: how a cell's learning rate is chosen (:func:`best_over_lr`)
+LR_SELECTIONS = ("per_seed", "median")
+#: which accuracy of a run chooses the rate (the DSF note's ambiguity A22)
+LR_CRITERIA = ("best", "final")
+
+
+def _summary(accs: list[float]) -> dict:
+    return {"accuracy": statistics.median(accs), "lo": min(accs), "hi": max(accs), "mean": statistics.fmean(accs),
+            "std": statistics.pstdev(accs) if len(accs) > 1 else 0.0, "seeds": len(accs)}
+
+
+def best_over_lr(rows: Iterable[dict], *, all_lrs: bool = False, select: str = "median", criterion: str = "best") -> list[dict]:
+    """The best-over-learning-rate accuracy of each cell (experiment, label, task, d_model, n),
+    as the papers report it: "only the best LR is reported" (dsf note §5.1; Zoology).
+
+    ``select``: ``"per_seed"`` — each seed takes the rate that was best for it (DSF Fig. 2 and
+    Zoology sweep the rate for every run they report: a model at a phase transition gets every
+    rate of the grid, in every seed); ``"median"`` — one rate for the cell, the one whose
+    median over seeds is best (ties: the best mean). ``criterion``: which accuracy of a run
+    chooses its rate — ``"best"`` (the best validation accuracy seen during training, what
+    early stopping keeps) or ``"final"`` (the last evaluation). The DSF paper says only "best
+    performing learning rate" (its note's ambiguity A22); with early stopping at 99% the two
+    differ only for runs that rose and fell again. Rate ties go to the smaller rate.
+
+    Each output row has accuracy (the median over seeds of each seed's accuracy at its chosen
+    rate, measured by ``criterion``), lo and hi (lowest and highest seed), mean, std, seeds,
+    per_seed ({seed: accuracy}), lr (with ``per_seed``: the rate chosen by most seeds, ties to
+    the smaller), per_seed_lr ({seed: chosen rate}), lrs (the rates tried), state_size,
+    wall_time (summed over every run of the cell: the whole sweep's cost), epochs (mean over
+    the chosen runs). ``all_lrs``: one row per rate instead (the rate joins the label)."""
+    if select not in LR_SELECTIONS:
+        raise ValueError(f"best_over_lr: unknown select {select!r}; expected one of {', '.join(LR_SELECTIONS)}")
+    if criterion not in LR_CRITERIA:
+        raise ValueError(f"best_over_lr: unknown criterion {criterion!r}; expected one of {', '.join(LR_CRITERIA)}")
+    key_acc = "accuracy" if criterion == "best" else "final_accuracy"
+
+    def acc(x: dict) -> float:
+        v = x.get(key_acc)
+        return x["accuracy"] if v is None else v
+
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         if r.get("status") != "finished" or is_lm_row(r):  # LM runs: best_lm_over_lr
             continue
         groups[(r["experiment"], r["label"], r["task"], r["d_model"], r["n"], r["lr"])].append(r)
+
+    def base(rs: list[dict], exp, label, task, d, n) -> dict:
+        return {"experiment": exp, "label": label, "task": task, "d_model": d, "n": n, "state_size": rs[0]["state_size"],
+                "params": rs[0]["params"], "mixer": rs[0]["mixer"]}
+
     per_lr = []
     for (exp, label, task, d, n, lr), rs in groups.items():
-        accs = [x["accuracy"] for x in rs]
         per_lr.append({
-            "experiment": exp, "label": label, "task": task, "d_model": d, "n": n, "lr": lr,
-            "accuracy": statistics.median(accs), "lo": min(accs), "hi": max(accs), "mean": statistics.fmean(accs),
-            "std": statistics.pstdev(accs) if len(accs) > 1 else 0.0,
-            "per_seed": {x.get("seed", i): x["accuracy"] for i, x in enumerate(rs)},
-            "seeds": len(accs), "state_size": rs[0]["state_size"], "params": rs[0]["params"],
+            **base(rs, exp, label, task, d, n), "lr": lr, **_summary([acc(x) for x in rs]),
+            "per_seed": {x.get("seed", i): acc(x) for i, x in enumerate(rs)},
+            "per_seed_lr": {x.get("seed", i): lr for i, x in enumerate(rs)}, "lrs": [lr],
             "epochs": statistics.fmean(x["epochs"] for x in rs), "wall_time": sum(x["wall_time"] for x in rs),
-            "mixer": rs[0]["mixer"],
         })
     if all_lrs:  # one row per learning rate: the lr joins the model's name
         for r in per_lr:
             r["label"] = f"{r['label']} lr={r['lr']:.2g}"
         return sorted(per_lr, key=_order)
-    best: dict[tuple, dict] = {}
+    cells: dict[tuple, list[dict]] = defaultdict(list)
     for r in per_lr:
-        k = (r["experiment"], r["label"], r["task"], r["d_model"], r["n"])
-        if k not in best or (r["accuracy"], r["mean"]) > (best[k]["accuracy"], best[k]["mean"]):
-            best[k] = r
-    return sorted(best.values(), key=_order)
+        cells[(r["experiment"], r["label"], r["task"], r["d_model"], r["n"])].append(r)
+    best = []
+    for key, rs in cells.items():
+        rs.sort(key=lambda r: r["lr"])
+        lrs = [r["lr"] for r in rs]
+        wall = sum(r["wall_time"] for r in rs)
+        if select == "median":
+            top = max(rs, key=lambda r: (r["accuracy"], r["mean"], -r["lr"]))
+            best.append({**top, "lrs": lrs, "wall_time": wall})
+            continue
+        runs = [x for x in _cell_runs(groups, key, lrs)]
+        chosen: dict = {}
+        for x in runs:  # by rate, ascending: a later rate replaces only a strictly better one
+            s = x.get("seed", 0)
+            if s not in chosen or acc(x) > acc(chosen[s]):
+                chosen[s] = x
+        seeds = sorted(chosen)
+        votes = [chosen[s]["lr"] for s in seeds]
+        lr = max(sorted(set(votes)), key=votes.count)
+        best.append({
+            **base(runs, *key), "lr": lr, **_summary([acc(chosen[s]) for s in seeds]),
+            "per_seed": {s: acc(chosen[s]) for s in seeds}, "per_seed_lr": {s: chosen[s]["lr"] for s in seeds},
+            "lrs": lrs, "epochs": statistics.fmean(chosen[s]["epochs"] for s in seeds), "wall_time": wall,
+        })
+    return sorted(best, key=_order)
+
+
+def _cell_runs(groups: dict, key: tuple, lrs: list[float]) -> list[dict]:
+    """The runs of one cell, rate by rate (ascending)."""
+    return [x for lr in lrs for x in groups[(*key, lr)]]
 
 
 def _order(r):
@@ -76,14 +138,22 @@ def _cell(r: dict) -> str:
     return s
 
 
+def _lr_note(r: dict) -> str:
+    """The chosen learning rate of a cell: '2.2e-03', or one per seed where they differ: '0.01 · 0.0022 · 0.01'."""
+    per = r.get("per_seed_lr") or {}
+    lrs = [per[s] for s in sorted(per)]
+    return f"{r['lr']:.2g}" if len(set(lrs)) <= 1 else " · ".join(f"{v:.2g}" for v in lrs)
+
+
 def seed_rows(rows: list[dict]) -> dict[int, list[dict]]:
     """The best-over-LR rows seen one seed at a time: {seed: rows with that seed's accuracy}
-    (each row at the learning rate chosen on the median). Only seeds every row has."""
+    (each at the rate :func:`best_over_lr` chose for that seed). Only seeds every row has."""
     seeds = None
     for r in rows:
         have = set(r.get("per_seed", {}))
         seeds = have if seeds is None else seeds & have
-    return {s: [{**r, "accuracy": r["per_seed"][s], "seeds": 1} for r in rows] for s in sorted(seeds or ())}
+    return {s: [{**r, "accuracy": r["per_seed"][s], "lr": r.get("per_seed_lr", {}).get(s, r["lr"]), "seeds": 1} for r in rows]
+            for s in sorted(seeds or ())}
 
 
 def panels(rows: list[dict], x: str) -> dict[str, list[dict]]:
@@ -121,10 +191,10 @@ def table(rows: list[dict], *, x: str = "d_model", fmt: str = "markdown", order:
     for title, rs in panels(rows, x).items():
         xs = sorted({r[x] for r in rs if r[x] is not None})
         labels = _labels(rs, order)
-        lrs_shown = len({r["lr"] for r in rs}) > 1
+        lrs_shown = len({r["lr"] for r in rs}) > 1 or any(len(r.get("lrs", ())) > 1 for r in rs)
         spread = any(r.get("seeds", 1) > 1 for r in rs)
         seeds = max((r.get("seeds", 1) for r in rs), default=1)
-        out.append(f"**{title}** — accuracy (%), best over learning rates" + (" (best lr in brackets)" if lrs_shown else "")
+        out.append(f"**{title}** — accuracy (%), best over learning rates" + (" (the chosen lr in brackets: one per seed where they differ)" if lrs_shown else "")
                    + (f"; median over {seeds} seeds (lowest–highest)" if spread else ""))
         out.append("")
         out.append(f"| model | " + " | ".join(f"{x}={_fmt_x(v)}" for v in xs) + " |")
@@ -134,7 +204,7 @@ def table(rows: list[dict], *, x: str = "d_model", fmt: str = "markdown", order:
             cells = []
             for v in xs:
                 r = by_x.get(v)
-                cells.append("" if r is None else _cell(r) + (f" [{r['lr']:.2g}]" if lrs_shown else ""))
+                cells.append("" if r is None else _cell(r) + (f" [{_lr_note(r)}]" if lrs_shown else ""))
             out.append(f"| {lab} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"

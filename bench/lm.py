@@ -246,15 +246,16 @@ def _no_scan(x, delta, A, B, C, D=None, *, initial_state=None, output_final_stat
 
 
 def with_scan_mode(fn, mode: str):
-    """fn run with the Mamba mixers' selective scan forced to ``mode`` ("none": :func:`_no_scan`)
-    (bench only: patches the name seqmix.mixers.ssm imported, for the duration of each call)."""
+    """fn run with the Mamba mixers' selective scan forced to the torch ``mode`` ("none":
+    :func:`_no_scan`); the default ("mamba") is backend "auto", the C++ kernel on CPU where it
+    builds (bench only: patches the name seqmix.mixers.ssm imported, for the duration of each call)."""
     import functools
 
     import seqmix.mixers.ssm as ssm_mixers
 
     def run():
         orig = ssm_mixers.selective_scan
-        ssm_mixers.selective_scan = _no_scan if mode == "none" else functools.partial(orig, mode=mode)
+        ssm_mixers.selective_scan = _no_scan if mode == "none" else functools.partial(orig, mode=mode, backend="torch")
         try:
             return fn()
         finally:
@@ -292,6 +293,7 @@ def bench_ssm_targets(args, *, d: int, layers: int) -> dict:
     for T, B in train_shapes:
         data = CorpusConfig(corpus="tinyshakespeare", tokenizer="byte", seq_len=T, batch_size=B)
         steps = {name: make_train_step(name, data=data, d=d, layers=layers, device=args.device)[1] for name in SSM_PAIR}
+        steps["mamba (torch chunked scan)"] = with_scan_mode(make_train_step("mamba", data=data, d=d, layers=layers, device=args.device)[1], "chunked")
         steps[f"mamba ({BEFORE} scan)"] = with_scan_mode(make_train_step("mamba", data=data, d=d, layers=layers, device=args.device)[1], BEFORE)
         steps["mamba (no scan: bound)"] = with_scan_mode(make_train_step("mamba", data=data, d=d, layers=layers, device=args.device)[1], "none")
         ms = interleaved_ms(steps, args.repeats, args.device)
@@ -325,7 +327,8 @@ def bench_ssm_targets(args, *, d: int, layers: int) -> dict:
         rows.append([f"prefill T={T} B=1", f"mamba ({BEFORE} scan)", ms_all[(T, BEFORE)], tps_before[T], tps_before[T] / tps_before[lengths[0]]])
     print_table(f"issue 27: Mamba vs softmax attention ({layers} layers, d = {d}, byte vocab); median of {args.repeats} "
                 f"interleaved rounds (ratio: x softmax for training, x the shortest T for prefill); mamba ({BEFORE} scan): "
-                f"the scan's {BEFORE} mode, the default before issue 27 (its forward without gradients is the reference loop)",
+                f"the scan's {BEFORE} mode, the default before issue 27 (its forward without gradients is the reference loop); "
+                f"mamba: backend auto (the C++ kernel on CPU where it builds); torch chunked scan: the pure-PyTorch default",
                 ["case", "mixer", "ms", "tokens/s", "ratio"], rows)
     q = args.quick
     for (T, B), need in zip(train_shapes, (0.8, 1.5)):
@@ -336,7 +339,8 @@ def bench_ssm_targets(args, *, d: int, layers: int) -> dict:
         targets.append(target_line(f"Mamba training tokens/s >= {need}x softmax attention's at T={T} (batch {B})",
                                    None if q else r >= need, f"{r:.2f}x ({tr['tokens_per_s']['mamba']:,.0f} "
                                    f"vs {tr['tokens_per_s']['softmax_attention']:,.0f} tokens/s; {BEFORE} scan "
-                                   f"{tr['tokens_per_s'][f'mamba ({BEFORE} scan)'] / tr['tokens_per_s']['softmax_attention']:.2f}x); "
+                                   f"{tr['tokens_per_s'][f'mamba ({BEFORE} scan)'] / tr['tokens_per_s']['softmax_attention']:.2f}x, "
+                                   f"torch chunked scan {tr['tokens_per_s']['mamba (torch chunked scan)'] / tr['tokens_per_s']['softmax_attention']:.2f}x); "
                                    f"the scan is {scan_share:.0%} of the Mamba step; without it: {bound:.2f}x"))
     r = tps[lengths[-1]] / tps[lengths[0]]
     targets.append(target_line(f"Mamba forward (prefill) tokens/s at T={lengths[-1]} >= 0.8x at T={lengths[0]}",

@@ -6,6 +6,7 @@ LM's Mamba shape, SSD chunked vs recurrent.
     python bench/ssm.py --full-reference    # also the x[:, t] loop at L = 2048 (+ about 7 minutes)
     python bench/ssm.py --quick    # small shapes, seconds (no memory probes)
     python bench/ssm.py --modes-only [--chunk-sweep] [--candidates]   # part 4 alone (issue 27)
+    python bench/ssm.py --cpp [--threads 1]   # part 5 alone: the C++ kernel vs the torch modes
 
 1. Long causal convolution, one sequence of L = 4096 and 256 channels (S4/S4D's fft mode):
    ``fft_conv`` (rfft, n >= 2L) against ``direct_conv`` (conv1d, O(L²)), forward.
@@ -30,6 +31,11 @@ LM's Mamba shape, SSD chunked vs recurrent.
    a Hillis-Steele parallel scan over the chunk (log2 L whole-chunk steps, mamba.py's idea),
    the log-space closed form h_t = e^(G_t) h_0 + Σ_s e^(G_t - G_s) b_s ([L, L, B, D, N]
    weights, the SSD trick with per-channel decays), and torch.compile of the chunk loop.
+5. The "cpp" backend (seqmix.ops.cpp_scan, a fused C++ CPU kernel) beside the torch modes
+   reference / chunked (backend="torch"), forward and forward+backward, interleaved, at the
+   main job's S6 shape (B=16, T=32, D=64, N=8, and D=128: expand 2), (B=8, T=512, D=512,
+   N=16) and (B=1, T=4096, D=512, N=16); ratios against chunked and against reference. The
+   torch modes of parts 2 and 4 run with backend="torch"; part 4 adds "cpp" to its table.
 
 Every competitor's output is compared with the first one's (max abs difference printed).
 """
@@ -110,11 +116,24 @@ def via_linear_recurrence(mode):
     return run
 
 
-def via_selective_scan(mode):
+def via_selective_scan(mode, backend="torch"):
     def run(x, delta, A, Bm, Cm, Dv):
-        return selective_scan(x, delta, A, Bm, Cm, Dv, mode=mode, check_values=False)[0]
+        return selective_scan(x, delta, A, Bm, Cm, Dv, mode=mode, check_values=False, backend=backend)[0]
 
     return run
+
+
+def cpp_available() -> bool:
+    """Whether the "cpp" backend runs here (compiling it now if needed: its one-time cost is
+    then outside the timings)."""
+    from seqmix.ops import cpp_scan
+
+    try:
+        cpp_scan.load()
+    except RuntimeError as e:
+        print(f"  (the cpp backend is not available: {e})")
+        return False
+    return True
 
 
 S6_IMPLS = {
@@ -124,6 +143,7 @@ S6_IMPLS = {
     "selective_scan reference": via_selective_scan("reference"),
     "selective_scan fused": via_selective_scan("fused"),
     "selective_scan chunked": via_selective_scan("chunked"),
+    "selective_scan cpp": via_selective_scan("chunked", "cpp"),
 }
 SLOW = ("mamba-ref x[:, t]", "linear_recurrence chunk")  # run once, no warm-up
 
@@ -235,9 +255,9 @@ def bench_ssd(args):
 SCAN_D, SCAN_N = 512, 16  # the LM backbone's Mamba: d_model 256, expand 2, d_state 16
 
 
-def scan_fn(mode, L=None):
+def scan_fn(mode, L=None, backend="torch"):
     def run(x, delta, A, Bm, Cm, Dv):
-        return selective_scan(x, delta, A, Bm, Cm, Dv, mode=mode, chunk_size=L, check_values=False)[0]
+        return selective_scan(x, delta, A, Bm, Cm, Dv, mode=mode, chunk_size=L, check_values=False, backend=backend)[0]
 
     return run
 
@@ -298,6 +318,8 @@ def bench_scan_modes(args) -> dict:
     for B, T in scan_shapes(args):
         inputs = s6_inputs(B, T, D, N, args.device)
         impls = {"fused": scan_fn("fused"), "chunked": scan_fn("chunked")}
+        if cpp_available():
+            impls["cpp"] = scan_fn("chunked", backend="cpp")
         if T <= 4096:  # the reference's autograd graph of T steps: slow, and GBs at long T
             impls = {"reference": scan_fn("reference"), **impls}
         if args.chunk_sweep:
@@ -324,6 +346,47 @@ def bench_scan_modes(args) -> dict:
                 ["case", "mode", "fwd ms", "x fused fwd", "(cpu)", "fwd+bwd ms", "x fused f+b", "(cpu)", "f+b tokens/s", "max |Δy|"],
                 rows)
     print("  x fused: wall-time ratio; (cpu): the same ratio in CPU time of this process")
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# 5. the C++ kernel (backend "cpp") beside the torch modes
+# ------------------------------------------------------------------------------------------
+
+CPP_SHAPES = [(16, 32, 64, 8), (16, 32, 128, 8), (8, 512, 512, 16), (1, 4096, 512, 16)]
+CPP_SHAPES_QUICK = [(16, 32, 64, 8), (4, 256, 64, 16)]
+
+
+def bench_cpp(args) -> dict:
+    """reference / chunked (torch) / cpp, forward and forward+backward, interleaved repeats;
+    ratios of cpp against chunked (the torch default) and against reference."""
+    if not cpp_available():
+        return {}
+    out, rows = {}, []
+    for B, T, D, N in (CPP_SHAPES_QUICK if args.quick else CPP_SHAPES):
+        inputs = s6_inputs(B, T, D, N, args.device)
+        impls = {"reference": scan_fn("reference"), "chunked": scan_fn("chunked"), "cpp": scan_fn("chunked", backend="cpp")}
+        with torch.no_grad():
+            y_ref = scan_fn("reference")(*inputs)
+            errs = {k: float((f(*inputs) - y_ref).abs().max()) for k, f in impls.items()}
+        reps = args.repeats if B * T * D * N <= 2**22 else max(3, args.repeats // 3)
+        t_f = interleaved({k: _fwd(f, inputs) for k, f in impls.items()}, reps, args.device)
+        t_fb = interleaved({k: _fwd_bwd(f, inputs) for k, f in impls.items()}, reps, args.device)
+        res = {k: dict(fwd_ms=t_f[k], fwd_bwd_ms=t_fb[k], max_abs_diff_vs_reference=errs[k],
+                       x_chunked_fwd=t_f["chunked"] / t_f[k], x_chunked_fwd_bwd=t_fb["chunked"] / t_fb[k],
+                       x_reference_fwd=t_f["reference"] / t_f[k], x_reference_fwd_bwd=t_fb["reference"] / t_fb[k])
+               for k in impls}
+        for k, r in res.items():
+            rows.append([f"B={B} T={T} D={D} N={N}", k, r["fwd_ms"], r["x_chunked_fwd"], r["x_reference_fwd"],
+                         r["fwd_bwd_ms"], r["x_chunked_fwd_bwd"], r["x_reference_fwd_bwd"], r["max_abs_diff_vs_reference"]])
+        out[f"B={B},T={T},D={D},N={N}"] = dict(B=B, T=T, d=D, d_state=N, repeats=reps, results=res)
+        print(f"  done: cpp B={B} T={T} D={D} N={N}", flush=True)
+    print_table(f"selective scan: cpp kernel vs torch modes (float32, {torch.get_num_threads()} threads); median of interleaved repeats",
+                ["case", "impl", "fwd ms", "x chunked", "x reference", "fwd+bwd ms", "x chunked", "x reference", "max |Δy|"], rows)
+    for case, m in out.items():
+        r = m["results"]["cpp"]
+        print(f"  cpp at {case}: forward {r['x_chunked_fwd']:.2f}x chunked, {r['x_reference_fwd']:.2f}x reference; "
+              f"forward+backward {r['x_chunked_fwd_bwd']:.2f}x chunked, {r['x_reference_fwd_bwd']:.2f}x reference")
     return out
 
 
@@ -439,9 +502,14 @@ def main():
     p.add_argument("--candidates", action="store_true", help="part 4 also times the within-chunk recurrences, forward only")
     p.add_argument("--compile", action="store_true", help="with --candidates: also torch.compile of the chunk loop (minutes)")
     p.add_argument("--long", type=int, default=8192, help="T of part 4's long case (batch 1; default 8192)")
+    p.add_argument("--cpp", action="store_true", help="only part 5: the C++ kernel (backend cpp) vs the torch modes")
     args = p.parse_args()
     info = setup(args)
     print(f"machine: {info}\n")
+    if args.cpp:
+        cpp = bench_cpp(args)
+        write_json(args, "ssm-cpp", dict(machine=info, threads=torch.get_num_threads(), cpp=cpp, quick=args.quick))
+        return
     if args.modes_only:
         modes = bench_scan_modes(args)
         cands = bench_candidates(args) if args.candidates else None
@@ -450,12 +518,13 @@ def main():
     conv = bench_conv(args)
     B, L, D, N = (2, 128, 32, 16) if args.quick else (2, 2048, 256, 16)
     L_ref = 64 if args.quick else 512  # where the x[:, t] loop is timed by default
-    every = list(S6_IMPLS)
+    every = [k for k in S6_IMPLS if k != "selective_scan cpp" or cpp_available()]
     s6 = bench_s6(args, B, L, D, N, every if args.full_reference else every[1:])
     s6_short = None if args.full_reference else bench_s6(args, B, L_ref, D, N, ["mamba-ref x[:, t]", "linear_recurrence recurrent", "selective_scan fused"])
     ssd = bench_ssd(args)
     modes = bench_scan_modes(args)
     cands = bench_candidates(args) if args.candidates else None
+    cpp = bench_cpp(args)
 
     print("\ntargets (2-core CPU):")
     targets = [
@@ -487,8 +556,14 @@ def main():
             f"forward {r['x_fused_fwd']:.2f}x, forward+backward {r['x_fused_fwd_bwd']:.2f}x "
             f"({r['fwd_bwd_tokens_per_s']:,.0f} tokens/s fwd+bwd, auto chunk {m['chunk_auto']})",
         ))
+    for case, m in cpp.items():
+        r = m["results"]["cpp"]
+        targets.append(target_line(
+            f"selective scan cpp kernel vs chunked at {case} (report; issue 27)", None,
+            f"forward {r['x_chunked_fwd']:.2f}x, forward+backward {r['x_chunked_fwd_bwd']:.2f}x",
+        ))
     write_json(args, "ssm", dict(machine=info, conv=conv, s6=s6, s6_reference_length=s6_short, ssd=ssd, scan_modes=modes,
-                                 candidates=cands, targets=targets, quick=args.quick))
+                                 candidates=cands, cpp=cpp, targets=targets, quick=args.quick))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,12 @@ def test_train_then_results(tmp_path, capsys):
     assert csv.startswith("experiment,task,label") and (tmp_path / "p.png").exists()
     assert main(["results", "--db", f"{out}/results.sqlite", "--list"]) == 0
     assert "train: 1 runs" in capsys.readouterr().out
+    for sel in ("median", "per_seed"):
+        assert main(["results", "--db", f"{out}/results.sqlite", "--lr-select", sel, "--lr-criterion", "final"]) == 0
+        assert "| linear_attention |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["results", "--db", f"{out}/results.sqlite", "--lr-select", "mean"])
+    assert "--lr-select: invalid choice: 'mean'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,field", [

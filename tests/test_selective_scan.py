@@ -9,9 +9,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from seqmix.ops import linear_recurrence
+from seqmix.ops import backends, linear_recurrence
 from seqmix.ops.selective_scan import scan_chunk_size, selective_scan
 from tolerances import BF16_MODE_RTOL, F32_RTOL, F64_ATOL, max_abs, rel_err
+
+
+@pytest.fixture(autouse=True)
+def _torch_modes():
+    """This file tests the torch modes: "auto" must not route them to the C++ kernel (which
+    tests/test_cpp_scan.py ties to the reference mode)."""
+    with backends.auto_uses_torch():
+        yield
 
 
 def make(B=2, T=13, D=3, N=4, per_channel=False, dtype=torch.float64, seed=0):

@@ -196,6 +196,11 @@ def _add_results(sub):
     p.add_argument("--format", choices=["markdown", "csv"], default="markdown")
     p.add_argument("--x", default="d_model", help="columns / plot axis: d_model, n, state_size or task")
     p.add_argument("--all-lrs", action="store_true", help="one row per learning rate instead of the best")
+    p.add_argument("--lr-select", choices=["per_seed", "median"], default="per_seed",
+                   help="best over learning rates: each seed at its own best rate (per_seed, the papers' protocol; default) "
+                        "or one rate per cell, best on the median over seeds (median)")
+    p.add_argument("--lr-criterion", choices=["best", "final"], default="best",
+                   help="the accuracy that chooses a run's rate: the best validation accuracy seen (default) or the last")
     p.add_argument("--plot", help="write a PNG plot here")
     p.add_argument("--maps", action="store_true",
                    help="list each run's maps of its trained first and last layer (maps.png beside the run; `seqmix show --run ID`)")
@@ -215,7 +220,7 @@ def _run_results(args) -> int:
             print(f"{e}: {len(store.rows(e))} runs")
         return 0
     raw = store.rows(args.experiment)
-    rows = best_over_lr(raw, all_lrs=args.all_lrs)
+    rows = best_over_lr(raw, all_lrs=args.all_lrs, select=args.lr_select, criterion=args.lr_criterion)
     lm_rows = best_lm_over_lr(raw, all_lrs=args.all_lrs)  # language-modelling runs: ppl, bits/byte, tokens/s
     if not rows and not lm_rows:
         raise ValueError(f"argument --experiment: no finished runs{' in ' + repr(args.experiment) if args.experiment else ''}")

@@ -10,6 +10,11 @@ and :func:`~seqmix.ops.softmax_attention`. The values:
   one decay per head or none). CUDA, real float16/bfloat16/float32, no value-wise decay.
 * ``"mamba"``: ``mamba_ssm``'s ``selective_scan_fn`` for the selective scan and the
   ``causal_conv1d`` package's ``causal_conv1d_fn`` for the short convolution. CUDA only.
+* ``"cpp"``: seqmix's own fused C++ kernel for the selective scan on CPU
+  (:mod:`seqmix.ops.cpp_scan`; float32/float64, half inputs via float32), compiled with
+  ``torch.utils.cpp_extension`` on first use. Needs a C++ compiler and ``ninja`` on PATH;
+  ``SEQMIX_CPP=0`` switches it off. Measured several times faster than the torch modes for
+  training (docs/performance.md), so ``"auto"`` picks it on CPU.
 * ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` with ``is_causal`` for
   softmax attention (FlashAttention-2 / memory-efficient kernels on CUDA); the plain causal
   mask only.
@@ -40,7 +45,7 @@ OPS = ("linear_recurrence", "selective_scan", "short_conv", "softmax_attention")
 #: what ``backend="auto"`` tries, per op, before falling back to ``"torch"``
 AUTO_ORDER = {
     "linear_recurrence": ("fla",),
-    "selective_scan": ("mamba",),
+    "selective_scan": ("mamba", "cpp"),
     "short_conv": ("mamba",),
     "softmax_attention": ("sdpa",),
 }
@@ -69,6 +74,10 @@ class Backend:
     covers: (call) -> None when the backend runs this call, else the reason it does not.
     run: op -> function taking the op's own arguments (already checked by the op).
     pip: what to install.
+    available: op -> (usable, reason), replacing the import check of :meth:`status` for a
+    backend that is not a module (a kernel compiled on first use); cheap, never compiles.
+    prepare: () -> None when ready, else the reason; called once a call is routed to the
+    backend (it may compile: lazily, on first use, never at import or in ``listing``).
     """
 
     name: str
@@ -77,6 +86,8 @@ class Backend:
     covers: Callable[[Call], str | None]
     run: dict[str, Callable]
     pip: str = ""
+    available: Callable[[str], tuple[bool, str]] | None = None
+    prepare: Callable[[], str | None] | None = None
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -84,6 +95,8 @@ class Backend:
 
     def status(self, op: str) -> tuple[bool, str]:
         """(installed, reason): whether the module this op needs imports, and if not, why."""
+        if self.available is not None:
+            return self.available(op)
         mod = self.requires.get(op)
         if mod is None:
             return True, "part of torch"
@@ -129,7 +142,7 @@ def resolve(op: str, backend: str, call: Call) -> Backend:
     if backend == "auto":
         for name in AUTO_ORDER.get(op, ()):
             b = _REGISTRY.get(name)
-            if b is not None and op in b.requires and b.status(op)[0] and b.covers(call) is None:
+            if b is not None and op in b.requires and b.status(op)[0] and b.covers(call) is None and _ready(b) is None:
                 return b
         return _REGISTRY["torch"]
     if backend not in _REGISTRY:
@@ -144,7 +157,15 @@ def resolve(op: str, backend: str, call: Call) -> Backend:
     reason = b.covers(call)
     if reason is not None:
         raise ValueError(f"{op}: backend {backend!r} does not cover this call: {reason} (backend='torch' or 'auto' runs it)")
+    why = _ready(b)
+    if why is not None:
+        raise ValueError(f"{op}: backend {backend!r} is not available: {why} (backend='torch' or 'auto' runs it)")
     return b
+
+
+def _ready(b: Backend) -> str | None:
+    """None when the backend can run now (preparing it if it has a prepare step), else why not."""
+    return None if b.prepare is None else b.prepare()
 
 
 def listing() -> list[dict]:
@@ -245,9 +266,10 @@ def _mamba_covers(call: Call) -> str | None:
     return None
 
 
-def _mamba_selective_scan(x, delta, A, B, C, D, *, output_final_state):
+def _mamba_selective_scan(x, delta, A, B, C, D, *, output_final_state, initial_state=None, chunk_size=None):
     """x, delta [B, T, D]; A [D, N]; B, C [B, T, N]; D [D] or None; Δ after its softplus.
-    mamba_ssm's layout is channel-first: u, delta [B, D, T], B, C [B, N, T]."""
+    mamba_ssm's layout is channel-first: u, delta [B, D, T], B, C [B, N, T]. initial_state is
+    always None here (not covered); chunk_size is the torch modes' (ignored)."""
     from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
 
     out = selective_scan_fn(
@@ -272,6 +294,59 @@ register(Backend(
     covers=_mamba_covers,
     run={"selective_scan": _mamba_selective_scan, "short_conv": _mamba_short_conv},
     pip="mamba-ssm causal-conv1d (or seqmix[gpu])",
+))
+
+
+# --------------------------------------------------------------------------------------
+# cpp: seqmix's fused C++ CPU kernel of the selective scan (compiled on first use)
+# --------------------------------------------------------------------------------------
+
+_CPP_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _cpp_covers(call: Call) -> str | None:
+    if call.device != "cpu":
+        return f"the C++ kernel runs on CPU, the inputs are on {call.device}"
+    if call.dtype not in _CPP_DTYPES:
+        return f"the C++ kernel takes float32 or float64 (float16/bfloat16 via float32), got {call.dtype}"
+    if call.mode == "reference":
+        return "mode 'reference' is the torch reference loop"
+    return None
+
+
+def _cpp_available(op: str) -> tuple[bool, str]:
+    from . import cpp_scan
+
+    return cpp_scan.available()
+
+
+def _cpp_prepare() -> str | None:
+    from . import cpp_scan
+
+    try:
+        cpp_scan.load()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def _cpp_selective_scan(x, delta, A, B, C, D, *, output_final_state, initial_state=None, chunk_size=None):
+    """x, delta [B, T, D]; A [D, N]; B, C [B, T, N] or [B, T, D, N]; D [D] or None;
+    initial_state [B, D, N] or None; chunk_size: the kernel's L (states kept every L steps)."""
+    from .cpp_scan import selective_scan_cpp
+
+    return selective_scan_cpp(x, delta, A, B, C, D, initial_state=initial_state,
+                              output_final_state=output_final_state, chunk_size=chunk_size)
+
+
+register(Backend(
+    name="cpp",
+    description="seqmix's fused C++ CPU kernel (selective scan; compiled on first use)",
+    requires={"selective_scan": None},
+    covers=_cpp_covers,
+    run={"selective_scan": _cpp_selective_scan},
+    available=_cpp_available,
+    prepare=_cpp_prepare,
 ))
 
 

@@ -313,8 +313,11 @@ def selective_scan(
     mode: "chunked" (default), "fused" or "reference". chunk_size: L of the chunked mode, an
     integer >= 1 (any T works: the last chunk is shorter) or None for :func:`scan_chunk_size`
     (about 8 MiB per chunk buffer; 16 to 256 steps); the other modes ignore it.
-    backend: "auto", "torch" or "mamba" (mamba_ssm's ``selective_scan_fn``; CUDA, B and C
-    shared by the channels, no initial state): see :mod:`seqmix.ops.backends`."""
+    backend: "auto", "torch", "cpp" (seqmix's fused C++ kernel, :mod:`seqmix.ops.cpp_scan`:
+    CPU, every shape and option of this op, modes other than "reference"; chunk_size is then
+    its L, 64 when None) or "mamba" (mamba_ssm's ``selective_scan_fn``; CUDA, B and C shared
+    by the channels, no initial state): see :mod:`seqmix.ops.backends`. "auto" picks cpp on
+    CPU when it compiles, else the torch mode."""
     check_choice("mode", mode, MODES, _WHERE)
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size, _WHERE)
@@ -348,7 +351,8 @@ def selective_scan(
             _WHERE, x.device.type, x.dtype, mode,
             dict(initial_state=initial_state is not None, per_channel_BC=B.dim() == 4 or C.dim() == 4)))
         if be.name != "torch":
-            y, h = be.run[_WHERE](x, delta, A, B, C, D, output_final_state=output_final_state)
+            y, h = be.run[_WHERE](x, delta, A, B, C, D, output_final_state=output_final_state,
+                                  initial_state=initial_state, chunk_size=chunk_size)
             return y, (h if output_final_state else None)
     out_dtype = x.dtype
     dt = torch.promote_types(torch.promote_types(x.dtype, delta.dtype), torch.promote_types(A.dtype, B.dtype))

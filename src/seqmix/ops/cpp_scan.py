@@ -1,0 +1,173 @@
+"""The selective scan as a fused C++ CPU kernel: the ``"cpp"`` backend of ``selective_scan``.
+
+Same recurrence as :mod:`seqmix.ops.selective_scan` (Mamba eqs. 2a/2b with Δ after its
+softplus; DSF eq. 19 with a diagonal Λ_t), per batch b, channel d and state n:
+
+    h_t[n] = exp(Δ_t[d] A[d, n]) h_(t-1)[n] + Δ_t[d] x_t[d] B_t[n]
+    y_t[d] = Σ_n C_t[n] h_t[n] + D[d] x_t[d]
+
+The torch modes run it as whole-tensor passes over [L, B, D, N] chunk buffers (about fifteen
+per chunk, forward and backward); the kernel (``csrc/selective_scan.cpp``) instead runs, for
+each (b, block of 32 channels) in parallel (``at::parallel_for``), a loop over t per channel
+with the state h[N] in a small per-thread buffer (L1), the loop over n vectorized (in float32
+an exp written as plain arithmetic, Cephes' polynomial, about 1 ulp; std::exp in float64). Forward: y, the final state, and the states entering each chunk of L steps (kept for
+the backward: O(T/L · B·D·N) memory). Backward: chunks from the last, each recomputed from its
+boundary state into a buffer of L·N, then the adjoint recurrence backwards in time producing
+dΔ, dA, dx, dB, dC, dD and dh0 in the same pass (sums over channels and over the batch go
+through per-unit partial buffers reduced here).
+
+Shapes: x, delta [B, T, D]; A [D, N]; B, C [B, T, N] or [B, T, D, N]; D [D] or None;
+initial_state [B, D, N] or None. float32 and float64 are computed in their dtype; float16 and
+bfloat16 inputs in float32 (y cast back, the final state in float32, as the torch path).
+
+The kernel is compiled with ``torch.utils.cpp_extension.load`` on first use (never at import),
+into torch's extensions directory (``TORCH_EXTENSIONS_DIR`` if set), one line on stderr when
+it compiles. It needs a C++ compiler (``c++``, or ``$CXX``) and the ``ninja`` executable on
+PATH. ``SEQMIX_CPP=0`` switches the backend off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from torch.autograd.function import once_differentiable
+
+SOURCE = Path(__file__).with_name("csrc") / "selective_scan.cpp"
+#: chunk length L of the kernel when the op's ``chunk_size`` is None: states kept every L steps
+CHUNK = 64
+
+_module = None
+_failure: str | None = None
+
+__all__ = ["available", "load", "selective_scan_cpp", "CHUNK"]
+
+
+def _disabled() -> bool:
+    return os.environ.get("SEQMIX_CPP", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def _isa_flags() -> list[str]:
+    """-mavx2 -mfma where the CPU has them (x86-64 Linux); the build's name records them."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
+    except (OSError, IndexError):
+        return []
+    return ["-mavx2", "-mfma"] if "avx2" in flags and "fma" in flags else []
+
+
+def _cflags() -> list[str]:
+    return ["-O3", "-fopenmp", "-fopenmp-simd", "-fno-trapping-math", *_isa_flags()]
+
+
+def _name() -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(_cflags()).encode()).hexdigest()[:10]
+    return f"seqmix_selective_scan_{digest}"
+
+
+def available() -> tuple[bool, str]:
+    """(usable, reason) without compiling: switched off, no compiler, no ninja, a failed
+    compile earlier in this process, compiled, or "compiles on first use"."""
+    if _disabled():
+        return False, "switched off by SEQMIX_CPP=0"
+    if _module is not None:
+        return True, "compiled"
+    if _failure is not None:
+        return False, _failure
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return False, f"no C++ compiler found ({cxx!r} is not on PATH; set CXX or install g++/clang++)"
+    if shutil.which("ninja") is None:
+        return False, "the 'ninja' build tool is not on PATH (torch.utils.cpp_extension needs it)"
+    if not SOURCE.is_file():
+        return False, f"the kernel source {SOURCE.name} is missing from the installed package"
+    return True, "C++ compiler found; compiles on first use"
+
+
+def load():
+    """The compiled extension (compiling it on the first call of the process, unless torch's
+    extensions directory already holds this build). Raises RuntimeError saying why not."""
+    global _module, _failure
+    if _module is not None:
+        return _module
+    ok, why = available()
+    if not ok:
+        raise RuntimeError(why)
+    from torch.utils import cpp_extension
+
+    name = _name()
+    try:
+        built = any(Path(cpp_extension._get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
+    except Exception:  # a private helper of torch: if it moves, only the message is affected
+        built = False
+    if not built:
+        print(f"seqmix: compiling the C++ selective scan kernel ({name}, about a minute, once) ...", file=sys.stderr, flush=True)
+    try:
+        _module = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=_cflags(),
+                                     extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as e:  # compiler or linker error, missing headers, ...
+        msg = str(e).strip().splitlines()
+        _failure = f"the C++ kernel failed to compile ({type(e).__name__}: {msg[-1] if msg else ''})"
+        raise RuntimeError(_failure) from e
+    return _module
+
+
+class _CppScan(torch.autograd.Function):
+    """Inputs (contiguous, one dtype): x, delta [B, T, D]; A [D, N]; Bm, Cm [B, T, N] or
+    [B, T, D, N]; Dv [D] or None; h0 [B, D, N] or None; L. Returns (y [B, T, D], h_T)."""
+
+    @staticmethod
+    def forward(ctx, x, delta, A, Bm, Cm, Dv, h0, L):
+        ext = load()
+        y, hT, states = ext.forward(x, delta, A, Bm, Cm, Dv, h0, L, True)
+        ctx.save_for_backward(x, delta, A, Bm, Cm, Dv, states)
+        ctx.L = L
+        ctx.has_D, ctx.has_h0 = Dv is not None, h0 is not None
+        return y, hT
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dhT):
+        x, delta, A, Bm, Cm, Dv, states = ctx.saved_tensors
+        Bt, T, D = x.shape
+        N = A.shape[1]
+        dy = torch.zeros_like(x) if dy is None else dy.contiguous()
+        dhT = x.new_zeros(Bt, D, N) if dhT is None else dhT.contiguous()
+        dx, ddelta, dA_part, dB, dC, dD_part, dh0 = load().backward(x, delta, A, Bm, Cm, Dv, states, dy, dhT, ctx.L)
+        if Bm.dim() == 3:  # shared by the channels: per-block partial sums [B, T, blocks, N]
+            dB = dB.sum(2)
+        if Cm.dim() == 3:
+            dC = dC.sum(2)
+        need = ctx.needs_input_grad
+        return (dx, ddelta, dA_part.sum(0) if need[2] else None, dB, dC,
+                dD_part.sum(0) if ctx.has_D and need[5] else None,
+                dh0 if ctx.has_h0 and need[6] else None, None)
+
+
+def selective_scan_cpp(x, delta, A, B, C, D=None, *, initial_state=None, output_final_state=False, chunk_size=None):
+    """The selective scan by the C++ kernel (module docstring); arguments as
+    :func:`seqmix.ops.selective_scan` (already checked there). Returns (y [B, T, D], h_T [B, D, N])."""
+    out_dtype = x.dtype
+    dt = x.dtype
+    for t in (delta, A, B, C, D, initial_state):
+        if t is not None:
+            dt = torch.promote_types(dt, t.dtype)
+    if dt in (torch.float16, torch.bfloat16):
+        dt = torch.float32
+    x, delta, A, B, C = (t.to(dt).contiguous() for t in (x, delta, A, B, C))
+    D = D.to(dt).contiguous() if D is not None else None
+    h0 = initial_state.to(dt).contiguous() if initial_state is not None else None
+    L = chunk_size or CHUNK
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, delta, A, B, C, D, h0))
+    if needs_grad:
+        y, h = _CppScan.apply(x, delta, A, B, C, D, h0, L)
+    else:
+        y, h, _ = load().forward(x, delta, A, B, C, D, h0, L, False)
+    return y.to(out_dtype), h

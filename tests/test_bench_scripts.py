@@ -1,0 +1,46 @@
+"""Smoke tests of the benchmark scripts: each runs at its smallest configuration in a subprocess
+(as `python bench/<script>.py` is run) and writes its JSON. They check that the script runs and
+what it reports is well-formed, never the figures (those depend on the machine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_peer_smallest(tmp_path):
+    """bench/peer.py: seqmix vs transformers (Mamba, Mamba-2, Llama) at d = 32, one layer, T = 32."""
+    pytest.importorskip("transformers", reason="the optional extra 'hf' is not installed: pip install 'seqmix[hf]'")
+    out = tmp_path / "peer.json"
+    r = _run("peer.py", "--d-model", "32", "--layers", "1", "--train", "32x2", "--prefill", "32", "--prompt", "16",
+             "--decode-tokens", "4", "--repeats", "1", "--threads", "1", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "seqmix vs transformers" in r.stdout
+    res = json.loads(out.read_text())
+    assert res["d_model"] == 32 and res["layers"] == 1
+    assert set(res["results"]) == {"mamba", "mamba2", "llama"}
+    for pair, p in res["results"].items():
+        # both sides compute the same function: the converted weights give transformers' logits
+        assert p["logit_max_abs_diff"] <= 1e-4 * max(1.0, p["logit_max_abs"]), pair
+        assert set(p["cells"]) == {"prefill T=32", "decode 4 after 16", "train T=32 B=2"}, pair
+        for name, c in p["cells"].items():
+            assert c["seqmix"]["tokens_per_s"] > 0 and c["transformers"]["tokens_per_s"] > 0, (pair, name)
+            assert c["ratio"] == pytest.approx(c["seqmix"]["tokens_per_s"] / c["transformers"]["tokens_per_s"])
+        assert p["cells"]["decode 4 after 16"]["greedy_tokens_agree"] == 4, pair
+
+
+def test_peer_refuses_unknown_pair():
+    pytest.importorskip("transformers")
+    r = _run("peer.py", "--pairs", "rwkv", timeout=120)
+    assert r.returncode == 2 and "unknown pair 'rwkv'" in r.stderr

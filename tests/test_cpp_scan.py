@@ -1,0 +1,293 @@
+"""The "cpp" backend of seqmix.ops.selective_scan (seqmix.ops.cpp_scan, a fused C++ CPU kernel)
+against the torch reference mode: forward, final state and every gradient in float64 (tight)
+and float32 (relative), bfloat16 inputs, gradcheck, the dispatch (auto picks it on CPU, the
+refusals and their reasons, SEQMIX_CPP=0, a failed compile), and S6 mixers training with it.
+
+Skips (with the reason) where the kernel cannot be built: no C++ compiler or no ninja."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import seqmix
+from seqmix.ops import backends, cpp_scan
+from seqmix.ops.selective_scan import selective_scan
+from tolerances import BF16_MODE_RTOL, rel_err
+
+#: cpp vs reference in float64: the same arithmetic in another order (sums over n, t, b)
+CPP_F64_ATOL = 1e-10
+#: cpp vs the float64 reference, inputs in float32: max|a - b| / max|b|
+CPP_F32_RTOL = 1e-5
+
+
+def _why_not_built() -> str | None:
+    ok, why = cpp_scan.available()
+    if not ok:
+        return why
+    try:
+        cpp_scan.load()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+_WHY = _why_not_built()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"the C++ selective scan cannot be built here: {_WHY}")
+
+
+def make(B=2, T=13, D=3, N=4, B_channels=False, C_channels=False, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s, scale=1.0):
+        return (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(dtype).requires_grad_(True)
+
+    x = r(B, T, D)
+    delta = (torch.rand(B, T, D, generator=g, dtype=torch.float64) * 0.5).to(dtype).requires_grad_(True)
+    A = (-torch.rand(D, N, generator=g, dtype=torch.float64) * 2).to(dtype).requires_grad_(True)
+    Bm = r(*((B, T, D, N) if B_channels else (B, T, N)))
+    Cm = r(*((B, T, D, N) if C_channels else (B, T, N)))
+    return dict(x=x, delta=delta, A=A, B=Bm, C=Cm, D=r(D), h0=r(B, D, N))
+
+
+def run(backend, a, *, with_state=True, with_D=True, mode="chunked", chunk_size=None, loss="both"):
+    """y, h_T and the gradients of a fixed random projection of (y, h_T) w.r.t. every input."""
+    y, h = selective_scan(
+        a["x"], a["delta"], a["A"], a["B"], a["C"], a["D"] if with_D else None,
+        initial_state=a["h0"] if with_state else None, output_final_state=True,
+        mode=mode, chunk_size=chunk_size, backend=backend,
+    )
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(y.shape, generator=g, dtype=torch.float64).to(y.dtype)
+    wh = torch.randn(h.shape, generator=g, dtype=torch.float64).to(h.dtype)
+    terms = {"both": (y * w).sum() + (h * wh).sum(), "y": (y * w).sum(), "h": (h * wh).sum()}
+    leaves = [a[k] for k in ("x", "delta", "A", "B", "C")] + ([a["D"]] if with_D else []) + ([a["h0"]] if with_state else [])
+    grads = torch.autograd.grad(terms[loss], leaves, allow_unused=True)
+    return y.detach(), h.detach(), grads
+
+
+def reference(a, **kw):
+    return run("torch", a, mode="reference", **{k: v for k, v in kw.items() if k != "chunk_size"})
+
+
+def assert_close(got, ref, measure, tol):
+    (y, h, g), (y0, h0, g0) = got, ref
+    assert y.dtype == y0.dtype and h.dtype == h0.dtype
+    assert measure(y, y0) < tol, f"y: {measure(y, y0):.3g}"
+    assert measure(h, h0) < tol, f"h_T: {measure(h, h0):.3g}"
+    assert len(g) == len(g0)
+    for i, (u, v) in enumerate(zip(g, g0)):
+        if u is None or v is None:  # an input the loss does not reach: None, or zeros from a Function
+            assert all(t is None or not t.any() for t in (u, v)), f"gradient {i} missing in one path"
+            continue
+        assert u.dtype == v.dtype and u.shape == v.shape
+        assert measure(u, v) < tol, f"gradient {i}: {measure(u, v):.3g}"
+
+
+def max_abs(a, b):
+    return float((a.detach().double() - b.detach().double()).abs().max())
+
+
+# ------------------------------------------------------------------------------------------
+# numerics against the reference mode
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("B_channels,C_channels", [(False, False), (True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("T,chunk_size", [(1, None), (13, 5), (13, 13), (70, None), (9, 1)])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_float64_equals_reference(B_channels, C_channels, T, chunk_size, with_state):
+    """T = 13 in chunks of 5 and T = 70 in the default 64: the last chunk is shorter."""
+    a = make(T=T, D=5, N=6, B_channels=B_channels, C_channels=C_channels)
+    got = run("cpp", a, with_state=with_state, chunk_size=chunk_size)
+    assert_close(got, reference(a, with_state=with_state), max_abs, CPP_F64_ATOL)
+
+
+@pytest.mark.parametrize("loss", ["y", "h"])
+def test_float64_no_D_and_one_output_used(loss):
+    """D None (no gradient for it); a loss on y alone or on the final state alone (the other
+    output's gradient reaches the backward as None)."""
+    a = make(T=11, D=40, N=4)  # D > the kernel's block of 32 channels: two blocks, one partial
+    got = run("cpp", a, with_D=False, chunk_size=4, loss=loss)
+    assert_close(got, reference(a, with_D=False, loss=loss), max_abs, CPP_F64_ATOL)
+
+
+@pytest.mark.parametrize("N", [1, 8, 16, 19])
+def test_float64_state_sizes(N):
+    a = make(B=3, T=20, D=4, N=N)
+    assert_close(run("cpp", a, chunk_size=8), reference(a), max_abs, CPP_F64_ATOL)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_float32_relative_to_float64_reference(per_channel):
+    a64 = make(B=2, T=100, D=37, N=16, B_channels=per_channel, C_channels=per_channel)
+    a32 = {k: v.detach().float().requires_grad_(True) for k, v in a64.items()}
+    y, h, g = run("cpp", a32)
+    y0, h0, g0 = reference(a64)
+    assert y.dtype == torch.float32 and h.dtype == torch.float32
+    assert rel_err(y.double(), y0) < CPP_F32_RTOL and rel_err(h.double(), h0) < CPP_F32_RTOL
+    for i, (u, v) in enumerate(zip(g, g0)):
+        assert u.dtype == torch.float32
+        assert rel_err(u.double(), v) < CPP_F32_RTOL, f"gradient {i}: {rel_err(u.double(), v):.3g}"
+
+
+def test_bfloat16_inputs_against_float32_reference():
+    """bf16 inputs are computed in float32 and y rounded back to bf16 (the final state stays
+    float32), like the torch modes: within one bf16 rounding of the float32 reference."""
+    a32 = make(T=40, D=5, N=6, dtype=torch.float32)
+    a16 = {k: v.detach().bfloat16().requires_grad_(True) for k, v in a32.items()}
+    ref = reference({k: v.detach().float().requires_grad_(True) for k, v in a16.items()})
+    y, h, g = run("cpp", a16)
+    assert y.dtype == torch.bfloat16 and h.dtype == torch.float32
+    assert rel_err(y.float(), ref[0]) < BF16_MODE_RTOL and rel_err(h, ref[1]) < BF16_MODE_RTOL
+    for u, v in zip(g, ref[2]):
+        assert u.dtype == torch.bfloat16
+        assert rel_err(u.float(), v) < BF16_MODE_RTOL
+
+
+def test_no_gradient_path_and_decoding_step():
+    """Without autograd the forward alone runs (no states kept); T = 1 steps carried one by
+    one equal the full pass."""
+    a = make(T=9, D=4, N=3)
+    with torch.no_grad():
+        y_full, h_full = selective_scan(a["x"], a["delta"], a["A"], a["B"], a["C"], a["D"], initial_state=a["h0"],
+                                        output_final_state=True, backend="cpp")
+        h, ys = a["h0"], []
+        for t in range(9):
+            s = slice(t, t + 1)
+            y, h = selective_scan(a["x"][:, s], a["delta"][:, s], a["A"], a["B"][:, s], a["C"][:, s], a["D"],
+                                  initial_state=h, output_final_state=True, backend="cpp")
+            ys.append(y)
+    assert max_abs(torch.cat(ys, 1), y_full) < CPP_F64_ATOL and max_abs(h, h_full) < CPP_F64_ATOL
+    assert not y_full.requires_grad
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_gradcheck(per_channel):
+    a = make(B=2, T=5, D=3, N=2, B_channels=per_channel, C_channels=per_channel)
+
+    def f(x, delta, A, Bm, Cm, Dv, h0):
+        return selective_scan(x, delta, A, Bm, Cm, Dv, initial_state=h0, output_final_state=True,
+                              chunk_size=2, backend="cpp", check_values=False)
+
+    assert torch.autograd.gradcheck(f, tuple(a[k] for k in ("x", "delta", "A", "B", "C", "D", "h0")))
+
+
+# ------------------------------------------------------------------------------------------
+# dispatch
+# ------------------------------------------------------------------------------------------
+
+
+def test_auto_picks_cpp_on_cpu_and_torch_where_it_does_not_cover(monkeypatch):
+    call = backends.Call("selective_scan", "cpu", torch.float32, "chunked", dict(initial_state=True, per_channel_BC=True))
+    assert backends.resolve("selective_scan", "auto", call).name == "cpp"
+    for c in (backends.Call("selective_scan", "cpu", torch.float32, "reference"),
+              backends.Call("selective_scan", "cpu", torch.complex64, "chunked")):
+        assert backends.resolve("selective_scan", "auto", c).name == "torch"
+    with backends.auto_uses_torch():
+        assert backends.resolve("selective_scan", "auto", call).name == "torch"
+    called = []
+    real = backends.get("cpp").run["selective_scan"]
+    monkeypatch.setitem(backends.get("cpp").run, "selective_scan", lambda *a, **k: called.append(1) or real(*a, **k))
+    a = make()
+    selective_scan(a["x"], a["delta"], a["A"], a["B"], a["C"])
+    assert called == [1]
+    selective_scan(a["x"], a["delta"], a["A"], a["B"], a["C"], mode="reference")
+    assert called == [1]
+
+
+def test_what_cpp_covers():
+    covers = backends.get("cpp").covers
+    assert "runs on CPU, the inputs are on cuda" in covers(backends.Call("selective_scan", "cuda", torch.float32, "chunked"))
+    assert "float32 or float64" in covers(backends.Call("selective_scan", "cpu", torch.complex64, "chunked"))
+    assert "reference" in covers(backends.Call("selective_scan", "cpu", torch.float64, "reference"))
+    for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        for mode in ("chunked", "fused"):
+            assert covers(backends.Call("selective_scan", "cpu", dt, mode, dict(initial_state=True, per_channel_BC=True))) is None
+    rows = [r for r in backends.listing() if r["backend"] == "cpp"]
+    assert [r["op"] for r in rows] == ["selective_scan"] and rows[0]["installed"]
+
+
+def test_bad_input_gives_the_ops_value_error():
+    a = make()
+    args = (a["x"], a["delta"], a["A"], a["B"], a["C"])
+    with pytest.raises(ValueError, match="argument 'B' must be"):
+        selective_scan(a["x"], a["delta"], a["A"], a["B"][..., :2], a["C"], backend="cpp")
+    with pytest.raises(ValueError, match="initial_state"):
+        selective_scan(*args, initial_state=a["h0"][:, :2], backend="cpp")
+    with pytest.raises(ValueError, match="backend 'cpp' does not cover this call: mode 'reference'"):
+        selective_scan(*args, mode="reference", backend="cpp")
+
+
+def test_switched_off_by_env(monkeypatch):
+    monkeypatch.setenv("SEQMIX_CPP", "0")
+    a = make()
+    args = (a["x"], a["delta"], a["A"], a["B"], a["C"])
+    call = backends.Call("selective_scan", "cpu", torch.float64, "chunked")
+    assert backends.resolve("selective_scan", "auto", call).name == "torch"
+    with pytest.raises(ValueError, match="backend 'cpp' is not installed: switched off by SEQMIX_CPP=0"):
+        selective_scan(*args, backend="cpp")
+    assert any(r["backend"] == "cpp" and not r["installed"] for r in backends.listing())
+
+
+def test_failed_compile_falls_back_under_auto_and_is_explained_when_asked(monkeypatch):
+    def broken():
+        raise RuntimeError("the C++ kernel failed to compile (stand-in error)")
+
+    monkeypatch.setattr(cpp_scan, "load", broken)
+    a = make()
+    args = (a["x"], a["delta"], a["A"], a["B"], a["C"])
+    call = backends.Call("selective_scan", "cpu", torch.float64, "chunked")
+    assert backends.resolve("selective_scan", "auto", call).name == "torch"
+    y = selective_scan(*args)[0]  # silently the torch path
+    assert max_abs(y, selective_scan(*args, backend="torch")[0]) == 0
+    with pytest.raises(ValueError, match=r"backend 'cpp' is not available: the C\+\+ kernel failed to compile \(stand-in"):
+        selective_scan(*args, backend="cpp")
+
+
+# ------------------------------------------------------------------------------------------
+# S6 mixers train with it
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["s6", "mamba"])
+def test_s6_mixers_gradients_equal_the_torch_path(name):
+    """The mixer's default path ("auto" -> cpp on CPU) against the same mixer with auto held to
+    the torch modes, float64: outputs and every parameter gradient."""
+    torch.manual_seed(0)
+    m = seqmix.build_mixer(name, d_model=16, d_state=4).double()
+    x = torch.randn(3, 21, 16, dtype=torch.float64)
+
+    def fwd_bwd():
+        m.zero_grad()
+        y = m(x)
+        (y * torch.sin(torch.arange(y.numel(), dtype=y.dtype)).view_as(y)).sum().backward()
+        return y.detach(), [p.grad.clone() for p in m.parameters() if p.grad is not None]
+
+    y1, g1 = fwd_bwd()
+    with backends.auto_uses_torch():
+        y0, g0 = fwd_bwd()
+    assert max_abs(y1, y0) < CPP_F64_ATOL
+    assert len(g1) == len(g0) > 0
+    for u, v in zip(g1, g0):
+        assert max_abs(u, v) < CPP_F64_ATOL
+
+
+def test_two_layer_s6_model_trains():
+    """A few Adam steps of a 2-layer S6 language model on a fixed batch lower the loss."""
+    from seqmix.models.build import build_model
+
+    torch.manual_seed(0)
+    model = build_model({"mixer": "s6", "mixer_kwargs": {"d_state": 8}, "d_model": 32, "n_layers": 2,
+                         "vocab_size": 32, "max_seq_len": 32})
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    ids = torch.randint(0, 32, (4, 24))
+    losses = []
+    for _ in range(8):
+        logits = model(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 32), ids[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.1

@@ -14,6 +14,7 @@ import seqmix
 from seqmix.ops import backends, cpp_scan
 from seqmix.ops.selective_scan import selective_scan
 from tolerances import BF16_MODE_RTOL, rel_err
+from scan_inputs import make
 
 #: cpp vs reference in float64: the same arithmetic in another order (sums over n, t, b)
 CPP_F64_ATOL = 1e-10
@@ -36,18 +37,6 @@ _WHY = _why_not_built()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"the C++ selective scan cannot be built here: {_WHY}")
 
 
-def make(B=2, T=13, D=3, N=4, B_channels=False, C_channels=False, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*s, scale=1.0):
-        return (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(dtype).requires_grad_(True)
-
-    x = r(B, T, D)
-    delta = (torch.rand(B, T, D, generator=g, dtype=torch.float64) * 0.5).to(dtype).requires_grad_(True)
-    A = (-torch.rand(D, N, generator=g, dtype=torch.float64) * 2).to(dtype).requires_grad_(True)
-    Bm = r(*((B, T, D, N) if B_channels else (B, T, N)))
-    Cm = r(*((B, T, D, N) if C_channels else (B, T, N)))
-    return dict(x=x, delta=delta, A=A, B=Bm, C=Cm, D=r(D), h0=r(B, D, N))
 
 
 def run(backend, a, *, with_state=True, with_D=True, mode="chunked", chunk_size=None, loss="both"):

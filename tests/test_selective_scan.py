@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from seqmix.ops import backends, linear_recurrence
 from seqmix.ops.selective_scan import scan_chunk_size, selective_scan
 from tolerances import BF16_MODE_RTOL, F32_RTOL, F64_ATOL, max_abs, rel_err
+from scan_inputs import make
 
 
 @pytest.fixture(autouse=True)
@@ -22,17 +23,6 @@ def _torch_modes():
         yield
 
 
-def make(B=2, T=13, D=3, N=4, per_channel=False, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*s, scale=1.0):
-        return (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(dtype).requires_grad_(True)
-
-    x = r(B, T, D)
-    delta = (torch.rand(B, T, D, generator=g, dtype=torch.float64) * 0.5).to(dtype).requires_grad_(True)
-    A = (-torch.rand(D, N, generator=g, dtype=torch.float64) * 2).to(dtype).requires_grad_(True)
-    shape = (B, T, D, N) if per_channel else (B, T, N)
-    return dict(x=x, delta=delta, A=A, B=r(*shape), C=r(*shape), D=r(D), h0=r(B, D, N))
 
 
 def run(mode, a, with_state=True, chunk_size=None, loss="both"):

@@ -12,9 +12,11 @@ the base). Same input, same weights: the modes' outputs are compared too (max
 relative difference to the ratio's base mode), so a fast mode that is wrong shows.
 
 A mode is skipped, and the table says why, where at T it would take more than --max-seconds
-(default 60) or keep more than --max-gb (default 2) for its backward: both projected from two
-probe lengths T/8 and T/4 (time and autograd's saved bytes, growth exponent fitted and clamped
-to [1, 2]: a materialized T×T map grows as T²).
+(default 60) or keep more than --max-gb (default 2) for its backward: both projected from the
+two longest probe lengths of T/32, T/16, T/8, T/4 (time and autograd's saved bytes, growth
+exponent fitted and clamped to [1, 2]: a materialized T×T map grows as T²); the probes climb
+from the shortest and stop before a length whose projected cost passes a cap (PaTH's parallel
+reference ran the machine out of memory at its T/8 probe before).
 
 The per-token cost over T = 512..16k of every recurrent mixer (flat for each: linear in T) is
 bench/scaling.py's; this script does not repeat it.
@@ -53,14 +55,21 @@ def _project(ts: dict[int, float], T: int) -> float:
     return b * (T / t2) ** e
 
 
-def probe(m, T: int, device: str) -> tuple[float, float]:
-    """(projected seconds, projected saved bytes) of fwd+bwd of m at T, from T/8 and T/4."""
+def probe(m, T: int, device: str, max_seconds: float = math.inf, max_bytes: float = math.inf) -> tuple[float, float]:
+    """(projected seconds, projected saved bytes) of fwd+bwd of m at T, from the two longest of
+    the probe lengths T/32, T/16, T/8, T/4 it measured. It climbs from the shortest and does not
+    run a length whose cost, projected from the two before, passes a cap: a mode whose map grows
+    as T² (or worse) is skipped on a short probe instead of filling the machine's memory."""
     secs, nbytes = {}, {}
-    for t in (max(16, T // 8), max(32, T // 4)):
+    for t in sorted({max(16, T // 32), max(16, T // 16), max(16, T // 8), max(32, T // 4)}):
+        if len(secs) >= 2:
+            last = dict(sorted(secs.items())[-2:]), dict(sorted(nbytes.items())[-2:])
+            if _project(last[0], t) > max_seconds or _project(last[1], t) > max_bytes:
+                break
         x = torch.randn(1, t, D_MODEL, device=device, requires_grad=True)
         secs[t] = timeit(fwd_bwd(m, x), repeats=1, warmup=1, device=device)["min_ms"] / 1e3
         nbytes[t] = saved_bytes(m, x)
-    return _project(secs, T), _project(nbytes, T)
+    return _project(dict(sorted(secs.items())[-2:]), T), _project(dict(sorted(nbytes.items())[-2:]), T)
 
 
 def bench_mixer(name: str, T: int, args) -> list[list]:
@@ -75,7 +84,7 @@ def bench_mixer(name: str, T: int, args) -> list[list]:
     res = {}
     for mode in modes:
         m.mode = mode
-        p_s, p_b = probe(m, T, args.device)
+        p_s, p_b = probe(m, T, args.device, args.max_seconds, args.max_gb * 2**30)
         if p_s > args.max_seconds or p_b > args.max_gb * 2**30:
             res[mode] = {"skipped": f"skipped: projected {p_s:.0f} s, {p_b / 2**30:.1f} GB saved"}
             continue

@@ -13,7 +13,7 @@ relative difference to the ratio's base mode), so a fast mode that is wrong show
 
 A mode is skipped, and the table says why, where at T it would take more than --max-seconds
 (default 60) or keep more than --max-gb (default 2) for its backward: both projected from the
-two longest probe lengths of T/32, T/16, T/8, T/4 (time and autograd's saved bytes, growth
+two longest probe lengths of T/64 … T/4 (time and autograd's saved bytes, growth
 exponent fitted and clamped to [1, 2]: a materialized T×T map grows as T²); the probes climb
 from the shortest and stop before a length whose projected cost passes a cap (PaTH's parallel
 reference ran the machine out of memory at its T/8 probe before).
@@ -57,11 +57,11 @@ def _project(ts: dict[int, float], T: int) -> float:
 
 def probe(m, T: int, device: str, max_seconds: float = math.inf, max_bytes: float = math.inf) -> tuple[float, float]:
     """(projected seconds, projected saved bytes) of fwd+bwd of m at T, from the two longest of
-    the probe lengths T/32, T/16, T/8, T/4 it measured. It climbs from the shortest and does not
+    the probe lengths T/64, T/32, T/16, T/8, T/4 it measured. It climbs from the shortest and does not
     run a length whose cost, projected from the two before, passes a cap: a mode whose map grows
     as T² (or worse) is skipped on a short probe instead of filling the machine's memory."""
     secs, nbytes = {}, {}
-    for t in sorted({max(16, T // 32), max(16, T // 16), max(16, T // 8), max(32, T // 4)}):
+    for t in sorted({max(16, T // 64), max(16, T // 32), max(16, T // 16), max(16, T // 8), max(32, T // 4)}):
         if len(secs) >= 2:
             last = dict(sorted(secs.items())[-2:]), dict(sorted(nbytes.items())[-2:])
             if _project(last[0], t) > max_seconds or _project(last[1], t) > max_bytes:

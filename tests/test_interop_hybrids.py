@@ -259,7 +259,8 @@ def test_the_state_lives_in_the_transformers_cache(case):
                 assert type(layer) is type(theirs)
                 assert isinstance(layer._seqmix_kv, KVCache) and layer._seqmix_kv.seen == 12
                 assert layer.keys.shape == theirs.keys.shape
-                assert max_abs(layer.keys, theirs.keys) <= 1e-5 and max_abs(layer.values, theirs.values) <= 1e-5
+                # after earlier Mamba layers (the C++ scan's float32 sums on CPU): relative, as every float32 comparison here
+                assert scale_err(layer.keys, theirs.keys) <= 2e-5 and scale_err(layer.values, theirs.values) <= 2e-5
             else:
                 assert scale_err(mine.get_recurrent_state(i), ref.get_recurrent_state(i)) <= INTEROP_RTOL, path
                 assert max_abs(mine.get_conv_state(i)[..., 1:], ref.get_conv_state(i)[..., 1:]) <= 1e-5, path

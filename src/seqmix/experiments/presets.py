@@ -126,11 +126,12 @@ MAIN_SWEEP_TRAIN = {**TINY_TRAIN, "epochs": 3, "max_steps": 2_500, "eval_every_s
 MAIN_BUDGET = "≤ 10 min on 2 CPU cores (at most 90 runs: 5 models × 2 d × 3 rates × 3 seeds; fewer where a cell reaches 99% at its first rate)"
 
 #: why the DSF Fig. 2 claims may not hold at the main job's size (docs/harness.md, calibration)
-_PLATEAU = ("At CPU budgets (the main job: ≤ 2,500 steps, d ≤ 64) S6 and SSD stay on the 25% plateau of MQAR (32, 4) "
-            "at every rate of the sweep in every seed: measured at 24-28% at each of np.logspace(-4, -2, 4) over 4,000 "
-            "steps, and with d_state 32, d = 128 and two other inits (docs/harness.md, third calibration), while "
-            "normalized attention leaves it at d = 64 in one or two seeds of three. A claim between two models on the "
-            "plateau compares noise; one between a model on it and one off it measures which left it.")
+_PLATEAU = ("At CPU budgets S6 and SSD mostly stay on the 25% plateau of MQAR (32, 4): at the main job's size (≤ 2,500 "
+            "steps, d ≤ 64) at every rate of the sweep in every seed (in the calibration 24-28% at each of "
+            "np.logspace(-4, -2, 4) over 4,000 steps, and with d_state 32, d = 128 and two other inits: docs/harness.md, "
+            "third calibration); at --scale small (6,000 steps, d ∈ {64, 128}) each left it in one seed of three. "
+            "Normalized and linear attention leave it sooner. A claim between two models on the plateau compares noise; "
+            "one between a model on it and one off it measures which left it.")
 
 DSF_FIG2 = Preset(
     name="dsf-fig2",

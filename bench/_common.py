@@ -248,3 +248,13 @@ def write_json(args, script: str, payload: dict) -> Path:
     path.write_text(json.dumps(payload, indent=2, default=str))
     print(f"\nwrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return path
+
+
+def mixer_fwd_bwd(m, x):
+    """A closure running one forward + backward of mixer m on x (y.sum() into the parameters and x), for timeit."""
+    def run():
+        x.grad = None
+        m.zero_grad(set_to_none=True)
+        m(x).sum().backward()
+
+    return run

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from _common import base_parser, decode_timings, fit_exponent, print_table, setup, target_line, timeit, write_json
+from _common import base_parser, decode_timings, fit_exponent, mixer_fwd_bwd, print_table, setup, target_line, timeit, write_json
 
 import seqmix
 
@@ -32,15 +32,6 @@ MIXERS = ("metala", "gla")
 def build(name, d, heads, mode, device):
     torch.manual_seed(0)
     return seqmix.build_mixer(name, d_model=d, heads=heads, mode=mode).to(device)
-
-
-def fwd_bwd(m, x):
-    def run():
-        x.grad = None
-        m.zero_grad(set_to_none=True)
-        m(x).sum().backward()
-
-    return run
 
 
 def core_fwd_bwd(m, x):
@@ -68,7 +59,7 @@ def time_training(name, B, T, d, H, args):
     x = torch.randn(B, T, d, generator=torch.Generator().manual_seed(1)).to(dev).requires_grad_(True)
     m = build(name, d, H, "chunk", dev)
     out = {}
-    for part, make in (("mixer", fwd_bwd), ("core", core_fwd_bwd)):
+    for part, make in (("mixer", mixer_fwd_bwd), ("core", core_fwd_bwd)):
         run = make(m, x)
         m.mode = "chunk"
         run()  # warm-up (the first backward of a depthwise conv at a new shape pays oneDNN's kernel generation)

@@ -33,20 +33,12 @@ import time
 
 import torch
 
-from _common import base_parser, fmt, print_table, setup, timeit, write_json
+from _common import base_parser, fmt, mixer_fwd_bwd, print_table, setup, timeit, write_json
 from scaling import build, saved_bytes
 
 D_MODEL = 128
 NEW_MIXERS = ("rwkv6", "rwkv7", "hgrn2", "gsa", "mamba3", "log_linear_mamba2", "log_linear_gdn", "gated_deltaproduct",
               "comba", "mesanet", "fox", "stickbreaking", "path_attention")
-
-
-def fwd_bwd(m, x):
-    def run():
-        x.grad = None
-        m.zero_grad(set_to_none=True)
-        m(x).sum().backward()
-    return run
 
 
 def _project(ts: dict[int, float], T: int) -> float:
@@ -67,7 +59,7 @@ def probe(m, T: int, device: str, max_seconds: float = math.inf, max_bytes: floa
             if _project(last[0], t) > max_seconds or _project(last[1], t) > max_bytes:
                 break
         x = torch.randn(1, t, D_MODEL, device=device, requires_grad=True)
-        secs[t] = timeit(fwd_bwd(m, x), repeats=1, warmup=1, device=device)["min_ms"] / 1e3
+        secs[t] = timeit(mixer_fwd_bwd(m, x), repeats=1, warmup=1, device=device)["min_ms"] / 1e3
         nbytes[t] = saved_bytes(m, x)
     return _project(dict(sorted(secs.items())[-2:]), T), _project(dict(sorted(nbytes.items())[-2:]), T)
 
@@ -88,7 +80,7 @@ def bench_mixer(name: str, T: int, args) -> list[list]:
         if p_s > args.max_seconds or p_b > args.max_gb * 2**30:
             res[mode] = {"skipped": f"skipped: projected {p_s:.0f} s, {p_b / 2**30:.1f} GB saved"}
             continue
-        ms = timeit(fwd_bwd(m, x), repeats=args.repeats, warmup=1, device=args.device)
+        ms = timeit(mixer_fwd_bwd(m, x), repeats=args.repeats, warmup=1, device=args.device)
         with torch.no_grad():
             y = m(x)
         res[mode] = {"ms": ms["min_ms"], "median_ms": ms["median_ms"], "y": y, "proj_gb": p_b / 2**30}

@@ -5,6 +5,7 @@ run: training, prefill and decoding tokens/s of three pairs, and the ratio seqmi
                                        #   256 greedy tokens decoded after a 512-token prompt (minutes)
     python bench/peer.py --quick       # d = 128, 2 layers, T = 128 and 512, 32 tokens after 64: a smoke run
     python bench/peer.py --pairs mamba,llama --train 512x8 --prefill 512
+    python bench/peer.py --pairs mamba2 --modes decode --threads 1   # the Mamba-2 decoding cell alone
 
 The pairs (same d_model, layers, vocabulary, d_state / expand / heads on both sides):
 
@@ -58,6 +59,7 @@ import torch.nn.functional as F
 from _common import base_parser, print_table, setup, write_json
 
 PAIRS = ("mamba", "mamba2", "llama")
+MODES = ("train", "prefill", "decode")
 KERNEL_PACKAGES = ("mamba_ssm", "causal_conv1d", "mambapy", "kernels", "fla")
 #: the modeling modules whose kernel-dispatching functions are replaced by their torch fallbacks
 _TF_MODULES = {"mamba": "transformers.models.mamba.modeling_mamba", "mamba2": "transformers.models.mamba2.modeling_mamba2"}
@@ -291,6 +293,7 @@ def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.set_defaults(threads=2, device="cpu")
     p.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated pairs of {', '.join(PAIRS)}")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated cells to run of {', '.join(MODES)} (default all)")
     p.add_argument("--d-model", type=int, default=None, help="width d (default 256; 128 with --quick)")
     p.add_argument("--layers", type=int, default=None, help="layers (default 4; 2 with --quick)")
     p.add_argument("--vocab", type=int, default=256, help="vocabulary (default 256: bytes)")
@@ -319,6 +322,12 @@ def main() -> None:
     for s in pairs:
         if s not in PAIRS:
             p.error(f"argument --pairs: unknown pair {s!r}; choose from {', '.join(PAIRS)}")
+    modes = [s.strip() for s in args.modes.split(",") if s.strip()]
+    for s in modes:
+        if s not in MODES:
+            p.error(f"argument --modes: unknown mode {s!r}; choose from {', '.join(MODES)}")
+    train = train if "train" in modes else []
+    prefill = prefill if "prefill" in modes else []
     max_len = max([T for T, _ in train] + prefill + [prompt_len + steps + 1])
 
     import transformers
@@ -369,12 +378,13 @@ def main() -> None:
             t = paired({"seqmix": prefill_fn("seqmix", sm, x), "transformers": prefill_fn("transformers", hf, x)},
                        repeats, args.cell_budget, args.max_run_s)
             record(f"prefill T={T}", "prefill", T, t)
-        toks = {"seqmix": [], "transformers": []}
-        t = paired({s: decode_fn(s, m, ids, steps, toks[s]) for s, m in (("seqmix", sm), ("transformers", hf))},
-                   repeats, args.cell_budget, args.max_run_s)
-        agree = next((i for i, (a, b) in enumerate(zip(toks["seqmix"], toks["transformers"])) if a != b), steps)
-        record(f"decode {steps} after {prompt_len}", "decode", 1, t, {"steps": steps, "greedy_tokens_agree": agree})
-        print(f"    greedy tokens identical for the first {agree} of {steps}")
+        if "decode" in modes:
+            toks = {"seqmix": [], "transformers": []}
+            t = paired({s: decode_fn(s, m, ids, steps, toks[s]) for s, m in (("seqmix", sm), ("transformers", hf))},
+                       repeats, args.cell_budget, args.max_run_s)
+            agree = next((i for i, (a, b) in enumerate(zip(toks["seqmix"], toks["transformers"])) if a != b), steps)
+            record(f"decode {steps} after {prompt_len}", "decode", 1, t, {"steps": steps, "greedy_tokens_agree": agree})
+            print(f"    greedy tokens identical for the first {agree} of {steps}")
         for T, B in train:
             x = torch.randint(2, V, (B, T), generator=gen)
             t = paired({"seqmix": train_step_fn(sm, lambda m, i: m(i), x), "transformers": train_step_fn(hf, hf_logits, x)},
@@ -397,7 +407,7 @@ def main() -> None:
                 ["pair", "mode", "seqmix tok/s", "transformers tok/s", "ratio", "note"], rows)
     write_json(args, "peer", {"machine": info, "transformers": transformers.__version__, "paths": path_note,
                               "forced_torch_functions": forced, "d_model": d, "layers": layers, "vocab": V,
-                              "train": train, "prefill": prefill, "prompt": prompt_len, "decode_tokens": steps,
+                              "modes": modes, "train": train, "prefill": prefill, "prompt": prompt_len, "decode_tokens": steps,
                               "repeats": repeats, "cell_budget_s": args.cell_budget, "load_before": load_before,
                               "load_after": load_after, "results": results})
 

@@ -44,3 +44,17 @@ def test_peer_refuses_unknown_pair():
     pytest.importorskip("transformers")
     r = _run("peer.py", "--pairs", "rwkv", timeout=120)
     assert r.returncode == 2 and "unknown pair 'rwkv'" in r.stderr
+
+
+def test_peer_one_cell(tmp_path):
+    """--pairs mamba2 --modes decode: the Mamba-2 decoding cell alone (issue 27's ratio); an unknown mode is refused."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "peer.json"
+    r = _run("peer.py", "--pairs", "mamba2", "--modes", "decode", "--d-model", "32", "--layers", "1", "--prompt", "8",
+             "--decode-tokens", "3", "--repeats", "1", "--threads", "1", "--no-memory", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    res = json.loads(out.read_text())
+    assert res["modes"] == ["decode"] and res["train"] == [] and res["prefill"] == []
+    assert set(res["results"]) == {"mamba2"} and set(res["results"]["mamba2"]["cells"]) == {"decode 3 after 8"}
+    r = _run("peer.py", "--modes", "generate", timeout=120)
+    assert r.returncode == 2 and "unknown mode 'generate'" in r.stderr

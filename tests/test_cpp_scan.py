@@ -151,6 +151,21 @@ def test_no_gradient_path_and_decoding_step():
     assert not y_full.requires_grad
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("N,per_channel", [(8, False), (16, True), (5, False)])
+def test_kept_states_give_the_recomputed_bits(monkeypatch, dtype, N, per_channel):
+    """A small scan keeps every state and decay for its backward (cpp_scan.KEEP_ALL_FLOATS); a larger
+    one keeps the chunks' first states and recomputes the rest: outputs and gradients are the same
+    bits either way (the same arithmetic), N = 8 and 16 (compiled for that N) and another N."""
+    a = make(B=3, T=45, D=40, N=N, per_channel=per_channel, dtype=dtype)
+    kept = run("cpp", a, chunk_size=16)
+    monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 0)
+    recomputed = run("cpp", a, chunk_size=16)
+    assert_close(kept, recomputed, max_abs, 1e-300)  # max |a - b| = 0
+    for u, v in zip(kept[2], recomputed[2]):
+        assert torch.equal(u, v)
+
+
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_gradcheck(per_channel):
     a = make(B=2, T=5, D=3, N=2, B_channels=per_channel, C_channels=per_channel)

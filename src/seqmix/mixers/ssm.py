@@ -803,8 +803,9 @@ class SSD(Mixer):
 
     # -- parametrization -------------------------------------------------------------------
 
-    def _inputs(self, u, conv_state=None, need_state=False):
-        """u -> (x [B,T,H,P], z [B,T,D] or None, Δ [B,T,H], B and C [B,T,H,N] (groups repeated to heads), conv state)."""
+    def _inputs(self, u, conv_state=None, need_state=False, step=False):
+        """u -> (x [B,T,H,P], z [B,T,D] or None, Δ [B,T,H], B and C [B,T,H,N] (groups repeated to heads), conv state).
+        step (a decoding step): one group's B and C are expanded to the heads (a view), not copied."""
         c = self.config
         G, N, H = c.groups, c.d_state, self.heads
         z = new_conv = None
@@ -821,6 +822,8 @@ class SSD(Mixer):
         Bt, T, _ = u.shape
 
         def heads(t):  # [B, T, G·N] -> [B, T, H, N], head h reads group h // (H/G)
+            if step and G == 1:  # the step's products read it elementwise or copy it: the same values, no copy here
+                return t.view(Bt, T, 1, N).expand(Bt, T, H, N)
             return t.view(Bt, T, G, N).repeat_interleave(H // G, dim=2)
 
         delta = F.softplus(dt + self.dt_bias)
@@ -835,7 +838,7 @@ class SSD(Mixer):
     # -- forward ---------------------------------------------------------------------------
 
     def _forward(self, u, *, state, mode, need_state):
-        x, z, delta, Bm, Cm, conv = self._inputs(u, state.get("conv") if state else None, need_state)
+        x, z, delta, Bm, Cm, conv = self._inputs(u, state.get("conv") if state else None, need_state, step=mode == "step")
         q, k, gk = self._recurrence(delta, Bm, Cm)
         o, S = linear_recurrence(
             q, k, x, gk,

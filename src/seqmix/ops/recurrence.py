@@ -727,11 +727,11 @@ def linear_recurrence(
     if mode == "step":
         if T != 1:
             raise ValueError(f"{_WHERE}: mode 'step' takes one token (T == 1), got T = {T}; use 'recurrent' or 'chunk'")
-        o, S = recurrence_step(
+        o, S = _recurrence_step(  # the inputs were checked above: the step itself (issue 27: decoding's overhead)
             q[:, 0], k[:, 0], v[:, 0],
             gk[:, 0] if gk is not None else None,
             gv[:, 0] if gv is not None else None,
-            initial_state, scale=scale, check_values=False,
+            initial_state, scale,
         )
         return o.unsqueeze(1), (S if output_final_state else None)
 
@@ -778,8 +778,14 @@ def recurrence_step(
 ):
     """One decoding step. q, k [B, H, K]; v [B, H, V]; gk [B, H, K] or [B, H]; gv [B, H, V];
     state [B, H, K, V] or None (zeros). Returns (o [B, H, V], new state [B, H, K, V])."""
-    where = "recurrence_step"
-    B, _, H, K, V = _check_inputs(q, k, v, gk, gv, state, check_values=check_values, where=where, step=True)
+    _check_inputs(q, k, v, gk, gv, state, check_values=check_values, where="recurrence_step", step=True)
+    return _recurrence_step(q, k, v, gk, gv, state, scale)
+
+
+def _recurrence_step(q, k, v, gk, gv, state, scale):
+    """:func:`recurrence_step` after its checks (shapes as there; autocast already off)."""
+    B, H, K = q.shape
+    V = v.shape[-1]
     dt = _compute_dtype(q, k, v, gk, gv, state)
     out_dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) and not dt.is_complex else dt
     if state is None:

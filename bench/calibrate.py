@@ -53,8 +53,11 @@ def step_costs(preset: str, steps: int = 10, warmup: int = 3) -> list[list]:
         opt = torch.optim.AdamW(model.parameters(), lr=r.train.lr)
         L, V = r.data.train[0].seq_len, model.config.vocab_size
         x = torch.randint(1, V, (r.data.batch_size, L))
-        y = torch.full_like(x, -100)
-        y[:, L // 2::4] = x[:, L // 2::4]  # some labelled positions, as a task's targets
+        if getattr(model.config, "classifier", None) is not None:  # a classification task: one class per sequence
+            y = torch.randint(0, model.config.classifier.num_classes, (r.data.batch_size,))
+        else:
+            y = torch.full_like(x, -100)
+            y[:, L // 2::4] = x[:, L // 2::4]  # some labelled positions, as a task's targets
         for i in range(warmup + steps):
             if i == warmup:
                 t0 = time.process_time()

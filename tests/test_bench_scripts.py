@@ -58,3 +58,17 @@ def test_peer_one_cell(tmp_path):
     assert set(res["results"]) == {"mamba2"} and set(res["results"]["mamba2"]["cells"]) == {"decode 3 after 8"}
     r = _run("peer.py", "--modes", "generate", timeout=120)
     assert r.returncode == 2 and "unknown mode 'generate'" in r.stderr
+
+
+def test_lra_pathfinder_probe(tmp_path):
+    """bench/lra.py --part pathfinder-probe --quick: the shortcut threshold and the CNN control, well-formed."""
+    out = tmp_path / "lra.json"
+    r = _run("lra.py", "--part", "pathfinder-probe", "--quick", "--threads", "1", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rows = json.loads(out.read_text())["pathfinder_probe"]
+    names = [w for w, _ in rows]
+    assert names[:2] == ["markers' distance < t (best t)", "majority class"]
+    assert any(w.startswith("3-layer CNN after 100 steps") for w in names)
+    assert all(0.0 <= a <= 100.0 for _, a in rows)
+    # the best threshold is at least the majority class (t = 2 or 40 predicts one class)
+    assert rows[0][1] >= rows[1][1] - 1e-9

@@ -147,7 +147,8 @@ class _CppScan(torch.autograd.Function):
     def forward(ctx, x, delta, A, Bm, Cm, Dv, h0, L):
         ext = load()
         Bt, T, D = x.shape
-        keep = 2 if 2 * Bt * (T + 1) * D * A.shape[1] <= KEEP_ALL_FLOATS else 1  # every state, or the chunks' first
+        Dp = -(-D // ext.BLOCK) * ext.BLOCK  # the kept tensors' channels, padded to whole blocks
+        keep = 2 if 2 * Bt * (T + 1) * Dp * A.shape[1] <= KEEP_ALL_FLOATS else 1  # every state, or the chunks' first
         y, hT, states, decays = ext.forward(x, delta, A, Bm, Cm, Dv, h0, L, keep)
         ctx.save_for_backward(x, delta, A, Bm, Cm, Dv, states, decays)
         ctx.L = L

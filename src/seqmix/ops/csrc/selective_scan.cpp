@@ -1,5 +1,4 @@
-// Mamba's selective scan (S6) on CPU: a fused forward and backward, one pass over time per
-// channel with the state h[N] in a small per-thread buffer (L1), the loops over n vectorized
+// Mamba's selective scan (S6) on CPU: a fused forward and backward, vectorized across channels
 // (seqmix.ops.cpp_scan compiles this file on first use).
 //
 // Per batch b, channel d and state n (Mamba eqs. 2a/2b with the zero-order-hold decay and the
@@ -10,22 +9,37 @@
 //
 // Shapes (contiguous, one dtype: float32 or float64): x, delta, y [B, T, D]; A [D, N];
 // B, C [B, T, N] (shared by the channels) or [B, T, D, N] (per channel); D [D] or none;
-// h0, hT [B, D, N]; states [B, n_chunks, D, N], the state entering each chunk of L steps
-// (keep = 1), or every state hs [B, D, T + 1, N] (h_(-1) = h0 first) with every decay
-// as [B, D, T, N], as = exp(Δ_t A) (keep = 2).
+// h0, hT [B, D, N]. What the forward keeps for the backward (internal to cpp_scan, channels
+// last and padded to Dp = n_blocks · kBlock so that a block's lanes are one contiguous row):
+// states [B, n_chunks, N, Dp], the state entering each chunk of L steps (keep = 1), or every
+// state hs [B, T + 1, N, Dp] (h_(-1) = h0 first) with every decay as [B, T, Na, Dp],
+// as = exp(Δ_t A) (keep = 2). Na = 1 when every row of A is constant over n (below), else N.
 //
-// The kernels are instantiated for N = 8 and N = 16 as compile-time constants (S6's and Mamba's
-// usual d_state) beside any N: the same arithmetic in the same order (the loop over n is one or
-// two whole vectors, no remainder, no trip-count logic), about 25% faster at N = 8 (issue 27).
+// Loop structure (issue 27: the per-channel loop with the loop over n vectorized was
+// instruction-bound, ~40-50 instructions per (t, channel) step at N = 8, most of them the
+// horizontal sum over n for y and the per-channel scalar work):
+//   work unit = (b, block of kBlock channels), run in parallel with at::parallel_for;
+//   inside a unit: t (forward: in order; backward: chunks from the last, t reversed inside),
+//     then n, then the kBlock channels of the block as the innermost loop, the SIMD lanes
+//     (kBlock = 32: four AVX2 vectors of float32, eight of float64; plain `omp simd` loops of a
+//     fixed trip count that the compiler vectorizes). The state of the block, [N][kBlock], stays
+//     in L1; y_t, du_t, dΔ_t accumulate per lane over n (no horizontal sums); the only sums across
+//     lanes are dB_t, dC_t when B, C are shared (one per (t, n) per block instead of a
+//     read-modify-write per channel). B_t[n], C_t[n] shared are broadcast; per channel they are
+//     transposed into [N][kBlock] buffers per step.
+//   A partial last block (D not a multiple of kBlock) runs the same full-width loops on lanes
+//   copied into zero-padded buffers (Δ = x = dy = 0, A = 0 there: the padded lanes stay 0 and
+//   add 0 to the sums across lanes); only its first nd lanes are written out.
 //
-// Work units: (b, block of kBlock channels), run in parallel with at::parallel_for. Inside a
-// unit the chunks are walked in time order (forward) or reverse (backward) and, per chunk, each
-// channel of the block in turn, so that the rows of x, delta, B, C of a chunk stay in cache.
+// The decays a = exp(Δ A) of a step are computed first, as Na rows of kBlock lanes, and the
+// update reads row n (or row 0): when A[d, n] does not depend on n (dsf_ssd's scalar A, passed as
+// A.expand(D, N)), checked bit for bit on entry (same_over_n), exp runs once per (t, d) instead
+// of N times and gives the very same values.
 //
-// Backward of one chunk, per channel: recompute a_t = exp(Δ_t A) and the states from the kept
-// boundary state (buffers of L·N) -- or, when the forward kept every state and decay (keep = 2:
-// small scans, where the recompute is about as costly as the forward itself), read them there --
-// then the adjoint backwards in time, with the carry
+// Backward of one chunk: the states and decays of the chunk are recomputed from the kept
+// boundary state by the forward's step (buffers of (L + 1)·N·kBlock) -- or, when the forward kept
+// every state and decay (keep = 2: small scans, where the recompute is about as costly as the
+// forward itself), read there -- then the adjoint backwards in time, with the carry
 // g = dL/dh_t reaching step t from the right (a_(t+1) G_(t+1)):
 //     G_t = dy_t C_t + g;     dC_t += dy_t h_t;     du_t = Σ_n G_t B_t;     dB_t += G_t u_t;
 //     q_t = G_t h_(t-1) a_t;  dΔ_t = Σ_n q_t A + du_t x_t;  dA += q_t Δ_t;  g <- a_t G_t;
@@ -44,10 +58,10 @@
 
 namespace {
 
-constexpr int64_t kBlock = 32;  // channels per work unit
+constexpr int64_t kBlock = 32;  // channels per work unit: the lanes of every inner loop
 
-// exp(x) for float32 as plain arithmetic, so that the loops over n vectorize (std::exp does
-// not without -ffast-math). Range reduction x = k ln2 + r, |r| <= ln2 / 2, then the Cephes
+// exp(x) for float32 as plain arithmetic, so that the loops vectorize (std::exp does not
+// without -ffast-math). Range reduction x = k ln2 + r, |r| <= ln2 / 2, then the Cephes
 // degree-6 polynomial for e^r (about 1 ulp) scaled by 2^k through the exponent bits.
 inline float exp_s(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
@@ -77,12 +91,23 @@ inline int64_t grain_units(int64_t T, int64_t D, int64_t N) {
   return std::max<int64_t>(1, 32768 / per_unit);
 }
 
+// Whether every row of A [D, N] is constant over n, bit for bit (then exp(Δ A[d, n]) is the
+// same value for every n and is computed once).
+template <typename S>
+bool same_over_n(const S* A, int64_t D, int64_t N) {
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t n = 1; n < N; ++n)
+      if (std::memcmp(A + d * N + n, A + d * N, sizeof(S)) != 0) return false;
+  return true;
+}
+
 struct Dims {
   int64_t Bt, T, D, N, L, nC, nblk;
-  int64_t bT, bD, cT, cD;  // strides of B and of C over (b, t) rows and over channels (0: shared)
+  int64_t Dp;  // D padded to whole blocks: the channel stride of the kept tensors
+  int64_t Na;  // rows of decays per step: 1 when A is constant over n, else N
 };
 
-Dims make_dims(const at::Tensor& x, const at::Tensor& A, const at::Tensor& Bm, const at::Tensor& Cm, int64_t L) {
+Dims make_dims(const at::Tensor& x, const at::Tensor& A, int64_t L, bool uniform_A) {
   Dims m;
   m.Bt = x.size(0);
   m.T = x.size(1);
@@ -91,132 +116,174 @@ Dims make_dims(const at::Tensor& x, const at::Tensor& A, const at::Tensor& Bm, c
   m.L = L;
   m.nC = (m.T + L - 1) / L;
   m.nblk = (m.D + kBlock - 1) / kBlock;
-  m.bT = Bm.dim() == 4 ? m.D * m.N : m.N;
-  m.bD = Bm.dim() == 4 ? m.N : 0;
-  m.cT = Cm.dim() == 4 ? m.D * m.N : m.N;
-  m.cD = Cm.dim() == 4 ? m.N : 0;
+  m.Dp = m.nblk * kBlock;
+  m.Na = uniform_A ? 1 : m.N;
   return m;
 }
 
-// ---------------------------------------------------------------------------------------------
-// one step of one channel: loops over n, vectorized (restrict pointers, no control flow)
-// ---------------------------------------------------------------------------------------------
-
-// h <- exp(Δ A) h + u B (in place); returns Σ_n C h.
+// The lanes of one block: src itself when the block is full, else its first nd values copied
+// into pad (whose other lanes are 0).
 template <typename S>
-inline S step_forward(const S* __restrict Ad, const S* __restrict Bp, const S* __restrict Cp,
-                      S* __restrict h, const S dt, const S u, const int64_t N) {
-  S acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t n = 0; n < N; ++n) {
-    const S hn = exp_s(dt * Ad[n]) * h[n] + u * Bp[n];
-    h[n] = hn;
-    acc += Cp[n] * hn;
-  }
-  return acc;
+inline const S* lanes(const S* src, S* pad, int64_t nd) {
+  if (nd == kBlock) return src;
+  std::memcpy(pad, src, nd * sizeof(S));
+  return pad;
 }
 
-// step_forward writing the new state to hnext and the decay to a (keep = 2): the same
-// arithmetic, expression by expression, so y, the states and the gradients are the same bits.
+// [nd][N] rows of a per-channel B or C (channels d0..) -> [N][kBlock] lanes (the others stay 0).
 template <typename S>
-inline S step_forward_keep(const S* __restrict Ad, const S* __restrict Bp, const S* __restrict Cp,
-                           const S* __restrict hprev, S* __restrict hnext, S* __restrict a,
-                           const S dt, const S u, const int64_t N) {
-  S acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t n = 0; n < N; ++n) {
-    const S an = exp_s(dt * Ad[n]);
-    const S hn = an * hprev[n] + u * Bp[n];
-    a[n] = an;
-    hnext[n] = hn;
-    acc += Cp[n] * hn;
-  }
-  return acc;
+inline void transpose_in(const S* src, S* dst, int64_t nd, int64_t N) {
+  for (int64_t j = 0; j < nd; ++j)
+    for (int64_t n = 0; n < N; ++n) dst[n * kBlock + j] = src[j * N + n];
 }
 
-// a = exp(Δ A), hnext = a hprev + u B.
-template <typename S>
-inline void step_recompute(const S* __restrict Ad, const S* __restrict Bp, const S* __restrict hprev,
-                           S* __restrict hnext, S* __restrict a, const S dt, const S u, const int64_t N) {
+// ---------------------------------------------------------------------------------------------
+// one step of one block: n outside, the kBlock lanes (channels) inside, vectorized
+// ---------------------------------------------------------------------------------------------
+
+// Forward step. SB / SC: B, C shared (Bp[n] broadcast over the lanes) or per channel (Bp[n][j]).
+// The Na decay rows a[n][j] = exp(Δ[j] A[n][j]) are written to a (row stride as_); then
+// hn[n][j] = a[n or 0][j] hp[n][j] + u[j] B[n] (rows of hp, hn with strides hps, hns), and with
+// WithY y[j] = Σ_n C[n] hn[n][j], per lane in order of n. The recompute of the backward is the
+// same function without y: the same a and h bits as the forward's.
+template <typename S, bool SB, bool SC, bool WithY>
+inline void block_step(const S* __restrict At, const S* __restrict dt, const S* __restrict u,
+                       const S* __restrict Bp, const S* __restrict Cp,
+                       const S* __restrict hp, const int64_t hps, S* __restrict hn, const int64_t hns,
+                       S* __restrict a, const int64_t as_, const int64_t N, const int64_t Na, S* __restrict y) {
+  for (int64_t n = 0; n < Na; ++n) {
+    const S* An = At + n * kBlock;
+    S* an = a + n * as_;
 #pragma omp simd
+    for (int64_t j = 0; j < kBlock; ++j) an[j] = exp_s(dt[j] * An[j]);
+  }
+  if (WithY)
+    for (int64_t j = 0; j < kBlock; ++j) y[j] = 0;
+  const int64_t a_step = Na == 1 ? 0 : as_;
   for (int64_t n = 0; n < N; ++n) {
-    const S an = exp_s(dt * Ad[n]);
-    a[n] = an;
-    hnext[n] = an * hprev[n] + u * Bp[n];
+    const S* an = a + n * a_step;
+    const S* hpn = hp + n * hps;
+    S* hnn = hn + n * hns;
+    const S* Bn = SB ? Bp + n : Bp + n * kBlock;
+    const S* Cn = SC ? Cp + n : Cp + n * kBlock;
+    const S Bs = SB ? *Bn : S(0);
+    const S Cs = SC && WithY ? *Cn : S(0);
+#pragma omp simd
+    for (int64_t j = 0; j < kBlock; ++j) {
+      const S h = an[j] * hpn[j] + u[j] * (SB ? Bs : Bn[j]);
+      hnn[j] = h;
+      if (WithY) y[j] += (SC ? Cs : Cn[j]) * h;
+    }
   }
 }
 
-// One step of the adjoint (file header): updates g, dA, dB, dC in place; returns du, dd = Σ_n q A.
-template <typename S>
-inline void step_adjoint(const S* __restrict Ad, const S* __restrict Bp, const S* __restrict Cp,
-                         const S* __restrict hprev, const S* __restrict hcur, const S* __restrict a,
-                         S* __restrict g, S* __restrict dAj, S* __restrict dBp, S* __restrict dCp,
-                         const S dt, const S u, const S dyv, const int64_t N, S& du_out, S& dd_out) {
-  S du = 0, dd = 0;
-#pragma omp simd reduction(+ : du, dd)
-  for (int64_t n = 0; n < N; ++n) {
-    const S G = dyv * Cp[n] + g[n];
-    dCp[n] += dyv * hcur[n];
-    du += G * Bp[n];
-    dBp[n] += G * u;
-    const S q = G * hprev[n] * a[n];
-    dd += q * Ad[n];
-    dAj[n] += q * dt;
-    g[n] = a[n] * G;
+// Adjoint step (file header), rows as in block_step (hp = h_(t-1), hc = h_t, a = a_t, a_step 0
+// when one decay row serves every n). Updates g, dA [N][kBlock] in place; writes du, dd (= Σ_n q A)
+// [kBlock]; dB, dC: shared -> the sum over the lanes per n (dBo[n]), per channel -> [N][kBlock].
+template <typename S, bool SB, bool SC>
+inline void block_adjoint(const S* __restrict At, const int64_t Na, const S* __restrict dt, const S* __restrict u,
+                          const S* __restrict dy, const S* __restrict Bp, const S* __restrict Cp,
+                          const S* __restrict hp, const S* __restrict hc, const int64_t hs_n,
+                          const S* __restrict a, const int64_t a_step, S* __restrict g, S* __restrict dA,
+                          S* __restrict du, S* __restrict dd, S* __restrict dBo, S* __restrict dCo, const int64_t N) {
+  for (int64_t j = 0; j < kBlock; ++j) {
+    du[j] = 0;
+    dd[j] = 0;
   }
-  du_out = du;
-  dd_out = dd;
+  for (int64_t n = 0; n < N; ++n) {
+    const S* an = a + n * a_step;
+    const S* An = At + (Na == 1 ? 0 : n * kBlock);
+    const S* hpn = hp + n * hs_n;
+    const S* hcn = hc + n * hs_n;
+    S* gn = g + n * kBlock;
+    S* dAn = dA + n * kBlock;
+    const S* Bn = SB ? Bp + n : Bp + n * kBlock;
+    const S* Cn = SC ? Cp + n : Cp + n * kBlock;
+    S* dBn = SB ? dBo + n : dBo + n * kBlock;
+    S* dCn = SC ? dCo + n : dCo + n * kBlock;
+    const S Bs = SB ? *Bn : S(0), Cs = SC ? *Cn : S(0);
+    S sB = 0, sC = 0;
+#pragma omp simd reduction(+ : sB, sC)
+    for (int64_t j = 0; j < kBlock; ++j) {
+      const S G = dy[j] * (SC ? Cs : Cn[j]) + gn[j];
+      const S pC = dy[j] * hcn[j];
+      const S pB = G * u[j];
+      if (SC) sC += pC; else dCn[j] = pC;
+      if (SB) sB += pB; else dBn[j] = pB;
+      du[j] += G * (SB ? Bs : Bn[j]);
+      const S q = G * hpn[j] * an[j];
+      dd[j] += q * An[j];
+      dAn[j] += q * dt[j];
+      gn[j] = an[j] * G;
+    }
+    if (SB) *dBn = sB;
+    if (SC) *dCn = sC;
+  }
 }
+
+// per-thread buffers of a work unit: the lanes of the current step and the block's constants
+template <typename S>
+struct Lanes {
+  std::vector<S> buf;
+  S *dt, *x, *dy, *u, *y, *du, *dd, *Dd, *dD, *At, *Bs, *Cs;
+  Lanes(int64_t N) : buf((9 + 3 * N) * kBlock) {
+    S* p = buf.data();
+    for (S** q : {&dt, &x, &dy, &u, &y, &du, &dd, &Dd, &dD}) *q = p, p += kBlock;
+    At = p, p += N * kBlock;
+    Bs = p, p += N * kBlock;
+    Cs = p;
+  }
+  // zeroes every lane (the padding of a partial block), then the block's A (transposed, Na rows) and D
+  void start(const S* A, const S* Dv, int64_t d0, int64_t nd, int64_t N, int64_t Na) {
+    std::fill(buf.begin(), buf.end(), S(0));
+    for (int64_t j = 0; j < nd; ++j) {
+      for (int64_t n = 0; n < Na; ++n) At[n * kBlock + j] = A[(d0 + j) * N + n];
+      Dd[j] = Dv ? Dv[d0 + j] : S(0);
+    }
+  }
+};
 
 // ---------------------------------------------------------------------------------------------
 // forward
 // ---------------------------------------------------------------------------------------------
 
-template <typename S, int64_t NC>
+template <typename S, bool SB, bool SC>
 void forward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* Cm, const S* Dv,
                     const S* h0, S* y, S* hT, S* states, S* hs, S* as, const Dims m) {
   at::parallel_for(0, m.Bt * m.nblk, grain_units(m.T, m.D, m.N), [&](int64_t lo, int64_t hi) {
-    const int64_t N = NC > 0 ? NC : m.N;  // a constant in the instances for N = 8 and 16 (see the file header)
-    std::vector<S> hbuf(kBlock * N);
+    const int64_t N = m.N, Na = m.Na, NW = N * kBlock;
+    Lanes<S> v(N);
+    std::vector<S> hbuf(2 * NW), abuf(Na * kBlock);  // the state (two rows, alternating) and the decays, keep < 2
     for (int64_t unit = lo; unit < hi; ++unit) {
       const int64_t b = unit / m.nblk, d0 = (unit % m.nblk) * kBlock;
       const int64_t nd = std::min(kBlock, m.D - d0);
-      for (int64_t j = 0; j < nd; ++j)
-        for (int64_t n = 0; n < N; ++n)
-          hbuf[j * N + n] = h0 ? h0[(b * m.D + d0 + j) * N + n] : S(0);
-      if (hs)  // every state kept: the channel's rows of hs are its state buffer, h_(-1) = h0 first
-        for (int64_t j = 0; j < nd; ++j)
-          std::memcpy(hs + (b * m.D + d0 + j) * (m.T + 1) * N, &hbuf[j * N], N * sizeof(S));
-      for (int64_t c = 0; c < m.nC; ++c) {
-        const int64_t t0 = c * m.L, t1 = std::min(m.T, t0 + m.L);
-        for (int64_t j = 0; j < nd; ++j) {
-          const int64_t d = d0 + j;
-          S* h = &hbuf[j * N];
-          if (states) std::memcpy(states + ((b * m.nC + c) * m.D + d) * N, h, N * sizeof(S));
-          const S* Ad = A + d * N;
-          const S Dd = Dv ? Dv[d] : S(0);
-          if (hs) {
-            S* hrow = hs + ((b * m.D + d) * (m.T + 1) + t0) * N;
-            S* arow = as + ((b * m.D + d) * m.T + t0) * N;
-            for (int64_t t = t0; t < t1; ++t, hrow += N, arow += N) {
-              const int64_t bt = b * m.T + t, r = bt * m.D + d;
-              const S dt = dl[r], xv = x[r];
-              y[r] = step_forward_keep(Ad, Bm + bt * m.bT + d * m.bD, Cm + bt * m.cT + d * m.cD, hrow, hrow + N, arow,
-                                       dt, dt * xv, N) + Dd * xv;
-            }
-            continue;
-          }
-          for (int64_t t = t0; t < t1; ++t) {
-            const int64_t bt = b * m.T + t, r = bt * m.D + d;
-            const S dt = dl[r], xv = x[r];
-            y[r] = step_forward(Ad, Bm + bt * m.bT + d * m.bD, Cm + bt * m.cT + d * m.cD, h, dt, dt * xv, N) + Dd * xv;
-          }
-        }
+      v.start(A, Dv, d0, nd, N, Na);
+      // the state h_(t-1) as rows of lanes: hs's row t (keep = 2), else a row of hbuf
+      const int64_t hs_n = hs ? m.Dp : kBlock;
+      S* h = hs ? hs + b * (m.T + 1) * N * m.Dp + d0 : hbuf.data();
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < kBlock; ++j)
+          h[n * hs_n + j] = h0 && j < nd ? h0[(b * m.D + d0 + j) * N + n] : S(0);
+      for (int64_t t = 0; t < m.T; ++t) {
+        const int64_t bt = b * m.T + t, r0 = bt * m.D + d0;
+        if (states && t % m.L == 0)
+          for (int64_t n = 0; n < N; ++n)
+            std::memcpy(states + ((b * m.nC + t / m.L) * N + n) * m.Dp + d0, h + n * hs_n, kBlock * sizeof(S));
+        const S* dt = lanes(dl + r0, v.dt, nd);
+        const S* xv = lanes(x + r0, v.x, nd);
+        for (int64_t j = 0; j < kBlock; ++j) v.u[j] = dt[j] * xv[j];
+        if (!SB) transpose_in(Bm + r0 * N, v.Bs, nd, N);
+        if (!SC) transpose_in(Cm + r0 * N, v.Cs, nd, N);
+        S* hn = hs ? h + N * m.Dp : hbuf.data() + ((t + 1) & 1) * NW;
+        S* a = as ? as + bt * Na * m.Dp + d0 : abuf.data();
+        block_step<S, SB, SC, true>(v.At, dt, v.u, SB ? Bm + bt * N : v.Bs, SC ? Cm + bt * N : v.Cs,
+                                    h, hs_n, hn, hs_n, a, as ? m.Dp : kBlock, N, Na, v.y);
+        for (int64_t j = 0; j < nd; ++j) y[r0 + j] = v.y[j] + v.Dd[j] * xv[j];
+        h = hn;
       }
       if (hT)
         for (int64_t j = 0; j < nd; ++j)
-          std::memcpy(hT + (b * m.D + d0 + j) * N, hs ? hs + ((b * m.D + d0 + j) * (m.T + 1) + m.T) * N : &hbuf[j * N],
-                      N * sizeof(S));
+          for (int64_t n = 0; n < N; ++n) hT[(b * m.D + d0 + j) * N + n] = h[n * hs_n + j];
     }
   });
 }
@@ -225,76 +292,89 @@ void forward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* C
 // backward
 // ---------------------------------------------------------------------------------------------
 
-template <typename S, int64_t NC>
+template <typename S, bool SB, bool SC>
 void backward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* Cm, const S* Dv,
                      const S* states, const S* hs, const S* as, const S* dy, const S* dhT,
-                     S* dx, S* ddl, S* dA_part, S* dB, S* dC, S* dD_part, S* dh0,
-                     bool shared_B, bool shared_C, const Dims m) {
+                     S* dx, S* ddl, S* dA_part, S* dB, S* dC, S* dD_part, S* dh0, const Dims m) {
   at::parallel_for(0, m.Bt * m.nblk, grain_units(m.T, m.D, m.N), [&](int64_t lo, int64_t hi) {
-    const int64_t N = NC > 0 ? NC : m.N;
+    const int64_t N = m.N, Na = m.Na, NW = N * kBlock;
     const int64_t Lmax = std::min(m.L, m.T);
-    std::vector<S> carry(kBlock * N), dAacc(kBlock * N), hb(hs ? 0 : (Lmax + 1) * N), ab(hs ? 0 : Lmax * N);
-    // rows of dB / dC: shared -> the partial buffers [B, T, nblk, N], else [B, T, D, N]
-    const int64_t sBT = shared_B ? m.nblk * N : m.D * N, sCT = shared_C ? m.nblk * N : m.D * N;
+    Lanes<S> v(N);
+    // the carry g and dA as [N][kBlock]; dB, dC of a step per channel; a chunk's states and decays
+    std::vector<S> g(NW), dAacc(NW), dBs(SB ? 0 : NW), dCs(SC ? 0 : NW);
+    std::vector<S> hb(hs ? 0 : (Lmax + 1) * NW), ab(hs ? 0 : Lmax * Na * kBlock);
     for (int64_t unit = lo; unit < hi; ++unit) {
       const int64_t b = unit / m.nblk, blk = unit % m.nblk, d0 = blk * kBlock;
       const int64_t nd = std::min(kBlock, m.D - d0);
-      S dDacc[kBlock];
-      for (int64_t j = 0; j < nd; ++j) {
-        dDacc[j] = 0;
-        for (int64_t n = 0; n < N; ++n) {
-          carry[j * N + n] = dhT[(b * m.D + d0 + j) * N + n];
-          dAacc[j * N + n] = 0;
+      v.start(A, Dv, d0, nd, N, Na);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < kBlock; ++j) {
+          g[n * kBlock + j] = j < nd ? dhT[(b * m.D + d0 + j) * N + n] : S(0);
+          dAacc[n * kBlock + j] = 0;
         }
-      }
       for (int64_t c = m.nC - 1; c >= 0; --c) {
         const int64_t t0 = c * m.L, l = std::min(m.T, t0 + m.L) - t0;
-        for (int64_t j = 0; j < nd; ++j) {
-          const int64_t d = d0 + j;
-          const S* Ad = A + d * N;
-          const S Dd = Dv ? Dv[d] : S(0);
-          // the chunk's states and decays: hp[i] = h_(t0+i-1), hp[i+1] = h_(t0+i), ap[i] = a_(t0+i)
-          const S* hp;
-          const S* ap;
-          if (hs) {  // kept by the forward
-            hp = hs + ((b * m.D + d) * (m.T + 1) + t0) * N;
-            ap = as + ((b * m.D + d) * m.T + t0) * N;
-          } else {  // recomputed from the chunk's boundary state
-            S* hw = hb.data();
-            S* aw = ab.data();
-            std::memcpy(hw, states + ((b * m.nC + c) * m.D + d) * N, N * sizeof(S));
-            for (int64_t i = 0; i < l; ++i) {
-              const int64_t t = t0 + i, r = (b * m.T + t) * m.D + d;
-              const S dt = dl[r];
-              step_recompute(Ad, Bm + (b * m.T + t) * m.bT + d * m.bD, hw + i * N, hw + (i + 1) * N,
-                             aw + i * N, dt, dt * x[r], N);
+        // the chunk's states and decays as rows of lanes: h_(t0+i-1) at hp + i·h_t (n stride h_n),
+        // a_(t0+i) at ap + i·a_t (n stride a_n; 0 when one row serves every n)
+        const S* hp;
+        const S* ap;
+        int64_t h_t, h_n, a_t, a_n;
+        if (hs) {  // kept by the forward
+          hp = hs + (b * (m.T + 1) + t0) * N * m.Dp + d0;
+          ap = as + (b * m.T + t0) * Na * m.Dp + d0;
+          h_t = N * m.Dp, h_n = m.Dp, a_t = Na * m.Dp, a_n = m.Dp;
+        } else {  // recomputed from the chunk's boundary state by the forward's step
+          S* hw = hb.data();
+          S* aw = ab.data();
+          for (int64_t n = 0; n < N; ++n)
+            std::memcpy(hw + n * kBlock, states + ((b * m.nC + c) * N + n) * m.Dp + d0, kBlock * sizeof(S));
+          for (int64_t i = 0; i < l; ++i) {
+            const int64_t r0 = (b * m.T + t0 + i) * m.D + d0;
+            const S* dt = lanes(dl + r0, v.dt, nd);
+            const S* xv = lanes(x + r0, v.x, nd);
+            for (int64_t j = 0; j < kBlock; ++j) v.u[j] = dt[j] * xv[j];
+            if (!SB) transpose_in(Bm + r0 * N, v.Bs, nd, N);
+            block_step<S, SB, true, false>(v.At, dt, v.u, SB ? Bm + (b * m.T + t0 + i) * N : v.Bs, v.Cs,
+                                           hw + i * NW, kBlock, hw + (i + 1) * NW, kBlock, aw + i * Na * kBlock,
+                                           kBlock, N, Na, nullptr);
+          }
+          hp = hw;
+          ap = aw;
+          h_t = NW, h_n = kBlock, a_t = Na * kBlock, a_n = kBlock;
+        }
+        // the adjoint, backwards over the chunk
+        for (int64_t i = l - 1; i >= 0; --i) {
+          const int64_t bt = b * m.T + t0 + i, r0 = bt * m.D + d0;
+          const S* dt = lanes(dl + r0, v.dt, nd);
+          const S* xv = lanes(x + r0, v.x, nd);
+          const S* dyv = lanes(dy + r0, v.dy, nd);
+          for (int64_t j = 0; j < kBlock; ++j) v.u[j] = dt[j] * xv[j];
+          if (!SB) transpose_in(Bm + r0 * N, v.Bs, nd, N);
+          if (!SC) transpose_in(Cm + r0 * N, v.Cs, nd, N);
+          S* dBo = SB ? dB + (bt * m.nblk + blk) * N : dBs.data();
+          S* dCo = SC ? dC + (bt * m.nblk + blk) * N : dCs.data();
+          block_adjoint<S, SB, SC>(v.At, Na, dt, v.u, dyv, SB ? Bm + bt * N : v.Bs, SC ? Cm + bt * N : v.Cs,
+                                   hp + i * h_t, hp + (i + 1) * h_t, h_n, ap + i * a_t, Na == 1 ? 0 : a_n,
+                                   g.data(), dAacc.data(), v.du, v.dd, dBo, dCo, N);
+          for (int64_t j = 0; j < nd; ++j) {
+            ddl[r0 + j] = v.dd[j] + v.du[j] * xv[j];
+            dx[r0 + j] = v.du[j] * dt[j] + dyv[j] * v.Dd[j];
+            v.dD[j] += dyv[j] * xv[j];
+          }
+          for (int64_t j = 0; j < nd; ++j)  // per channel: [N][kBlock] -> the rows [nd][N]
+            for (int64_t n = 0; n < N; ++n) {
+              if (!SB) dB[(r0 + j) * N + n] = dBs[n * kBlock + j];
+              if (!SC) dC[(r0 + j) * N + n] = dCs[n * kBlock + j];
             }
-            hp = hw;
-            ap = aw;
-          }
-          // the adjoint, backwards over the chunk
-          S* g = &carry[j * N];
-          S* dAj = &dAacc[j * N];
-          S dDj = 0;
-          for (int64_t i = l - 1; i >= 0; --i) {
-            const int64_t t = t0 + i, bt = b * m.T + t, r = bt * m.D + d;
-            const S dt = dl[r], xv = x[r], dyv = dy[r];
-            S du, dd;
-            step_adjoint(Ad, Bm + bt * m.bT + d * m.bD, Cm + bt * m.cT + d * m.cD, hp + i * N, hp + (i + 1) * N, ap + i * N, g, dAj,
-                         dB + bt * sBT + (shared_B ? blk : d) * N, dC + bt * sCT + (shared_C ? blk : d) * N,
-                         dt, dt * xv, dyv, N, du, dd);
-            ddl[r] = dd + du * xv;
-            dx[r] = du * dt + dyv * Dd;
-            dDj += dyv * xv;
-          }
-          dDacc[j] += dDj;
         }
       }
       for (int64_t j = 0; j < nd; ++j) {
         const int64_t bd = b * m.D + d0 + j;
-        std::memcpy(dh0 + bd * N, &carry[j * N], N * sizeof(S));
-        std::memcpy(dA_part + bd * N, &dAacc[j * N], N * sizeof(S));
-        dD_part[bd] = dDacc[j];
+        for (int64_t n = 0; n < N; ++n) {
+          dh0[bd * N + n] = g[n * kBlock + j];
+          dA_part[bd * N + n] = dAacc[n * kBlock + j];
+        }
+        dD_part[bd] = v.dD[j];
       }
     }
   });
@@ -320,9 +400,23 @@ const S* ptr_or_null(const c10::optional<at::Tensor>& t) {
   return t.has_value() && t->defined() ? t->data_ptr<S>() : nullptr;
 }
 
+bool uniform_A(const at::Tensor& A) {
+  bool u = false;
+  AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "seqmix_selective_scan_uniform_A",
+                             [&] { u = same_over_n(A.data_ptr<scalar_t>(), A.size(0), A.size(1)); });
+  return u;
+}
+
+// the kernel instance for shared or per-channel B and C
+#define SEQMIX_SCAN_BC_DISPATCH(KERNEL, SB, SC, RUN)  \
+  if (SB && SC) RUN(KERNEL<scalar_t, true, true>);     \
+  else if (SB) RUN(KERNEL<scalar_t, true, false>);     \
+  else if (SC) RUN(KERNEL<scalar_t, false, true>);     \
+  else RUN(KERNEL<scalar_t, false, false>)
+
 // keep: 0 = nothing for a backward, 1 = the states entering each chunk, 2 = every state and decay.
-// Returns (y [B, T, D], hT [B, D, N], states: [B, n_chunks, D, N] (keep 1), hs [B, D, T + 1, N]
-// (keep 2) or an empty tensor, decays: as [B, D, T, N] (keep 2) or an empty tensor).
+// Returns (y [B, T, D], hT [B, D, N], states: [B, n_chunks, N, Dp] (keep 1), hs [B, T + 1, N, Dp]
+// (keep 2) or an empty tensor, decays: as [B, T, Na, Dp] (keep 2) or an empty tensor).
 std::vector<at::Tensor> scan_forward(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& A,
                                      const at::Tensor& Bm, const at::Tensor& Cm,
                                      const c10::optional<at::Tensor>& Dv, const c10::optional<at::Tensor>& h0,
@@ -330,13 +424,14 @@ std::vector<at::Tensor> scan_forward(const at::Tensor& x, const at::Tensor& delt
   check_inputs(x, delta, A, Bm, Cm);
   TORCH_CHECK(L >= 1, "chunk length must be >= 1");
   TORCH_CHECK(keep >= 0 && keep <= 2, "keep must be 0, 1 or 2");
-  const Dims m = make_dims(x, A, Bm, Cm, L);
+  const Dims m = make_dims(x, A, L, uniform_A(A));
   auto y = at::empty_like(x);
   auto hT = at::empty({m.Bt, m.D, m.N}, x.options());
-  auto states = keep == 1   ? at::empty({m.Bt, m.nC, m.D, m.N}, x.options())
-                : keep == 2 ? at::empty({m.Bt, m.D, m.T + 1, m.N}, x.options())
+  auto states = keep == 1   ? at::empty({m.Bt, m.nC, m.N, m.Dp}, x.options())
+                : keep == 2 ? at::empty({m.Bt, m.T + 1, m.N, m.Dp}, x.options())
                             : at::empty({0}, x.options());
-  auto decays = keep == 2 ? at::empty({m.Bt, m.D, m.T, m.N}, x.options()) : at::empty({0}, x.options());
+  auto decays = keep == 2 ? at::empty({m.Bt, m.T, m.Na, m.Dp}, x.options()) : at::empty({0}, x.options());
+  const bool SB = Bm.dim() == 3, SC = Cm.dim() == 3;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "seqmix_selective_scan_forward", [&] {
     auto run = [&](auto kernel) {
       kernel(x.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(), A.data_ptr<scalar_t>(),
@@ -345,9 +440,7 @@ std::vector<at::Tensor> scan_forward(const at::Tensor& x, const at::Tensor& delt
              keep == 1 ? states.data_ptr<scalar_t>() : nullptr, keep == 2 ? states.data_ptr<scalar_t>() : nullptr,
              keep == 2 ? decays.data_ptr<scalar_t>() : nullptr, m);
     };
-    if (m.N == 8) run(forward_kernel<scalar_t, 8>);
-    else if (m.N == 16) run(forward_kernel<scalar_t, 16>);
-    else run(forward_kernel<scalar_t, 0>);
+    SEQMIX_SCAN_BC_DISPATCH(forward_kernel, SB, SC, run);
   });
   return {y, hT, states, decays};
 }
@@ -360,37 +453,37 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& del
                                       const c10::optional<at::Tensor>& Dv, const at::Tensor& states,
                                       const at::Tensor& decays, const at::Tensor& dy, const at::Tensor& dhT, int64_t L) {
   check_inputs(x, delta, A, Bm, Cm);
-  const Dims m = make_dims(x, A, Bm, Cm, L);
+  const Dims m = make_dims(x, A, L, uniform_A(A));
   const bool all = decays.numel() > 0;
   if (all) {
-    TORCH_CHECK(states.is_contiguous() && states.numel() == m.Bt * m.D * (m.T + 1) * m.N, "states (every state): wrong size");
-    TORCH_CHECK(decays.is_contiguous() && decays.numel() == m.Bt * m.D * m.T * m.N, "decays: wrong size");
+    TORCH_CHECK(states.is_contiguous() && states.numel() == m.Bt * (m.T + 1) * m.N * m.Dp, "states (every state): wrong size");
+    TORCH_CHECK(decays.is_contiguous() && decays.numel() == m.Bt * m.T * m.Na * m.Dp, "decays: wrong size");
     TORCH_CHECK(states.scalar_type() == x.scalar_type() && decays.scalar_type() == x.scalar_type(), "states, decays: x's dtype");
   } else {
-    TORCH_CHECK(states.is_contiguous() && states.numel() == m.Bt * m.nC * m.D * m.N, "states: wrong size");
+    TORCH_CHECK(states.is_contiguous() && states.numel() == m.Bt * m.nC * m.N * m.Dp, "states: wrong size");
+    TORCH_CHECK(states.scalar_type() == x.scalar_type(), "states: x's dtype");
   }
   TORCH_CHECK(dy.is_contiguous() && dy.sizes() == x.sizes(), "dy must be [B, T, D]");
   TORCH_CHECK(dhT.is_contiguous() && dhT.numel() == m.Bt * m.D * m.N, "dhT must be [B, D, N]");
-  const bool shared_B = Bm.dim() == 3, shared_C = Cm.dim() == 3;
+  const bool SB = Bm.dim() == 3, SC = Cm.dim() == 3;
   auto opt = x.options();
   auto dx = at::empty_like(x), ddl = at::empty_like(x);
   auto dA_part = at::empty({m.Bt, m.D, m.N}, opt), dD_part = at::empty({m.Bt, m.D}, opt);
   auto dh0 = at::empty({m.Bt, m.D, m.N}, opt);
-  auto dB = shared_B ? at::zeros({m.Bt, m.T, m.nblk, m.N}, opt) : at::zeros_like(Bm);
-  auto dC = shared_C ? at::zeros({m.Bt, m.T, m.nblk, m.N}, opt) : at::zeros_like(Cm);
+  // every element is written by the kernel (shared: per block of channels; per channel: as B, C)
+  auto dB = SB ? at::empty({m.Bt, m.T, m.nblk, m.N}, opt) : at::empty_like(Bm);
+  auto dC = SC ? at::empty({m.Bt, m.T, m.nblk, m.N}, opt) : at::empty_like(Cm);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "seqmix_selective_scan_backward", [&] {
     auto run = [&](auto kernel) {
       kernel(x.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(), A.data_ptr<scalar_t>(),
-                      Bm.data_ptr<scalar_t>(), Cm.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(Dv),
-                      all ? nullptr : states.data_ptr<scalar_t>(), all ? states.data_ptr<scalar_t>() : nullptr,
-                      all ? decays.data_ptr<scalar_t>() : nullptr, dy.data_ptr<scalar_t>(), dhT.data_ptr<scalar_t>(),
-                      dx.data_ptr<scalar_t>(), ddl.data_ptr<scalar_t>(), dA_part.data_ptr<scalar_t>(),
-                      dB.data_ptr<scalar_t>(), dC.data_ptr<scalar_t>(), dD_part.data_ptr<scalar_t>(),
-                      dh0.data_ptr<scalar_t>(), shared_B, shared_C, m);
+             Bm.data_ptr<scalar_t>(), Cm.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(Dv),
+             all ? nullptr : states.data_ptr<scalar_t>(), all ? states.data_ptr<scalar_t>() : nullptr,
+             all ? decays.data_ptr<scalar_t>() : nullptr, dy.data_ptr<scalar_t>(), dhT.data_ptr<scalar_t>(),
+             dx.data_ptr<scalar_t>(), ddl.data_ptr<scalar_t>(), dA_part.data_ptr<scalar_t>(),
+             dB.data_ptr<scalar_t>(), dC.data_ptr<scalar_t>(), dD_part.data_ptr<scalar_t>(),
+             dh0.data_ptr<scalar_t>(), m);
     };
-    if (m.N == 8) run(backward_kernel<scalar_t, 8>);
-    else if (m.N == 16) run(backward_kernel<scalar_t, 16>);
-    else run(backward_kernel<scalar_t, 0>);
+    SEQMIX_SCAN_BC_DISPATCH(backward_kernel, SB, SC, run);
   });
   return {dx, ddl, dA_part, dB, dC, dD_part, dh0};
 }

@@ -107,6 +107,74 @@ def test_float64_state_sizes(N):
     assert_close(run("cpp", a, chunk_size=8), reference(a), max_abs, CPP_F64_ATOL)
 
 
+def _scalar_A(a):
+    """a's A replaced by one value per channel repeated over n (dsf_ssd passes A.expand(D, N)): a leaf
+    [D, 1] expanded, so that its gradient is the sum over n, as the mixer's."""
+    A1 = a["A"].detach()[:, :1].clone().requires_grad_(True)
+    return {**a, "A": A1.expand_as(a["A"]), "A_leaf": A1}
+
+
+@pytest.mark.parametrize("keep_all", [True, False])
+@pytest.mark.parametrize("B_channels,C_channels", [(False, False), (True, True), (False, True)])
+@pytest.mark.parametrize("N", [4, 5, 8, 16, 17])
+@pytest.mark.parametrize("D", [1, 5, 13, 33, 69])
+def test_float64_channel_and_state_counts(monkeypatch, D, N, B_channels, C_channels, keep_all):
+    """The kernel runs blocks of BLOCK (32) channels as SIMD lanes: channel counts below one block, not
+    a multiple of the vector width (8 float32 / 4 float64) or of the block, and 2-3 blocks with a partial
+    last one; N of the compiled-for sizes and others; shared, per-channel and mixed B / C; with h0 and
+    the final state; the backward reading every kept state (small scans) or recomputing the chunks."""
+    if not keep_all:
+        monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 0)
+    a = make(B=2, T=11, D=D, N=N, B_channels=B_channels, C_channels=C_channels, seed=D * 100 + N)
+    assert_close(run("cpp", a, chunk_size=4), reference(a), max_abs, CPP_F64_ATOL)
+
+
+@pytest.mark.parametrize("keep_all", [True, False])
+@pytest.mark.parametrize("D,N,per_channel", [(5, 8, False), (40, 16, False), (13, 5, True), (64, 8, False)])
+def test_float64_A_constant_over_n(monkeypatch, D, N, per_channel, keep_all):
+    """A[d, n] equal over n (dsf_ssd's scalar A): the kernel computes exp(Δ A) once per (t, d) and keeps
+    one decay per (t, d); outputs and gradients (A's summed over n by the expand) as the reference."""
+    if not keep_all:
+        monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 0)
+    a = _scalar_A(make(B=2, T=19, D=D, N=N, per_channel=per_channel, seed=3))
+
+    def grads(backend, **kw):
+        y, h = selective_scan(a["x"], a["delta"], a["A"], a["B"], a["C"], a["D"], initial_state=a["h0"],
+                              output_final_state=True, backend=backend, **kw)
+        g = torch.Generator().manual_seed(9)
+        loss = (y * torch.randn(y.shape, generator=g, dtype=y.dtype)).sum() + (h * torch.randn(h.shape, generator=g, dtype=h.dtype)).sum()
+        leaves = [a[k] for k in ("x", "delta", "A_leaf", "B", "C", "D", "h0")]
+        return y.detach(), h.detach(), torch.autograd.grad(loss, leaves)
+
+    assert_close(grads("cpp", chunk_size=8), grads("torch", mode="reference"), max_abs, CPP_F64_ATOL)
+
+
+def test_A_constant_over_n_in_some_channels_only():
+    """Rows of A constant over n in some channels but not all (and -0.0 beside 0.0): the general path,
+    still the reference's values."""
+    a = make(B=2, T=15, D=9, N=6, seed=4)
+    A = a["A"].detach().clone()
+    A[:4] = A[:4, :1]
+    A[4, :3], A[4, 3:] = 0.0, -0.0
+    a["A"] = A.requires_grad_(True)
+    assert_close(run("cpp", a, chunk_size=4), reference(a), max_abs, CPP_F64_ATOL)
+
+
+@pytest.mark.parametrize("scalar_A", [False, True])
+def test_float32_main_job_shape(scalar_A):
+    """The main job's size (batch 16, T 32, d 64, n 8, shared B / C; S6's A and SSD's scalar A), float32
+    against the float64 reference, relative."""
+    a64 = make(B=16, T=32, D=64, N=8, seed=5)
+    if scalar_A:
+        a64["A"] = a64["A"].detach()[:, :1].expand(64, 8).contiguous().requires_grad_(True)
+    a32 = {k: v.detach().float().requires_grad_(True) for k, v in a64.items()}
+    y, h, g = run("cpp", a32)
+    y0, h0, g0 = reference(a64)
+    assert rel_err(y.double(), y0) < CPP_F32_RTOL and rel_err(h.double(), h0) < CPP_F32_RTOL
+    for i, (u, v) in enumerate(zip(g, g0)):
+        assert rel_err(u.double(), v) < CPP_F32_RTOL, f"gradient {i}: {rel_err(u.double(), v):.3g}"
+
+
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_float32_relative_to_float64_reference(per_channel):
     a64 = make(B=2, T=100, D=37, N=16, B_channels=per_channel, C_channels=per_channel)
@@ -152,12 +220,15 @@ def test_no_gradient_path_and_decoding_step():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("N,per_channel", [(8, False), (16, True), (5, False)])
-def test_kept_states_give_the_recomputed_bits(monkeypatch, dtype, N, per_channel):
+@pytest.mark.parametrize("N,per_channel,scalar_A", [(8, False, False), (16, True, False), (5, False, False), (8, False, True)])
+def test_kept_states_give_the_recomputed_bits(monkeypatch, dtype, N, per_channel, scalar_A):
     """A small scan keeps every state and decay for its backward (cpp_scan.KEEP_ALL_FLOATS); a larger
     one keeps the chunks' first states and recomputes the rest: outputs and gradients are the same
-    bits either way (the same arithmetic), N = 8 and 16 (compiled for that N) and another N."""
+    bits either way (the same arithmetic), for several N, per-channel B / C and A constant over n
+    (one decay per (t, d) kept); D = 40: a full block of channels and a partial one."""
     a = make(B=3, T=45, D=40, N=N, per_channel=per_channel, dtype=dtype)
+    if scalar_A:
+        a["A"] = a["A"].detach()[:, :1].expand(40, N).contiguous().requires_grad_(True)
     kept = run("cpp", a, chunk_size=16)
     monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 0)
     recomputed = run("cpp", a, chunk_size=16)
@@ -254,7 +325,7 @@ def test_failed_compile_falls_back_under_auto_and_is_explained_when_asked(monkey
 # ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["s6", "mamba"])
+@pytest.mark.parametrize("name", ["s6", "mamba", "dsf_ssd"])
 def test_s6_mixers_gradients_equal_the_torch_path(name):
     """The mixer's default path ("auto" -> cpp on CPU) against the same mixer with auto held to
     the torch modes, float64: outputs and every parameter gradient."""

@@ -8,18 +8,26 @@ softplus; DSF eq. 19 with a diagonal Λ_t), per batch b, channel d and state n:
 
 The torch modes run it as whole-tensor passes over [L, B, D, N] chunk buffers (about fifteen
 per chunk, forward and backward); the kernel (``csrc/selective_scan.cpp``) instead runs, for
-each (b, block of 32 channels) in parallel (``at::parallel_for``), a loop over t per channel
-with the state h[N] in a small per-thread buffer (L1), the loop over n vectorized (in float32
-an exp written as plain arithmetic, Cephes' polynomial, about 1 ulp; std::exp in float64; N = 8 and 16
-compiled as constants). Forward: y, the final state, and the states entering each chunk of L steps (kept for
-the backward: O(T/L · B·D·N) memory). Backward: chunks from the last, each recomputed from its
-boundary state into a buffer of L·N, then the adjoint recurrence backwards in time producing
-dΔ, dA, dx, dB, dC, dD and dh0 in the same pass (sums over channels and over the batch go
-through per-unit partial buffers reduced here). A small scan (every state and decay of the call,
-2·B·T·D·N floats, within ``KEEP_ALL_FLOATS``) keeps them all instead, and its backward reads them
-rather than recomputing them (issue 27: the recompute was a third of the backward's time at the main
-job's B 16, T 32, d 64, n 8). The kept values are the recomputed ones
-bit for bit (the same arithmetic), so the gradients do not depend on which way was taken.
+each (b, block of ``BLOCK`` = 32 channels) in parallel (``at::parallel_for``), one loop over t,
+inside it the loop over n, and innermost the block's channels as SIMD lanes (vectorized across
+channels: the state [N, 32] of the block in L1, y and the per-channel sums over n accumulated per
+lane without horizontal sums; in float32 an exp written as plain arithmetic, Cephes' polynomial,
+about 1 ulp; std::exp in float64; N = 8 and 16 compiled as constants). When every row of A is constant over n (dsf_ssd's scalar A,
+``A.expand(D, N)``; checked bit for bit by the kernel) exp runs once per (t, d) instead of N
+times, the same values. Forward: y, the final state, and the states entering each chunk of L
+steps (kept for the backward: O(T/L · B·D·N) memory). Backward: chunks from the last, each
+recomputed from its boundary state into a buffer of L·N·32, then the adjoint recurrence backwards
+in time producing dΔ, dA, dx, dB, dC, dD and dh0 in the same pass (sums over channels and over
+the batch go through per-unit partial buffers reduced here). A small scan (every state and decay
+of the call, 2·B·T·Dp·N floats with D padded to whole blocks, within ``KEEP_ALL_FLOATS``) keeps
+them all instead, and its backward reads them rather than recomputing them (issue 27: the
+recompute was a third of the backward's time at the main job's B 16, T 32, d 64, n 8). The kept
+values are the recomputed ones bit for bit (the same arithmetic), so the gradients do not depend
+on which way was taken. Against the per-channel kernel (one channel at a time, the loop over n
+vectorized) that this replaced, the decays and states are the same bits and the sums (y, dΔ, dx,
+dB, dC) differ by rounding only; the kernel alone (1 thread) ran 1.6x faster forward and 1.7x
+forward+backward at the main job's size with S6's A, 3.9x and 2.6x with a scalar A, about 1.45x
+both at (8, 512, 512, 16) and (1, 4096, 512, 16) (issue 27).
 
 Shapes: x, delta [B, T, D]; A [D, N]; B, C [B, T, N] or [B, T, D, N]; D [D] or None;
 initial_state [B, D, N] or None. float32 and float64 are computed in their dtype; float16 and
@@ -47,7 +55,8 @@ SOURCE = Path(__file__).with_name("csrc") / "selective_scan.cpp"
 #: chunk length L of the kernel when the op's ``chunk_size`` is None: states kept every L steps
 CHUNK = 64
 #: a scan that needs a gradient keeps every state and decay for its backward (no recompute) when
-#: they are at most this many floats (2·B·(T+1)·D·N; 8 MiB in float32), else the chunk-boundary states
+#: they are at most this many floats (2·B·(T+1)·Dp·N, Dp = D padded to whole blocks of the kernel's
+#: BLOCK channels; 8 MiB in float32), else the chunk-boundary states
 KEEP_ALL_FLOATS = 1 << 21
 
 _module = None

@@ -268,6 +268,18 @@ struct Lanes {
       Dd[j] = Dv ? Dv[d0 + j] : S(0);
     }
   }
+  // a step's inputs, shared by the forward and the adjoint: Δ and x lanes (dt, xv), u = Δ x, and a
+  // per-channel B or C transposed into lanes (SB / SC false); r0 is the step's first channel's row
+  template <bool SB, bool SC>
+  void load_step(const S* dl, const S* x, const S* Bm, const S* Cm, int64_t r0, int64_t nd, int64_t N,
+                 const S*& dtv, const S*& xv) {
+    dtv = lanes(dl + r0, dt, nd);
+    xv = lanes(x + r0, this->x, nd);
+#pragma omp simd
+    for (int64_t j = 0; j < kBlock; ++j) u[j] = dtv[j] * xv[j];
+    if (!SB) transpose_in(Bm + r0 * N, Bs, nd, N);
+    if (!SC) transpose_in(Cm + r0 * N, Cs, nd, N);
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -299,12 +311,8 @@ void forward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* C
           const int64_t rp = r0 + kAhead * m.D;
           prefetch_lanes(dl + rp, nd), prefetch_lanes(x + rp, nd), prefetch_lanes(y + rp, nd);
         }
-        const S* dt = lanes(dl + r0, v.dt, nd);
-        const S* xv = lanes(x + r0, v.x, nd);
-#pragma omp simd
-        for (int64_t j = 0; j < kBlock; ++j) v.u[j] = dt[j] * xv[j];
-        if (!SB) transpose_in(Bm + r0 * N, v.Bs, nd, N);
-        if (!SC) transpose_in(Cm + r0 * N, v.Cs, nd, N);
+        const S *dt, *xv;
+        v.template load_step<SB, SC>(dl, x, Bm, Cm, r0, nd, N, dt, xv);
         S* hn = hs ? h + NW : hbuf.data() + ((t + 1) & 1) * NW;
         block_step<S, SB, SC, true>(v.At, dt, v.u, SB ? Bm + bt * N : v.Bs, SC ? Cm + bt * N : v.Cs,
                                     h, hn, a, N, Na, v.y);
@@ -380,13 +388,9 @@ void backward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* 
             if (hs)  // the unit's kept rows of step t - kAhead (in the previous chunk when i < kAhead)
               prefetch_lanes(hp + (i - kAhead) * NW, NW), prefetch_lanes(ap + (i - kAhead) * Na * kBlock, Na * kBlock);
           }
-          const S* dt = lanes(dl + r0, v.dt, nd);
-          const S* xv = lanes(x + r0, v.x, nd);
+          const S *dt, *xv;
+          v.template load_step<SB, SC>(dl, x, Bm, Cm, r0, nd, N, dt, xv);
           const S* dyv = lanes(dy + r0, v.dy, nd);
-#pragma omp simd
-          for (int64_t j = 0; j < kBlock; ++j) v.u[j] = dt[j] * xv[j];
-          if (!SB) transpose_in(Bm + r0 * N, v.Bs, nd, N);
-          if (!SC) transpose_in(Cm + r0 * N, v.Cs, nd, N);
           S* dBo = SB ? dB + (bt * m.nblk + blk) * N : dBs.data();
           S* dCo = SC ? dC + (bt * m.nblk + blk) * N : dCs.data();
           block_adjoint<S, SB, SC>(v.At, Na, dt, v.u, dyv, SB ? Bm + bt * N : v.Bs, SC ? Cm + bt * N : v.Cs,

@@ -212,7 +212,7 @@ DSF_FIG1 = Preset(
             description="MQAR (32, 4) of the main job (V = 128, 16k examples, ≤ 4,000 steps), d = 64, n ∈ {4, 8, 16, 32} (n/d as in the paper), lr 1e-3, seeds 0, 1",
             tasks=[_task(32, 4, MAIN_MQAR)], d_models=[64], ns=[4, 8, 16, 32], lrs=TINY_LRS,
             train=MAIN_TRAIN, model=TINY_MODEL, seeds=TINY_SEEDS, workers=2, models=TINY_ATTENTION,
-            budget="≤ 15 min on 2 CPU cores (16 runs; measured 3 min 34 s, partly beside another job)"),
+            budget="≤ 15 min on 2 CPU cores (16 runs; measured 1 min 58 s beside other jobs)"),
     },
     claims=[
         Claim(text="softmax attention achieves perfect accuracy throughout", check="at_least", a="softmax", value=0.99),
@@ -247,7 +247,7 @@ DSF_FIG3 = Preset(
         "tiny": Scale(
             description="MQAR (32, 4) of the main job (V = 128, 16k examples), ≤ 3,000 steps, d ∈ {16, 32}, lr 1e-3, seeds 0, 1",
             tasks=[_task(32, 4, MAIN_MQAR)], d_models=[16, 32], lrs=TINY_LRS,
-            train={**MAIN_TRAIN, "epochs": 3}, model=TINY_MODEL, seeds=TINY_SEEDS, workers=2, budget="≤ 15 min on 2 CPU cores (8 runs; measured 9 min 06 s; a qLSTM block costs 25-50 ms a step)"),
+            train={**MAIN_TRAIN, "epochs": 3}, model=TINY_MODEL, seeds=TINY_SEEDS, workers=2, budget="≤ 15 min on 2 CPU cores (8 runs; measured 9 min 17 s beside other jobs; a qLSTM block costs 25-50 ms a step)"),
     },
     claims=[Claim(text="the reversed sigmoid transition outperforms the original on every task",
                   check="above", a="qLSTM reversed sigmoid", b="qLSTM", where="mean",
@@ -288,7 +288,7 @@ DSF_TABLE2 = Preset(
         "tiny": Scale(
             description="MQAR (32, 4) of the main job (V = 128, 16k examples, ≤ 4,000 steps), d ∈ {32, 64}, n = 8, lr 1e-3, seeds 0, 1",
             tasks=[_task(32, 4, MAIN_MQAR)], d_models=[32, 64], ns=[TINY_N], lrs=TINY_LRS,
-            train=MAIN_TRAIN, model=TINY_MODEL, seeds=TINY_SEEDS, workers=2, budget="≤ 15 min on 2 CPU cores (12 runs; measured 2 min 26 s, beside another job)"),
+            train=MAIN_TRAIN, model=TINY_MODEL, seeds=TINY_SEEDS, workers=2, budget="≤ 15 min on 2 CPU cores (12 runs; measured 2 min 44 s beside other jobs)"),
     },
     claims=[
         Claim(text="the exponential normalizer is best: exp > softplus", check="above", a="exp", b="softplus", where="mean",
@@ -329,7 +329,7 @@ METALA_TABLE_A7 = Preset(
             tasks=[_task(32, 5, mqar(32, 5, train=16_000, test=1_000, vocab_size=128, batch_size=16, seed=0))],
             d_models=[32, 64], lrs=TINY_LRS, lrs_by_model={"Mamba": [3e-3]},
             train=MAIN_TRAIN, model={"n_layers": 2, "channel_mixer": "mlp"}, seeds=TINY_SEEDS, workers=2,
-            models=[tiny_init(_METALA_TRANSFORMER)], budget="≤ 15 min on 2 CPU cores (12 runs; measured 7 min 06 s)"),
+            models=[tiny_init(_METALA_TRANSFORMER)], budget="≤ 15 min on 2 CPU cores (12 runs; measured 4 min 50 s beside other jobs)"),
     },
     claims=[
         Claim(text="the Transformer scores > 99% at both sizes", check="at_least", a="Transformer", value=0.99,
@@ -405,7 +405,7 @@ BMOJO_TABLE3 = Preset(
             tasks=_mad_tiny(), d_models=[32], lrs=TINY_LRS,
             train={"epochs": 4, "warmup": 0.05, "weight_decay": 0.1, "grad_clip": 1.0, "early_stop": 0.999},
             model={"n_layers": 2, "channel_mixer": "swiglu", "norm": "rmsnorm"}, seeds=TINY_SEEDS, workers=2,
-            models=[tiny_init(_bmojo_models(32)[0])], budget="≤ 15 min on 2 CPU cores (40 runs; measured 11 min 30 s)"),
+            models=[tiny_init(_bmojo_models(32)[0])], budget="≤ 15 min on 2 CPU cores (40 runs; measured 7 min 15 s beside other jobs)"),
     },
     claims=[
         Claim(text="B'MOJO matches or beats Mamba (within 1 point)", check="not_below", a="B'MOJO", b="Mamba", value=0.01,
@@ -484,7 +484,7 @@ BMOJO_FIG2 = Preset(
             tasks=[_bmojo_mqar(32, kv, paper=False) for kv in (4, 8)], d_models=[32, 64], lrs=[3e-3],
             lrs_by_model={"Transformer": [1e-3]}, train=_FIG2_TINY_TRAIN, model=_BMOJO_MODEL, seeds=TINY_SEEDS,
             workers=2, models=[tiny_init(_bmojo_models(**_FIG2_TINY)[0])],
-            budget="≤ 15 min on 2 CPU cores (40 runs; measured 9 min 34 s)"),
+            budget="≤ 15 min on 2 CPU cores (40 runs; measured 5 min 44 s beside other jobs)"),
     },
     claims=[
         Claim(text="the Transformer (full context) is the paragon: ≥ 99%", check="at_least", a="Transformer", value=0.99,
@@ -528,7 +528,7 @@ BMOJO_FIG2_ME = Preset(
                         "w = 8, m_f = 1, m_e ∈ {0, 2, 4, 8}, lr 3e-3, seeds 0, 1",
             tasks=[_bmojo_mqar(32, 8, paper=False)], d_models=[32, 64], ns=[0, 2, 4, 8], lrs=[3e-3],
             train=_FIG2_TINY_TRAIN, model=_BMOJO_MODEL, seeds=TINY_SEEDS, workers=2,
-            budget="≤ 15 min on 2 CPU cores (16 runs; measured 7 min 46 s, beside another job)"),
+            budget="≤ 15 min on 2 CPU cores (16 runs; measured 3 min 30 s beside other jobs)"),
     },
     claims=[Claim(text="each added eidetic token increases recall accuracy (until the gains saturate)",
                   check="increasing", a="B'MOJO", value=0.02, caveat=_FIG2_PLATEAU)],
@@ -587,7 +587,7 @@ DSF_TABLE1_LM = Preset(
             d_models=[64], lrs=[3e-3], seeds=TINY_SEEDS, train=_LM_TINY_TRAIN, model=_LM_TINY_MODEL, workers=2,
             models=[m.model_copy(update={"mixer_kwargs": {**m.mixer_kwargs, "heads": 2}}) if "heads" in m.mixer_kwargs else m
                     for m in _lm_models(8)],
-            budget="≤ 15 min on 2 CPU cores (12 runs, 2 workers; measured 2 min 42 s on 2 quiet cores; S6 is the longest run)"),
+            budget="≤ 15 min on 2 CPU cores (12 runs, 2 workers; measured 3 min 30 s beside other jobs; S6 is the longest run)"),
     },
     claims=[
         Claim(text="normalized attention closes part of the gap between linear and softmax attention (paper: 23%)",

@@ -367,11 +367,8 @@ void backward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* 
           for (int64_t i = 0; i < l; ++i) {
             const int64_t r0 = (b * m.T + t0 + i) * m.D + d0;
             if (i + kAhead < l) prefetch_lanes(dl + r0 + kAhead * m.D, nd), prefetch_lanes(x + r0 + kAhead * m.D, nd);
-            const S* dt = lanes(dl + r0, v.dt, nd);
-            const S* xv = lanes(x + r0, v.x, nd);
-#pragma omp simd
-            for (int64_t j = 0; j < kBlock; ++j) v.u[j] = dt[j] * xv[j];
-            if (!SB) transpose_in(Bm + r0 * N, v.Bs, nd, N);
+            const S *dt, *xv;
+            v.template load_step<SB, true>(dl, x, Bm, Cm, r0, nd, N, dt, xv);  // C is not read: no transpose
             block_step<S, SB, true, false>(v.At, dt, v.u, SB ? Bm + (b * m.T + t0 + i) * N : v.Bs, v.Cs,
                                            hw + i * NW, hw + (i + 1) * NW, aw + i * Na * kBlock, N, Na, nullptr);
           }

@@ -14,8 +14,9 @@
    Mamba (targets: flat within 20%) and softmax attention (grows), through LanguageModel's
    prefill + Cache decoding (seqmix.models.generation) — `--generation-only` runs just this;
 5. issue 27's SSM targets, interleaved and median of the rounds: Mamba training tokens/s
-   against softmax attention's at T = 512 (batch 8) and T = 4096 (batch 1) (targets >= 0.8x
-   and >= 1.5x), and Mamba's prefill tokens/s at T = 16384 against T = 512 (target >= 0.8x)
+   (Mamba blocks without MLP, as in Mamba) against softmax attention's (blocks with SwiGLU) at
+   T = 512 (batch 8) and T = 4096 (batch 1) (targets >= 0.8x and >= 1.5x; beside them, as
+   context, an 8-layer Mamba of about attention's parameter count and both with one GELU MLP), and Mamba's prefill tokens/s at T = 16384 against T = 512 (target >= 0.8x)
    — `--ssm-only` runs just this.
 
     python bench/lm.py                 # every mixer (minutes on a CPU)
@@ -34,10 +35,10 @@ import time
 from _common import add_decode_tokens, base_parser, matmul_peak_gflops, print_table, setup, sync, target_line, timeit, write_json
 
 
-def make_train_step(name: str, *, data, d: int, layers: int, device: str):
+def make_train_step(name: str, *, data, d: int, layers: int, device: str, model: dict | None = None):
     """(model, step): the LM backbone around ``name`` with the trainer's loss and an AdamW step,
-    batches from the Tiny Shakespeare memmap (``data``: a CorpusConfig). Raises ValueError where the
-    mixer is not built at this size."""
+    batches from the Tiny Shakespeare memmap (``data``: a CorpusConfig); ``model``: more ModelConfig
+    fields (e.g. ``channel_mixer``). Raises ValueError where the mixer is not built at this size."""
     import torch
 
     from seqmix.data.text import build_corpus
@@ -45,7 +46,7 @@ def make_train_step(name: str, *, data, d: int, layers: int, device: str):
     from seqmix.train.optim import param_groups
 
     windows = build_corpus(data, "train")
-    cfg = RunConfig(data=data, model={"mixer": name, "d_model": d, "n_layers": layers}, train=TrainConfig(max_steps=1, device=device))
+    cfg = RunConfig(data=data, model={"mixer": name, "d_model": d, "n_layers": layers, **(model or {})}, train=TrainConfig(max_steps=1, device=device))
     tr = Trainer(cfg, progress=False)
     torch.manual_seed(0)
     model = tr.build_model()
@@ -225,16 +226,27 @@ def bench_generation(args) -> dict:
 # ------------------------------------------------------------------------------------------
 #
 # Training: the same backbone (d = 256, 4 layers, byte vocabulary) around Mamba and softmax
-# attention, 4096 tokens per step (T = 512 × batch 8, T = 4096 × batch 1), steps interleaved
-# (each round runs one step of every model), median of the rounds. Targets: Mamba's tokens/s
-# >= 0.8× softmax's at T = 512 and >= 1.5× at T = 4096. Beside them, the same Mamba model with
-# the scan's previous default (fused) and with the scan replaced by one elementwise op (the
-# bound that a free scan would reach: what the rest of the Mamba block costs).
+# attention as the issue defines the pair: Mamba blocks without a channel mixer (as in Mamba),
+# attention blocks with SwiGLU (ratio 4: hidden 2/3·4·d). 4096 tokens per step (T = 512 × batch 8,
+# T = 4096 × batch 1), steps interleaved (each round runs one step of every model), median of the
+# rounds. Targets: Mamba's tokens/s >= 0.8× softmax's at T = 512 and >= 1.5× at T = 4096. Beside
+# them, the same Mamba model with the scan's previous default (fused), with the pure-PyTorch chunked
+# scan, and with the scan replaced by one elementwise op (the bound that a free scan would reach:
+# what the rest of the Mamba block costs); and two context rows that are not the target: Mamba with
+# 8 layers (about attention's parameter count: Mamba's own recipe, two blocks per Transformer layer)
+# and both models with the same GELU MLP (ratio 4) in every block (the bench's setting before this
+# pairing followed the issue).
 # Forward: a LanguageModel around Mamba (generation part's model, batch 1) prefills T = 512 and
 # T = 16384 tokens, interleaved, median; target: tokens/s at 16384 >= 0.8× at 512.
 
 SSM_TRAIN = ((512, 8), (4096, 1))
-SSM_PAIR = ("softmax_attention", "mamba")
+#: the issue's pair: (mixer, extra ModelConfig fields)
+SSM_PAIR = {"softmax_attention": ("softmax_attention", {"channel_mixer": "swiglu"}),
+            "mamba": ("mamba", {"channel_mixer": "none"})}
+#: context rows (not targets): name -> (mixer, extra ModelConfig fields, layers factor, the row its ratio is taken to)
+SSM_CONTEXT = {"mamba (8 layers: params ≈ attention's)": ("mamba", {"channel_mixer": "none"}, 2, "softmax_attention"),
+               "softmax_attention (GELU MLP)": ("softmax_attention", {"channel_mixer": "mlp"}, 1, "softmax_attention (GELU MLP)"),
+               "mamba (GELU MLP)": ("mamba", {"channel_mixer": "mlp"}, 1, "softmax_attention (GELU MLP)")}
 SSM_PREFILL = (512, 16384)
 BEFORE = "fused"  # the selective scan's mode before issue 27, timed beside the default as "mamba (fused scan)"
 
@@ -292,18 +304,26 @@ def bench_ssm_targets(args, *, d: int, layers: int) -> dict:
     out, rows, targets = {"train": {}, "prefill": {}}, [], []
     for T, B in train_shapes:
         data = CorpusConfig(corpus="tinyshakespeare", tokenizer="byte", seq_len=T, batch_size=B)
-        steps = {name: make_train_step(name, data=data, d=d, layers=layers, device=args.device)[1] for name in SSM_PAIR}
-        steps["mamba (torch chunked scan)"] = with_scan_mode(make_train_step("mamba", data=data, d=d, layers=layers, device=args.device)[1], "chunked")
-        steps[f"mamba ({BEFORE} scan)"] = with_scan_mode(make_train_step("mamba", data=data, d=d, layers=layers, device=args.device)[1], BEFORE)
-        steps["mamba (no scan: bound)"] = with_scan_mode(make_train_step("mamba", data=data, d=d, layers=layers, device=args.device)[1], "none")
+        built = {}
+        for name, (mixer, extra) in SSM_PAIR.items():
+            built[name] = make_train_step(mixer, data=data, d=d, layers=layers, device=args.device, model=extra)
+        mamba, mamba_extra = SSM_PAIR["mamba"]
+        for name, mode in (("mamba (torch chunked scan)", "chunked"), (f"mamba ({BEFORE} scan)", BEFORE), ("mamba (no scan: bound)", "none")):
+            model, step = make_train_step(mamba, data=data, d=d, layers=layers, device=args.device, model=mamba_extra)
+            built[name] = (model, with_scan_mode(step, mode))
+        for name, (mixer, extra, factor, _ref) in SSM_CONTEXT.items():
+            built[name] = make_train_step(mixer, data=data, d=d, layers=factor * layers, device=args.device, model=extra)
+        params = {k: sum(p.numel() for p in m.parameters()) for k, (m, _) in built.items()}
+        steps = {k: f for k, (_, f) in built.items()}
         ms = interleaved_ms(steps, args.repeats, args.device)
         tps = {k: B * T / v * 1e3 for k, v in ms.items()}
         ratio = tps["mamba"] / tps["softmax_attention"]
-        out["train"][str(T)] = dict(B=B, step_ms=ms, tokens_per_s=tps, ratio=ratio)
+        ref_of = {k: SSM_CONTEXT[k][3] if k in SSM_CONTEXT else "softmax_attention" for k in steps}
+        out["train"][str(T)] = dict(B=B, step_ms=ms, tokens_per_s=tps, ratio=ratio, params=params, ratio_to=ref_of)
         for k in steps:
-            rows.append([f"train T={T} B={B}", k, ms[k], tps[k], tps[k] / tps["softmax_attention"]])
+            rows.append([f"train T={T} B={B}", k, params[k], ms[k], tps[k], tps[k] / tps[ref_of[k]]])
         print(f"  done: training T={T}", flush=True)
-        del steps
+        del steps, built
     lengths = (128, 1024) if args.quick else SSM_PREFILL
     model = gen_model("mamba", lengths[-1] + 8, args.device)
     g = torch.Generator().manual_seed(0)
@@ -323,14 +343,20 @@ def bench_ssm_targets(args, *, d: int, layers: int) -> dict:
     tps_before = {T: T / ms_all[(T, BEFORE)] * 1e3 for T in lengths}
     out["prefill"] = {str(T): dict(ms=ms[T], tokens_per_s=tps[T], before_ms=ms_all[(T, BEFORE)]) for T in lengths}
     for T in lengths:
-        rows.append([f"prefill T={T} B=1", "mamba", ms[T], tps[T], tps[T] / tps[lengths[0]]])
-        rows.append([f"prefill T={T} B=1", f"mamba ({BEFORE} scan)", ms_all[(T, BEFORE)], tps_before[T], tps_before[T] / tps_before[lengths[0]]])
+        rows.append([f"prefill T={T} B=1", "mamba", None, ms[T], tps[T], tps[T] / tps[lengths[0]]])
+        rows.append([f"prefill T={T} B=1", f"mamba ({BEFORE} scan)", None, ms_all[(T, BEFORE)], tps_before[T], tps_before[T] / tps_before[lengths[0]]])
     print_table(f"issue 27: Mamba vs softmax attention ({layers} layers, d = {d}, byte vocab); median of {args.repeats} "
-                f"interleaved rounds (ratio: x softmax for training, x the shortest T for prefill); mamba ({BEFORE} scan): "
+                f"interleaved rounds (ratio: x softmax attention with SwiGLU for training — the GELU-MLP Mamba row: x the GELU-MLP "
+                f"softmax row —, x the shortest T for prefill); mamba: no channel mixer, as in Mamba; mamba ({BEFORE} scan): "
                 f"the scan's {BEFORE} mode, the default before issue 27 (its forward without gradients is the reference loop); "
                 f"mamba: backend auto (the C++ kernel on CPU where it builds); torch chunked scan: the pure-PyTorch default",
-                ["case", "mixer", "ms", "tokens/s", "ratio"], rows)
+                ["case", "mixer", "params", "ms", "tokens/s", "ratio"], rows)
     q = args.quick
+
+    def ctx(tr, prefix):  # a context row's tokens/s ratio to its own reference row
+        k = next(k for k in SSM_CONTEXT if k.startswith(prefix))
+        return tr["tokens_per_s"][k] / tr["tokens_per_s"][SSM_CONTEXT[k][3]]
+
     for (T, B), need in zip(train_shapes, (0.8, 1.5)):
         tr = out["train"][str(T)]
         r = tr["ratio"]
@@ -341,7 +367,9 @@ def bench_ssm_targets(args, *, d: int, layers: int) -> dict:
                                    f"vs {tr['tokens_per_s']['softmax_attention']:,.0f} tokens/s; {BEFORE} scan "
                                    f"{tr['tokens_per_s'][f'mamba ({BEFORE} scan)'] / tr['tokens_per_s']['softmax_attention']:.2f}x, "
                                    f"torch chunked scan {tr['tokens_per_s']['mamba (torch chunked scan)'] / tr['tokens_per_s']['softmax_attention']:.2f}x); "
-                                   f"the scan is {scan_share:.0%} of the Mamba step; without it: {bound:.2f}x"))
+                                   f"the scan is {scan_share:.0%} of the Mamba step; without it: {bound:.2f}x; context, not the "
+                                   f"target: 8-layer Mamba (params ≈ attention's) {ctx(tr, 'mamba (8 layers'):.2f}x, "
+                                   f"both with the GELU MLP {ctx(tr, 'mamba (GELU'):.2f}x"))
     r = tps[lengths[-1]] / tps[lengths[0]]
     targets.append(target_line(f"Mamba forward (prefill) tokens/s at T={lengths[-1]} >= 0.8x at T={lengths[0]}",
                                None if q else r >= 0.8, f"{r:.2f}x ({tps[lengths[-1]]:,.0f} vs {tps[lengths[0]]:,.0f} tokens/s)"))

@@ -123,8 +123,7 @@ def test_float64_channel_and_state_counts(monkeypatch, D, N, B_channels, C_chann
     a multiple of the vector width (8 float32 / 4 float64) or of the block, and 2-3 blocks with a partial
     last one; N of the compiled-for sizes and others; shared, per-channel and mixed B / C; with h0 and
     the final state; the backward reading every kept state (small scans) or recomputing the chunks."""
-    if not keep_all:
-        monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 0)
+    monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 1 << 21 if keep_all else 0)
     a = make(B=2, T=11, D=D, N=N, B_channels=B_channels, C_channels=C_channels, seed=D * 100 + N)
     assert_close(run("cpp", a, chunk_size=4), reference(a), max_abs, CPP_F64_ATOL)
 
@@ -134,8 +133,7 @@ def test_float64_channel_and_state_counts(monkeypatch, D, N, B_channels, C_chann
 def test_float64_A_constant_over_n(monkeypatch, D, N, per_channel, keep_all):
     """A[d, n] equal over n (dsf_ssd's scalar A): the kernel computes exp(Δ A) once per (t, d) and keeps
     one decay per (t, d); outputs and gradients (A's summed over n by the expand) as the reference."""
-    if not keep_all:
-        monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 0)
+    monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 1 << 21 if keep_all else 0)
     a = _scalar_A(make(B=2, T=19, D=D, N=N, per_channel=per_channel, seed=3))
 
     def grads(backend, **kw):
@@ -229,6 +227,7 @@ def test_kept_states_give_the_recomputed_bits(monkeypatch, dtype, N, per_channel
     a = make(B=3, T=45, D=40, N=N, per_channel=per_channel, dtype=dtype)
     if scalar_A:
         a["A"] = a["A"].detach()[:, :1].expand(40, N).contiguous().requires_grad_(True)
+    monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 1 << 21)
     kept = run("cpp", a, chunk_size=16)
     monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 0)
     recomputed = run("cpp", a, chunk_size=16)
@@ -318,6 +317,70 @@ def test_failed_compile_falls_back_under_auto_and_is_explained_when_asked(monkey
     assert max_abs(y, selective_scan(*args, backend="torch")[0]) == 0
     with pytest.raises(ValueError, match=r"backend 'cpp' is not available: the C\+\+ kernel failed to compile \(stand-in"):
         selective_scan(*args, backend="cpp")
+
+
+def test_isa_picks_the_widest_the_cpu_has_and_the_env_caps_it(monkeypatch):
+    monkeypatch.delenv("SEQMIX_CPP_ISA", raising=False)
+    full = ["fpu", "sse4_2", "avx2", "fma", "avx512f", "avx512dq", "avx512vl"]
+    assert cpp_scan.isa(full) == "avx512"
+    assert cpp_scan.isa([f for f in full if f != "avx512vl"]) == "avx2"  # AVX-512 needs all three of its features
+    assert cpp_scan.isa(["sse4_2", "avx2"]) == "generic"  # AVX2 without FMA
+    monkeypatch.setenv("SEQMIX_CPP_ISA", "avx2")
+    assert cpp_scan.isa(full) == "avx2"
+    monkeypatch.setenv("SEQMIX_CPP_ISA", "generic")
+    assert cpp_scan.isa(full) == "generic"
+    monkeypatch.setenv("SEQMIX_CPP_ISA", "avx1024")
+    with pytest.raises(ValueError, match="SEQMIX_CPP_ISA = 'avx1024': expected one of avx512, avx2, generic"):
+        cpp_scan.isa(full)
+
+
+def test_keep_all_threshold_follows_the_build(monkeypatch):
+    monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", None)
+    monkeypatch.setattr(cpp_scan, "isa", lambda: "avx512")
+    assert cpp_scan.keep_all_floats() == 0
+    monkeypatch.setattr(cpp_scan, "isa", lambda: "avx2")
+    assert cpp_scan.keep_all_floats() == 1 << 21
+    monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 123)
+    assert cpp_scan.keep_all_floats() == 123
+
+
+_OTHER_BUILD = """
+import torch
+from seqmix.ops import cpp_scan
+from scan_inputs import make
+import test_cpp_scan as t
+assert cpp_scan.isa() == "{isa}", cpp_scan.isa()
+for keep in (0, 1 << 21):
+    cpp_scan.KEEP_ALL_FLOATS = keep
+    for per_channel in (False, True):
+        a64 = make(B=2, T=21, D=40, N=8, B_channels=per_channel, C_channels=per_channel, seed=5)
+        ref = t.reference(a64)
+        t.assert_close(t.run("cpp", a64, chunk_size=8), ref, t.max_abs, t.CPP_F64_ATOL)
+        a32 = {{k: v.detach().float().requires_grad_(True) for k, v in a64.items()}}
+        y, h, g = t.run("cpp", a32, chunk_size=8)
+        for u, v in zip((y, h, *g), (ref[0], ref[1], *ref[2])):
+            assert t.rel_err(u.double(), v) < t.CPP_F32_RTOL, (keep, per_channel, t.rel_err(u.double(), v))
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("other", ["avx2", "generic"])
+def test_narrower_builds_equal_the_reference(other):
+    """The kernel built for a narrower instruction set than this CPU's widest (SEQMIX_CPP_ISA; a
+    separate build, compiled in a subprocess) against the torch reference, float64 and float32,
+    keeping every state and recomputing the chunks."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    order = [*cpp_scan.ISA_FLAGS, "generic"]
+    if order.index(cpp_scan.isa()) >= order.index(other):
+        pytest.skip(f"this CPU's widest build is {cpp_scan.isa()}: the default build already is {other} or narrower")
+    here = Path(__file__).parent
+    env = {**os.environ, "SEQMIX_CPP_ISA": other, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", _OTHER_BUILD.format(isa=other)], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
 # ------------------------------------------------------------------------------------------

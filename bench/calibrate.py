@@ -1,8 +1,10 @@
 """Calibrating a preset's tiny scale (issue 17): the two measurements behind the tables of
 docs/harness.md ("Calibrating the main job", "Tiny presets").
 
-1. ``cost``: the CPU time of one training step (forward, backward, AdamW; 1 thread,
-   ``time.process_time``, so a loaded machine inflates it little) of every (model, task, d, n)
+1. ``cost`` (one point after another) and ``ratio`` (every point side by side in interleaved
+   rounds, ratios to a reference model: issue 27's main-job target): the CPU time of one
+   training step (forward, backward, AdamW; 1 thread, ``time.process_time``, so a loaded
+   machine inflates it little) of every (model, task, d, n)
    of a preset's tiny grid, at the grid's batch size and sequence length. Multiply by the steps
    per run and the seeds, divide by the workers, to size a budget.
 2. ``run``: one run of the grid (seed 0's config of that model, task and d) with fields changed,
@@ -12,19 +14,24 @@ docs/harness.md ("Calibrating the main job", "Tiny presets").
 
     python bench/calibrate.py                  # = cost dsf-fig2 (the main job)
     python bench/calibrate.py cost dsf-fig2
+    python bench/calibrate.py ratio dsf-fig2   # side by side, ratios to softmax; issue 27's <= 1.3x target
     python bench/calibrate.py run dsf-fig2 softmax --d 64 --steps 2500 --set model.init_std=0.1
     python bench/calibrate.py run dsf-fig2 S6 --d 64 --seed 1 --set train.lr=0.01
     python bench/calibrate.py run bmojo-fig2 Mamba --d 64 --task "mqar(32,4)" --steps 1500
     python bench/calibrate.py run dsf-fig2 softmax --steps 2500 --set model.mixer_kwargs.n=64 --seq-len 64 --kv 8
+    python bench/calibrate.py run lra-tiny softmax --task pathfinder32 --seq-len 256 --segment resolution=16 \
+        --segment pixel_scale=1 --segment contour_length=4 --steps 3000
 
 --set takes a dotted path into the run's config (as in its config.json) and a JSON value
-(a bare word is taken as a string).
+(a bare word is taken as a string); --segment the same for a field of every train and test
+task config (data.train and data.test are lists, which --set does not index).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 
@@ -40,14 +47,14 @@ def _grid(preset: str):
     return PRESETS[preset].runs("tiny", skip_missing=True)
 
 
-def step_costs(preset: str, steps: int = 10, warmup: int = 3) -> list[list]:
-    """[model, task, d, n, batch × length, ms of CPU per step] for each point of the tiny grid."""
-    rows, seen = [], set()
+def _grid_steps(preset: str) -> dict:
+    """{(model, task, d, n): (step, "batch×length")} for each point of the tiny grid: ``step()`` runs one
+    training step (the trainer's loss, backward, AdamW) on a fixed random batch of the grid's shape."""
+    out = {}
     for r in _grid(preset):
         key = (r.label, r.tags.get("task"), r.model.d_model, r.tags.get("n"))
-        if key in seen:
+        if key in out:
             continue
-        seen.add(key)
         trainer = Trainer(r, progress=False)
         model = trainer.build_model()
         opt = torch.optim.AdamW(model.parameters(), lr=r.train.lr)
@@ -58,14 +65,53 @@ def step_costs(preset: str, steps: int = 10, warmup: int = 3) -> list[list]:
         else:
             y = torch.full_like(x, -100)
             y[:, L // 2::4] = x[:, L // 2::4]  # some labelled positions, as a task's targets
-        for i in range(warmup + steps):
-            if i == warmup:
-                t0 = time.process_time()
+
+        def step(trainer=trainer, model=model, opt=opt, x=x, y=y):
             loss = trainer.loss(model, x, y)[0]
             opt.zero_grad()
             loss.backward()
             opt.step()
-        rows.append([*key, f"{r.data.batch_size}×{L}", 1e3 * (time.process_time() - t0) / steps])
+
+        out[key] = (step, f"{r.data.batch_size}×{L}")
+    return out
+
+
+def step_costs(preset: str, steps: int = 10, warmup: int = 3) -> list[list]:
+    """[model, task, d, n, batch × length, ms of CPU per step] for each point of the tiny grid."""
+    rows = []
+    for key, (step, shape) in _grid_steps(preset).items():
+        for i in range(warmup + steps):
+            if i == warmup:
+                t0 = time.process_time()
+            step()
+        rows.append([*key, shape, 1e3 * (time.process_time() - t0) / steps])
+    return rows
+
+
+#: issue 27's target on the main job: these models' training steps <= this many times softmax attention's
+STEP_TARGETS = {"dsf-fig2": (("S6", "SSD"), 1.3)}
+
+
+def step_ratios(preset: str, ref: str, rounds: int = 7, steps: int = 30, warmup: int = 10) -> list[list]:
+    """[model, task, d, n, ms per step, ratio to ``ref``'s step at the same (task, d, n)]: every point's
+    step timed side by side (each round runs ``steps`` steps of every point; CPU time, median of the
+    rounds), so that a change of the machine's load hits every model alike."""
+    grid = _grid_steps(preset)
+    for step, _ in grid.values():
+        for _ in range(warmup):
+            step()
+    ms = {k: [] for k in grid}
+    for _ in range(rounds):
+        for k, (step, _) in grid.items():
+            t0 = time.process_time()
+            for _ in range(steps):
+                step()
+            ms[k].append(1e3 * (time.process_time() - t0) / steps)
+    med = {k: statistics.median(v) for k, v in ms.items()}
+    rows = []
+    for k, v in med.items():
+        base = med.get((ref, *k[1:]))
+        rows.append([*k, v, v / base if base else None])
     return rows
 
 
@@ -99,6 +145,9 @@ def calibration_run(args) -> RunConfig:
             seg["seq_len"] = args.seq_len
         if args.kv:
             seg["num_kv_pairs"] = args.kv
+        for item in args.segment:
+            path, _, value = item.partition("=")
+            _set(seg, path, value)
     if args.seq_len:
         blob["model"]["max_seq_len"] = args.seq_len
     if not args.repeat:
@@ -115,6 +164,12 @@ def main() -> None:
     c = sub.add_parser("cost", help="CPU ms per training step of each point of a preset's tiny grid (1 thread)")
     c.add_argument("preset")
     c.add_argument("--steps", type=int, default=10, help="timed steps per point")
+    q = sub.add_parser("ratio", help="every point's training step side by side (interleaved rounds, 1 thread), "
+                                     "ratios to a reference model; issue 27's target on the main job")
+    q.add_argument("preset")
+    q.add_argument("--ref", default="softmax", help="the model the ratios are taken to (default: softmax)")
+    q.add_argument("--rounds", type=int, default=7)
+    q.add_argument("--steps", type=int, default=30, help="steps of each point per round")
     r = sub.add_parser("run", help="one run of the tiny grid with fields changed; prints its accuracy curve")
     r.add_argument("preset")
     r.add_argument("label", help="the model's label in the preset")
@@ -127,6 +182,8 @@ def main() -> None:
     r.add_argument("--kv", type=int, default=None, help="change the task's key-value pairs (MQAR)")
     r.add_argument("--repeat", action="store_true", help="keep the grid's training set (epochs over it) instead of fresh data")
     r.add_argument("--set", action="append", default=[], metavar="PATH=JSON", help="change a field of the run's config")
+    r.add_argument("--segment", action="append", default=[], metavar="PATH=JSON",
+                   help="change a field of every train and test task config (e.g. resolution=16)")
     r.add_argument("--out", default=None, help="run folder parent (default: a temporary one)")
     args = p.parse_args()
     if args.what is None:
@@ -139,13 +196,28 @@ def main() -> None:
         for row in step_costs(args.preset, args.steps):
             print("| " + " | ".join(str(v) for v in row[:-1]) + f" | {row[-1]:.1f} |", flush=True)
         return
+    if args.what == "ratio":
+        from _common import target_line
+
+        print(f"{args.preset}: CPU ms per training step, 1 thread, every point side by side ({args.rounds} rounds of "
+              f"{args.steps} steps each, median); ratio: x {args.ref}'s step at the same task, d and n")
+        print("| model | task | d | n | ms / step | ratio |\n|---|---|---|---|---|---|")
+        rows = step_ratios(args.preset, args.ref, args.rounds, args.steps)
+        for row in rows:
+            print("| " + " | ".join(str(v) for v in row[:4]) + f" | {row[4]:.2f} | " + (f"{row[5]:.2f}x |" if row[5] else "- |"))
+        models, limit = STEP_TARGETS.get(args.preset, ((), None))
+        for row in rows:
+            if row[0] in models and row[5] is not None:
+                target_line(f"{args.preset}: {row[0]}'s training step at d = {row[2]} <= {limit}x {args.ref}'s", row[5] <= limit,
+                            f"{row[5]:.2f}x ({row[4]:.2f} ms)")
+        return
     cfg = calibration_run(args)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.process_time()
         res = Trainer(cfg, run_dir=f"{args.out or tmp}/{cfg.run_id}", progress=False).fit()
         cpu = time.process_time() - t0
     curve = " ".join(f"{h.get('step')}:{100 * h['accuracy']:.0f}" for h in res.history)
-    print(f"{args.preset} {args.label} d={cfg.model.d_model} seed={args.seed} {' '.join(args.set)}: "
+    print(f"{args.preset} {args.label} d={cfg.model.d_model} seed={args.seed} {' '.join(args.set + args.segment)}: "
           f"best {100 * res.accuracy:.1f}% in {res.steps} steps, {cpu:.0f} CPU-s | accuracy by step: {curve}")
 
 

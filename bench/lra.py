@@ -3,6 +3,7 @@
     python bench/lra.py --part generators      # ListOps 96k, Pathfinder-32 10k (the targets)
     python bench/lra.py --part training        # examples/s and peak memory per mixer
     python bench/lra.py --part pathfinder-probe  # is tiny Pathfinder-32 learnable at all? (issue 28)
+    python bench/lra.py --part pathfinder-probe --probe-resolution 16  # the same at 16 × 16 (4 dashes)
     python bench/lra.py --quick                # small sizes, seconds
 
 1. Generators. ListOps: the vectorised lockstep generator (seqmix.data.lra.listops_generate)
@@ -20,6 +21,9 @@
    (b) a 3-layer CNN (not a seqmix model) trained from scratch for 1,000 steps at batch 32 on
    fresh images, its test accuracy every 250 steps: the images carry the label and a model
    with 2-D locality finds it within the budget at which the sequence models stay at chance.
+   --probe-resolution 16: the same on Pathfinder-16 (32 × 32's pixel sizes, 4 dashes, the
+   markers kept clear of the other curve: docs/lra.md, "Pathfinder-16"); --no-clear-markers
+   drops that last option.
 """
 
 from __future__ import annotations
@@ -133,22 +137,26 @@ def bench_training(quick: bool, memory: bool) -> tuple[list, list, list]:
     return rows, mem_rows, targets
 
 
-def pathfinder_probe(quick: bool) -> list:
+def pathfinder_probe(quick: bool, resolution: int = 32, clear_markers: bool = True) -> list:
     """Part 3 (module docstring): [what, accuracy %] rows."""
     steps, batch = (100, 32) if quick else (1_000, 32)
-    train = pathfinder_generate(np.random.default_rng(0), steps * batch, contour_length=6, num_distractors=2)
-    test, parts = pathfinder_generate(np.random.default_rng(1), 2_000, contour_length=6, num_distractors=2, return_parts=True)
+    R = resolution
+    kw = dict(contour_length=6, num_distractors=2)
+    if R == 16:
+        kw = dict(contour_length=4, num_distractors=2, pixel_scale=1, clear_markers=clear_markers)
+    train = pathfinder_generate(np.random.default_rng(0), steps * batch, resolution=R, **kw)
+    test, parts = pathfinder_generate(np.random.default_rng(1), 2_000, resolution=R, return_parts=True, **kw)
     m = parts["markers"].astype(np.float64)
     dist = np.sqrt(((m[:, 0] - m[:, 1]) ** 2).sum(-1))
     rows = [["markers' distance < t (best t)", 100 * max(((dist < t) == test.labels).mean() for t in np.arange(2, 40, 0.5))],
             ["majority class", 100 * max(test.labels.mean(), 1 - test.labels.mean())]]
     torch.manual_seed(0)
-    img = lambda a: torch.tensor(a.inputs > 1, dtype=torch.float32).view(-1, 1, 32, 32)  # noqa: E731
+    img = lambda a: torch.tensor(a.inputs > 1, dtype=torch.float32).view(-1, 1, R, R)  # noqa: E731
     X, Y, Xt, Yt = img(train), torch.tensor(train.labels), img(test), torch.tensor(test.labels)
     cnn = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
                               torch.nn.Conv2d(16, 32, 3, padding=1, stride=2), torch.nn.ReLU(),
                               torch.nn.Conv2d(32, 32, 3, padding=1, stride=2), torch.nn.ReLU(), torch.nn.Flatten(),
-                              torch.nn.Linear(32 * 8 * 8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+                              torch.nn.Linear(32 * (R // 4) ** 2, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
     opt = torch.optim.AdamW(cnn.parameters(), lr=1e-3)
     for s in range(steps):
         i = slice(batch * s, batch * (s + 1))
@@ -159,7 +167,9 @@ def pathfinder_probe(quick: bool) -> list:
         if (s + 1) % max(1, steps // 4) == 0:
             with torch.no_grad():
                 rows.append([f"3-layer CNN after {s + 1} steps (batch {batch})", 100 * (cnn(Xt).argmax(1) == Yt).float().mean().item()])
-    print_table("Pathfinder-32 easy (the tiny scale's task), 2,000 test images: accuracy %", ["what", "accuracy %"],
+    task = "Pathfinder-32 easy (the tiny scale's task)" if R == 32 else \
+        f"Pathfinder-16, 4 dashes ({'markers clear' if clear_markers else 'markers may touch'})"
+    print_table(f"{task}, 2,000 test images: accuracy %", ["what", "accuracy %"],
                 [[w, f"{a:.1f}"] for w, a in rows])
     return rows
 
@@ -167,6 +177,8 @@ def pathfinder_probe(quick: bool) -> list:
 def main():
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--part", choices=("generators", "training", "pathfinder-probe", "all"), default="all")
+    p.add_argument("--probe-resolution", type=int, choices=(16, 32), default=32, help="pathfinder-probe: image side")
+    p.add_argument("--no-clear-markers", action="store_true", help="pathfinder-probe at 16: markers may touch the other curve")
     args = p.parse_args()
     info = setup(args)
     out = {"machine": info}
@@ -178,7 +190,7 @@ def main():
         rows, mem, t = bench_training(args.quick, not args.no_memory)
         out["training"], out["memory"], targets = rows, mem, targets + t
     if args.part == "pathfinder-probe":
-        out["pathfinder_probe"] = pathfinder_probe(args.quick)
+        out["pathfinder_probe"] = pathfinder_probe(args.quick, args.probe_resolution, not args.no_clear_markers)
     out["targets"] = targets
     write_json(args, "lra" + ("" if args.part == "all" else f"-{args.part}"), out)
 

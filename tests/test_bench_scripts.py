@@ -72,3 +72,40 @@ def test_lra_pathfinder_probe(tmp_path):
     assert all(0.0 <= a <= 100.0 for _, a in rows)
     # the best threshold is at least the majority class (t = 2 or 40 predicts one class)
     assert rows[0][1] >= rows[1][1] - 1e-9
+
+
+def test_calibrate_ratio_prints_the_main_job_targets():
+    """bench/calibrate.py ratio: every point of the main job's grid side by side, ratios to softmax, and issue
+    27's target lines for S6 and SSD at both d."""
+    r = _run("calibrate.py", "ratio", "dsf-fig2", "--rounds", "1", "--steps", "1")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "mqar" in line]
+    assert len(rows) == 10  # 5 models x 2 d
+    assert all(line.rstrip().endswith("x |") for line in rows)
+    targets = [line for line in r.stdout.splitlines() if "training step at d =" in line]
+    assert len(targets) == 4 and all(("[MET" in t) or ("[NOT MET]" in t) for t in targets)
+
+
+def test_lm_ssm_quick(tmp_path):
+    """bench/lm.py --ssm-only --quick: the issue's pair (Mamba without MLP, attention with SwiGLU), the
+    context rows, the prefill rows; targets n/a at the quick size."""
+    out = tmp_path / "lm.json"
+    r = _run("lm.py", "--ssm-only", "--quick", "--threads", "1", "--repeats", "1", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    res = json.loads(out.read_text())["ssm"]
+    for tr in res["train"].values():
+        assert tr["params"]["mamba"] < tr["params"]["softmax_attention"]  # no MLP in Mamba's blocks
+        assert tr["params"]["mamba (8 layers: params ≈ attention's)"] > tr["params"]["mamba"]
+        assert tr["ratio"] == pytest.approx(tr["tokens_per_s"]["mamba"] / tr["tokens_per_s"]["softmax_attention"])
+    assert [t["met"] for t in res["targets"]] == [None, None, None]
+
+
+def test_scaling_quick_reports_the_cpu_split(tmp_path):
+    """bench/scaling.py --quick: per-token costs, and the user / system CPU split with page faults per token."""
+    out = tmp_path / "scaling.json"
+    r = _run("scaling.py", "--quick", "--mixers", "s6", "--threads", "1", "--repeats", "1", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    s6 = json.loads(out.read_text())["results"]["s6"]
+    split = s6["fwd_bwd_os_per_token"]
+    assert set(split) == {str(T) for T in s6["lengths"]}
+    assert all(v["user_us"] >= 0 and v["sys_us"] >= 0 and v["faults"] >= 0 for v in split.values())

@@ -164,6 +164,49 @@ def test_pathfinder_semantics(difficulty, R):
         assert tuple(mk[0]) != tuple(mk[1])
 
 
+def test_pathfinder16_semantics():
+    """R = 16 (the tiny scale's length 256) at 32 × 32's pixel sizes and 4 dashes: a 3 × 3
+    marker on each of the two path ends, curves that never touch, balanced labels; with
+    clear_markers no marker touches the other curve."""
+    R, n, length = 16, 200, 4
+    cfg = PathfinderConfig(num_examples=n, resolution=16, pixel_scale=1, contour_length=length, clear_markers=True)
+    assert cfg.seq_len == 256 and cfg.slice_name == "pathfinder16-4dash"
+    arr, parts = pathfinder_generate(np.random.default_rng(7), n, resolution=R, contour_length=length, pixel_scale=1,
+                                     clear_markers=True, return_parts=True)
+    again = cfg.generate(np.random.default_rng(7))
+    assert np.array_equal(again.inputs, arr.inputs) and np.array_equal(again.labels, arr.labels)
+    assert arr.inputs.shape == (n, R * R) and set(np.unique(arr.inputs)) <= {1, 256}
+    assert 0.4 < arr.labels.mean() < 0.6  # a fair coin over 200 images
+    curve, markers = parts["curve"], parts["markers"]
+    for x, y, c, mk in zip(arr.inputs, arr.labels, curve, markers):
+        img, c = (x > 1).reshape(R, R), c.reshape(R, R)
+        assert ((c > 0) <= img).all()
+        assert not _touch(c == 1, c == 2, R)
+        assert tuple(mk[0]) != tuple(mk[1])
+        for k, (r, col) in enumerate(mk):
+            assert img[max(0, r - 1):r + 2, max(0, col - 1):col + 2].all()  # a 3 × 3 marker, not one pixel
+            own = 1 if k == 0 or y == 1 else 2
+            assert c[r, col] == own  # marker 2 on curve 1 iff connected
+            assert not (c[max(0, r - 2):r + 3, max(0, col - 2):col + 3] == 3 - own).any()  # clear of the other curve
+            # an end of its curve: 3 turns of at most 30° keep the heading within 90°, so the
+            # distance from one end grows along the curve: the marker is (up to the rounding
+            # to pixels) the farthest pixel from the curve pixel farthest from it
+            pix = np.argwhere(c == own)
+            far = pix[np.argmax(((pix - [r, col]) ** 2).sum(1))]
+            reach = np.sqrt(((pix - far) ** 2).sum(1))
+            assert np.hypot(r - far[0], col - far[1]) >= reach.max() - 1.0
+        if y == 1:  # both ends of curve 1 carry a marker
+            assert np.hypot(*(mk[0] - mk[1])) >= (length - 1) * 2.5 * np.cos(np.pi / 4) - 1
+
+
+def test_pathfinder16_needs_explicit_pixel_sizes():
+    with pytest.raises(ValueError, match="pixel_scale"):
+        PathfinderConfig(num_examples=10, resolution=16)
+    with pytest.raises(ValueError, match="pixel_scale"):
+        pathfinder_generate(np.random.default_rng(0), 4, resolution=16, contour_length=4)
+    assert PathfinderConfig(num_examples=10).slice_name == "pathfinder32-hard"
+
+
 def test_pathfinder_loader_reads_the_released_layout(tmp_path):
     arr = pathfinder_generate(np.random.default_rng(6), 20, contour_length=6)
     write_pathfinder(tmp_path / "pathfinder32", arr, "easy", per_folder=7)

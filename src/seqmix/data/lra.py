@@ -393,7 +393,8 @@ def _dilate(mask: np.ndarray, R: int, r: int) -> np.ndarray:
 
 def pathfinder_generate(rng: np.random.Generator, num_examples: int, *, resolution: int = 32, contour_length: int = 14,
                         num_distractors: int = 2, distractor_length: int | None = None, max_turn_deg: float = 30.0,
-                        intensity: int = 255, return_parts: bool = False):
+                        intensity: int = 255, pixel_scale: float | None = None, clear_markers: bool = False,
+                        return_parts: bool = False):
     """Pathfinder stimuli (Linsley et al., NeurIPS 2018; LRA's Pathfinder), re-implemented:
     two curves of ``contour_length`` dashes that do not touch, ``num_distractors`` shorter
     curves (``distractor_length`` dashes, default contour_length // 3) that touch neither,
@@ -404,10 +405,22 @@ def pathfinder_generate(rng: np.random.Generator, num_examples: int, *, resoluti
     ``return_parts=True`` also returns a dict: ``curve`` [N, R*R] int8 (0 none, 1 and 2 the
     curves, 3+ the distractors drawn) and ``markers`` [N, 2, 2] (row, col of the marker
     centres), which the tests check the semantics against.
-    The dash, gap and marker sizes scale with R / 32 (1 px dash, 1.5 px gap, marker
-    radius 1.5 px at 32 × 32; curves keep one pixel apart)."""
+    The dash, gap and marker sizes are 32 × 32's (1 px dash, 1.5 px gap, marker radius 1.5 px;
+    curves keep one pixel apart) times ``pixel_scale``, by default R / 32 (the 64-256 images
+    are 32's scaled up). Below 1 the sizes degenerate: at R = 16, R / 32 makes the marker a
+    single pixel (radius 0.75 px), drawn like any curve pixel, so the label would not be in
+    the image; a scale below 1 is refused and R = 16 (a CPU-sized tiny scale, not an LRA
+    task) takes ``pixel_scale=1``: 32 × 32's pixel sizes in a quarter of the area.
+    ``clear_markers=True`` also keeps each curve one pixel clear of a marker on an end of the
+    other (else a label-0 image can show the second marker touching curve 1, as if connected:
+    1.3% of label-0 images at 32 × 32 with 6 dashes, 22% at 16 × 16 with 4; the default keeps
+    the images of a seed unchanged)."""
     R = resolution
-    s = R / 32
+    s = R / 32 if pixel_scale is None else float(pixel_scale)
+    if s < 1:
+        raise ValueError(f"pathfinder: argument 'pixel_scale' must be >= 1, got {s:g}"
+                         + (f" (R / 32 at resolution {R}: the markers would be one pixel, like a dash; pass pixel_scale=1)"
+                            if pixel_scale is None else ""))
     dash, gap, radius = 1.0 * s, 1.5 * s, 1.5 * s
     S = max(3, int(np.ceil(2 * dash)) + 1)
     kw = dict(dash=dash, gap=gap, max_turn=np.deg2rad(max_turn_deg), samples=S)
@@ -420,10 +433,14 @@ def pathfinder_generate(rng: np.random.Generator, num_examples: int, *, resoluti
     done = 0
     for _ in range(1000):  # the two curves keep clear of each other (else "not connected" could touch)
         c = max(2 * (N - done), 512)  # extra pairs: the first that keep clear fill the slots (rejection sampling)
-        q1, _e = _walk(rng, c, contour_length, R, margin=margin, **kw)
-        q2, _e = _walk(rng, c, contour_length, R, margin=margin, **kw)
+        q1, f1 = _walk(rng, c, contour_length, R, margin=margin, **kw)
+        q2, f2 = _walk(rng, c, contour_length, R, margin=margin, **kw)
         cand = np.arange(c)
-        hit = (_raster(cand, q2, R) & _dilate(_raster(cand, q1, R), R, max(1, int(round(s))))).any(1)
+        r1, r2 = _raster(cand, q1, R), _raster(cand, q2, R)
+        hit = (r2 & _dilate(r1, R, max(1, int(round(s))))).any(1)
+        if clear_markers:  # a marker disc (inside its (2⌊radius⌋+1)² square) and one pixel around it
+            reach = int(np.floor(radius)) + 1
+            hit |= (r1 & _dilate(_raster(cand, f2, R), R, reach)).any(1) | (r2 & _dilate(_raster(cand, f1, R), R, reach)).any(1)
         good = np.flatnonzero(~hit)[: N - done]
         p1[done:done + good.size], p2[done:done + good.size] = q1[good], q2[good]
         done += good.size
@@ -519,14 +536,23 @@ def write_pathfinder(root: str | os.PathLike, arrays: TaskArrays, difficulty: st
 
 
 class PathfinderConfig(_LRATask):
-    """Pathfinder-R (R = 32; 64, 128, 256 as the Path-X options), generated or read."""
+    """Pathfinder-R (R = 32; 64, 128, 256 as the Path-X options), generated or read.
+    R = 16 (sequence length 256) is no LRA task: a CPU-sized tiny scale (docs/lra.md,
+    "Pathfinder-16"). Generated at 16 it needs ``pixel_scale=1`` (32 × 32's dash, gap and
+    marker sizes; R / 32 would shrink a marker to one pixel) and, as a 6-dash curve of those
+    sizes barely fits twice in 16 × 16, a shorter ``contour_length`` (to generate, 4 dashes: 0.3 ms
+    per image, 0.9 ms with ``clear_markers``; 5: 2.6 ms; 6, 'easy': 46 ms, with the distractors
+    mostly left out)."""
 
     task: Literal["pathfinder"] = "pathfinder"
     num_classes: ClassVar[int] = 2
     vocab_size: int = Field(257, description="pixel values + 1")
-    resolution: Literal[32, 64, 128, 256] = Field(32, description="image side R (sequence length R²)")
+    resolution: Literal[16, 32, 64, 128, 256] = Field(32, description="image side R (sequence length R²; 16: tiny scale only)")
     seq_len: int = Field(1024, gt=1, description="R² (set from resolution)")
     difficulty: Literal["easy", "medium", "hard"] = Field("hard", description="contour length 6 / 9 / 14 dashes")
+    contour_length: int | None = Field(None, ge=1, description="dashes of the two curves instead of the difficulty's (generator)")
+    pixel_scale: float | None = Field(None, ge=1, description="dash, gap and marker sizes × this (None: R / 32; generator)")
+    clear_markers: bool = Field(False, description="curves keep a pixel clear of the other curve's end markers (generator)")
     num_distractors: int = Field(2, ge=0, description="distractor curves per image (generator)")
     path: str | None = Field(None, description="root of the released pathfinder<R> folder instead of generating")
     split: Literal["train", "val", "test"] = Field("train", description="which 80/10/10 part of a released folder")
@@ -544,18 +570,24 @@ class PathfinderConfig(_LRATask):
             raise ValueError(f"pathfinder: seq_len = {self.seq_len} must be resolution² = {self.resolution ** 2}")
         if self.path is None and self.num_examples is None:
             raise ValueError("pathfinder: 'num_examples' is required when generating (path=None)")
+        if self.path is None and self.resolution < 32 and self.pixel_scale is None:
+            raise ValueError(f"pathfinder: resolution {self.resolution} needs an explicit 'pixel_scale' (1: 32 × 32's pixel "
+                             f"sizes); R / 32 = {self.resolution / 32:g} would draw each marker as a single pixel")
         return self
 
     @property
     def slice_name(self) -> str:
-        return f"pathfinder{self.resolution}-{self.difficulty}"
+        level = self.difficulty if self.contour_length is None else f"{self.contour_length}dash"
+        return f"pathfinder{self.resolution}-{level}"
 
     def generate(self, rng: np.random.Generator) -> TaskArrays:
         if self.path is not None:
             return read_pathfinder(self.path, self.difficulty, split=self.split, limit=self.num_examples,
                                    resolution=self.resolution)
-        return pathfinder_generate(rng, self.num_examples, resolution=self.resolution,
-                                   contour_length=PATHFINDER_LEVELS[self.difficulty][1], num_distractors=self.num_distractors)
+        length = PATHFINDER_LEVELS[self.difficulty][1] if self.contour_length is None else self.contour_length
+        return pathfinder_generate(rng, self.num_examples, resolution=self.resolution, contour_length=length,
+                                   num_distractors=self.num_distractors, pixel_scale=self.pixel_scale,
+                                   clear_markers=self.clear_markers)
 
 
 # ------------------------------------------------------------------------------------------

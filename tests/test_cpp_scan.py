@@ -248,6 +248,150 @@ def test_gradcheck(per_channel):
 
 
 # ------------------------------------------------------------------------------------------
+# delta_bias and delta_softplus computed in the kernel
+# ------------------------------------------------------------------------------------------
+
+
+def pre_activations(a, *, softplus, seed=0):
+    """a's delta replaced by pre-activations z - delta_bias spanning |z| <= 30 (both sides of softplus's
+    threshold 20, and z = ±20 exactly, ±19.5, ±20.5, 0), and a delta_bias [D]; without softplus Δ = delta +
+    delta_bias itself must be >= 0 (the scan's Δ), so both are drawn >= 0."""
+    g = torch.Generator().manual_seed(seed)
+    d = a["delta"].detach()
+    bias = torch.randn(d.shape[-1], generator=g, dtype=torch.float64) * 3
+    z = (torch.rand(d.shape, generator=g, dtype=torch.float64) * 60 - 30).to(d.dtype)
+    special = torch.tensor([20.0, -20.0, 19.5, 20.5, -19.5, -20.5, 0.0, 30.0, -30.0], dtype=d.dtype)
+    flat = z.view(-1)
+    flat[: min(flat.numel(), special.numel())] = special[: flat.numel()]
+    if softplus:
+        delta = z - bias.to(d.dtype)
+    else:
+        bias, delta = bias.abs(), (z.abs() * 0.05)  # Δ = delta + bias in [0, 4.5]: decays that do not vanish
+    return {**a, "delta": delta.requires_grad_(True), "bias": bias.to(d.dtype).requires_grad_(True)}
+
+
+def run_act(backend, a, *, softplus, with_bias=True, mode="chunked", chunk_size=None):
+    """As run(), with delta_bias (a["bias"], or None) and delta_softplus; the gradients of every input,
+    delta_bias's last when given."""
+    bias = a["bias"] if with_bias else None
+    y, h = selective_scan(a["x"], a["delta"], a["A"], a["B"], a["C"], a["D"], initial_state=a["h0"],
+                          output_final_state=True, mode=mode, chunk_size=chunk_size, backend=backend,
+                          delta_bias=bias, delta_softplus=softplus)
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(y.shape, generator=g, dtype=torch.float64).to(y.dtype)
+    wh = torch.randn(h.shape, generator=g, dtype=torch.float64).to(h.dtype)
+    leaves = [a[k] for k in ("x", "delta", "A", "B", "C", "D", "h0")] + ([bias] if with_bias else [])
+    grads = torch.autograd.grad((y * w).sum() + (h * wh).sum(), leaves)
+    return y.detach(), h.detach(), grads
+
+
+@pytest.mark.parametrize("keep_all", [True, False])
+@pytest.mark.parametrize("softplus,with_bias", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("B_channels,C_channels", [(False, False), (True, True)])
+@pytest.mark.parametrize("T,D,chunk_size", [(13, 5, 5), (70, 40, None), (1, 3, None), (9, 33, 1)])
+def test_float64_delta_bias_softplus_equals_reference(monkeypatch, T, D, chunk_size, B_channels, C_channels, softplus,
+                                                      with_bias, keep_all):
+    """Δ = softplus(delta + delta_bias) (or delta + delta_bias, or softplus(delta)) in the kernel against the
+    reference mode, which applies F.softplus first in torch: y, h_T and every gradient, delta's (the
+    pre-activation's) and delta_bias's included; pre-activations across the threshold 20 and up to |z| = 30;
+    the backward reading every kept state or recomputing the chunks (of 5, 64, 1 steps; T = 70: groups of
+    16 steps that end inside a chunk); a partial block of channels (D = 5, 40, 33)."""
+    monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 1 << 21 if keep_all else 0)
+    a = pre_activations(make(B=2, T=T, D=D, N=8, B_channels=B_channels, C_channels=C_channels, seed=T + D), softplus=softplus)
+    got = run_act("cpp", a, softplus=softplus, with_bias=with_bias, chunk_size=chunk_size)
+    ref = run_act("torch", a, softplus=softplus, with_bias=with_bias, mode="reference")
+    assert_close(got, ref, max_abs, CPP_F64_ATOL)
+
+
+@pytest.mark.parametrize("keep_all", [True, False])
+@pytest.mark.parametrize("scalar_A", [False, True])
+def test_float32_delta_softplus_main_job_shape(monkeypatch, scalar_A, keep_all):
+    """The main job's S6 call (batch 16, T 32, d 64, n 8, shared B / C, delta_bias and softplus): float32
+    inputs against the float64 reference, relative, every gradient."""
+    monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", 1 << 21 if keep_all else 0)
+    a64 = pre_activations(make(B=16, T=32, D=64, N=8, seed=5), softplus=True, seed=5)
+    if scalar_A:
+        a64["A"] = a64["A"].detach()[:, :1].expand(64, 8).contiguous().requires_grad_(True)
+    a32 = {k: v.detach().float().requires_grad_(True) for k, v in a64.items()}
+    y, h, g = run_act("cpp", a32, softplus=True)
+    y0, h0, g0 = run_act("torch", a64, softplus=True, mode="reference")
+    assert y.dtype == torch.float32 and all(u.dtype == torch.float32 for u in g)
+    assert rel_err(y.double(), y0) < CPP_F32_RTOL and rel_err(h.double(), h0) < CPP_F32_RTOL
+    for i, (u, v) in enumerate(zip(g, g0)):
+        assert rel_err(u.double(), v) < CPP_F32_RTOL, f"gradient {i}: {rel_err(u.double(), v):.3g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_kept_states_give_the_recomputed_bits_with_softplus(monkeypatch, dtype, per_channel):
+    """With delta_bias and softplus: the backward reading every kept state or recomputing the chunks (Δ
+    evaluated again in groups that start at other steps than the forward's: chunks of 12) gives the same
+    bits, and a scan without a gradient the same outputs."""
+    a = pre_activations(make(B=3, T=45, D=40, N=8, per_channel=per_channel, dtype=dtype), softplus=True)
+    outs = []
+    for keep_all in (1 << 21, 0):
+        monkeypatch.setattr(cpp_scan, "KEEP_ALL_FLOATS", keep_all)
+        outs.append(run_act("cpp", a, softplus=True, chunk_size=12))
+    with torch.no_grad():
+        y, h = selective_scan(a["x"], a["delta"], a["A"], a["B"], a["C"], a["D"], initial_state=a["h0"], output_final_state=True,
+                              chunk_size=12, backend="cpp", delta_bias=a["bias"], delta_softplus=True)
+    assert torch.equal(y, outs[0][0]) and torch.equal(h, outs[0][1])
+    for y, h, g in outs[1:]:
+        assert torch.equal(y, outs[0][0]) and torch.equal(h, outs[0][1])
+        assert all(torch.equal(u, v) for u, v in zip(g, outs[0][2]))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-15), (torch.float32, 3e-7)])
+def test_kernel_softplus_and_its_derivative(dtype, tol):
+    """The kernel's softplus and σ one value at a time: with T = 1, h0 = 0, x = B = C = 1, y = Δ and
+    dy/d(delta) = σ(z). Against torch's float64 F.softplus / sigmoid on a fine grid of z in [-30, 30]
+    (the threshold 20: Δ = z and σ = 1 above it, as torch's softplus and its backward), relative to
+    each value: float64 to rounding, float32 within a few ulp (exp_s and the log1p series)."""
+    z = torch.cat([torch.linspace(-30, 30, 6001, dtype=torch.float64),
+                   torch.tensor([20.0, 20.0 + 1e-6, 20.0 - 1e-6, -20.0, 1e-7, -1e-7, 0.0], dtype=torch.float64)])
+    D = z.numel()
+    x = torch.ones(1, 1, D, dtype=dtype)
+    delta = z.to(dtype).view(1, 1, D).requires_grad_(True)
+    A = -torch.ones(D, 1, dtype=dtype)
+    ones = torch.ones(1, 1, 1, dtype=dtype)
+    y, _ = selective_scan(x, delta, A, ones, ones, delta_softplus=True, backend="cpp")
+    (dz,) = torch.autograd.grad(y.sum(), delta)
+    zq = z.to(dtype).double()  # the values the kernel saw
+    ref = torch.where(zq > 20, zq, torch.nn.functional.softplus(zq))
+    sig = torch.where(zq > 20, torch.ones_like(zq), torch.sigmoid(zq))
+    assert float(((y.detach().view(-1).double() - ref) / ref).abs().max()) < tol
+    assert float(((dz.view(-1).double() - sig) / sig).abs().max()) < tol
+
+
+def test_delta_bias_bad_input():
+    a = make(D=3)
+    args = (a["x"], a["delta"], a["A"], a["B"], a["C"])
+    for bad, match in [(torch.zeros(4, dtype=torch.float64), r"argument 'delta_bias' must (be|have shape) \[D\]"),
+                       (torch.zeros(1, 3, dtype=torch.float64), r"argument 'delta_bias' must (be|have shape) \[D\]"),
+                       (torch.zeros(3, dtype=torch.int64), "argument 'delta_bias' must have a floating dtype"),
+                       (torch.zeros(3, dtype=torch.complex64), "argument 'delta_bias' must have a floating dtype"),
+                       ([0.0, 0.0, 0.0], "argument 'delta_bias' must be a torch.Tensor")]:
+        with pytest.raises(ValueError, match=match):
+            selective_scan(*args, delta_bias=bad, delta_softplus=True, backend="cpp")
+    with pytest.raises(ValueError, match="argument 'delta_softplus' must be a bool"):
+        selective_scan(*args, delta_softplus="yes", backend="cpp")
+    with pytest.raises(ValueError, match="argument 'delta_bias'"):
+        selective_scan(*args, delta_bias=torch.tensor([0.0, float("nan"), 0.0], dtype=torch.float64), backend="cpp")
+
+
+def test_gradcheck_delta_bias_softplus():
+    a = pre_activations(make(B=2, T=5, D=3, N=2), softplus=True)
+
+    def f(x, delta, A, Bm, Cm, Dv, h0, bias):
+        return selective_scan(x, delta, A, Bm, Cm, Dv, initial_state=h0, output_final_state=True, chunk_size=2,
+                              backend="cpp", check_values=False, delta_bias=bias, delta_softplus=True)
+
+    # z spread by ±30 would sit on softplus's flat or linear parts: gradcheck at moderate z
+    a["delta"] = (a["delta"].detach() * 0.1).requires_grad_(True)
+    assert torch.autograd.gradcheck(f, tuple(a[k] for k in ("x", "delta", "A", "B", "C", "D", "h0", "bias")))
+
+
+# ------------------------------------------------------------------------------------------
 # dispatch
 # ------------------------------------------------------------------------------------------
 
@@ -388,12 +532,17 @@ def test_narrower_builds_equal_the_reference(other):
 # ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["s6", "mamba", "dsf_ssd"])
-def test_s6_mixers_gradients_equal_the_torch_path(name):
-    """The mixer's default path ("auto" -> cpp on CPU) against the same mixer with auto held to
-    the torch modes, float64: outputs and every parameter gradient."""
+@pytest.mark.parametrize("name", ["s6", "mamba", "dsf_ssd", "falcon_mamba", "jamba_mamba"])
+def test_s6_mixers_gradients_equal_the_torch_path(name, monkeypatch):
+    """The mixer's default path ("auto" -> cpp on CPU; S6 passes Δ's pre-activation with delta_bias = b_Δ
+    and delta_softplus, dsf_ssd's shared [B, T, 1] one expanded) against the same mixer with auto held to
+    the torch modes, float64: outputs and every parameter gradient (b_Δ's included)."""
+    calls = []
+    real = backends.get("cpp").run["selective_scan"]
+    monkeypatch.setitem(backends.get("cpp").run, "selective_scan", lambda *a, **k: calls.append(k) or real(*a, **k))
     torch.manual_seed(0)
-    m = seqmix.build_mixer(name, d_model=16, d_state=4).double()
+    kw = {"dt_rank": 4} if name in ("falcon_mamba", "jamba_mamba") else {}  # their presets' example (rank-1 RMS is a sign)
+    m = seqmix.build_mixer(name, d_model=16, d_state=4, **kw).double()
     x = torch.randn(3, 21, 16, dtype=torch.float64)
 
     def fwd_bwd():
@@ -405,8 +554,9 @@ def test_s6_mixers_gradients_equal_the_torch_path(name):
     y1, g1 = fwd_bwd()
     with backends.auto_uses_torch():
         y0, g0 = fwd_bwd()
+    assert calls and all(k.get("delta_softplus") is True and k.get("delta_bias") is m.dt_bias for k in calls)
     assert max_abs(y1, y0) < CPP_F64_ATOL
-    assert len(g1) == len(g0) > 0
+    assert len(g1) == len(g0) > 0 and m.dt_bias.grad is not None
     for u, v in zip(g1, g0):
         assert max_abs(u, v) < CPP_F64_ATOL
 

@@ -239,6 +239,105 @@ def test_semantics_equal_mamba_reference():
     for mode in ("reference", "chunked", "fused"):
         y, _ = selective_scan(u.transpose(1, 2), delta, A, B.transpose(1, 2), C.transpose(1, 2), Dv, mode=mode)
         assert max_abs(y.transpose(1, 2), ref) < F64_ATOL
+        # Mamba's own arguments: the pre-activation, delta_bias and delta_softplus
+        y, _ = selective_scan(u.transpose(1, 2), dt_pre.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), Dv,
+                              mode=mode, delta_bias=bias, delta_softplus=True)
+        assert max_abs(y.transpose(1, 2), ref) < F64_ATOL
+
+
+# ------------------------------------------------------------------------------------------
+# delta_bias and delta_softplus (Mamba's selective_scan_fn convention)
+# ------------------------------------------------------------------------------------------
+
+
+def _pre(a, softplus, seed=1):
+    """a with delta replaced by a pre-activation (|delta + bias| up to 30, across softplus's threshold 20;
+    without softplus both >= 0, Δ = delta + bias) and a delta_bias [D] leaf "bias"."""
+    g = torch.Generator().manual_seed(seed)
+    d = a["delta"].detach()
+    bias = torch.randn(d.shape[-1], generator=g, dtype=torch.float64) * 3
+    z = torch.rand(d.shape, generator=g, dtype=torch.float64) * 60 - 30
+    z.view(-1)[:4] = torch.tensor([20.0, -20.0, 30.0, 20.5], dtype=torch.float64)[: z.numel()]
+    delta = z - bias if softplus else z.abs() * 0.05
+    bias = bias if softplus else bias.abs()
+    return {**a, "delta": delta.to(d.dtype).requires_grad_(True), "bias": bias.to(d.dtype).requires_grad_(True)}
+
+
+def _run_act(mode, a, softplus, with_bias, chunk_size=None, explicit=False):
+    """y, h_T and every gradient (delta's and the bias's included) with Δ from the op's delta_bias /
+    delta_softplus, or (explicit) with Δ = F.softplus(delta + bias) formed here and passed as delta."""
+    bias = a["bias"] if with_bias else None
+    kw = dict(initial_state=a["h0"], output_final_state=True, mode=mode, chunk_size=chunk_size)
+    if explicit:
+        z = a["delta"] + bias if with_bias else a["delta"]
+        y, h = selective_scan(a["x"], F.softplus(z) if softplus else z, a["A"], a["B"], a["C"], a["D"], **kw)
+    else:
+        y, h = selective_scan(a["x"], a["delta"], a["A"], a["B"], a["C"], a["D"], delta_bias=bias, delta_softplus=softplus, **kw)
+    g = torch.Generator().manual_seed(9)
+    loss = (y * torch.randn(y.shape, generator=g, dtype=torch.float64).to(y.dtype)).sum() + \
+        (h * torch.randn(h.shape, generator=g, dtype=torch.float64).to(h.dtype)).sum()
+    leaves = [a[k] for k in ("x", "delta", "A", "B", "C", "D", "h0")] + ([bias] if with_bias else [])
+    return y.detach(), h.detach(), torch.autograd.grad(loss, leaves)
+
+
+@pytest.mark.parametrize("softplus,with_bias", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["shared_BC", "per_channel_BC"])
+@pytest.mark.parametrize("mode,T,L", [("reference", 13, None), ("fused", 13, None), ("chunked", 13, 4), ("chunked", 16, 4),
+                                      ("chunked", 1, None), ("fused", 1, None)])
+def test_delta_bias_softplus_every_mode_float64(mode, T, L, per_channel, softplus, with_bias):
+    """Every torch mode with delta_bias / delta_softplus equals the reference mode given Δ =
+    F.softplus(delta + delta_bias) explicitly: y, h_T and every gradient, delta's and delta_bias's included."""
+    a = _pre(make(T=T, per_channel=per_channel), softplus)
+    got = _run_act(mode, a, softplus, with_bias, chunk_size=L)
+    assert_agree(got, _run_act("reference", a, softplus, with_bias, explicit=True), F64_ATOL, max_abs)
+
+
+@pytest.mark.parametrize("mode", ["chunked", "fused"])
+def test_delta_bias_softplus_float32_relative(mode):
+    a = _pre(make(T=40, D=5, N=6, dtype=torch.float32), True)
+    got = _run_act(mode, a, True, True, chunk_size=16)
+    assert got[0].dtype == torch.float32 and got[2][-1].dtype == torch.float32
+    assert_agree(got, _run_act("reference", a, True, True, explicit=True), F32_RTOL, rel_err)
+
+
+def test_delta_bias_softplus_values_checks_and_bad_input():
+    """With delta_softplus the pre-activation may be negative; delta + delta_bias without softplus must be
+    >= 0 (check_values); delta_bias must be a finite floating [D] tensor, delta_softplus a bool."""
+    a = {k: v.detach() for k, v in make(D=3).items()}
+    args = (a["x"], a["delta"], a["A"], a["B"], a["C"])
+    selective_scan(a["x"], -a["delta"] - 5, a["A"], a["B"], a["C"], delta_softplus=True)  # no error
+    with pytest.raises(ValueError, match=r"Δ = delta \+ delta_bias >= 0"):
+        selective_scan(*args, delta_bias=torch.full((3,), -1.0, dtype=torch.float64))
+    for bad, match in [(torch.zeros(4, dtype=torch.float64), r"'delta_bias' must have shape \[D\]"),
+                       (torch.zeros(3, 1, dtype=torch.float64), r"'delta_bias' must be \[D\]"),
+                       (torch.zeros(3, dtype=torch.int32), "'delta_bias' must have a floating dtype"),
+                       (torch.tensor([0.0, float("inf"), 0.0], dtype=torch.float64), "'delta_bias'")]:
+        with pytest.raises(ValueError, match=match):
+            selective_scan(*args, delta_bias=bad, delta_softplus=True)
+    with pytest.raises(ValueError, match="'delta_softplus' must be a bool"):
+        selective_scan(*args, delta_softplus=1)
+
+
+def test_mamba_backend_passes_delta_bias_and_softplus_through(monkeypatch):
+    """backends.py's "mamba" run function hands delta_bias (as float32, as its kernel takes it) and
+    delta_softplus to selective_scan_fn instead of dropping them (a stand-in module records the call)."""
+    import sys
+    import types
+
+    seen = {}
+
+    def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, return_last_state=False):
+        seen.update(delta_bias=delta_bias, delta_softplus=delta_softplus)
+        return u
+
+    mod = types.ModuleType("mamba_ssm.ops.selective_scan_interface")
+    mod.selective_scan_fn = selective_scan_fn
+    monkeypatch.setitem(sys.modules, "mamba_ssm.ops.selective_scan_interface", mod)
+    a = {k: v.detach() for k, v in make(D=3).items()}
+    bias = torch.ones(3, dtype=torch.float64)
+    backends.get("mamba").run["selective_scan"](a["x"], a["delta"], a["A"], a["B"], a["C"], None, output_final_state=False,
+                                                delta_bias=bias, delta_softplus=True)
+    assert seen["delta_softplus"] is True and seen["delta_bias"].dtype == torch.float32 and torch.equal(seen["delta_bias"], bias.float())
 
 
 def test_equals_linear_recurrence_with_one_head_per_channel():

@@ -567,8 +567,12 @@ class S6(Mixer):
         """A = -exp(A_log) [d_inner, d_state] (< 0; the paper's A is its negative)."""
         return (-self.A_log.exp()).expand(self.d_inner, self.config.d_state)
 
-    def _inputs(self, u, conv_state=None, need_state=False):
-        """u [B, T, d_model] -> (x [B, T, D], z or None, Δ [B, T, D], b [B, T, n], c [B, T, n], conv state)."""
+    def _inputs(self, u, conv_state=None, need_state=False, pre_activation=False):
+        """u [B, T, d_model] -> (x [B, T, D], z or None, Δ [B, T, D], b [B, T, n], c [B, T, n], conv state).
+
+        pre_activation: the third output is Δ's pre-activation dt_proj(δ) [B, T, D] instead (shared_delta:
+        δ itself, [B, T, 1]), for ``selective_scan``'s delta_bias = b_Δ, delta_softplus = True, which
+        compute :meth:`_delta` of it inside the scan."""
         z = new_conv = None
         x = u
         if self.config.block:
@@ -579,8 +583,13 @@ class S6(Mixer):
         if self.config.bcdt_rms:
             dt, b, c = self.dt_norm(dt), self.b_norm(b), self.c_norm(c)
         pre = dt if self.config.shared_delta else self.dt_proj(dt)  # [B, T, 1] broadcasts over channels
-        delta = F.softplus(pre + self.dt_bias)
-        return x, z, delta, b, c, new_conv
+        return x, z, pre if pre_activation else self._delta(pre), b, c, new_conv
+
+    def _delta(self, pre):
+        """Δ = softplus(pre + b_Δ) [B, T, D] (pre: dt_proj(δ), or shared_delta's δ [B, T, 1] broadcast over
+        the channels). The one definition of Δ: the fused scan's delta_bias / delta_softplus is this same
+        expression (``selective_scan``'s torch modes run it as written here)."""
+        return F.softplus(pre + self.dt_bias)
 
     def _recurrence(self, x, delta, b, c):
         """linear_recurrence operands (heads = channels, K = n, V = 1)."""
@@ -593,7 +602,10 @@ class S6(Mixer):
     # -- forward ---------------------------------------------------------------------------
 
     def _forward(self, u, *, state, mode, need_state):
-        x, z, delta, b, c, conv = self._inputs(u, state.get("conv") if state else None, need_state)
+        # the selective scan applies Δ = softplus(pre + b_Δ) itself (Mamba's delta_bias / delta_softplus: the
+        # "cpp" kernel fuses it, sparing torch's softplus forward and backward, issue 27); the chunk mode takes Δ
+        x, z, delta, b, c, conv = self._inputs(u, state.get("conv") if state else None, need_state,
+                                               pre_activation=mode != "chunk")
         S0 = state["S"] if state else None  # [B, D, n, 1], the linear_recurrence layout
         if mode == "chunk":
             q, k, v, gk = self._recurrence(x, delta, b, c)
@@ -603,9 +615,13 @@ class S6(Mixer):
             )
             y_core = o[..., 0] + self.D * x
         else:  # "recurrent", "step", "auto": Mamba's selective scan (the same recurrence, fused backward)
+            # shared_delta's pre-activation [B, T, 1] is expanded (the kernel copies it to [B, T, D]; measured
+            # as fast as or faster than the explicit Δ at the main job's size, and the gradient's sum over the
+            # channels comes from expand's backward)
             y_core, S = selective_scan(
-                x, delta, self.A, b, c, self.D,
+                x, delta.expand_as(x), self.A, b, c, self.D,
                 initial_state=S0[..., 0] if S0 is not None else None, output_final_state=need_state, check_values=False,
+                delta_bias=self.dt_bias, delta_softplus=True,
             )
             S = S.unsqueeze(-1) if S is not None else None
         y = y_core * F.silu(z) if z is not None else y_core

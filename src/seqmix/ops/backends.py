@@ -269,15 +269,18 @@ def _mamba_covers(call: Call) -> str | None:
     return None
 
 
-def _mamba_selective_scan(x, delta, A, B, C, D, *, output_final_state, initial_state=None, chunk_size=None):
-    """x, delta [B, T, D]; A [D, N]; B, C [B, T, N]; D [D] or None; Δ after its softplus.
+def _mamba_selective_scan(x, delta, A, B, C, D, *, output_final_state, initial_state=None, chunk_size=None,
+                          delta_bias=None, delta_softplus=False):
+    """x, delta [B, T, D]; A [D, N]; B, C [B, T, N]; D [D] or None; delta is Δ, or its pre-activation
+    with delta_bias [D] / delta_softplus (passed through: selective_scan_fn's own arguments).
     mamba_ssm's layout is channel-first: u, delta [B, D, T], B, C [B, N, T]. initial_state is
     always None here (not covered); chunk_size is the torch modes' (ignored)."""
     from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
 
     out = selective_scan_fn(
         x.transpose(1, 2), delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2),
-        D=D, z=None, delta_bias=None, delta_softplus=False, return_last_state=output_final_state,
+        D=D, z=None, delta_bias=delta_bias.float() if delta_bias is not None else None,  # its kernel takes a float32 bias
+        delta_softplus=delta_softplus, return_last_state=output_final_state,
     )
     y, h = out if output_final_state else (out, None)
     return y.transpose(1, 2), h
@@ -333,13 +336,13 @@ def _cpp_prepare() -> str | None:
     return None
 
 
-def _cpp_selective_scan(x, delta, A, B, C, D, *, output_final_state, initial_state=None, chunk_size=None):
+def _cpp_selective_scan(x, delta, A, B, C, D, *, output_final_state, initial_state=None, chunk_size=None, **delta_act):
     """x, delta [B, T, D]; A [D, N]; B, C [B, T, N] or [B, T, D, N]; D [D] or None;
     initial_state [B, D, N] or None; chunk_size: the kernel's L (states kept every L steps)."""
     from .cpp_scan import selective_scan_cpp
 
     return selective_scan_cpp(x, delta, A, B, C, D, initial_state=initial_state,
-                              output_final_state=output_final_state, chunk_size=chunk_size)
+                              output_final_state=output_final_state, chunk_size=chunk_size, **delta_act)
 
 
 register(Backend(

@@ -29,8 +29,21 @@ dB, dC) differ by rounding only; the kernel alone (1 thread) ran 1.6x faster for
 forward+backward at the main job's size with S6's A, 3.9x and 2.6x with a scalar A, about 1.45x
 both at (8, 512, 512, 16) and (1, 4096, 512, 16) (issue 27).
 
+Mamba's ``delta_bias`` and ``delta_softplus`` (its ``selective_scan_fn``'s arguments) are computed
+in the kernel: Δ = softplus(delta + delta_bias) (or delta + delta_bias), softplus with PyTorch's
+threshold 20 (Δ = z above it; mamba_ssm's kernel uses the same), in float32 as plain arithmetic that
+vectorizes (exp_s, and log1p by a degree-9 polynomial fitted for this file), in float64 by std::exp /
+std::log1p; for groups of 16 steps ahead of their use, so that the evaluations overlap (inside each
+step, softplus's dependency chain lengthened the step's own). The backward evaluates Δ and σ =
+softplus' once more (per chunk, before the recompute) and returns the gradients w.r.t. delta (the
+pre-activation: dΔ · σ(delta + delta_bias)) and delta_bias (summed over the batch and time). This
+spares the caller torch's softplus and its backward: issue 27, 1 thread, AVX-512, forward + backward
+through the op with S6's A, torch's ``F.softplus(pre + bias)`` forward + backward alone took about
+130 µs at (B, T, D, N) = (16, 32, 64, 8), and the fused op ran in 0.91x the time of softplus + op
+(forward alone 0.78x); at (8, 512, 512, 16) 0.94-0.96x (forward 0.90-0.95x; a noisy machine).
+
 Shapes: x, delta [B, T, D]; A [D, N]; B, C [B, T, N] or [B, T, D, N]; D [D] or None;
-initial_state [B, D, N] or None. float32 and float64 are computed in their dtype; float16 and
+delta_bias [D] or None; initial_state [B, D, N] or None. float32 and float64 are computed in their dtype; float16 and
 bfloat16 inputs in float32 (y cast back, the final state in float32, as the torch path).
 
 The kernel is compiled with ``torch.utils.cpp_extension.load`` on first use (never at import),
@@ -185,29 +198,31 @@ def _sum_blocks(part: torch.Tensor) -> torch.Tensor:
 
 class _CppScan(torch.autograd.Function):
     """Inputs (contiguous, one dtype): x, delta [B, T, D]; A [D, N]; Bm, Cm [B, T, N] or
-    [B, T, D, N]; Dv [D] or None; h0 [B, D, N] or None; L. Returns (y [B, T, D], h_T)."""
+    [B, T, D, N]; Dv [D] or None; h0 [B, D, N] or None; L; delta_bias [D] or None; delta_softplus.
+    Returns (y [B, T, D], h_T)."""
 
     @staticmethod
-    def forward(ctx, x, delta, A, Bm, Cm, Dv, h0, L):
+    def forward(ctx, x, delta, A, Bm, Cm, Dv, h0, L, bias, softplus):
         ext = load()
         Bt, T, D = x.shape
         Dp = -(-D // ext.BLOCK) * ext.BLOCK  # the kept tensors' channels, padded to whole blocks
         keep = 2 if 2 * Bt * (T + 1) * Dp * A.shape[1] <= keep_all_floats() else 1  # every state, or the chunks' first
-        y, hT, states, decays = ext.forward(x, delta, A, Bm, Cm, Dv, h0, L, keep)
-        ctx.save_for_backward(x, delta, A, Bm, Cm, Dv, states, decays)
-        ctx.L = L
-        ctx.has_D, ctx.has_h0 = Dv is not None, h0 is not None
+        y, hT, states, decays = ext.forward(x, delta, A, Bm, Cm, Dv, h0, L, keep, bias, softplus)
+        ctx.save_for_backward(x, delta, A, Bm, Cm, Dv, states, decays, bias)
+        ctx.L, ctx.softplus = L, softplus
+        ctx.has_D, ctx.has_h0, ctx.has_bias = Dv is not None, h0 is not None, bias is not None
         return y, hT
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dhT):
-        x, delta, A, Bm, Cm, Dv, states, decays = ctx.saved_tensors
+        x, delta, A, Bm, Cm, Dv, states, decays, bias = ctx.saved_tensors
         Bt, T, D = x.shape
         N = A.shape[1]
         dy = torch.zeros_like(x) if dy is None else dy.contiguous()
         dhT = x.new_zeros(Bt, D, N) if dhT is None else dhT.contiguous()
-        dx, ddelta, dA_part, dB, dC, dD_part, dh0 = load().backward(x, delta, A, Bm, Cm, Dv, states, decays, dy, dhT, ctx.L)
+        dx, ddelta, dA_part, dB, dC, dD_part, dh0, dbias_part = load().backward(
+            x, delta, A, Bm, Cm, Dv, states, decays, dy, dhT, ctx.L, bias, ctx.softplus)
         if Bm.dim() == 3:  # shared by the channels: per-block partial sums [B, T, blocks, N]
             dB = _sum_blocks(dB)
         if Cm.dim() == 3:
@@ -215,15 +230,17 @@ class _CppScan(torch.autograd.Function):
         need = ctx.needs_input_grad
         return (dx, ddelta, dA_part.sum(0) if need[2] else None, dB, dC,
                 dD_part.sum(0) if ctx.has_D and need[5] else None,
-                dh0 if ctx.has_h0 and need[6] else None, None)
+                dh0 if ctx.has_h0 and need[6] else None, None,
+                dbias_part.sum(0) if ctx.has_bias and need[8] else None, None)
 
 
-def selective_scan_cpp(x, delta, A, B, C, D=None, *, initial_state=None, output_final_state=False, chunk_size=None):
+def selective_scan_cpp(x, delta, A, B, C, D=None, *, initial_state=None, output_final_state=False, chunk_size=None,
+                       delta_bias=None, delta_softplus=False):
     """The selective scan by the C++ kernel (module docstring); arguments as
     :func:`seqmix.ops.selective_scan` (already checked there). Returns (y [B, T, D], h_T [B, D, N])."""
     out_dtype = x.dtype
     dt = x.dtype
-    for t in (delta, A, B, C, D, initial_state):
+    for t in (delta, A, B, C, D, initial_state, delta_bias):
         if t is not None:
             dt = torch.promote_types(dt, t.dtype)
     if dt in (torch.float16, torch.bfloat16):
@@ -231,10 +248,12 @@ def selective_scan_cpp(x, delta, A, B, C, D=None, *, initial_state=None, output_
     x, delta, A, B, C = (t.to(dt).contiguous() for t in (x, delta, A, B, C))
     D = D.to(dt).contiguous() if D is not None else None
     h0 = initial_state.to(dt).contiguous() if initial_state is not None else None
+    bias = delta_bias.to(dt).contiguous() if delta_bias is not None else None
+    softplus = bool(delta_softplus)
     L = chunk_size or CHUNK
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, delta, A, B, C, D, h0))
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, delta, A, B, C, D, h0, bias))
     if needs_grad:
-        y, h = _CppScan.apply(x, delta, A, B, C, D, h0, L)
+        y, h = _CppScan.apply(x, delta, A, B, C, D, h0, L, bias, softplus)
     else:
-        y, h, _, _ = load().forward(x, delta, A, B, C, D, h0, L, 0)
+        y, h = load().forward(x, delta, A, B, C, D, h0, L, 0, bias, softplus)[:2]
     return y.to(out_dtype), h

@@ -1,10 +1,19 @@
 """Mamba's selective scan (S6), with a hand-written reverse-time backward.
 
-Per channel d and state n (the semantics of Mamba's ``selective_scan_ref``, with Δ given
-after its activation: the mixer adds the dt bias and applies softplus):
+Per channel d and state n (the semantics of Mamba's ``selective_scan_ref``):
 
     h_t[d, n] = exp(Δ_t[d] A[d, n]) h_(t-1)[d, n] + Δ_t[d] x_t[d] B_t[n]
     y_t[d]    = Σ_n C_t[n] h_t[d, n] + D[d] x_t[d]
+
+Δ is ``delta`` itself, or, with Mamba's ``delta_bias`` and ``delta_softplus`` (the arguments of
+mamba_ssm's ``selective_scan_fn`` and ``selective_scan_ref``: the dt bias added, then softplus,
+inside the scan; Mamba eq. 2 / Algorithm 2's Δ = τ_Δ(Parameter + s_Δ(x)), τ_Δ = softplus):
+
+    Δ_t[d] = softplus(delta_t[d] + delta_bias[d])     (delta_softplus; else delta_t[d] + delta_bias[d])
+
+softplus as ``F.softplus`` (beta 1, threshold 20: Δ = z for z > 20). The gradient then flows to
+``delta`` (the pre-activation) and ``delta_bias``. The torch modes apply it first, in plain torch;
+the "cpp" backend inside its kernel (no [B, T, D] softplus pass of torch's, forward or backward).
 
 This is ``linear_recurrence`` with one head per channel, K = N, V = 1 (q = C, k = ΔB,
 v = x, gk = ΔA); this op exists because, for S6's shapes on CPU, autograd through a
@@ -47,6 +56,7 @@ inputs are computed in float32.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from . import backends as _backends
@@ -307,8 +317,14 @@ def selective_scan(
     chunk_size: int | None = None,
     check_values: bool = True,
     backend: str = "auto",
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
 ):
     """Runs the selective scan (module docstring). Returns (y [B, T, D], final state [B, D, N] or None).
+
+    delta_bias [D] (or None) and delta_softplus: Δ = softplus(delta + delta_bias) when
+    delta_softplus, else delta + delta_bias (Mamba's ``selective_scan_fn`` convention; module
+    docstring). delta is then the pre-activation (any sign) and gets its gradient; so does delta_bias.
 
     mode: "chunked" (default), "fused" or "reference". chunk_size: L of the chunked mode, an
     integer >= 1 (any T works: the last chunk is shorter) or None for :func:`scan_chunk_size`
@@ -338,22 +354,39 @@ def selective_scan(
         check_shape("D", D, (Dc,), "[D]", _WHERE)
     if initial_state is not None:
         check_shape("initial_state", initial_state, (Bt, Dc, N), "[B, D, N]", _WHERE)
+    if delta_bias is not None:
+        check_tensor("delta_bias", delta_bias, rank=1, layout="[D]", where=_WHERE)
+        check_shape("delta_bias", delta_bias, (Dc,), "[D]", _WHERE)
+    if not isinstance(delta_softplus, bool):
+        raise ValueError(f"{_WHERE}: argument 'delta_softplus' must be a bool, got {type(delta_softplus).__name__}")
     if check_values:
-        for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C)):
-            check_finite(name, t, _WHERE)
+        for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C), ("delta_bias", delta_bias)):
+            if t is not None:
+                check_finite(name, t, _WHERE)
         if float(A.detach().max()) > 0:
             raise ValueError(f"{_WHERE}: argument 'A' must be <= 0 (a decay exp(ΔA) <= 1), got a maximum of {float(A.detach().max()):.4g}")
-        if float(delta.detach().min()) < 0:
-            raise ValueError(f"{_WHERE}: argument 'delta' must be >= 0 (Δ after softplus), got a minimum of {float(delta.detach().min()):.4g}")
+        if not delta_softplus:  # softplus(z) > 0 for any z; without it Δ = delta (+ delta_bias) must be >= 0 itself
+            lo = float((delta if delta_bias is None else delta + delta_bias).detach().min())
+            if lo < 0:
+                what = "delta" if delta_bias is None else "delta + delta_bias"
+                raise ValueError(f"{_WHERE}: argument 'delta' must give Δ = {what} >= 0 (Δ after softplus; or pass "
+                                 f"delta_softplus=True), got a minimum of {lo:.4g}")
+    activated = delta_bias is not None or delta_softplus
 
     if backend != "torch":
         be = _backends.resolve(_WHERE, backend, _backends.Call(
             _WHERE, x.device.type, x.dtype, mode,
             dict(initial_state=initial_state is not None, per_channel_BC=B.dim() == 4 or C.dim() == 4)))
         if be.name != "torch":
+            # the activation's arguments only when used: a backend's run function without them (one registered
+            # elsewhere) then raises a TypeError instead of ignoring them (backends.py's "cpp" and "mamba" take them)
+            act = dict(delta_bias=delta_bias, delta_softplus=delta_softplus) if activated else {}
             y, h = be.run[_WHERE](x, delta, A, B, C, D, output_final_state=output_final_state,
-                                  initial_state=initial_state, chunk_size=chunk_size)
+                                  initial_state=initial_state, chunk_size=chunk_size, **act)
             return y, (h if output_final_state else None)
+    if activated:  # the torch modes: Δ first, in plain torch (the obviously-correct form the kernel is tested against)
+        z = delta if delta_bias is None else delta + delta_bias
+        delta = F.softplus(z) if delta_softplus else z
     out_dtype = x.dtype
     dt = torch.promote_types(torch.promote_types(x.dtype, delta.dtype), torch.promote_types(A.dtype, B.dtype))
     dt = torch.promote_types(dt, C.dtype)

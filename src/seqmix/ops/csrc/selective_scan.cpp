@@ -7,7 +7,21 @@
 //     h_t[n] = exp(Δ_t A[d, n]) h_(t-1)[n] + Δ_t x_t B_t[n]
 //     y_t    = Σ_n C_t[n] h_t[n] + D[d] x_t
 //
-// Shapes (contiguous, one dtype: float32 or float64): x, delta, y [B, T, D]; A [D, N];
+// Δ_t is either delta itself or, Mamba's delta_bias / delta_softplus (selective_scan_fn; the CUDA
+// kernel applies them when it loads delta), computed here for groups of kGroup steps ahead of them
+// (Lanes::activate, read by load_step):
+//     z_t = delta_t + delta_bias,    Δ_t = softplus(z_t) = log(1 + exp(z_t))  (or Δ_t = z_t without softplus)
+// with PyTorch's threshold (F.softplus, beta 1, threshold 20; mamba_ssm's kernel uses the same 20):
+// Δ = z for z > 20; σ(z) = softplus'(z) is the logistic function (1 above the threshold, as torch's
+// softplus_backward). The backward evaluates them again, once: for a whole chunk before its
+// recompute, which the adjoint then reads too (or, with every state kept, in the adjoint): the same
+// bits as the forward's Δ. Keeping Δ and σ from the forward instead ([B, T, D] each; tried while
+// the backward still evaluated them twice) was no faster at B 16, T 32, d 64, n 8 (within the
+// noise) and about 12% slower forward + backward at (8, 512, 512, 16) (two fresh 8 MiB tensors
+// written and read back; issue 27). The backward returns the gradient w.r.t. z (the pre-activation
+// delta), dz = dΔ · σ(z), and d(delta_bias) = Σ_(b, t) dz, per batch [B, D] (reduced by the caller).
+//
+// Shapes (contiguous, one dtype: float32 or float64): x, delta, y [B, T, D]; A [D, N]; delta_bias [D] or none;
 // B, C [B, T, N] (shared by the channels) or [B, T, D, N] (per channel); D [D] or none;
 // h0, hT [B, D, N]. What the forward keeps for the backward (internal to cpp_scan) is laid out
 // per work unit, the lanes of its block innermost (channels padded to whole blocks), so that a
@@ -53,7 +67,8 @@
 // g = dL/dh_t reaching step t from the right (a_(t+1) G_(t+1)):
 //     G_t = dy_t C_t + g;     dC_t += dy_t h_t;     du_t = Σ_n G_t B_t;     dB_t += G_t u_t;
 //     q_t = G_t h_(t-1) a_t;  dΔ_t = Σ_n q_t A + du_t x_t;  dA += q_t Δ_t;  g <- a_t G_t;
-//     dx_t = du_t Δ_t + dy_t D;  dD += dy_t x_t;  dh0 = g after the first step.
+//     dx_t = du_t Δ_t + dy_t D;  dD += dy_t x_t;  dh0 = g after the first step;
+//     with delta_bias / delta_softplus: dz_t = dΔ_t σ(z_t) is written for delta, d(delta_bias) += dz_t.
 // The sums over channels (dB, dC when shared) and over the batch (dA, dD) are written per unit
 // (partial buffers [B, T, n_blocks, N], [B, D, N], [B, D]) and reduced by the caller.
 
@@ -98,6 +113,44 @@ inline float exp_s(float x) {
 
 inline double exp_s(double x) { return std::exp(x); }
 
+// log(1 + e) for float32 e in [0, 1] as plain arithmetic (it vectorizes), accurate for small e too:
+// e · P(e) with P a degree-9 polynomial fitted here to log(1 + e) / e on [0, 1] (weighted least squares
+// on Chebyshev nodes iterated toward the minimax relative error; fit error 4.7e-9 relative, evaluated
+// in float32 within 1.9e-7 of log1p over [0, 1] and at e = 2^-k down to 2^-99). No division (issue 27:
+// the first version, 2 atanh(e / (2 + e)) by its series, spent more time in its division than in the
+// polynomial); P(0) = 1 keeps log(1 + e) = e to rounding for tiny e (softplus of a very negative z).
+inline float log1p_unit(float e) {
+  float p = -3.244021209e-03f;
+  p = p * e + 1.985144429e-02f;
+  p = p * e + -5.695949867e-02f;
+  p = p * e + 1.060365140e-01f;
+  p = p * e + -1.530559063e-01f;
+  p = p * e + 1.967593879e-01f;
+  p = p * e + -2.495413423e-01f;
+  p = p * e + 3.332996368e-01f;
+  p = p * e + -4.999990165e-01f;
+  p = p * e + 1.0f;
+  return e * p;
+}
+
+inline double log1p_unit(double e) { return std::log1p(e); }
+
+// PyTorch's softplus threshold (F.softplus(z, beta=1, threshold=20)): softplus(z) = z above it
+constexpr double kSoftplusThreshold = 20.0;
+
+// softplus(z) = max(z, 0) + log(1 + exp(-|z|)) (no overflow for large z, no cancellation for very
+// negative z: then it is exp(z) to rounding), z itself above the threshold; with e = exp(-|z|) also
+// σ(z) = softplus'(z) = 1 / (1 + e) for z >= 0, e / (1 + e) below (1 above the threshold, as torch's
+// softplus_backward). Plain arithmetic in float32 (exp_s, log1p_unit): the loops over lanes vectorize.
+template <typename S>
+inline S softplus_s(S z, S& sig) {
+  const S e = exp_s(-std::abs(z));
+  const bool above = z > S(kSoftplusThreshold);
+  sig = above ? S(1) : (z >= S(0) ? S(1) : e) / (S(1) + e);
+  const S sp = std::max(z, S(0)) + log1p_unit(e);
+  return above ? z : sp;
+}
+
 // Work units per task of at::parallel_for: at least ~32k (t, d, n) elements each (torch's own
 // grain), so that a tiny scan runs on the calling thread instead of paying a fork-join.
 inline int64_t grain_units(int64_t T, int64_t D, int64_t N) {
@@ -118,10 +171,12 @@ bool same_over_n(const S* A, int64_t D, int64_t N) {
 struct Dims {
   int64_t Bt, T, D, N, L, nC, nblk;
   int64_t Na;  // rows of decays per step: 1 when A is constant over n, else N
+  int act;     // Δ from delta: 0 = delta itself, 1 = delta + delta_bias, 2 = softplus(delta + delta_bias)
 };
 
-Dims make_dims(const at::Tensor& x, const at::Tensor& A, int64_t L, bool uniform_A) {
+Dims make_dims(const at::Tensor& x, const at::Tensor& A, int64_t L, bool uniform_A, int act) {
   Dims m;
+  m.act = act;
   m.Bt = x.size(0);
   m.T = x.size(1);
   m.D = x.size(2);
@@ -248,32 +303,71 @@ inline void block_adjoint(const S* __restrict At, const int64_t Na, const S* __r
   }
 }
 
+// Steps whose Δ (and σ) are computed together, ahead of the steps that use them, with delta_bias /
+// softplus. Computed inside each step (as x, u are), softplus's dependency chain (exp_s, the log1p
+// polynomial, σ's division: on the order of 100 cycles) lengthened every step's critical path, as the
+// step's own work is too long for the out-of-order window to reach the next step's Δ: +44 µs on a
+// 170 µs forward at B 16, T 32, d 64, n 8 (AVX-512), where the same softplus over 32k independent values
+// took 21 µs. In groups of kGroup steps the evaluations are independent of each other and overlap.
+constexpr int64_t kGroup = 16;
+
 // per-thread buffers of a work unit: the lanes of the current step and the block's constants
 template <typename S>
 struct Lanes {
   std::vector<S> buf;
-  S *dt, *x, *dy, *u, *y, *du, *dd, *Dd, *dD, *At, *Bs, *Cs;
-  Lanes(int64_t N) : buf((9 + 3 * N) * kBlock) {
+  S *dt, *x, *dy, *u, *y, *du, *dd, *Dd, *dD, *z, *bias, *sig, *dbias, *At, *Bs, *Cs;
+  S *dtg, *sgg;  // Δ and σ of a group of steps (activate), [kGroup][kBlock] each
+  int act;  // Dims::act
+  Lanes(int64_t N, int act) : buf((13 + 3 * N + 2 * kGroup) * kBlock), act(act) {
     S* p = buf.data();
-    for (S** q : {&dt, &x, &dy, &u, &y, &du, &dd, &Dd, &dD}) *q = p, p += kBlock;
+    for (S** q : {&dt, &x, &dy, &u, &y, &du, &dd, &Dd, &dD, &z, &bias, &sig, &dbias}) *q = p, p += kBlock;
     At = p, p += N * kBlock;
     Bs = p, p += N * kBlock;
-    Cs = p;
+    Cs = p, p += N * kBlock;
+    dtg = p, p += kGroup * kBlock;
+    sgg = p;
   }
-  // zeroes every lane (the padding of a partial block), then the block's A (transposed, Na rows) and D
-  void start(const S* A, const S* Dv, int64_t d0, int64_t nd, int64_t N, int64_t Na) {
+  // zeroes every lane (the padding of a partial block), then the block's A (transposed, Na rows), D and
+  // delta_bias; σ = dΔ/dz = 1 in sig (without softplus: the backward always multiplies by a σ)
+  void start(const S* A, const S* Dv, const S* dbias_in, int64_t d0, int64_t nd, int64_t N, int64_t Na) {
     std::fill(buf.begin(), buf.end(), S(0));
+    std::fill(sig, sig + kBlock, S(1));
     for (int64_t j = 0; j < nd; ++j) {
       for (int64_t n = 0; n < Na; ++n) At[n * kBlock + j] = A[(d0 + j) * N + n];
       Dd[j] = Dv ? Dv[d0 + j] : S(0);
+      bias[j] = dbias_in ? dbias_in[d0 + j] : S(0);
+    }
+  }
+  // Δ of cnt consecutive steps (delta's rows r_first + i·D), into rows i of dto, from z = delta +
+  // delta_bias: z (act 1) or softplus(z) (act 2, and σ(z) into rows i of sgo when Sig). The padded
+  // lanes of a partial block keep Δ = 0 (softplus(0) would be log 2 there).
+  template <bool Sig>
+  void activate(const S* dl, int64_t r_first, int64_t D, int64_t cnt, int64_t nd, S* dto, S* sgo) {
+    for (int64_t i = 0; i < cnt; ++i) {
+      const S* zr = lanes(dl + r_first + i * D, z, nd);
+      S* di = dto + i * kBlock;
+      S* si = sgo + i * kBlock;
+      if (act == 1) {
+#pragma omp simd
+        for (int64_t j = 0; j < kBlock; ++j) di[j] = zr[j] + bias[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < kBlock; ++j) {
+          S sg;
+          di[j] = softplus_s(zr[j] + bias[j], sg);
+          if (Sig) si[j] = sg;
+        }
+        for (int64_t j = nd; j < kBlock; ++j) di[j] = 0;
+      }
     }
   }
   // a step's inputs, shared by the forward and the adjoint: Δ and x lanes (dt, xv), u = Δ x, and a
-  // per-channel B or C transposed into lanes (SB / SC false); r0 is the step's first channel's row
+  // per-channel B or C transposed into lanes (SB / SC false); r0 is the step's first channel's row.
+  // Δ is delta's lanes themselves (act 0), or the step's row dta of dtg (activate).
   template <bool SB, bool SC>
   void load_step(const S* dl, const S* x, const S* Bm, const S* Cm, int64_t r0, int64_t nd, int64_t N,
-                 const S*& dtv, const S*& xv) {
-    dtv = lanes(dl + r0, dt, nd);
+                 const S* dta, const S*& dtv, const S*& xv) {
+    dtv = act == 0 ? lanes(dl + r0, dt, nd) : dta;
     xv = lanes(x + r0, this->x, nd);
 #pragma omp simd
     for (int64_t j = 0; j < kBlock; ++j) u[j] = dtv[j] * xv[j];
@@ -287,16 +381,16 @@ struct Lanes {
 // ---------------------------------------------------------------------------------------------
 
 template <typename S, bool SB, bool SC, int64_t NC>
-void forward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* Cm, const S* Dv,
+void forward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* Cm, const S* Dv, const S* dbias,
                     const S* h0, S* y, S* hT, S* states, S* hs, S* as, const Dims m) {
   at::parallel_for(0, m.Bt * m.nblk, grain_units(m.T, m.D, m.N), [&](int64_t lo, int64_t hi) {
     const int64_t N = NC > 0 ? NC : m.N, Na = m.Na == 1 ? 1 : N, NW = N * kBlock;  // NC: see the file header
-    Lanes<S> v(N);
+    Lanes<S> v(N, m.act);
     std::vector<S> hbuf(2 * NW), abuf(Na * kBlock);  // the state (two rows, alternating) and the decays, keep < 2
     for (int64_t unit = lo; unit < hi; ++unit) {
       const int64_t b = unit / m.nblk, d0 = (unit % m.nblk) * kBlock;
       const int64_t nd = std::min(kBlock, m.D - d0);
-      v.start(A, Dv, d0, nd, N, Na);
+      v.start(A, Dv, dbias, d0, nd, N, Na);
       // the state h_(t-1), [N][kBlock]: the unit's step t of hs (keep = 2), else one of the two in hbuf
       S* h = hs ? hs + unit * (m.T + 1) * NW : hbuf.data();
       S* a = as ? as + unit * m.T * Na * kBlock : abuf.data();
@@ -312,7 +406,9 @@ void forward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* C
           prefetch_lanes(dl + rp, nd), prefetch_lanes(x + rp, nd), prefetch_lanes(y + rp, nd);
         }
         const S *dt, *xv;
-        v.template load_step<SB, SC>(dl, x, Bm, Cm, r0, nd, N, dt, xv);
+        const int64_t gi = t % kGroup;  // the step's row of the group's Δ (and σ)
+        if (m.act && gi == 0) v.template activate<false>(dl, r0, m.D, std::min(kGroup, m.T - t), nd, v.dtg, v.sgg);
+        v.template load_step<SB, SC>(dl, x, Bm, Cm, r0, nd, N, v.dtg + gi * kBlock, dt, xv);
         S* hn = hs ? h + NW : hbuf.data() + ((t + 1) & 1) * NW;
         block_step<S, SB, SC, true>(v.At, dt, v.u, SB ? Bm + bt * N : v.Bs, SC ? Cm + bt * N : v.Cs,
                                     h, hn, a, N, Na, v.y);
@@ -333,20 +429,24 @@ void forward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* C
 // ---------------------------------------------------------------------------------------------
 
 template <typename S, bool SB, bool SC, int64_t NC>
-void backward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* Cm, const S* Dv,
+void backward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* Cm, const S* Dv, const S* dbias,
                      const S* states, const S* hs, const S* as, const S* dy, const S* dhT,
-                     S* dx, S* ddl, S* dA_part, S* dB, S* dC, S* dD_part, S* dh0, const Dims m) {
+                     S* dx, S* ddl, S* dA_part, S* dB, S* dC, S* dD_part, S* dh0, S* dbias_part, const Dims m) {
   at::parallel_for(0, m.Bt * m.nblk, grain_units(m.T, m.D, m.N), [&](int64_t lo, int64_t hi) {
     const int64_t N = NC > 0 ? NC : m.N, Na = m.Na == 1 ? 1 : N, NW = N * kBlock;  // NC: see the file header
     const int64_t Lmax = std::min(m.L, m.T);
-    Lanes<S> v(N);
+    Lanes<S> v(N, m.act);
     // the carry g and dA as [N][kBlock]; dB, dC of a step per channel; a chunk's states and decays
     std::vector<S> g(NW), dAacc(NW), dBs(SB ? 0 : NW), dCs(SC ? 0 : NW);
     std::vector<S> hb(hs ? 0 : (Lmax + 1) * NW), ab(hs ? 0 : Lmax * Na * kBlock);
+    // with delta_bias / softplus and the chunks recomputed: the chunk's Δ and σ, [Lmax][kBlock] each, evaluated
+    // once by the recompute for the adjoint too (else the adjoint evaluates them, in groups of kGroup steps)
+    const bool chunk_act = m.act && !hs;
+    std::vector<S> dtc(chunk_act ? Lmax * kBlock : 0), sgc(chunk_act ? Lmax * kBlock : 0);
     for (int64_t unit = lo; unit < hi; ++unit) {
       const int64_t b = unit / m.nblk, blk = unit % m.nblk, d0 = blk * kBlock;
       const int64_t nd = std::min(kBlock, m.D - d0);
-      v.start(A, Dv, d0, nd, N, Na);
+      v.start(A, Dv, dbias, d0, nd, N, Na);
       for (int64_t n = 0; n < N; ++n)
         for (int64_t j = 0; j < kBlock; ++j) {
           g[n * kBlock + j] = j < nd ? dhT[(b * m.D + d0 + j) * N + n] : S(0);
@@ -364,11 +464,12 @@ void backward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* 
           S* hw = hb.data();
           S* aw = ab.data();
           std::memcpy(hw, states + (unit * m.nC + c) * NW, NW * sizeof(S));
+          if (chunk_act) v.template activate<true>(dl, (b * m.T + t0) * m.D + d0, m.D, l, nd, dtc.data(), sgc.data());
           for (int64_t i = 0; i < l; ++i) {
             const int64_t r0 = (b * m.T + t0 + i) * m.D + d0;
             if (i + kAhead < l) prefetch_lanes(dl + r0 + kAhead * m.D, nd), prefetch_lanes(x + r0 + kAhead * m.D, nd);
             const S *dt, *xv;
-            v.template load_step<SB, true>(dl, x, Bm, Cm, r0, nd, N, dt, xv);  // C is not read: no transpose
+            v.template load_step<SB, true>(dl, x, Bm, Cm, r0, nd, N, dtc.data() + i * kBlock, dt, xv);  // C is not read: no transpose
             block_step<S, SB, true, false>(v.At, dt, v.u, SB ? Bm + (b * m.T + t0 + i) * N : v.Bs, v.Cs,
                                            hw + i * NW, hw + (i + 1) * NW, aw + i * Na * kBlock, N, Na, nullptr);
           }
@@ -386,7 +487,20 @@ void backward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* 
               prefetch_lanes(hp + (i - kAhead) * NW, NW), prefetch_lanes(ap + (i - kAhead) * Na * kBlock, Na * kBlock);
           }
           const S *dt, *xv;
-          v.template load_step<SB, SC>(dl, x, Bm, Cm, r0, nd, N, dt, xv);
+          // Δ and σ(z) of step i: the recompute's (chunk_act), or a group's evaluated here (backwards: at its
+          // last step), or delta itself and v.sig's 1s (Lanes::start) without an activation
+          const S *dta = nullptr, *sgv = v.sig;
+          if (chunk_act) {
+            dta = dtc.data() + i * kBlock;
+            if (m.act == 2) sgv = sgc.data() + i * kBlock;
+          } else if (m.act) {
+            const int64_t g0 = i - i % kGroup;  // the first step of i's group
+            if (i == l - 1 || i % kGroup == kGroup - 1)
+              v.template activate<true>(dl, (b * m.T + t0 + g0) * m.D + d0, m.D, std::min(kGroup, l - g0), nd, v.dtg, v.sgg);
+            dta = v.dtg + (i - g0) * kBlock;
+            if (m.act == 2) sgv = v.sgg + (i - g0) * kBlock;
+          }
+          v.template load_step<SB, SC>(dl, x, Bm, Cm, r0, nd, N, dta, dt, xv);
           const S* dyv = lanes(dy + r0, v.dy, nd);
           S* dBo = SB ? dB + (bt * m.nblk + blk) * N : dBs.data();
           S* dCo = SC ? dC + (bt * m.nblk + blk) * N : dCs.data();
@@ -395,7 +509,9 @@ void backward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* 
                                    v.du, v.dd, dBo, dCo, N);
 #pragma omp simd
           for (int64_t j = 0; j < nd; ++j) {
-            ddl[r0 + j] = v.dd[j] + v.du[j] * xv[j];
+            const S dz = (v.dd[j] + v.du[j] * xv[j]) * sgv[j];  // dΔ · σ(z) (σ = 1 without softplus: the same bits)
+            ddl[r0 + j] = dz;
+            v.dbias[j] += dz;
             dx[r0 + j] = v.du[j] * dt[j] + dyv[j] * v.Dd[j];
             v.dD[j] += dyv[j] * xv[j];
           }
@@ -413,6 +529,7 @@ void backward_kernel(const S* x, const S* dl, const S* A, const S* Bm, const S* 
           dA_part[bd * N + n] = dAacc[n * kBlock + j];
         }
         dD_part[bd] = v.dD[j];
+        if (dbias_part) dbias_part[bd] = v.dbias[j];
       }
     }
   });
@@ -438,6 +555,17 @@ const S* ptr_or_null(const c10::optional<at::Tensor>& t) {
   return t.has_value() && t->defined() ? t->data_ptr<S>() : nullptr;
 }
 
+// delta_bias: [D] in x's dtype, or none; act (Dims::act) from it and delta_softplus
+int check_activation(const at::Tensor& x, const c10::optional<at::Tensor>& bias, bool softplus) {
+  const bool has = bias.has_value() && bias->defined();
+  if (has) {
+    TORCH_CHECK(bias->device().is_cpu() && bias->is_contiguous(), "seqmix selective_scan (cpp): delta_bias must be a contiguous CPU tensor");
+    TORCH_CHECK(bias->scalar_type() == x.scalar_type(), "seqmix selective_scan (cpp): delta_bias must have x's dtype");
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == x.size(2), "delta_bias must be [D]");
+  }
+  return softplus ? 2 : has ? 1 : 0;
+}
+
 bool uniform_A(const at::Tensor& A) {
   bool u = false;
   AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "seqmix_selective_scan_uniform_A",
@@ -457,17 +585,19 @@ bool uniform_A(const at::Tensor& A) {
   else { SEQMIX_SCAN_BC_DISPATCH_N(KERNEL, SB, SC, RUN, 0); }
 
 // keep: 0 = nothing for a backward, 1 = the states entering each chunk, 2 = every state and decay.
+// delta_bias [D] or none, delta_softplus: Δ = softplus(delta + delta_bias) or delta + delta_bias (file header).
 // Returns (y [B, T, D], hT [B, D, N], states: [B, n_blocks, n_chunks, N, kBlock] (keep 1), hs
 // [B, n_blocks, T + 1, N, kBlock] (keep 2) or an empty tensor, decays: as [B, n_blocks, T, Na, kBlock]
 // (keep 2) or an empty tensor).
 std::vector<at::Tensor> scan_forward(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& A,
                                      const at::Tensor& Bm, const at::Tensor& Cm,
                                      const c10::optional<at::Tensor>& Dv, const c10::optional<at::Tensor>& h0,
-                                     int64_t L, int64_t keep) {
+                                     int64_t L, int64_t keep, const c10::optional<at::Tensor>& delta_bias,
+                                     bool delta_softplus) {
   check_inputs(x, delta, A, Bm, Cm);
   TORCH_CHECK(L >= 1, "chunk length must be >= 1");
   TORCH_CHECK(keep >= 0 && keep <= 2, "keep must be 0, 1 or 2");
-  const Dims m = make_dims(x, A, L, uniform_A(A));
+  const Dims m = make_dims(x, A, L, uniform_A(A), check_activation(x, delta_bias, delta_softplus));
   auto y = at::empty_like(x);
   auto hT = at::empty({m.Bt, m.D, m.N}, x.options());
   auto states = keep == 1   ? at::empty({m.Bt, m.nblk, m.nC, m.N, kBlock}, x.options())
@@ -479,7 +609,7 @@ std::vector<at::Tensor> scan_forward(const at::Tensor& x, const at::Tensor& delt
     auto run = [&](auto kernel) {
       kernel(x.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(), A.data_ptr<scalar_t>(),
              Bm.data_ptr<scalar_t>(), Cm.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(Dv),
-             ptr_or_null<scalar_t>(h0), y.data_ptr<scalar_t>(), hT.data_ptr<scalar_t>(),
+             ptr_or_null<scalar_t>(delta_bias), ptr_or_null<scalar_t>(h0), y.data_ptr<scalar_t>(), hT.data_ptr<scalar_t>(),
              keep == 1 ? states.data_ptr<scalar_t>() : nullptr, keep == 2 ? states.data_ptr<scalar_t>() : nullptr,
              keep == 2 ? decays.data_ptr<scalar_t>() : nullptr, m);
     };
@@ -488,15 +618,19 @@ std::vector<at::Tensor> scan_forward(const at::Tensor& x, const at::Tensor& delt
   return {y, hT, states, decays};
 }
 
-// states, decays: what scan_forward kept (keep 1: decays empty; keep 2: hs and as).
-// Returns (dx, ddelta [B, T, D], dA per batch [B, D, N], dB, dC (per channel: [B, T, D, N];
-// shared: per block of channels [B, T, n_blocks, N]), dD per batch [B, D], dh0 [B, D, N]).
+// states, decays: what scan_forward kept (keep 1: decays empty; keep 2: hs and as); delta, delta_bias,
+// delta_softplus: the forward's.
+// Returns (dx, ddelta [B, T, D] (w.r.t. delta: dΔ · σ with softplus), dA per batch
+// [B, D, N], dB, dC (per channel: [B, T, D, N]; shared: per block of channels [B, T, n_blocks, N]),
+// dD per batch [B, D], dh0 [B, D, N], d(delta_bias) per batch [B, D] (an empty tensor without a bias)).
 std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& A,
                                       const at::Tensor& Bm, const at::Tensor& Cm,
                                       const c10::optional<at::Tensor>& Dv, const at::Tensor& states,
-                                      const at::Tensor& decays, const at::Tensor& dy, const at::Tensor& dhT, int64_t L) {
+                                      const at::Tensor& decays, const at::Tensor& dy, const at::Tensor& dhT, int64_t L,
+                                      const c10::optional<at::Tensor>& delta_bias, bool delta_softplus) {
   check_inputs(x, delta, A, Bm, Cm);
-  const Dims m = make_dims(x, A, L, uniform_A(A));
+  const Dims m = make_dims(x, A, L, uniform_A(A), check_activation(x, delta_bias, delta_softplus));
+  const bool has_bias = delta_bias.has_value() && delta_bias->defined();
   const bool all = decays.numel() > 0;
   if (all) {
     TORCH_CHECK(states.is_contiguous() && states.numel() == m.Bt * m.nblk * (m.T + 1) * m.N * kBlock, "states (every state): wrong size");
@@ -513,6 +647,7 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& del
   auto dx = at::empty_like(x), ddl = at::empty_like(x);
   auto dA_part = at::empty({m.Bt, m.D, m.N}, opt), dD_part = at::empty({m.Bt, m.D}, opt);
   auto dh0 = at::empty({m.Bt, m.D, m.N}, opt);
+  auto dbias_part = has_bias ? at::empty({m.Bt, m.D}, opt) : at::empty({0}, opt);
   // every element is written by the kernel (shared: per block of channels; per channel: as B, C)
   auto dB = SB ? at::empty({m.Bt, m.T, m.nblk, m.N}, opt) : at::empty_like(Bm);
   auto dC = SC ? at::empty({m.Bt, m.T, m.nblk, m.N}, opt) : at::empty_like(Cm);
@@ -520,15 +655,15 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& del
     auto run = [&](auto kernel) {
       kernel(x.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(), A.data_ptr<scalar_t>(),
              Bm.data_ptr<scalar_t>(), Cm.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(Dv),
-             all ? nullptr : states.data_ptr<scalar_t>(), all ? states.data_ptr<scalar_t>() : nullptr,
+             ptr_or_null<scalar_t>(delta_bias), all ? nullptr : states.data_ptr<scalar_t>(), all ? states.data_ptr<scalar_t>() : nullptr,
              all ? decays.data_ptr<scalar_t>() : nullptr, dy.data_ptr<scalar_t>(), dhT.data_ptr<scalar_t>(),
              dx.data_ptr<scalar_t>(), ddl.data_ptr<scalar_t>(), dA_part.data_ptr<scalar_t>(),
              dB.data_ptr<scalar_t>(), dC.data_ptr<scalar_t>(), dD_part.data_ptr<scalar_t>(),
-             dh0.data_ptr<scalar_t>(), m);
+             dh0.data_ptr<scalar_t>(), has_bias ? dbias_part.data_ptr<scalar_t>() : nullptr, m);
     };
     SEQMIX_SCAN_BC_DISPATCH(backward_kernel, SB, SC, run);
   });
-  return {dx, ddl, dA_part, dB, dC, dD_part, dh0};
+  return {dx, ddl, dA_part, dB, dC, dD_part, dh0, dbias_part};
 }
 
 }  // namespace

@@ -7,7 +7,11 @@ in its default mode ("auto": what training runs), times forward (no gradient) an
 forward+backward at T = 512, 2048, 8192, 16384, interleaved (each round runs every T once, so a
 change in the machine's load hits every length alike), median of the rounds, and prints the
 cost per token at each T and the ratio 16k/512 of the per-token costs. Target: <= 1.25 (no
-faster than linear, with slack for cache effects).
+faster than linear, with slack for cache effects). The default includes each mixer's
+``segment_len`` (finite-state mixers run a forward over more than 2048 tokens in segments that
+carry the state); ``--segment-len 0`` times one whole-sequence pass instead (the "before"). Where a
+target is not met the line gives the forward+backward's user and system CPU per token and the
+page faults per token (the kernel mapping and zeroing fresh memory), the measured reason.
 
 A length is skipped, and the table says why, where its rounds would not fit in what is left
 of the mixer's --max-seconds budget (projected from the two shortest lengths, growth exponent
@@ -25,6 +29,7 @@ float32 tensor, which the fused mode kept several of).
     python bench/scaling.py                  # every recurrent mixer (about 10 minutes on 2 cores)
     python bench/scaling.py --quick          # 4 mixers, T = 256..2048, no memory probes: a smoke run
     python bench/scaling.py --mixers mamba,gla,s6
+    python bench/scaling.py --segment-len 0  # one whole-sequence pass per call (before segment_len)
 """
 
 from __future__ import annotations
@@ -51,13 +56,16 @@ def recurrent_mixers() -> list[str]:
     return [e.name for e in seqmix.list_mixers() if {"recurrent", "chunk"} & set(e.cls.modes)]
 
 
-def build(name: str, d_model: int, max_len: int):
+def build(name: str, d_model: int, max_len: int, segment_len: int | None = None):
     """The mixer at d_model (its defaults, else its example config with d_model replaced); a
-    mixer built for a kernel length (S4's l_max) is built for max_len."""
+    mixer built for a kernel length (S4's l_max) is built for max_len; ``segment_len`` (None: the
+    mixer's default) as the config field."""
     import seqmix
     from seqmix.mixers.base import mixer_entry
 
     extra = {"l_max": max_len} if "l_max" in mixer_entry(name).cls.Config.model_fields else {}
+    if segment_len is not None:
+        extra["segment_len"] = segment_len
     try:
         return seqmix.build_mixer(name, d_model=d_model, **extra)
     except (ValueError, TypeError) as first:
@@ -90,7 +98,7 @@ def saved_bytes(m, x) -> int:
 def bench_mixer(name, lengths, args) -> dict:
     torch.manual_seed(0)
     try:
-        m = build(name, D_MODEL, max(lengths)).to(args.device)
+        m = build(name, D_MODEL, max(lengths), args.segment_len).to(args.device)
     except Exception as e:  # noqa: BLE001
         return {"skipped": f"not built at d_model {D_MODEL}: {str(e).splitlines()[0][:90]}"}
     xs = {T: torch.randn(1, T, D_MODEL, generator=torch.Generator().manual_seed(T)).to(args.device) for T in lengths}
@@ -247,11 +255,14 @@ def main():
     p.add_argument("--max-seconds", type=float, default=15.0,
                    help="time budget per mixer: the longest lengths whose projected rounds do not fit are skipped (and said)")
     p.add_argument("--max-gb", type=float, default=4.0, help="skip a length whose backward would keep more")
+    p.add_argument("--segment-len", type=int, default=None,
+                   help="every mixer's segment_len (default: its own, 2048 for finite-state mixers; 0: one whole-sequence pass)")
     args = p.parse_args()
     info = setup(args)
     lengths = QUICK_LENGTHS if args.quick else LENGTHS
     names = args.mixers.split(",") if args.mixers else (list(QUICK_MIXERS) if args.quick else recurrent_mixers())
-    print(f"machine: {info}; d_model {D_MODEL}, batch 1, T = {lengths}, median of {args.repeats} interleaved rounds\n")
+    print(f"machine: {info}; d_model {D_MODEL}, batch 1, T = {lengths}, median of {args.repeats} interleaved rounds; "
+          f"segment_len: {'each mixer default' if args.segment_len is None else args.segment_len}\n")
     t_start = time.perf_counter()
     results = {}
     for name in names:

@@ -106,6 +106,53 @@ def test_split_and_carry_equals_one_pass(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_segmented_forward_equals_one_pass(name):
+    """segment_len: a forward longer than it runs in segments that carry the state (the split-and-carry
+    above, done by the mixer itself), uneven last segment included; outputs and gradients as one pass,
+    with and without a cache, and the cache holds the same state afterwards (decoding continues alike)."""
+    m = make(name)
+    if m.uses_context:
+        with pytest.raises(ValueError, match="segment_len = 5 cannot be used by a mixer that reads the per-forward context"):
+            make(name, segment_len=5)
+        return
+    T = lengths(m)[1]
+    L = max(1, T // 3 + 1)  # 3 segments, the last one shorter
+    seg = make(name, segment_len=L)
+    assert seg.segment_len == L
+    whole = make(name, segment_len=0)
+    assert whole.segment_len is None
+    for a in (seg, whole):
+        a.mode = m.reference_mode
+    x = inputs(m, T).requires_grad_(True)
+    y_seg, y_whole = seg(x), whole(x)
+    assert max_abs(y_seg, y_whole) < F64_ATOL
+    g = torch.randn(y_seg.shape, generator=torch.Generator().manual_seed(3), dtype=y_seg.dtype)
+    gx_seg, *gp_seg = torch.autograd.grad((y_seg * g).sum(), [x, *seg.parameters()], allow_unused=True)
+    gx_whole, *gp_whole = torch.autograd.grad((y_whole * g).sum(), [x, *whole.parameters()], allow_unused=True)
+    assert max_abs(gx_seg, gx_whole) < F64_ATOL
+    for u, v in zip(gp_seg, gp_whole):
+        assert (u is None) == (v is None) and (u is None or max_abs(u, v) < F64_ATOL)
+    c_seg, c_whole = Cache(), Cache()
+    with torch.no_grad():
+        assert max_abs(seg(x, cache=c_seg), whole(x, cache=c_whole)) < F64_ATOL
+        nxt = inputs(m, 1, seed=7)
+        assert max_abs(seg(nxt, cache=c_seg), whole(nxt, cache=c_whole)) < F64_ATOL
+
+
+def test_segment_len_default_follows_the_state():
+    """None: AUTO_SEGMENT_LEN where the state is finite (no per-forward context read, no FFT mode), else never."""
+    from seqmix.mixers.base import AUTO_SEGMENT_LEN
+
+    assert seqmix.build_mixer("gla", d_model=16).segment_len == AUTO_SEGMENT_LEN
+    assert seqmix.build_mixer("softmax_attention", d_model=16).segment_len is None
+    assert seqmix.build_mixer("s4d", d_model=16).segment_len is None  # an FFT mode: one long convolution
+    assert seqmix.build_mixer("softmax_attention", d_model=16, segment_len=64).segment_len == 64
+    assert seqmix.build_mixer("gla", d_model=16, segment_len=0).segment_len is None
+    with pytest.raises(ValueError, match="segment_len"):
+        seqmix.build_mixer("gla", d_model=16, segment_len=-1)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_phi_reproduces_core(name):
     m = make(name)
     x = inputs(m, lengths(m)[1])

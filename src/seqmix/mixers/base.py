@@ -16,6 +16,8 @@ Every registered mixer is an ``nn.Module`` built from a typed config:
     mixer.spectrum(x)               [batch, time, N]: the eigenvalues of Λ_i (= decays(x) when Λ_i is diagonal)
     mixer.state_size(seq_len)       floats of recurrent state per sequence (the memory budget)
     mixer.mode                      "auto" or one of ``mixer.modes``
+    mixer.segment_len               a forward longer than this runs in segments that carry the state
+                                    (config ``segment_len``; by default 2048 for finite-state mixers)
 
 A mixer implements ``_forward(x, state, mode) -> MixOut``: the parametrization (how
 x becomes q, k, v, decays, gates), one call into ``seqmix.ops``, and the readout.
@@ -49,6 +51,20 @@ class MixerConfig(BaseModel):
 
     d_model: int = Field(64, gt=0, description="width of the input and output, d")
     mode: str = Field("auto", description="computation mode: 'auto' or one of the mixer's modes")
+    segment_len: int | None = Field(
+        None, ge=0, description="a forward over more tokens runs in segments of this length, each carrying the state "
+        "to the next (the same output up to rounding): None = AUTO_SEGMENT_LEN for finite-state mixers, else never; 0 = never",
+    )
+
+
+#: the segment length of ``segment_len=None`` for a finite-state mixer (issue 27, ``python bench/scaling.py
+#: --mixers kda,kimi_kda,mamba2 --segment-len L``, d_model 128, batch 1): forward+backward per token at
+#: T = 16384 over T = 512, whole-sequence pass → segments of 4096 → of 2048: Mamba-2 1.37 → 1.01-1.03 →
+#: 1.15, KDA 2.37 → 1.27-1.31 → 1.06-1.11, Kimi's KDA 1.24-1.26 at 4096, 1.08-1.12 at 2048. A segment's
+#: tensors are small enough that the allocator reuses their memory (a whole-sequence tensor of tens of MB
+#: is mapped fresh from the OS, its pages faulted in and zeroed on every call: 15-22 faults per token at
+#: 16k) and stay in cache
+AUTO_SEGMENT_LEN = 2048
 
 
 class ExpandedWidths:
@@ -263,6 +279,9 @@ class Mixer(nn.Module):
                 raise config_error(type(self).__name__, e) from None
         elif kwargs:
             raise ValueError(f"{type(self).__name__}: pass either a config or keyword arguments, not both")
+        if config.segment_len and self.uses_context:
+            raise ValueError(f"{type(self).__name__}: segment_len = {config.segment_len} cannot be used by a mixer that reads the "
+                             "per-forward context (its entries cover the whole call's tokens); use segment_len = 0 or None")
         self.config = config
         self.d_model = config.d_model
         self.registry_name = getattr(type(self), "name", type(self).__name__)
@@ -279,6 +298,20 @@ class Mixer(nn.Module):
     def mode(self, value: str) -> None:
         check_choice("mode", value, ("auto",) + tuple(self.modes), f"{type(self).__name__}")
         self._mode = value
+
+    @property
+    def segment_len(self) -> int | None:
+        """The length above which :meth:`forward` runs in segments (None: never): the config's
+        ``segment_len``, or for None ``AUTO_SEGMENT_LEN`` where the state is finite (a fixed size,
+        whatever T), the mixer reads no per-forward context and has no FFT mode (S4, S4D, GSS, H3,
+        the short conv: their training form is one long convolution, and a segment that starts from
+        a state adds the state's free response over the segment: for S4's dense Ā, gigabytes at
+        T = 16k)."""
+        L = self.config.segment_len
+        if L is None:
+            auto = self.finite_state and not self.uses_context and "fft" not in self.modes
+            return AUTO_SEGMENT_LEN if auto else None
+        return L or None
 
     # -- the forward pass ------------------------------------------------------------------
 
@@ -306,6 +339,16 @@ class Mixer(nn.Module):
         self.check_input(x)
         if context is not None and not isinstance(context, dict):
             raise ValueError(f"{type(self).__name__}: argument 'context' must be a dict or None, got {type(context).__name__}")
+        L = self.segment_len
+        if L is not None and x.shape[1] > L:
+            # segments of L tokens, each starting from the state the previous one left (the contract's
+            # split-and-carry test holds every mixer to the one-pass output): a flat cost per token in T
+            seg_cache = cache if cache is not None else Cache()
+            return torch.cat([self._run(x[:, s:s + L], seg_cache, context) for s in range(0, x.shape[1], L)], 1)
+        return self._run(x, cache, context)
+
+    def _run(self, x: torch.Tensor, cache: Cache | None, context: dict | None) -> torch.Tensor:
+        """:meth:`forward` of checked inputs over one segment."""
         state = cache.get(self) if cache is not None else None
         mode = "step" if (cache is not None and x.shape[1] == 1 and self.supports_step) else self.mode
         extra = {"context": context} if self.uses_context else {}

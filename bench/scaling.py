@@ -8,7 +8,7 @@ forward+backward at T = 512, 2048, 8192, 16384, interleaved (each round runs eve
 change in the machine's load hits every length alike), median of the rounds, and prints the
 cost per token at each T and the ratio 16k/512 of the per-token costs. Target: <= 1.25 (no
 faster than linear, with slack for cache effects). The default includes each mixer's
-``segment_len`` (finite-state mixers run a forward over more than 2048 tokens in segments that
+``segment_len`` (finite-state mixers run a forward over more than 1024 tokens in segments that
 carry the state); ``--segment-len 0`` times one whole-sequence pass instead (the "before"). Where a
 target is not met the line gives the forward+backward's user and system CPU per token and the
 page faults per token (the kernel mapping and zeroing fresh memory), the measured reason.
@@ -256,7 +256,7 @@ def main():
                    help="time budget per mixer: the longest lengths whose projected rounds do not fit are skipped (and said)")
     p.add_argument("--max-gb", type=float, default=4.0, help="skip a length whose backward would keep more")
     p.add_argument("--segment-len", type=int, default=None,
-                   help="every mixer's segment_len (default: its own, 2048 for finite-state mixers; 0: one whole-sequence pass)")
+                   help="every mixer's segment_len (default: its own, 1024 for finite-state mixers; 0: one whole-sequence pass)")
     args = p.parse_args()
     info = setup(args)
     lengths = QUICK_LENGTHS if args.quick else LENGTHS

@@ -17,7 +17,7 @@ Every registered mixer is an ``nn.Module`` built from a typed config:
     mixer.state_size(seq_len)       floats of recurrent state per sequence (the memory budget)
     mixer.mode                      "auto" or one of ``mixer.modes``
     mixer.segment_len               a forward longer than this runs in segments that carry the state
-                                    (config ``segment_len``; by default 2048 for finite-state mixers)
+                                    (config ``segment_len``; by default 1024 for finite-state mixers)
 
 A mixer implements ``_forward(x, state, mode) -> MixOut``: the parametrization (how
 x becomes q, k, v, decays, gates), one call into ``seqmix.ops``, and the readout.
@@ -58,13 +58,13 @@ class MixerConfig(BaseModel):
 
 
 #: the segment length of ``segment_len=None`` for a finite-state mixer (issue 27, ``python bench/scaling.py
-#: --mixers kda,kimi_kda,mamba2 --segment-len L``, d_model 128, batch 1): forward+backward per token at
-#: T = 16384 over T = 512, whole-sequence pass → segments of 4096 → of 2048: Mamba-2 1.37 → 1.01-1.03 →
-#: 1.15, KDA 2.37 → 1.27-1.31 → 1.06-1.11, Kimi's KDA 1.24-1.26 at 4096, 1.08-1.12 at 2048. A segment's
-#: tensors are small enough that the allocator reuses their memory (a whole-sequence tensor of tens of MB
-#: is mapped fresh from the OS, its pages faulted in and zeroed on every call: 15-22 faults per token at
-#: 16k) and stay in cache
-AUTO_SEGMENT_LEN = 2048
+#: --mixers M --segment-len L``, d_model 128, batch 1): forward+backward per token at T = 16384 over
+#: T = 512, whole-sequence pass / segments of 4096 / 2048 / 1024: Mamba-2 1.37 / 1.01-1.03 / 1.03-1.31 /
+#: 1.22-1.25, KDA 2.37 / 1.27-1.31 / 0.96-1.11 / 1.00, RWKV-4 (not run) / - / 1.76 / 1.15. A segment's
+#: tensors are small enough that the allocator reuses their memory (a tensor of more than 32 MB is
+#: mapped fresh from the OS by glibc, its pages faulted in and zeroed on every call: 15-37 faults per
+#: token at 16k; RWKV-4's 2048-token intermediates are that big) and stay in cache
+AUTO_SEGMENT_LEN = 1024
 
 
 class ExpandedWidths:

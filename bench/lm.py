@@ -252,8 +252,9 @@ BEFORE = "fused"  # the selective scan's mode before issue 27, timed beside the 
 
 
 def _no_scan(x, delta, A, B, C, D=None, *, initial_state=None, output_final_state=False, **_):
-    """A stand-in for the selective scan that costs one elementwise op (y = Δ·x): what a Mamba step
-    costs besides its scan (a bound, not a model)."""
+    """A stand-in for the selective scan that costs one elementwise op (y = delta·x; delta is Δ's
+    pre-activation when the mixer passes delta_bias / delta_softplus, swallowed here): what a Mamba
+    step costs besides its scan (a bound, not a model)."""
     return delta * x, (x.new_zeros(x.shape[0], x.shape[2], A.shape[1]) if output_final_state else None)
 
 

@@ -57,6 +57,7 @@ AVX2 at the main job's size and forward + backward 7-28% faster (issue 27).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -89,24 +90,30 @@ def _disabled() -> bool:
     return os.environ.get("SEQMIX_CPP", "1").strip().lower() in ("0", "false", "no", "off")
 
 
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> tuple[str, ...]:
+    """This CPU's feature names (/proc/cpuinfo's first "flags" line; x86-64 Linux, else none), read once:
+    ``isa`` runs on every scan call through ``keep_all_floats`` (reading the file took ~36 µs)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ()
+    try:
+        return tuple(Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split())
+    except (OSError, IndexError):
+        return ()
+
+
 def isa(cpu_flags: list[str] | None = None) -> str:
     """The widest instruction set of ``ISA_FLAGS`` whose features ``cpu_flags`` (default: this
     CPU's, from /proc/cpuinfo on x86-64 Linux) all has — "avx512" (16 float32 lanes), "avx2" (8) —
     or "generic" (the compiler's default). ``SEQMIX_CPP_ISA`` = avx2 / generic caps it (e.g. to
     compare builds, or where 512-bit vectors lower the clock)."""
-    if cpu_flags is None:
-        if platform.machine() not in ("x86_64", "AMD64"):
-            return "generic"
-        try:
-            cpu_flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
-        except (OSError, IndexError):
-            return "generic"
+    flags = _cpu_flags() if cpu_flags is None else cpu_flags
     cap = os.environ.get("SEQMIX_CPP_ISA", "").strip().lower()
     order = [*ISA_FLAGS, "generic"]
     if cap and cap not in order:
         raise ValueError(f"SEQMIX_CPP_ISA = {cap!r}: expected one of {', '.join(order)} (or unset: the widest this CPU has)")
-    for name in order[order.index(cap) if cap else 0:]:
-        if name == "generic" or all(f in cpu_flags for f in ISA_FLAGS[name][0]):
+    for name in order[order.index(cap) if cap else 0:-1]:
+        if all(f in flags for f in ISA_FLAGS[name][0]):
             return name
     return "generic"
 

@@ -267,6 +267,9 @@ class Mixer(nn.Module):
     #: whether ``_forward`` takes ``context=`` (the per-forward dict of :meth:`forward`); False: the
     #: mixer never reads it
     uses_context: ClassVar[bool] = False
+    #: the segment length of ``segment_len=None`` where segmenting is automatic (:attr:`segment_len`);
+    #: a mixer whose per-token intermediates are large sets a shorter one
+    auto_segment_len: ClassVar[int] = AUTO_SEGMENT_LEN
     #: the config class
     Config: ClassVar[type[MixerConfig]] = MixerConfig
 
@@ -302,7 +305,8 @@ class Mixer(nn.Module):
     @property
     def segment_len(self) -> int | None:
         """The length above which :meth:`forward` runs in segments (None: never): the config's
-        ``segment_len``, or for None ``AUTO_SEGMENT_LEN`` where the state is finite (a fixed size,
+        ``segment_len``, or for None the class's ``auto_segment_len`` (``AUTO_SEGMENT_LEN`` unless a
+        mixer sets its own) where the state is finite (a fixed size,
         whatever T), the mixer reads no per-forward context and has no FFT mode (S4, S4D, GSS, H3,
         the short conv: their training form is one long convolution, and a segment that starts from
         a state adds the state's free response over the segment: for S4's dense Ā, gigabytes at
@@ -310,7 +314,7 @@ class Mixer(nn.Module):
         L = self.config.segment_len
         if L is None:
             auto = self.finite_state and not self.uses_context and "fft" not in self.modes
-            return AUTO_SEGMENT_LEN if auto else None
+            return type(self).auto_segment_len if auto else None
         return L or None
 
     # -- the forward pass ------------------------------------------------------------------

@@ -202,6 +202,31 @@ def peak_memory_mb(builder, *args, device: str = "cpu") -> float | None:
     return res
 
 
+def _call_child(queue, threads, fn, args):
+    try:
+        torch.set_num_threads(threads)
+        queue.put(fn(*args))
+    except Exception as e:  # report, do not hang the parent
+        queue.put(RuntimeError(f"{type(e).__name__}: {e}"))
+
+
+def in_fresh_process(fn, *args):
+    """``fn(*args)`` in a fresh (spawned) process at this process's thread count, its picklable
+    result returned (its exception re-raised as a RuntimeError). ``fn`` is a module-level function.
+    Timings taken there do not depend on what this process ran before: glibc's malloc raises its
+    mmap threshold as large blocks are freed, so one process's history decides whether a later
+    tensor of a few MB is served from the heap or mapped fresh and faulted in by the kernel."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_call_child, args=(q, torch.get_num_threads(), fn, args))
+    p.start()
+    res = q.get()
+    p.join()
+    if isinstance(res, Exception):
+        raise res
+    return res
+
+
 def fit_exponent(xs, ys) -> float:
     """Least-squares slope of log y against log x: y ~ x^slope."""
     lx = [math.log(x) for x in xs]

@@ -101,11 +101,17 @@ def test_lm_ssm_quick(tmp_path):
 
 
 def test_scaling_quick_reports_the_cpu_split(tmp_path):
-    """bench/scaling.py --quick: per-token costs, and the user / system CPU split with page faults per token."""
+    """bench/scaling.py --quick: per-token costs, the user / system CPU split with page faults per token, each
+    mixer timed in a fresh process, and the state's size measured (the target is at a fixed state)."""
     out = tmp_path / "scaling.json"
-    r = _run("scaling.py", "--quick", "--mixers", "s6", "--threads", "1", "--repeats", "1", "--json", str(out))
+    r = _run("scaling.py", "--quick", "--mixers", "s6,softmax_attention", "--threads", "1", "--repeats", "1", "--json", str(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    s6 = json.loads(out.read_text())["results"]["s6"]
+    assert "each mixer in a fresh process" in r.stdout
+    res = json.loads(out.read_text())["results"]
+    s6, softmax = res["s6"], res["softmax_attention"]
+    assert len(set(s6["state_floats"].values())) == 1  # S6's state: d_inner · d_state (+ the conv's), whatever T
+    f0, f1 = (softmax["state_floats"][str(T)] for T in (256, 512))
+    assert f1 == 2 * f0 > 0  # a KV cache: twice the tokens, twice the floats
     split = s6["fwd_bwd_os_per_token"]
     assert set(split) == {str(T) for T in s6["lengths"]}
     assert all(v["user_us"] >= 0 and v["sys_us"] >= 0 and v["faults"] >= 0 for v in split.values())

@@ -230,3 +230,20 @@ def test_bad_config_names_the_field(field, value):
 def test_update_token_with_a_chunk_length_is_refused():
     with pytest.raises(ValueError, match="chunk_size"):
         seqmix.build_mixer("bmojo", **{**SMALL, "update": "token", "chunk_size": 2})
+
+
+@pytest.mark.parametrize("mode", ["chunk", "parallel"])
+def test_segments_not_aligned_with_chunks_equal_one_pass(mode):
+    """B'MOJO runs a long forward in segments (its class's auto_segment_len: the cache is bounded); a
+    segment boundary inside a chunk (window 4, segments of 7) gives the one-pass outputs and gradients."""
+    torch.manual_seed(0)
+    cfg = dict(seqmix.mixers.base.mixer_entry("bmojo").cls.example_config(), mode=mode)
+    whole = seqmix.build_mixer("bmojo", segment_len=0, **cfg).double()
+    seg = seqmix.build_mixer("bmojo", segment_len=7, **cfg).double()
+    seg.load_state_dict(whole.state_dict())
+    x = torch.randn(2, 30, cfg["d_model"], dtype=torch.float64, requires_grad=True)
+    y_seg, y_whole = seg(x), whole(x)
+    assert max_abs(y_seg, y_whole) < F64_ATOL
+    g_seg, = torch.autograd.grad(y_seg.square().sum(), x)
+    g_whole, = torch.autograd.grad(y_whole.square().sum(), x)
+    assert max_abs(g_seg, g_whole) < F64_ATOL

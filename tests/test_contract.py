@@ -140,12 +140,16 @@ def test_segmented_forward_equals_one_pass(name):
 
 
 def test_segment_len_default_follows_the_state():
-    """None: AUTO_SEGMENT_LEN where the state is finite (no per-forward context read, no FFT mode), else never."""
+    """None: the class's auto_segment_len where it sets one, else AUTO_SEGMENT_LEN where the state is finite (no
+    per-forward context read, no FFT mode), else never."""
     from seqmix.mixers.base import AUTO_SEGMENT_LEN
 
     assert seqmix.build_mixer("gla", d_model=16).segment_len == AUTO_SEGMENT_LEN
     assert seqmix.build_mixer("softmax_attention", d_model=16).segment_len is None
     assert seqmix.build_mixer("s4d", d_model=16).segment_len is None  # an FFT mode: one long convolution
+    # B'MOJO's DSF is not finite (softmax), but its cache is bounded: its class sets the automatic length
+    assert seqmix.build_mixer("bmojo", d_model=16).segment_len == AUTO_SEGMENT_LEN
+    assert seqmix.build_mixer("bmojo", d_model=16, segment_len=0).segment_len is None
     assert seqmix.build_mixer("softmax_attention", d_model=16, segment_len=64).segment_len == 64
     assert seqmix.build_mixer("gla", d_model=16, segment_len=0).segment_len is None
     with pytest.raises(ValueError, match="segment_len"):

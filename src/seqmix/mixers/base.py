@@ -267,9 +267,10 @@ class Mixer(nn.Module):
     #: whether ``_forward`` takes ``context=`` (the per-forward dict of :meth:`forward`); False: the
     #: mixer never reads it
     uses_context: ClassVar[bool] = False
-    #: the segment length of ``segment_len=None`` where segmenting is automatic (:attr:`segment_len`);
-    #: a mixer whose per-token intermediates are large sets a shorter one
-    auto_segment_len: ClassVar[int] = AUTO_SEGMENT_LEN
+    #: the segment length of ``segment_len=None`` (:attr:`segment_len`): None = the rule (AUTO_SEGMENT_LEN
+    #: for a finite state without context or FFT mode, else never); a mixer sets its own where the rule
+    #: misjudges it (a bounded cache behind a non-finite DSF; large per-token intermediates); 0 = never
+    auto_segment_len: ClassVar[int | None] = None
     #: the config class
     Config: ClassVar[type[MixerConfig]] = MixerConfig
 
@@ -305,16 +306,18 @@ class Mixer(nn.Module):
     @property
     def segment_len(self) -> int | None:
         """The length above which :meth:`forward` runs in segments (None: never): the config's
-        ``segment_len``, or for None the class's ``auto_segment_len`` (``AUTO_SEGMENT_LEN`` unless a
-        mixer sets its own) where the state is finite (a fixed size,
+        ``segment_len``, or for None the class's ``auto_segment_len`` where it sets one, else
+        ``AUTO_SEGMENT_LEN`` where the state is finite (a fixed size,
         whatever T), the mixer reads no per-forward context and has no FFT mode (S4, S4D, GSS, H3,
         the short conv: their training form is one long convolution, and a segment that starts from
         a state adds the state's free response over the segment: for S4's dense Ā, gigabytes at
         T = 16k)."""
         L = self.config.segment_len
         if L is None:
+            L = type(self).auto_segment_len
+        if L is None:
             auto = self.finite_state and not self.uses_context and "fft" not in self.modes
-            return type(self).auto_segment_len if auto else None
+            return AUTO_SEGMENT_LEN if auto else None
         return L or None
 
     # -- the forward pass ------------------------------------------------------------------

@@ -74,7 +74,7 @@ from ..ops.attention import kv_cache_trim
 from ..ops.eidetic import eidetic_select, heap_push, innovation, predictor_weights
 from ..ops.memory_attention import chunked_memory_attention, n_chunks
 from .attention import AttentionConfig, _Attention
-from .base import MixOut, register, register_preset
+from .base import AUTO_SEGMENT_LEN, MixOut, register, register_preset
 from .ssm import S6, S6Config
 
 # ------------------------------------------------------------------------------------------
@@ -142,6 +142,10 @@ class Bmojo(_Attention):
     state_formula = "d_inner·(d_state + d_conv - 1) + (n + d)·(min(L, w-1) + m_f + m_e) + bookkeeping (state_breakdown)"
     map_unit = "head × stream (raw values, fading values)"
     finite_state = False
+    #: its cache is bounded (window, memory slots, SSM) although its DSF is not finite, so a long forward
+    #: runs in segments like a finite-state mixer's (issue 27: whole-sequence fwd+bwd per token grew 1.8× from
+    #: 512 to 16k, in the selective scan's backward over the whole sequence)
+    auto_segment_len = AUTO_SEGMENT_LEN
     Config = BmojoConfig
 
     def __init__(self, config: BmojoConfig | None = None, **kwargs):

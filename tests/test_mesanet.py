@@ -1,7 +1,9 @@
 """MesaNet (issue 30): the op ``seqmix.ops.mesa`` and the mixer ``mesanet``. The op against the ridge
 regression it solves (float64, closed form), both solvers and every mode against the recurrent
-reference, CG converging to the exact solve, and against flash-linear-attention's naive references
-(exact, chunked CG, one-step decoding; optional: skipped without fla)."""
+reference, CG converging to the exact solve, the hand-written gradients (backward="manual": the Gram
+matrices' adjoint, the CG's gathered dH; issue 27) against autograd through the same computation, and
+against flash-linear-attention's naive references (exact, chunked CG, one-step decoding; optional:
+skipped without fla)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch.nn.functional as F
 
 import seqmix
 from seqmix.mixers.base import Cache
-from seqmix.ops.mesa import mesa_net, mesa_solve
+from seqmix.ops.mesa import gram_states, mesa_net, mesa_solve
 from fla_ref import fla_naive
 from tolerances import F32_RTOL, F64_ATOL, assert_modes_agree_f64, max_abs, rel_err
 
@@ -84,6 +86,84 @@ def test_cg_converges_to_the_exact_solve():
     # the Jacobi start is also a start: it converges to the same solution
     jac, _ = mesa_net(q, k, v, beta, g, lamb, solver="cg", cg_steps=12, cg_init="jacobi", cg_eps=0.0, mode="parallel")
     assert max_abs(jac, exact) < 1e-8
+
+
+@pytest.mark.parametrize("cg_init", ["zero", "jacobi"])
+def test_manual_cg_backward_is_autograd_through_the_steps(cg_init):
+    """backward="manual" (the custom autograd Function _CGSolve, dH as one bmm over the steps) against
+    plain autograd through the same CG steps: the same forward and gradients (float64, tight)."""
+    B, T, H, K = 2, 7, 3, 6
+    A = rnd(B, T, H, K, K, seed=11)
+    Hm = (A @ A.transpose(-1, -2) / K).requires_grad_(True)
+    q = rnd(B, T, H, K, seed=12).requires_grad_(True)
+    lamb = (torch.rand(H, K, generator=torch.Generator().manual_seed(13), dtype=torch.float64) + 0.25).requires_grad_(True)
+    w = rnd(B, T, H, K, seed=14)
+    res = {}
+    for how in ("manual", "autograd"):
+        x = mesa_solve(Hm, q, lamb, solver="cg", cg_steps=9, cg_init=cg_init, backward=how)
+        res[how] = (x.detach(), torch.autograd.grad((x * w).sum(), (Hm, q, lamb)))
+    assert max_abs(res["manual"][0], res["autograd"][0]) == 0  # the forward is the same computation
+    for a, b in zip(res["manual"][1], res["autograd"][1]):
+        assert max_abs(a, b) < F64_ATOL * max(1.0, max_abs(b, torch.zeros_like(b)))
+    assert max_abs(res["manual"][1][0], torch.zeros_like(Hm)) > 1e-3  # the test sees dH
+
+
+@pytest.mark.parametrize("decay", [True, False])
+@pytest.mark.parametrize("solver", ["cg", "exact"])
+@pytest.mark.parametrize("mode", ["parallel", "chunk"])
+def test_manual_backward_through_the_op(mode, solver, decay):
+    """The whole op in a chunked mode, backward="manual" (_GramChunks' adjoint, _CGSolve) against
+    autograd through the same forward: gradients of every input and of the initial state (float64)."""
+    q, k, v, beta, g, lamb = inputs(T=13)
+    A = rnd(2, 3, 8, 8, seed=21)
+    S0 = (rnd(2, 3, 8, 8, seed=20), A @ A.transpose(-1, -2) / 8)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, beta, g, lamb, *S0)]
+    w = rnd(*v.shape, seed=9)
+    wH = rnd(2, 3, 8, 8, seed=22)
+    res = {}
+    for how in ("manual", "autograd"):
+        args = leaves[:4] + [leaves[4] if decay else None, leaves[5]]
+        o, (G, Hm) = mesa_net(*args, solver=solver, cg_steps=12, mode=mode, chunk_size=4, backward=how,
+                              initial_state=tuple(leaves[6:]), output_final_state=True)
+        res[how] = torch.autograd.grad((o * w).sum() + G.sum() + (Hm * wH).sum(), leaves, allow_unused=True)
+    for name, a, b in zip("q k v beta g lamb G0 H0".split(), res["manual"], res["autograd"]):
+        if a is None or b is None:
+            assert a is None and b is None and name == "g" and not decay, name
+            continue
+        assert max_abs(b, torch.zeros_like(b)) > 1e-6, name  # every gradient is seen
+        assert max_abs(a, b) < F64_ATOL, name
+
+
+@pytest.mark.parametrize("decay", [True, False])
+def test_gram_states_manual_backward(decay):
+    """_GramChunks' hand-written adjoint against autograd through the chunk form and through the loop,
+    with padding (T = 11 in chunks of 4), an initial state and a gradient on H_T."""
+    _, k, _, beta, g, _ = inputs(T=11)
+    leaves = [t.clone().requires_grad_(True) for t in (k, beta, g, rnd(2, 3, 8, 8, seed=7))]
+    wa, wT = rnd(2, 11, 3, 8, 8, seed=30), rnd(2, 3, 8, 8, seed=31)
+    res = {}
+    for name, kw in (("manual", dict(mode="chunk", backward="manual")), ("chunk", dict(mode="chunk", backward="autograd")),
+                     ("loop", dict(mode="recurrent"))):
+        gg = leaves[2] if decay else None
+        Ha, HT = gram_states(leaves[0], leaves[1], gg, initial_state=leaves[3], chunk_size=4, **kw)
+        res[name] = torch.autograd.grad((Ha * wa).sum() + (HT * wT).sum(), leaves, allow_unused=True)
+    for ref in ("chunk", "loop"):
+        for a, b in zip(res["manual"], res[ref]):
+            assert (a is None) == (b is None) == (not decay and a is None)
+            if a is not None:
+                assert max_abs(a, b) < F64_ATOL, ref
+
+
+@pytest.mark.parametrize("mode", ["parallel", "chunk"])
+def test_gram_states_modes_match_the_loop(mode):
+    _, k, _, beta, g, _ = inputs(T=11)
+    H0 = rnd(2, 3, 8, 8, seed=7)
+    for gg in (g, None):
+        ref, ref_T = gram_states(k, beta, gg, initial_state=H0, mode="recurrent")
+        for C in (3, 4, 11, 16):
+            got, got_T = gram_states(k, beta, gg, initial_state=H0, mode=mode, chunk_size=C)
+            assert got.shape == (2, 11, 3, 8, 8)
+            assert max_abs(got, ref) < F64_ATOL and max_abs(got_T, ref_T) < F64_ATOL
 
 
 def test_solve_of_a_zero_right_hand_side_is_zero():

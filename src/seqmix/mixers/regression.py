@@ -69,13 +69,20 @@ class MesaNet(Mixer):
     C_t = q_tᵀ(H_t + Diag λ)⁻¹ is input-dependent — it depends on the keys up to t through H_t (a
     second, key-only state that never sees v) — so for a given x the core IS a finite-state LTV system
     (``DSF.from_recurrence`` with q̃_t = (H_t + λ)⁻¹ q_t as the query), while the map x ↦ y is not linear
-    in v's companion k. Modes: "recurrent" (reference), "parallel", "chunk" (all H_t by the linear
-    recurrence op, solves batched over t); the solve (exact / CG) is the config's ``solver``. Maps of
-    phi(x): one per head [B, H, T, T]. State: H·K·(V + K) (G and H) + 2·d·(conv−1).
+    in v's companion k. Modes: "recurrent" (reference), "parallel", "chunk" (all H_t in the chunk form
+    of ``seqmix.ops.mesa.gram_states``, solves batched over t, hand-written gradients); the solve
+    (exact / CG) is the config's ``solver``. Maps of phi(x): one per head [B, H, T, T]. State:
+    H·K·(V + K) (G and H) + 2·d·(conv−1).
     """
 
     family = "linear_attention"
     modes = ("recurrent", "chunk", "parallel")
+    #: a forward over more tokens runs in segments of 512 (not the default 1024): a segment holds
+    #: every H_t (16 KB per token at d_model 128) and the CG's vectors. Issue 27, ``python
+    #: bench/scaling.py --mixers mesanet --segment-len L`` (d_model 128, 2-core CPU): forward+backward
+    #: user CPU per token over T = 512..16384, 249-261 µs at L = 512, 258-297 µs at 256, 285-300 µs
+    #: at 1024 (to T = 8192)
+    auto_segment_len = 512
     reference_mode = "recurrent"
     state_formula = "H·K·(K + V) + 2·d·(conv-1)"
     map_unit = "head"

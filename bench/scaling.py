@@ -283,7 +283,7 @@ def bench_memory(args) -> dict:
 def main():
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--mixers", default=None, help="comma-separated mixers (default: every recurrent mixer)")
-    p.add_argument("--max-seconds", type=float, default=100.0,
+    p.add_argument("--max-seconds", type=float, default=150.0,
                    help="time budget per mixer: the longest lengths whose projected rounds do not fit are skipped (and said)")
     p.add_argument("--max-seconds-growing", type=float, default=15.0,
                    help="the budget of a mixer whose state grows with T (its target line is n/a; it is timed for reference)")

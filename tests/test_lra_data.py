@@ -199,6 +199,30 @@ def test_pathfinder16_semantics():
             assert np.hypot(*(mk[0] - mk[1])) >= (length - 1) * 2.5 * np.cos(np.pi / 4) - 1
 
 
+def test_pathfinder_marker_intensity_marks_only_the_discs():
+    """marker_intensity draws the two 3 × 3 marker discs in their own value over the same image:
+    the curves, distractors and labels of the seed are unchanged, and without it the image is
+    the LRA one (markers in the curves' value)."""
+    kw = dict(resolution=16, contour_length=4, pixel_scale=1, clear_markers=True, return_parts=True)
+    plain, parts = pathfinder_generate(np.random.default_rng(3), 100, **kw)
+    marked, parts2 = pathfinder_generate(np.random.default_rng(3), 100, marker_intensity=128, **kw)
+    assert np.array_equal(plain.labels, marked.labels) and np.array_equal(parts["markers"], parts2["markers"])
+    assert np.array_equal(plain.inputs > 1, marked.inputs > 1)  # the same pixels are on
+    assert set(np.unique(plain.inputs)) == {1, 256} and set(np.unique(marked.inputs)) == {1, 129, 256}
+    for x, mk in zip(marked.inputs.reshape(-1, 16, 16), parts2["markers"]):
+        disc = np.zeros((16, 16), bool)
+        for r, c in mk:
+            disc[max(0, r - 1):r + 2, max(0, c - 1):c + 2] = True
+        assert np.array_equal(x == 129, disc)  # exactly the discs
+    cfg = PathfinderConfig(num_examples=100, resolution=16, pixel_scale=1, contour_length=4, clear_markers=True,
+                           marker_intensity=128)
+    assert np.array_equal(cfg.generate(np.random.default_rng(3)).inputs, marked.inputs)
+    with pytest.raises(ValueError, match="marker_intensity"):
+        pathfinder_generate(np.random.default_rng(0), 4, resolution=16, contour_length=4, pixel_scale=1, marker_intensity=0)
+    with pytest.raises(ValueError):
+        PathfinderConfig(num_examples=4, resolution=16, pixel_scale=1, contour_length=4, marker_intensity=256)
+
+
 def test_pathfinder16_needs_explicit_pixel_sizes():
     with pytest.raises(ValueError, match="pixel_scale"):
         PathfinderConfig(num_examples=10, resolution=16)

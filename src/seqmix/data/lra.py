@@ -394,7 +394,7 @@ def _dilate(mask: np.ndarray, R: int, r: int) -> np.ndarray:
 def pathfinder_generate(rng: np.random.Generator, num_examples: int, *, resolution: int = 32, contour_length: int = 14,
                         num_distractors: int = 2, distractor_length: int | None = None, max_turn_deg: float = 30.0,
                         intensity: int = 255, pixel_scale: float | None = None, clear_markers: bool = False,
-                        return_parts: bool = False):
+                        marker_intensity: int | None = None, return_parts: bool = False):
     """Pathfinder stimuli (Linsley et al., NeurIPS 2018; LRA's Pathfinder), re-implemented:
     two curves of ``contour_length`` dashes that do not touch, ``num_distractors`` shorter
     curves (``distractor_length`` dashes, default contour_length // 3) that touch neither,
@@ -414,8 +414,16 @@ def pathfinder_generate(rng: np.random.Generator, num_examples: int, *, resoluti
     ``clear_markers=True`` also keeps each curve one pixel clear of a marker on an end of the
     other (else a label-0 image can show the second marker touching curve 1, as if connected:
     1.3% of label-0 images at 32 × 32 with 6 dashes, 22% at 16 × 16 with 4; the default keeps
-    the images of a seed unchanged)."""
+    the images of a seed unchanged). ``marker_intensity`` (default: ``intensity``, as in LRA,
+    where a marker is told from a curve by its shape only) draws the marker discs in a value
+    of their own, over the curve ends they cover: a token then says "marker" by itself (the
+    CPU-sized tiny scale's option, docs/lra.md "Pathfinder-16: what the models miss"); the
+    curves, labels and the rest of the image are those of the same seed without it."""
     R = resolution
+    mark = intensity if marker_intensity is None else int(marker_intensity)
+    if not (0 < intensity <= 255 and 0 < mark <= 255):
+        raise ValueError(f"pathfinder: arguments 'intensity' and 'marker_intensity' must be in 1..255 (0 is the "
+                         f"background), got {intensity} and {mark}")
     s = R / 32 if pixel_scale is None else float(pixel_scale)
     if s < 1:
         raise ValueError(f"pathfinder: argument 'pixel_scale' must be >= 1, got {s:g}"
@@ -468,10 +476,11 @@ def pathfinder_generate(rng: np.random.Generator, num_examples: int, *, resoluti
     far2 = np.argmax(((e2 - a[:, None]) ** 2).sum(-1), 1)
     b = np.where(label[:, None] == 1, e1[everything, 1 - end1], e2[everything, far2])
     yy, xx = np.mgrid[0:R, 0:R]
+    discs = np.zeros_like(img)
     for c in (a, b):
         disc = (yy[None] - c[:, 0, None, None]) ** 2 + (xx[None] - c[:, 1, None, None]) ** 2 <= radius ** 2
-        img |= disc.reshape(N, -1)
-    pixels = img.astype(np.int64) * intensity
+        discs |= disc.reshape(N, -1)
+    pixels = np.where(discs, mark, img.astype(np.int64) * intensity)
     out = TaskArrays(pixels + 1, label.astype(np.int64))
     return (out, {"curve": curve, "markers": np.stack([a, b], 1)}) if return_parts else out
 
@@ -553,6 +562,8 @@ class PathfinderConfig(_LRATask):
     contour_length: int | None = Field(None, ge=1, description="dashes of the two curves instead of the difficulty's (generator)")
     pixel_scale: float | None = Field(None, ge=1, description="dash, gap and marker sizes × this (None: R / 32; generator)")
     clear_markers: bool = Field(False, description="curves keep a pixel clear of the other curve's end markers (generator)")
+    marker_intensity: int | None = Field(None, ge=1, le=255, description="pixel value of the end markers (None: the curves' "
+                                         "255, as in LRA; the tiny scale's option, generator)")
     num_distractors: int = Field(2, ge=0, description="distractor curves per image (generator)")
     path: str | None = Field(None, description="root of the released pathfinder<R> folder instead of generating")
     split: Literal["train", "val", "test"] = Field("train", description="which 80/10/10 part of a released folder")
@@ -587,7 +598,7 @@ class PathfinderConfig(_LRATask):
         length = PATHFINDER_LEVELS[self.difficulty][1] if self.contour_length is None else self.contour_length
         return pathfinder_generate(rng, self.num_examples, resolution=self.resolution, contour_length=length,
                                    num_distractors=self.num_distractors, pixel_scale=self.pixel_scale,
-                                   clear_markers=self.clear_markers)
+                                   clear_markers=self.clear_markers, marker_intensity=self.marker_intensity)
 
 
 # ------------------------------------------------------------------------------------------

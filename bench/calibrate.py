@@ -19,8 +19,7 @@ docs/harness.md ("Calibrating the main job", "Tiny presets").
     python bench/calibrate.py run dsf-fig2 S6 --d 64 --seed 1 --set train.lr=0.01
     python bench/calibrate.py run bmojo-fig2 Mamba --d 64 --task "mqar(32,4)" --steps 1500
     python bench/calibrate.py run dsf-fig2 softmax --steps 2500 --set model.mixer_kwargs.n=64 --seq-len 64 --kv 8
-    python bench/calibrate.py run lra-tiny softmax --task pathfinder32 --seq-len 256 --segment resolution=16 \
-        --segment pixel_scale=1 --segment contour_length=4 --steps 3000
+    python bench/calibrate.py run lra-tiny S6 --task pathfinder16 --steps 6000 --seed 1
 
 --set takes a dotted path into the run's config (as in its config.json) and a JSON value
 (a bare word is taken as a string); --segment the same for a field of every train and test

@@ -108,6 +108,23 @@ def test_manual_cg_backward_is_autograd_through_the_steps(cg_init):
     assert max_abs(res["manual"][1][0], torch.zeros_like(Hm)) > 1e-3  # the test sees dH
 
 
+def test_manual_cg_backward_twice_names_the_option():
+    """A second backward through one manual CG solve (retain_graph=True) is refused with a clear error
+    naming backward='autograd', which supports it."""
+    B, T, H, K = 1, 3, 2, 4
+    A = rnd(B, T, H, K, K, seed=21)
+    Hm = (A @ A.transpose(-1, -2) / K).requires_grad_(True)
+    q = rnd(B, T, H, K, seed=22).requires_grad_(True)
+    lamb = torch.ones(H, K, dtype=torch.float64)
+    x = mesa_solve(Hm, q, lamb, solver="cg", cg_steps=3, backward="manual")
+    x.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward='autograd'"):
+        x.sum().backward()
+    y = mesa_solve(Hm, q, lamb, solver="cg", cg_steps=3, backward="autograd")
+    y.sum().backward(retain_graph=True)
+    y.sum().backward()
+
+
 @pytest.mark.parametrize("decay", [True, False])
 @pytest.mark.parametrize("solver", ["cg", "exact"])
 @pytest.mark.parametrize("mode", ["parallel", "chunk"])

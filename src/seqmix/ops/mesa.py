@@ -127,6 +127,9 @@ class _CGSolve(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dx):
+        if ctx.graph is None:
+            raise RuntimeError("mesa_solve: a second backward through the same CG solve (retain_graph=True) is not supported "
+                               "with backward='manual', whose graph the first backward frees; use backward='autograd'")
         x, q_, lamb_, taps = ctx.graph
         ctx.graph = None  # the graph is freed by this backward (as autograd frees its own)
         us = [u for u, _ in taps["mv"]] + ([taps["diag"]] if taps["diag"] is not None else [])

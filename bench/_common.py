@@ -140,18 +140,15 @@ def _rss_mb() -> dict:
     return out
 
 
-def _child(queue, threads, builder, args):
-    try:
-        torch.set_num_threads(threads)
-        fn = builder(*args)
-        fn()  # warm-up: one-time allocations (thread pools, caches) are not the op's memory
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets this process's high-water mark of resident memory
-        before = _rss_mb()["VmRSS"]
-        fn()
-        queue.put(_rss_mb()["VmHWM"] - before)
-    except Exception as e:  # report, do not hang the parent
-        queue.put(f"error: {type(e).__name__}: {e}")
+def _peak_rss(builder, args) -> float:
+    """In the fresh process of :func:`peak_memory_mb`: MB that one call of ``builder(*args)()`` adds."""
+    fn = builder(*args)
+    fn()  # warm-up: one-time allocations (thread pools, caches) are not the op's memory
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets this process's high-water mark of resident memory
+    before = _rss_mb()["VmRSS"]
+    fn()
+    return _rss_mb()["VmHWM"] - before
 
 
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
@@ -180,26 +177,9 @@ def peak_memory_mb(builder, *args, device: str = "cpu") -> float | None:
         return (torch.cuda.max_memory_allocated() - base) / 2**20
     if not os.path.exists("/proc/self/clear_refs"):
         return None
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_child, args=(q, torch.get_num_threads(), builder, args))
     # glibc keeps freed small blocks resident, so a second call would reuse the first's pages
     # unseen: in the child, every block of 64 KiB or more is mmapped and returned when freed
-    saved = {k: os.environ.get(k) for k in _MALLOC_ENV}
-    os.environ.update(_MALLOC_ENV)
-    try:
-        p.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    res = q.get()
-    p.join()
-    if isinstance(res, str):
-        raise RuntimeError(res)
-    return res
+    return in_fresh_process(_peak_rss, builder, args, env=_MALLOC_ENV)
 
 
 def _call_child(queue, threads, fn, args):
@@ -210,8 +190,9 @@ def _call_child(queue, threads, fn, args):
         queue.put(RuntimeError(f"{type(e).__name__}: {e}"))
 
 
-def in_fresh_process(fn, *args):
-    """``fn(*args)`` in a fresh (spawned) process at this process's thread count, its picklable
+def in_fresh_process(fn, *args, env: dict[str, str] | None = None):
+    """``fn(*args)`` in a fresh process (spawned: a fork would inherit the OpenMP pool and can
+    hang) at this process's thread count, with ``env`` added to its environment; its picklable
     result returned (its exception re-raised as a RuntimeError). ``fn`` is a module-level function.
     Timings taken there do not depend on what this process ran before: glibc's malloc raises its
     mmap threshold as large blocks are freed, so one process's history decides whether a later
@@ -219,7 +200,16 @@ def in_fresh_process(fn, *args):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_call_child, args=(q, torch.get_num_threads(), fn, args))
-    p.start()
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        p.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     res = q.get()
     p.join()
     if isinstance(res, Exception):

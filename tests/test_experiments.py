@@ -99,6 +99,25 @@ def test_learning_rates_by_model():
         bad.runs("tiny")
 
 
+def test_learning_rates_by_task():
+    """TaskSpec.lrs: every model's rates on that task, over the scale's lrs and lrs_by_model; a model's own
+    lr in per_model still wins; a task without lrs keeps the scale's."""
+    from seqmix.experiments.base import TaskModel
+
+    p = _mini()
+    sc = p.scales["tiny"].model_copy(update={"lrs_by_model": {"lin-fixed": [1e-2]}})
+
+    def rates(task):
+        grid = p.model_copy(update={"scales": {"tiny": sc.model_copy(update={"tasks": [task]})}}).runs("tiny")
+        return {lab: {r.train.lr for r in grid if r.label == lab} for lab in ("lin", "lin-fixed")}
+
+    plain = sc.tasks[0]
+    assert rates(plain) == {"lin": {1e-3, 3e-3}, "lin-fixed": {1e-2}}
+    assert rates(plain.model_copy(update={"lrs": [5e-4]})) == {"lin": {5e-4}, "lin-fixed": {5e-4}}
+    own = plain.model_copy(update={"lrs": [5e-4], "per_model": {"lin": TaskModel(lr=2e-2)}})
+    assert rates(own) == {"lin": {2e-2}, "lin-fixed": {5e-4}}
+
+
 def test_bad_fields_and_names_are_reported():
     bad_field = _mini().model_copy(update={"models": [ModelSpec(label="x", mixer="linear_attention", state_field="d_state")]})
     with pytest.raises(ValueError, match="state_field 'd_state'"):

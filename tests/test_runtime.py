@@ -13,7 +13,9 @@ import seqmix.runtime
 _PROBE = textwrap.dedent("""
     import resource, sys, torch
     import seqmix.runtime
-    applied = seqmix.runtime.keep_freed_memory() if sys.argv[1] == "keep" else None
+    applied = seqmix.runtime.keep_freed_memory() if sys.argv[1] in ("keep", "restored") else None
+    if sys.argv[1] == "restored":
+        applied = applied and seqmix.runtime.keep_freed_memory(False)
     def step():  # a 64 MiB tensor, above glibc's largest mmap threshold, touched and freed
         t = torch.ones(16 * 2**20)
         del t
@@ -41,6 +43,8 @@ def test_keep_freed_memory_removes_the_page_faults_of_a_repeated_allocation():
     _, default = _faults("default")
     pages = 64 * 2**20 / 4096
     assert default > 0.9 * pages
+    applied, restored = _faults("restored")  # keep_freed_memory(False): glibc's default values again
+    assert applied == "True" and restored > 0.9 * pages
     kept = []
     for _ in range(6):
         applied, keep = _faults("keep")

@@ -48,13 +48,13 @@ def _mallopt():
 
 
 def keep_freed_memory(enable: bool = True) -> bool:
-    """Keep freed memory in this process (``enable``) or return to glibc's defaults (``False``, which
-    also re-enables glibc's adaptive mmap threshold only at its next start). Returns whether the
-    setting was applied: False where the C library is not glibc (nothing changes there).
+    """Keep freed memory in this process (``enable``), or set glibc's default values back (``False``;
+    glibc's adaptive mmap threshold stays off, as after any mallopt call). Returns whether the setting
+    was applied: False where the C library is not glibc (nothing changes there).
 
     With ``enable``: no block is mmapped (``M_MMAP_MAX = 0``: every allocation comes from the heap)
     and the heap's free top is trimmed only above 2 GiB (mallopt's largest value), so what a step frees
-    serves the next step without page faults."""
+    usually serves the next step without page faults (not always: the module docstring)."""
     if not isinstance(enable, bool):
         raise ValueError(f"keep_freed_memory: argument 'enable' must be a bool, got {type(enable).__name__}")
     mallopt = _mallopt()

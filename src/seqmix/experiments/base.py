@@ -72,6 +72,8 @@ class TaskSpec(_Frozen):
     name: str = Field(description="panel name, e.g. 'mqar(512,64)' or 'tinyshakespeare(char)'")
     data: RunData = Field(description="a synthetic task set or a text corpus (kind='corpus')")
     train: dict[str, Any] = Field(default_factory=dict, description="TrainConfig fields for this task (epochs, ...)")
+    lrs: list[float] | None = Field(None, min_length=1, description="learning rates of every model on this task, instead "
+                                    "of the scale's lrs and lrs_by_model (a model's own lr in per_model still wins)")
     per_model: dict[str, TaskModel] = Field(default_factory=dict, description="model label -> its settings on this task")
 
 
@@ -265,7 +267,7 @@ class Preset(_Frozen):
                         kw = {**m.mixer_kwargs, **tm.mixer_kwargs}
                         if n is not None and m.state_field:
                             kw[m.state_field] = n
-                        for lr in [tm.lr] if tm.lr else sc.lrs_by_model.get(m.label, sc.lrs):
+                        for lr in [tm.lr] if tm.lr else (task.lrs or sc.lrs_by_model.get(m.label, sc.lrs)):
                             for seed in sc.seeds:
                                 try:
                                     model = ModelConfig(**{**sc.model, **m.model, **tm.model, "mixer": m.mixer, "mixer_kwargs": kw,

@@ -63,19 +63,13 @@ TINY_TASKS = [
     TaskSpec(name="pathfinder16", data=DataConfig(train=[PathfinderConfig(num_examples=32_000, **TINY_PATHFINDER)],
                                                   test=[PathfinderConfig(num_examples=1_000, **TINY_PATHFINDER)],
                                                   batch_size=32, shuffle=True),
-             train={"epochs": 3}),
+             train={"epochs": 3}, lrs=[TINY_PATHFINDER_LR]),
 ]
 TINY_TRAIN = {"warmup": 0.1, "weight_decay": 0.01, "early_stop": None, "grad_clip": 1.0}
 
 
-def _tiny_scale(model: dict, labels: list[str], per_model: dict[str, dict[str, TaskModel]] | None = None) -> Scale:
-    """The tiny grid of the models ``labels``; Pathfinder-16 at lr TINY_PATHFINDER_LR for each of them, merged into
-    ``per_model``'s pathfinder16 settings."""
-    per_model = {k: dict(v) for k, v in (per_model or {}).items()}
-    pf = per_model.setdefault("pathfinder16", {})
-    for label in labels:
-        pf[label] = (pf.get(label) or TaskModel()).model_copy(update={"lr": TINY_PATHFINDER_LR})
-    tasks = [t.model_copy(update={"per_model": per_model.get(t.name, {})}) for t in TINY_TASKS]
+def _tiny_scale(model: dict, per_model: dict[str, dict[str, TaskModel]] | None = None) -> Scale:
+    tasks = [t.model_copy(update={"per_model": (per_model or {}).get(t.name, {})}) for t in TINY_TASKS]
     return Scale(
         description="d = 32, 2 layers with an MLP, mean pooling; ListOps (lengths 20-100) 32k/1k × 2 epochs at lr 2e-3, "
                     "Pathfinder-16 (4 dashes, markers in their own value) 32k/1k × 3 epochs at lr 1e-3, seeds 0, 1",
@@ -191,7 +185,7 @@ DSF_TABLE3 = Preset(
             train={"early_stop": None, "grad_clip": None, "min_lr": 0.0, "betas": (0.9, 0.999)},
             model={"norm": "layernorm", "classifier": {"pooling": "mean"}}, workers=1,
             budget="GPU: 20 runs; Pathfinder 200 epochs of 160k images is the longest"),
-        "tiny": _tiny_scale({"classifier": {"pooling": "mean"}}, ["softmax", "linear", "normalized", "S6"]),
+        "tiny": _tiny_scale({"classifier": {"pooling": "mean"}}),
     },
     claims=[*LISTOPS_ORDER,
             Claim(text="linear attention is the weakest on ListOps (16.12; softmax 35.72)", check="not_below", a="softmax",
@@ -250,7 +244,7 @@ METALA_LRA = Preset(
                         "(sum) on Retrieval, Image, Pathfinder and Path-X",
             tasks=_paper_tasks(_METALA, {}, path_x=True), d_models=[128], lrs=[1e-3],
             train={"early_stop": None, "grad_clip": 1.0}, model={}, workers=1, budget="GPU: 6 runs, up to 500k steps"),
-        "tiny": _tiny_scale({"channel_mixer": "swiglu", "mlp_ratio": 3.0}, ["MetaLA"],
+        "tiny": _tiny_scale({"channel_mixer": "swiglu", "mlp_ratio": 3.0},
                             {"pathfinder16": {"MetaLA": TaskModel(model={"classifier": {"bidirectional": "sum"}})}}),
     },
     claims=_chance_claims(["MetaLA"], ("listops", "pathfinder", "text", "retrieval", "image", "path-x")),

@@ -14,9 +14,10 @@ carry the state); ``--segment-len 0`` times one whole-sequence pass instead (the
 target is not met the line gives the forward+backward's user and system CPU per token and the
 page faults per token (the kernel mapping and zeroing fresh memory), the measured reason, and the
 per-token ratio 16k/2048; where the computation (user CPU) is flat, the mixer is timed again in a
-fresh process that keeps freed memory (seqmix.runtime.keep_freed_memory(): glibc maps a large
-block fresh on every step and the kernel faults its pages in; jemalloc/tcmalloc keep it alike),
-and a second line gives that ratio.
+fresh process started with glibc's tunables that keep freed memory
+(seqmix.runtime.keep_freed_memory_env(): with its defaults glibc maps a large block fresh on every
+step and the kernel faults its pages in; jemalloc/tcmalloc keep it alike), and a second line gives
+that ratio. ``--keep-freed-memory`` starts every mixer's process so.
 
 A length is skipped, and the table says why, where its rounds would not fit in what is left
 of the mixer's --max-seconds budget (--max-seconds-growing for a state that grows with T;
@@ -37,6 +38,7 @@ float32 tensor, which the fused mode kept several of).
     python bench/scaling.py --quick          # 4 mixers, T = 256..2048, no memory probes: a smoke run
     python bench/scaling.py --mixers mamba,gla,s6
     python bench/scaling.py --segment-len 0  # one whole-sequence pass per call (before segment_len)
+    python bench/scaling.py --keep-freed-memory  # every mixer with GLIBC_TUNABLES=$(python -m seqmix.runtime)
 """
 
 from __future__ import annotations
@@ -102,12 +104,9 @@ def saved_bytes(m, x) -> int:
     return sum(seen.values())
 
 
-def bench_mixer(name, lengths, args, keep_freed: bool = False) -> dict:
+def bench_mixer(name, lengths, args) -> dict:
     from seqmix import Cache, mixer_entry
-    from seqmix.runtime import keep_freed_memory
-
-    if keep_freed and not keep_freed_memory():
-        return {"skipped": "keep_freed_memory() is not available (not glibc)"}
+    from seqmix.runtime import freed_memory_is_kept
 
     # a mixer built for a kernel length (S4's l_max) is built for each T, as a user training at T would
     per_length = "l_max" in mixer_entry(name).cls.Config.model_fields
@@ -208,7 +207,7 @@ def bench_mixer(name, lengths, args, keep_freed: bool = False) -> dict:
     # (summed over the rounds: the kernel's user/system split is sampled at its clock tick, too coarse for one short call)
     split = {T: {"user_us": sum(u for u, _, _ in v) / (len(v) * T) * 1e6, "sys_us": sum(s for _, s, _ in v) / (len(v) * T) * 1e6,
                  "faults": sum(f for _, _, f in v) / (len(v) * T)} for T, v in os_fb.items()}
-    return dict(state_floats={str(k): v for k, v in state_floats.items()}, cpu_ratio_fwd=cpu_ratio_f, cpu_ratio_fwd_bwd=cpu_ratio_fb,
+    return dict(kept_freed_memory=freed_memory_is_kept(), state_floats={str(k): v for k, v in state_floats.items()}, cpu_ratio_fwd=cpu_ratio_f, cpu_ratio_fwd_bwd=cpu_ratio_fb,
                 user_ratio_fwd_bwd=split[last]["user_us"] / max(split[first]["user_us"], 1e-9),
                 fwd_bwd_os_per_token={str(k): v for k, v in split.items()}, mode=ms[first].mode, lengths=keep, skipped_lengths={str(k): v for k, v in skipped.items()},
                 fwd_us_per_token={str(k): v for k, v in per_tok_f.items()},
@@ -298,17 +297,29 @@ def main():
     p.add_argument("--same-process", dest="fresh", action="store_false",
                    help="time every mixer in this process (default: each in a fresh one, so no mixer's figures depend on "
                         "what ran before it: the allocator's mmap threshold does)")
+    p.add_argument("--keep-freed-memory", action="store_true",
+                   help="start every mixer's process with seqmix.runtime.keep_freed_memory_env() (glibc keeps freed memory: "
+                        "no page faults per step); default: glibc's defaults, and a miss whose computation is flat is re-timed so")
     args = p.parse_args()
+    from seqmix.runtime import glibc_malloc, keep_freed_memory_env
+
+    if args.keep_freed_memory and not args.fresh:
+        p.error("--keep-freed-memory needs each mixer in a fresh process (glibc reads it when a process starts): drop --same-process")
+    if args.keep_freed_memory and not glibc_malloc():
+        p.error("--keep-freed-memory: this process's C library is not glibc (its allocator has no such setting)")
     info = setup(args)
+    freed_env = keep_freed_memory_env() if glibc_malloc() else None
     lengths = QUICK_LENGTHS if args.quick else LENGTHS
     names = args.mixers.split(",") if args.mixers else (list(QUICK_MIXERS) if args.quick else recurrent_mixers())
     print(f"machine: {info}; d_model {D_MODEL}, batch 1, T = {lengths}, median of {args.repeats} interleaved rounds, "
-          f"{'each mixer in a fresh process' if args.fresh else 'every mixer in this process'}; segment_len: {'each mixer default' if args.segment_len is None else args.segment_len}\n")
+          f"{'each mixer in a fresh process' if args.fresh else 'every mixer in this process'}"
+          f"{' started with GLIBC_TUNABLES=' + freed_env['GLIBC_TUNABLES'] if args.keep_freed_memory else ''}; segment_len: {'each mixer default' if args.segment_len is None else args.segment_len}\n")
     t_start = time.perf_counter()
     results = {}
     for name in names:
         t0 = time.perf_counter()
-        results[name] = r = in_fresh_process(bench_mixer, name, lengths, args) if args.fresh else bench_mixer(name, lengths, args)
+        results[name] = r = (in_fresh_process(bench_mixer, name, lengths, args, env=freed_env if args.keep_freed_memory else None)
+                             if args.fresh else bench_mixer(name, lengths, args))
         print(f"  done: {name} ({time.perf_counter() - t0:.0f} s)" + (f": skipped, {r['skipped']}" if "skipped" in r else ""), flush=True)
     rows = []
     for name, r in results.items():
@@ -355,12 +366,12 @@ def main():
                                    f"fwd {r['ratio_fwd']:.2f}, fwd+bwd {r['ratio_fwd_bwd']:.2f} (CPU time: "
                                    f"{r['cpu_ratio_fwd']:.2f}, {r['cpu_ratio_fwd_bwd']:.2f})"
                                    + ("" if full else f" (longer T skipped: {'; '.join(r['skipped_lengths'].values())})") + why))
-        if met is False and args.fresh and r["user_ratio_fwd_bwd"] <= RATIO_TARGET:
+        if met is False and args.fresh and not args.keep_freed_memory and r["user_ratio_fwd_bwd"] <= RATIO_TARGET and freed_env:
             # the computation is flat: the same mixer in a fresh process that keeps freed memory (no page faults)
-            k = kept[name] = in_fresh_process(bench_mixer, name, lengths, args, True)
+            k = kept[name] = in_fresh_process(bench_mixer, name, lengths, args, env=freed_env)
             if "skipped" not in k:
                 osk = k["fwd_bwd_os_per_token"][str(k["lengths"][-1])]
-                target_line(f"{name}: the same with seqmix.runtime.keep_freed_memory()", meets(k, lengths),
+                target_line(f"{name}: the same in a process started with GLIBC_TUNABLES=$(python -m seqmix.runtime)", meets(k, lengths),
                             f"per-token {k['ratio_over']}: fwd {k['ratio_fwd']:.2f}, fwd+bwd {k['ratio_fwd_bwd']:.2f} (CPU time: "
                             f"{k['cpu_ratio_fwd']:.2f}, {k['cpu_ratio_fwd_bwd']:.2f}); {osk['faults']:.2f} page faults/token at "
                             f"{k['lengths'][-1]}")
@@ -368,7 +379,7 @@ def main():
     if kept:
         ok = [n for n, k in kept.items() if "skipped" not in k and meets(k, lengths)]
         print(f"  of the {sum(t['met'] is False for t in targets)} NOT MET, {len(ok)} with a flat computation are MET when the "
-              f"process keeps freed memory: {', '.join(ok) or 'none'}")
+              f"process keeps freed memory (GLIBC_TUNABLES=$(python -m seqmix.runtime)): {', '.join(ok) or 'none'}")
     if not args.quick:
         print(f"  per-token targets: {sum(t['met'] for t in counted)} MET, {sum(not t['met'] for t in counted)} NOT MET of "
               f"{len(counted)} measured to {lengths[-1]} at a fixed state; {len(results) - len(counted)} n/a (skipped, "

@@ -202,6 +202,53 @@ def test_cauchy_by_hand():
     assert abs(complex(r[1, 3]) - sum(complex(v[1, n]) / (complex(z[3]) - complex(w[1, n])) for n in range(5))) < 1e-12
 
 
+@pytest.mark.parametrize("chunk_elements", [1, 7, 40, 10**6])  # one node per chunk, uneven chunks, one chunk
+def test_cauchy_chunked_matches_naive_in_values_and_gradients(chunk_elements):
+    """The chunked mode (recomputing backward) against the naive terms, float64, with dplr_kernel's
+    broadcasting (v [H, 2, 2, N] against w [H, 1, 1, N]) and gradients for v, z and w."""
+    g = rng(11)
+    v, w, z = crandn(3, 2, 2, 5, g=g), crandn(3, 1, 1, 5, g=g), crandn(9, g=g) + 3
+    up = crandn(3, 2, 2, 9, g=g)
+    grads = []
+    for mode in ("naive", "chunked"):
+        a, b, c = (t.clone().requires_grad_(True) for t in (v, z, w))
+        r = cauchy(a, b, c, mode=mode, chunk_elements=chunk_elements)
+        (r * up.conj()).real.sum().backward()
+        grads.append((r.detach(), a.grad, b.grad, c.grad))
+    for ref, got in zip(*grads):
+        assert ref.shape == got.shape and max_abs(got, ref) < F64_ATOL
+
+
+def test_cauchy_chunked_gradcheck_and_real_nodes():
+    g = rng(12)
+    v, w = crandn(2, 4, g=g).requires_grad_(True), crandn(2, 4, g=g).requires_grad_(True)
+    z = (torch.rand(6, generator=g, dtype=torch.float64) + 3).requires_grad_(True)  # real nodes: a real gradient
+    assert torch.autograd.gradcheck(lambda a, b, c: cauchy(a, b, c, chunk_elements=5), (v, z, w))
+    (cauchy(v, z, w, chunk_elements=5).abs() ** 2).sum().backward()
+    gz = z.grad.clone()
+    z.grad = None
+    (cauchy(v, z, w, mode="naive").abs() ** 2).sum().backward()
+    assert not gz.is_complex() and max_abs(gz, z.grad) < F64_ATOL
+
+
+def test_cauchy_chunked_float32_relative():
+    g = rng(13)
+    v, w, z = crandn(4, 8, g=g), crandn(4, 8, g=g), crandn(33, g=g) + 4
+    ref = cauchy(v, z, w, mode="naive")
+    got = cauchy(v.to(torch.complex64), z.to(torch.complex64), w.to(torch.complex64), chunk_elements=50)
+    assert got.dtype == torch.complex64 and rel_err(got.to(ref.dtype), ref) < F32_RTOL
+
+
+def test_cauchy_checks_its_arguments():
+    v = torch.ones(2, 3, dtype=torch.complex64)
+    with pytest.raises(ValueError, match="unknown mode 'fast'"):
+        cauchy(v, torch.ones(4, dtype=torch.complex64), v, mode="fast")
+    with pytest.raises(ValueError, match="argument 'z' must be \\[L\\]"):
+        cauchy(v, torch.ones(2, 4, dtype=torch.complex64), v)
+    with pytest.raises(ValueError, match="chunk_elements"):
+        cauchy(v, torch.ones(4, dtype=torch.complex64), v, chunk_elements=0)
+
+
 def legs_system(N, H, g):
     """A HiPPO-LegS DPLR system per channel and its full (complex) discretized dense matrices."""
     Lam, P, B, _ = nplr_legs(N)

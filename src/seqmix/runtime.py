@@ -1,26 +1,39 @@
 """Settings of the process seqmix runs in (not of seqmix's computation).
 
-:func:`keep_freed_memory` tells glibc's malloc to keep the memory a process frees for its next
-allocations instead of handing it back to the operating system. PyTorch's CPU tensors come from
-malloc, and glibc maps every block above its mmap threshold (128 KiB at first, raised as large
+glibc's malloc hands large freed blocks back to the operating system, and PyTorch's CPU tensors
+come from malloc: it maps every block above its mmap threshold (128 KiB at first, raised as large
 blocks are freed, 32 MiB at most) fresh from the OS and trims the heap's free top above twice
-that: so a training step whose tensors total more than a few tens of MB gets its memory back
-from the kernel on every step, page by page, each page faulted in and zeroed (system time). At
+that. So a training step whose tensors total more than a few tens of MB gets its memory back from
+the kernel on every step, page by page, each page faulted in and zeroed (system time). At
 T = 16k a forward+backward of a recurrent mixer at d_model 128 took 5-7 page faults per token,
 1.4 µs each, where at T = 512 it took none: the cost per token grows with T although the
 computation does not (``python bench/scaling.py``; docs/performance.md). jemalloc and tcmalloc
-(``LD_PRELOAD``, as PyTorch's CPU performance guide suggests) keep freed memory in the same way.
+(``LD_PRELOAD``, as PyTorch's CPU performance guide suggests) keep freed memory instead.
 
-The setting is process-wide and opt-in: the process's resident memory then stays at its peak.
-glibc does not always honour it: a probe that allocates, touches and frees 64 MiB six times in a
-fresh process faulted on every step in 2 of 6 processes even with the setting (the others: once,
-then never); the cause was not found. ``python bench/scaling.py`` re-times a mixer with it where
-the default allocator's page faults miss the target, and prints what it gave.
+Two ways to keep it with glibc, both opt-in (the process's resident memory then stays at its
+peak):
+
+- :func:`keep_freed_memory_env` (reliable): the environment a *new* process needs,
+  ``GLIBC_TUNABLES`` with no mmapped blocks, no heap trim below 2 GiB, and no per-thread cache
+  (tcache) or fastbins for small blocks. glibc reads it when a process starts. The last two
+  matter: a small block freed into the tcache or a fastbin stays marked in use, so when it sits
+  between a freed large block and the heap's top the two cannot merge, the next large request
+  (``posix_memalign`` asks a little more than the freed block holds) extends the heap, and every
+  step faults its pages in again. A probe that allocates, touches and frees 64 MiB six times
+  (``tests/test_runtime.py``) faulted on every step in 2-4 of 10 fresh processes with the first
+  two settings alone, and in none of 10 with all four. From a shell::
+
+      GLIBC_TUNABLES=$(python -m seqmix.runtime) seqmix train --config run.json
+
+- :func:`keep_freed_memory` (in the running process, no restart): ``mallopt`` for the first two
+  settings. It cannot turn the tcache off, so it is not reliable: with it the probe still faulted
+  on every step in about 2 of 10 processes, and on one step in six in the others.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 # mallopt parameters (glibc's malloc.h)
@@ -32,6 +45,10 @@ _DEFAULT_TRIM_THRESHOLD = 128 * 1024
 _DEFAULT_MMAP_THRESHOLD = 128 * 1024
 _DEFAULT_MMAP_MAX = 65536
 _TRIM_MAX = 2**31 - 1  # mallopt's int: a free heap top of 2 GiB is the most it keeps
+# glibc's tunables (glibc >= 2.26) read at process start: the two mallopt settings, and no tcache or
+# fastbins, whose freed small blocks pin a freed large block apart from the heap's top
+KEEP_FREED_MEMORY_TUNABLES = ("glibc.malloc.mmap_max=0", f"glibc.malloc.trim_threshold={_TRIM_MAX}",
+                              "glibc.malloc.tcache_count=0", "glibc.malloc.mxfast=0")
 
 
 def _mallopt():
@@ -45,6 +62,11 @@ def _mallopt():
         return None
     fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return fn
+
+
+def glibc_malloc() -> bool:
+    """Whether this process's C library is glibc (Linux), whose malloc the settings here concern."""
+    return _mallopt() is not None
 
 
 def keep_freed_memory(enable: bool = True) -> bool:
@@ -66,3 +88,27 @@ def keep_freed_memory(enable: bool = True) -> bool:
         settings = ((_M_MMAP_MAX, _DEFAULT_MMAP_MAX), (_M_MMAP_THRESHOLD, _DEFAULT_MMAP_THRESHOLD),
                     (_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD))
     return all(mallopt(param, value) == 1 for param, value in settings)
+
+
+def keep_freed_memory_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``{"GLIBC_TUNABLES": ...}``: the environment variable a new process needs to keep freed memory
+    (the module docstring), the settings of ``environ``'s own ``GLIBC_TUNABLES`` (default: this
+    process's environment) kept where they name another tunable. Pass it to a subprocess's
+    environment; it has no effect on a process already running. On a C library other than glibc
+    the variable is ignored."""
+    environ = os.environ if environ is None else environ
+    ours = {t.split("=")[0] for t in KEEP_FREED_MEMORY_TUNABLES}
+    kept = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t and t.split("=")[0] not in ours]
+    return {"GLIBC_TUNABLES": ":".join([*kept, *KEEP_FREED_MEMORY_TUNABLES])}
+
+
+def freed_memory_is_kept(environ: dict[str, str] | None = None) -> bool:
+    """Whether ``environ`` (default: this process's environment, as it started) holds every setting of
+    :data:`KEEP_FREED_MEMORY_TUNABLES`, and this is a glibc process that reads them."""
+    environ = os.environ if environ is None else environ
+    have = set(environ.get("GLIBC_TUNABLES", "").split(":"))
+    return glibc_malloc() and all(t in have for t in KEEP_FREED_MEMORY_TUNABLES)
+
+
+if __name__ == "__main__":  # GLIBC_TUNABLES=$(python -m seqmix.runtime) COMMAND
+    print(keep_freed_memory_env()["GLIBC_TUNABLES"])

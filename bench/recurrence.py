@@ -95,7 +95,7 @@ def run_case(name, B, T, H, K, V, decay, args, peak):
     dev = args.device
     rows = []
     C_rule = chunk_size_for(T, K, V, keywise=decay == "key", valuewise=False)
-    modes = ["recurrent", "chunk-autograd", "chunk"] + ([f"chunk-C{C_rule}"] if C_rule != CHUNK else []) + ["parallel"]
+    modes = ["recurrent", "scan", "chunk-autograd", "chunk"] + ([f"chunk-C{C_rule}"] if C_rule != CHUNK else []) + ["parallel"]
     if args.modes:
         modes = [m for m in modes if m in args.modes or (m.startswith("chunk-C") and "chunk-C" in args.modes)]
     results = {}

@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 
+import seqmix.ops.recurrence as recurrence_module
 from seqmix.ops import linear_recurrence, recurrence_map, recurrence_step
 from tolerances import F32_RTOL, F64_ATOL, max_abs, rel_err
 
@@ -40,8 +41,9 @@ CASES = list(itertools.product(DECAYS, [False, True], [16, 19]))
 
 
 @pytest.mark.parametrize("decay,value_decay,T", CASES)
-@pytest.mark.parametrize("mode", ["chunk", "parallel"])
-def test_modes_match_recurrent_float64(mode, decay, value_decay, T):
+@pytest.mark.parametrize("mode", ["scan", "chunk", "parallel"])
+def test_modes_match_recurrent_float64(mode, decay, value_decay, T, monkeypatch):
+    monkeypatch.setattr(recurrence_module, "SCAN_CHUNK_BYTES", 1)  # the scan's shortest chunk, 16 steps: T = 19 crosses one
     args = make(T, decay, value_decay)
     o_ref, S_ref = run("recurrent", *args)
     for chunk in (4, 8, 64):
@@ -51,8 +53,9 @@ def test_modes_match_recurrent_float64(mode, decay, value_decay, T):
 
 
 @pytest.mark.parametrize("decay,value_decay", list(itertools.product(DECAYS, [False, True])))
-@pytest.mark.parametrize("mode", ["chunk", "parallel"])
-def test_gradients_match_recurrent_float64(mode, decay, value_decay):
+@pytest.mark.parametrize("mode", ["scan", "chunk", "parallel"])
+def test_gradients_match_recurrent_float64(mode, decay, value_decay, monkeypatch):
+    monkeypatch.setattr(recurrence_module, "SCAN_CHUNK_BYTES", 1)  # 16-step chunks: T = 19 crosses one
     T = 19
     base = make(T, decay, value_decay)
 
@@ -73,7 +76,7 @@ def test_float32_relative_error(decay, value_decay):
     args64 = make(37, decay, value_decay)
     o_ref, _ = run("recurrent", *args64)
     args32 = [None if t is None else t.float() for t in args64]
-    for mode in ("recurrent", "chunk", "parallel"):
+    for mode in ("recurrent", "scan", "chunk", "parallel"):
         o, S = run(mode, *args32, chunk_size=16)
         assert o.dtype == torch.float32 and S.dtype == torch.float32
         assert rel_err(o.double(), o_ref) < F32_RTOL
@@ -99,7 +102,7 @@ def test_strong_decays_stay_finite_and_accurate(decay, value_decay):
 
 
 @pytest.mark.parametrize("decay", ["head", "key"])
-@pytest.mark.parametrize("mode", ["chunk", "parallel"])
+@pytest.mark.parametrize("mode", ["scan", "chunk", "parallel"])  # scan: complex inputs run the reference loop
 def test_complex_decays(mode, decay):
     args = make(19, decay, False, complex_=True)
     o_ref, S_ref = run("recurrent", *args)
@@ -143,6 +146,40 @@ def test_map_reproduces_output(decay, value_decay):
         o = torch.einsum("bhvts,bshv->bthv", A.view(B, H, V, 17, 17), v)
     assert max_abs(o, o_ref) < F64_ATOL
     assert torch.triu(A, 1).abs().max() == 0
+
+
+@pytest.mark.parametrize("decay", ["head", "key"])
+def test_scan_gradcheck_and_saved_memory(decay, monkeypatch):
+    """The scan's hand-written backward: gradcheck over several chunks (T = 40 > 2 chunks of at least
+    16 steps), and what autograd keeps: the inputs and one state per chunk, not a state per step."""
+    monkeypatch.setattr(recurrence_module, "SCAN_CHUNK_BYTES", 1)  # 16-step chunks
+    g = torch.Generator().manual_seed(5)
+    Bs, T, Hs, Ks, Vs = 1, 40, 1, 2, 2
+    q, k, v = (torch.randn(Bs, T, Hs, n, generator=g, dtype=torch.float64) for n in (Ks, Ks, Vs))
+    gk = -torch.rand(Bs, T, Hs, *([Ks] if decay == "key" else []), generator=g, dtype=torch.float64)
+    gv = -torch.rand(Bs, T, Hs, Vs, generator=g, dtype=torch.float64)
+    S0 = torch.randn(Bs, Hs, Ks, Vs, generator=g, dtype=torch.float64)
+    leaves = [t.requires_grad_(True) for t in (q, k, v, gk, gv, S0)]
+    assert torch.autograd.gradcheck(lambda *xs: run("scan", *xs), leaves)
+
+    def kept(mode):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            run(mode, *leaves)
+        return sum(saved)
+
+    inputs = sum(t.numel() for t in leaves[:5])
+    chunks = -(-T // recurrence_module.scan_steps(Bs, Hs, Ks, Vs, 8))
+    assert chunks >= 2 and kept("scan") <= inputs + chunks * S0.numel()
+    assert kept("recurrent") > inputs + T * S0.numel()  # the reference loop's graph keeps every step's state
+
+
+def test_scan_without_gradient_matches():
+    args = make(50, "key", False)
+    o_ref, S_ref = run("recurrent", *args)
+    with torch.no_grad():
+        o, S = run("scan", *args)
+    assert max_abs(o, o_ref) < F64_ATOL and max_abs(S, S_ref) < F64_ATOL
 
 
 def test_auto_mode_runs_and_matches():

@@ -482,7 +482,8 @@ class BilinearMamba(S6):
     bmojo note §11.20) and is not used. 1 + ΔA is a decay in (0, 1] only while ΔA > -1: it is
     clamped to [min_decay, 1] (documented choice). Everything else is S6's (Δ with its bias,
     out_proj; ``block=True`` gives the Mamba block). Modes "recurrent" and "chunk" both run
-    ``linear_recurrence`` (q = C, k = ΔB, v = x, log-decay log(1 + ΔA)); maps and DSF as S6's.
+    ``linear_recurrence`` (q = C, k = ΔB, v = x, log-decay log(1 + ΔA)), and "auto" its auto mode
+    (its "scan" at these small states); maps and DSF as S6's.
     """
 
     family = "hybrid"
@@ -498,7 +499,7 @@ class BilinearMamba(S6):
         q, k, v, gk = self._recurrence(x, delta, b, c)
         o, S = linear_recurrence(
             q, k, v, gk, initial_state=state["S"] if state else None, output_final_state=need_state,
-            mode=mode if mode in ("chunk", "step") else "recurrent", chunk_size=self.config.chunk_size, check_values=False,
+            mode=mode, chunk_size=self.config.chunk_size, check_values=False,
         )
         y_core = o[..., 0] + self.D * x
         y = y_core * F.silu(z) if z is not None else y_core

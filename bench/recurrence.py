@@ -8,6 +8,8 @@ The chunk mode is timed twice in the same run: ``chunk-autograd`` (autograd thro
 form, chunk_backward="autograd": BEFORE issue 18) and ``chunk`` (the hand-written backward,
 chunk_backward="manual": AFTER), both at C = 64; ``chunk-C*`` is the manual backward at the
 chunk size that chunk_size=None picks (recurrence.chunk_size_for), shown when it is not 64.
+``scan`` is the reference loop in chunks of steps with its hand-written backward (the mode
+``auto`` runs for small key-wise states, e.g. the S6-like shape), timed beside ``recurrent``.
 
 Shapes: (B=2, H=4, T in {1024, 4096}, K=V=64) with key-wise decay and with one decay
 per head, and an S6-like shape (B=2, H=256 channels, K=16, V=1, T=2048). For each mode:
@@ -17,7 +19,7 @@ of forward+backward (a forked process per measurement).
 
 FLOPs counted (forward): chunk = the matmuls it performs, per chunk of C tokens
 2C²K + 2C²V (intra) + 4CKV (state write and read); parallel = 2T²K + 2T²V;
-recurrent/step = 5KV per token (decay, outer product, add, readout). Elementwise
+recurrent/scan/step = 5KV per token (decay, outer product, add, readout). Elementwise
 work of chunk/parallel (decay factors, masks) is not counted.
 """
 
@@ -117,7 +119,7 @@ def run_case(name, B, T, H, K, V, decay, args, peak):
         mem = None if args.no_memory else peak_memory_mb(fwd_bwd_fn, B, T, H, K, V, decay, dev, mode, device=dev)
         gflops = flops(mode, B, T, H, K, V) / (t_f * 1e-3) / 1e9
         results[mode] = dict(fwd_ms=t_f, fwd_bwd_ms=t_fb, bwd_over_fwd=t_fb / t_f, gflops=gflops, pct_peak=100 * gflops / peak, peak_mem_mb=mem)
-        note = {"chunk-autograd": "BEFORE (autograd bwd)", "chunk": "AFTER (manual bwd)"}.get(mode, "AFTER, rule's C" if mode.startswith("chunk-C") else "")
+        note = {"chunk-autograd": "BEFORE (autograd bwd)", "chunk": "AFTER (manual bwd)", "scan": "the loop, manual bwd"}.get(mode, "AFTER, rule's C" if mode.startswith("chunk-C") else "")
         rows.append([name, T, mode, t_f, t_fb, t_fb / t_f, gflops, 100 * gflops / peak, None, None, mem, note])
     ref = results.get("recurrent")
     for r in rows:

@@ -40,8 +40,8 @@ def _faults(setting: str, env: dict | None = None):
 def test_keep_freed_memory_removes_the_page_faults_of_a_repeated_allocation():
     """With glibc's defaults every step maps its 64 MiB fresh (a fault per page). With the setting a
     step reuses an earlier step's pages, but not in every process: in 2 of 6 fresh processes on the
-    development machine (and once in CI) every step still faulted (cause not found; the module
-    docstring says so). So the setting must work in at least one of six fresh processes."""
+    development machine (and once in CI) every step still faulted (the tcache, which mallopt cannot
+    switch off: the module docstring). So the setting must work in at least one of six fresh processes."""
     _, default = _faults("default")
     pages = 64 * 2**20 / 4096
     assert default > 0.9 * pages
@@ -60,8 +60,8 @@ def test_keep_freed_memory_removes_the_page_faults_of_a_repeated_allocation():
 @pytest.mark.skipif(seqmix.runtime._mallopt() is None, reason="glibc's tunables are not available here")
 def test_keep_freed_memory_env_removes_the_page_faults_in_every_process():
     """GLIBC_TUNABLES from keep_freed_memory_env(), read when the process starts: no repeated step faults
-    its 64 MiB in again, in each of four fresh processes (the tcache and fastbins off too: without them
-    2-4 processes in 10 faulted on every step)."""
+    its 64 MiB in again, in each of four fresh processes (the tcache and fastbins off too: with the first
+    two settings alone 4 of 8 processes faulted on every step)."""
     env = seqmix.runtime.keep_freed_memory_env({})
     pages = 64 * 2**20 / 4096
     for _ in range(4):

@@ -20,14 +20,16 @@ peak):
   between a freed large block and the heap's top the two cannot merge, the next large request
   (``posix_memalign`` asks a little more than the freed block holds) extends the heap, and every
   step faults its pages in again. A probe that allocates, touches and frees 64 MiB six times
-  (``tests/test_runtime.py``) faulted on every step in 2-4 of 10 fresh processes with the first
-  two settings alone, and in none of 10 with all four. From a shell::
+  (``tests/test_runtime.py``) faulted on every step in 4 of 8 fresh processes with the first two
+  settings alone (and on one step in six in the other 4), and never after its first step in each
+  of 10 with all four (docs/performance.md, "Fifth version"). From a shell::
 
       GLIBC_TUNABLES=$(python -m seqmix.runtime) seqmix train --config run.json
 
 - :func:`keep_freed_memory` (in the running process, no restart): ``mallopt`` for the first two
   settings. It cannot turn the tcache off, so it is not reliable: with it the probe still faulted
-  on every step in about 2 of 10 processes, and on one step in six in the others.
+  on every step in 1 of 8 fresh processes (2 of 6 in an earlier count), and on one step in six
+  in the others.
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ Modes (all return the same numbers; tests tie each to ``recurrent``):
 * ``scan``: the same loop over time in chunks of steps (:func:`scan_steps`), the states
   written in place into a buffer per chunk, with a hand-written backward (:class:`_Scan`)
   that keeps only the chunk-boundary states and recomputes the rest: memory O(T·(K+V))
-  per head instead of the reference graph's T·K·V, and 2-3x faster forward and backward
-  for small states. Real inputs (complex ones run ``recurrent``).
+  per head instead of the reference graph's T·K·V, and faster (forward 1.35x,
+  forward+backward 1.8x at bench/recurrence.py's S6-like shape). Real inputs (complex ones
+  run ``recurrent``).
 * ``chunk``: chunkwise-parallel. Within a chunk of C tokens the output is a
   masked matmul; chunks are linked by passing the state, written and read with
   decays relative to the chunk's start and end (exponents <= 0). Inside a chunk,
@@ -776,8 +777,8 @@ def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex
     * key- or value-wise decays with a small state per head (K·V <= 64, e.g. S6 with
       K = d_state, V = 1): ``scan`` (``recurrent`` for complex inputs); the loop over T tiny
       elementwise updates beats the tiled chunk form, whose matmuls are too thin to pay off,
-      and the scan's hand-written backward beats autograd through the loop (2-3x, forward
-      and backward, bench/recurrence.py).
+      and the scan's hand-written backward beats autograd through the loop (forward+backward
+      1.8x at bench/recurrence.py's S6-like shape).
     * otherwise ``chunk``.
     """
     if T == 1:

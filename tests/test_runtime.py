@@ -58,6 +58,14 @@ def test_keep_freed_memory_removes_the_page_faults_of_a_repeated_allocation():
 
 
 @pytest.mark.skipif(seqmix.runtime._mallopt() is None, reason="glibc's tunables are not available here")
+def test_freed_memory_is_kept_in_a_process_started_with_the_variable():
+    probe = "import seqmix.runtime as r; print(r.freed_memory_is_kept())"
+    for env, expected in ((seqmix.runtime.keep_freed_memory_env({}), "True"), ({"GLIBC_TUNABLES": ""}, "False")):
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+        assert out.stdout.strip() == expected, out.stderr[-2000:]
+
+
+@pytest.mark.skipif(seqmix.runtime._mallopt() is None, reason="glibc's tunables are not available here")
 def test_keep_freed_memory_env_removes_the_page_faults_in_every_process():
     """GLIBC_TUNABLES from keep_freed_memory_env(), read when the process starts: no repeated step faults
     its 64 MiB in again, in each of four fresh processes (the tcache and fastbins off too: with the first
@@ -78,6 +86,12 @@ def test_keep_freed_memory_env_keeps_other_tunables():
     assert set(seqmix.runtime.KEEP_FREED_MEMORY_TUNABLES) <= set(tunables)
     assert seqmix.runtime.freed_memory_is_kept(env) == (seqmix.runtime._mallopt() is not None)
     assert not seqmix.runtime.freed_memory_is_kept({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0"})
+    overridden = {"GLIBC_TUNABLES": env["GLIBC_TUNABLES"] + ":glibc.malloc.mmap_max=65536"}  # a later entry wins
+    assert not seqmix.runtime.freed_memory_is_kept(overridden)
+    with pytest.raises(ValueError, match="'environ' must be a mapping"):
+        seqmix.runtime.freed_memory_is_kept("GLIBC_TUNABLES=x")
+    with pytest.raises(ValueError, match="'environ' must be a mapping"):
+        seqmix.runtime.keep_freed_memory_env(["x"])
     out = subprocess.run([sys.executable, "-m", "seqmix.runtime"], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "GLIBC_TUNABLES": ""})
     assert out.stdout.strip() == ":".join(seqmix.runtime.KEEP_FREED_MEMORY_TUNABLES)

@@ -202,7 +202,8 @@ def test_cauchy_by_hand():
     assert abs(complex(r[1, 3]) - sum(complex(v[1, n]) / (complex(z[3]) - complex(w[1, n])) for n in range(5))) < 1e-12
 
 
-@pytest.mark.parametrize("chunk_elements", [1, 7, 40, 10**6])  # one node per chunk, uneven chunks, one chunk
+# 60 terms per node (3·2·2 batch × N 5), 9 nodes: one node per chunk, 2 nodes (2,2,2,2,1), 4 (4,4,1), one chunk
+@pytest.mark.parametrize("chunk_elements", [1, 120, 240, 10**6])
 def test_cauchy_chunked_matches_naive_in_values_and_gradients(chunk_elements):
     """The chunked mode (recomputing backward) against the naive terms, float64, with dplr_kernel's
     broadcasting (v [H, 2, 2, N] against w [H, 1, 1, N]) and gradients for v, z and w."""
@@ -223,8 +224,9 @@ def test_cauchy_chunked_gradcheck_and_real_nodes():
     g = rng(12)
     v, w = crandn(2, 4, g=g).requires_grad_(True), crandn(2, 4, g=g).requires_grad_(True)
     z = (torch.rand(6, generator=g, dtype=torch.float64) + 3).requires_grad_(True)  # real nodes: a real gradient
-    assert torch.autograd.gradcheck(lambda a, b, c: cauchy(a, b, c, chunk_elements=5), (v, z, w))
-    (cauchy(v, z, w, chunk_elements=5).abs() ** 2).sum().backward()
+    # 8 terms per node, 6 nodes: chunks of 4 and 2 nodes
+    assert torch.autograd.gradcheck(lambda a, b, c: cauchy(a, b, c, chunk_elements=32), (v, z, w))
+    (cauchy(v, z, w, chunk_elements=32).abs() ** 2).sum().backward()
     gz = z.grad.clone()
     z.grad = None
     (cauchy(v, z, w, mode="naive").abs() ** 2).sum().backward()
@@ -235,7 +237,7 @@ def test_cauchy_chunked_float32_relative():
     g = rng(13)
     v, w, z = crandn(4, 8, g=g), crandn(4, 8, g=g), crandn(33, g=g) + 4
     ref = cauchy(v, z, w, mode="naive")
-    got = cauchy(v.to(torch.complex64), z.to(torch.complex64), w.to(torch.complex64), chunk_elements=50)
+    got = cauchy(v.to(torch.complex64), z.to(torch.complex64), w.to(torch.complex64), chunk_elements=160)  # 5 nodes a chunk
     assert got.dtype == torch.complex64 and rel_err(got.to(ref.dtype), ref) < F32_RTOL
 
 
@@ -247,6 +249,15 @@ def test_cauchy_checks_its_arguments():
         cauchy(v, torch.ones(2, 4, dtype=torch.complex64), v)
     with pytest.raises(ValueError, match="chunk_elements"):
         cauchy(v, torch.ones(4, dtype=torch.complex64), v, chunk_elements=0)
+    z = torch.ones(4, dtype=torch.complex64)
+    with pytest.raises(ValueError, match="'v' and 'w' must be \\[..., N\\] with the same N"):
+        cauchy(v, z, torch.ones(2, 4, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        cauchy(v, z, torch.ones(5, 3, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="argument 'w'"):
+        cauchy(v, z, [1.0, 2.0, 3.0])
+    assert cauchy(v, z[:0], v).shape == (2, 0)  # no nodes: an empty kernel in both modes
+    assert cauchy(v, z[:0], v, mode="naive").shape == (2, 0)
 
 
 def legs_system(N, H, g):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Mapping
 
 # mallopt parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -92,24 +93,46 @@ def keep_freed_memory(enable: bool = True) -> bool:
     return all(mallopt(param, value) == 1 for param, value in settings)
 
 
-def keep_freed_memory_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def _tunables(environ) -> dict[str, str]:
+    """{tunable: value} of ``environ``'s GLIBC_TUNABLES (the last entry of a name wins, as in glibc)."""
+    out = {}
+    for entry in environ.get("GLIBC_TUNABLES", "").split(":"):
+        if entry:
+            name, _, value = entry.partition("=")
+            out[name] = value
+    return out
+
+
+def _check_environ(environ, where):
+    if environ is not None and not isinstance(environ, Mapping):
+        raise ValueError(f"{where}: argument 'environ' must be a mapping of environment variables (or None), "
+                         f"got {type(environ).__name__}")
+
+
+def keep_freed_memory_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``{"GLIBC_TUNABLES": ...}``: the environment variable a new process needs to keep freed memory
     (the module docstring), the settings of ``environ``'s own ``GLIBC_TUNABLES`` (default: this
     process's environment) kept where they name another tunable. Pass it to a subprocess's
     environment; it has no effect on a process already running. On a C library other than glibc
     the variable is ignored."""
+    _check_environ(environ, "keep_freed_memory_env")
     environ = os.environ if environ is None else environ
     ours = {t.split("=")[0] for t in KEEP_FREED_MEMORY_TUNABLES}
-    kept = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t and t.split("=")[0] not in ours]
+    kept = [f"{n}={v}" for n, v in _tunables(environ).items() if n not in ours]
     return {"GLIBC_TUNABLES": ":".join([*kept, *KEEP_FREED_MEMORY_TUNABLES])}
 
 
-def freed_memory_is_kept(environ: dict[str, str] | None = None) -> bool:
-    """Whether ``environ`` (default: this process's environment, as it started) holds every setting of
-    :data:`KEEP_FREED_MEMORY_TUNABLES`, and this is a glibc process that reads them."""
-    environ = os.environ if environ is None else environ
-    have = set(environ.get("GLIBC_TUNABLES", "").split(":"))
-    return glibc_malloc() and all(t in have for t in KEEP_FREED_MEMORY_TUNABLES)
+def freed_memory_is_kept(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``environ``'s GLIBC_TUNABLES sets every value of :data:`KEEP_FREED_MEMORY_TUNABLES` (a
+    later entry of the same name overrides an earlier one), in a glibc process. Default:
+    ``os.environ``, Python's copy of the environment the process started with, which is what glibc
+    read, unless the program changed GLIBC_TUNABLES since: such a change has no effect on the
+    allocator, but this function would count it. (``/proc/self/environ`` does not help: glibc
+    parses the variable in place, and the start environment then shows its first entry only.)"""
+    _check_environ(environ, "freed_memory_is_kept")
+    have = _tunables(os.environ if environ is None else environ)
+    want = dict(t.split("=") for t in KEEP_FREED_MEMORY_TUNABLES)
+    return glibc_malloc() and all(have.get(n) == v for n, v in want.items())
 
 
 if __name__ == "__main__":  # GLIBC_TUNABLES=$(python -m seqmix.runtime) COMMAND

@@ -241,10 +241,13 @@ class _Scan(torch.autograd.Function):
     decay of step t: exp(gk_t)ᵀ exp(gv_t)) and forms the chunk's gradients with whole-chunk ops:
 
         dq_t = scale · S_t do_t,   dk_t = G_t v_t,   dv_t = G_tᵀ k_t,
-        dgk_t = Σ_V G_t ⊙ (S_t - k_tᵀ v_t),   dgv_t = Σ_K G_t ⊙ (S_t - k_tᵀ v_t),   dS_0 = a_1 ⊙ G_1
+        dgk_t = Σ_V G_t ⊙ a_t ⊙ S_(t-1),   dgv_t = Σ_K G_t ⊙ a_t ⊙ S_(t-1),   dS_0 = a_1 ⊙ G_1
 
-    (S_t - k_tᵀ v_t = a_t ⊙ S_(t-1); a per-head gk sums dgk over K too). Real inputs only
-    (complex ones run the reference loop); differentiable once."""
+    (a per-head gk sums dgk over K too; a_t ⊙ S_(t-1) is formed from the recomputed states, not
+    as S_t - k_tᵀ v_t, which cancels where a_t is small). Real inputs only (complex ones run the
+    reference loop). A backward that builds a graph (``create_graph=True``: Hessian-vector
+    products, gradient penalties) is autograd's through the reference loop, recomputed from the
+    saved inputs, so second derivatives are exact too."""
 
     @staticmethod
     def forward(ctx, q, k, v, gk, gv, S0, scale, L):
@@ -255,10 +258,11 @@ class _Scan(torch.autograd.Function):
         return o, S
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, do, dS):
         q, k, v, gk, gv, *bounds = ctx.saved_tensors
         scale, L = ctx.scale, ctx.L
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward (the reference loop's)
+            return _Scan._backward_by_autograd(ctx, q, k, v, gk, gv, bounds[0], do, dS)
         B, T, H, K = q.shape
         V = v.shape[-1]
         G = dS.clone() if dS is not None else q.new_zeros(B, H, K, V)
@@ -286,14 +290,30 @@ class _Scan(torch.autograd.Function):
             dq[:, sl] = torch.einsum("tbhkv,bthv->bthk", St, do[:, sl]) * scale
             dk[:, sl] = torch.einsum("tbhkv,bthv->bthk", Gt, v[:, sl])
             dv[:, sl] = torch.einsum("tbhkv,bthk->bthv", Gt, k[:, sl])
-            if dgk is not None or dgv is not None:
-                decayed = Gt * (St - torch.einsum("bthk,bthv->tbhkv", k[:, sl], v[:, sl]))  # G_t ⊙ a_t ⊙ S_(t-1)
+            if dgk is not None or dgv is not None:  # G_t ⊙ a_t ⊙ S_(t-1)
+                decayed = Gt * torch.cat([bounds[c].unsqueeze(0), states[: n - 1]])
+                if ak is not None:
+                    decayed.mul_(ak.permute(1, 0, 2, 3).unsqueeze(-1))
+                if av is not None:
+                    decayed.mul_(av.permute(1, 0, 2, 3).unsqueeze(-2))
                 if dgk is not None:
                     g = decayed.sum(-1).permute(1, 0, 2, 3)
                     dgk[:, sl] = g if gk.shape[-1] == K else g.sum(-1, keepdim=True)
                 if dgv is not None:
                     dgv[:, sl] = decayed.sum(-2).permute(1, 0, 2, 3)
         return dq, dk, dv, dgk, dgv, G, None, None
+
+    @staticmethod
+    def _backward_by_autograd(ctx, q, k, v, gk, gv, S0, do, dS):
+        ins = (q, k, v, gk, gv, S0)
+        want = [i for i, t in enumerate(ins) if t is not None and ctx.needs_input_grad[i]]
+        with torch.enable_grad():
+            o, S = _recurrent(q, k, v, gk, gv, ctx.scale, S0)
+            grads = torch.autograd.grad((o, S), [ins[i] for i in want], (do, dS), create_graph=True, allow_unused=True)
+        out = [None] * 8
+        for i, g in zip(want, grads):
+            out[i] = g if g is not None else torch.zeros_like(ins[i])
+        return tuple(out)
 
 
 def _scan(q, k, v, gk, gv, scale, S0):
@@ -818,7 +838,7 @@ def linear_recurrence(
             paper drops it, hence the default 1).
         initial_state: [B, H, K, V] or None (zeros).
         output_final_state: also return S_T.
-        mode: "recurrent", "chunk", "parallel", "step" (T == 1) or "auto".
+        mode: "recurrent", "scan", "chunk", "parallel", "step" (T == 1) or "auto".
         chunk_size: C of the chunk mode (any T works; the tail chunk is padded); None picks
             it from the shape by the rule measured on CPU (:func:`chunk_size_for`).
         sub_chunk_size: upper bound on the tile c used for key/value-wise decays in chunk mode;

@@ -186,7 +186,8 @@ def _cauchy_terms(v, z, w):  # [..., L, N]: v_n / (z_l - w_n)
 
 
 def _node_chunks(shape, L: int, chunk_elements: int):
-    """Slices of the L nodes with at most ``chunk_elements`` terms each (batch shape × N × nodes)."""
+    """Slices of the L nodes with at most ``chunk_elements`` terms each (batch shape × N × nodes), or
+    one node each where one node's batch × N terms alone are more."""
     c = max(1, chunk_elements // max(1, math.prod(shape)))
     return [slice(l0, min(L, l0 + c)) for l0 in range(0, L, c)]
 
@@ -248,12 +249,21 @@ def cauchy(v: torch.Tensor, z: torch.Tensor, w: torch.Tensor, *, mode: str = "ch
     ``mode="chunked"`` (default) sums ``chunk_elements`` terms at a time and recomputes them in
     the backward (``_ChunkedCauchy``): the memory is bounded by the chunk, not by L.
     """
-    check_choice("mode", mode, CAUCHY_MODES, "cauchy")
-    if mode == "naive":
-        return _cauchy_terms(v, z, w).sum(-1)
-    check_positive_int("chunk_elements", chunk_elements, "cauchy")
+    where = "cauchy"
+    check_choice("mode", mode, CAUCHY_MODES, where)
+    check_positive_int("chunk_elements", chunk_elements, where)
+    for name, t in (("v", v), ("z", z), ("w", w)):
+        check_tensor(name, t, complex_ok=True, where=where)
     if z.dim() != 1:
-        raise ValueError(f"cauchy: argument 'z' must be [L] (the nodes), got {fmt_shape(z.shape)}")
+        raise ValueError(f"{where}: argument 'z' must be [L] (the nodes), got {fmt_shape(z.shape)}")
+    if v.dim() == 0 or w.dim() == 0 or v.shape[-1] != w.shape[-1]:
+        raise ValueError(f"{where}: arguments 'v' and 'w' must be [..., N] with the same N, got {fmt_shape(v.shape)} and {fmt_shape(w.shape)}")
+    try:
+        torch.broadcast_shapes(v.shape, w.shape)
+    except RuntimeError:
+        raise ValueError(f"{where}: the batch shapes of arguments 'v' {fmt_shape(v.shape)} and 'w' {fmt_shape(w.shape)} do not broadcast") from None
+    if mode == "naive" or z.numel() == 0:
+        return _cauchy_terms(v, z, w).sum(-1)
     return _ChunkedCauchy.apply(v, z, w, chunk_elements)
 
 

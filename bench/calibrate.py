@@ -149,11 +149,11 @@ def calibration_run(args) -> RunConfig:
             _set(seg, path, value)
     if args.seq_len:
         blob["model"]["max_seq_len"] = args.seq_len
-    if not args.repeat:
-        blob["data"]["train"][0]["num_examples"] = args.steps * blob["data"]["batch_size"]
     for item in args.set:
         path, _, value = item.partition("=")
         _set(blob, path, value)
+    if not args.repeat:  # fresh data at the final batch size (--set data.batch_size=64 included)
+        blob["data"]["train"][0]["num_examples"] = args.steps * blob["data"]["batch_size"]
     return RunConfig(**blob)
 
 

@@ -115,3 +115,18 @@ def test_scaling_quick_reports_the_cpu_split(tmp_path):
     split = s6["fwd_bwd_os_per_token"]
     assert set(split) == {str(T) for T in s6["lengths"]}
     assert all(v["user_us"] >= 0 and v["sys_us"] >= 0 and v["faults"] >= 0 for v in split.values())
+
+
+def test_calibrate_run_keeps_fresh_data_at_a_changed_batch_size(monkeypatch):
+    """bench/calibrate.py run --set data.batch_size=64: the training set is sized from the final batch size
+    (steps × 64 fresh examples), not from the preset's 16 (which would repeat the data 4 times)."""
+    import argparse
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import calibrate
+
+    args = argparse.Namespace(preset="dsf-fig2", label="S6", d=64, task=None, seed=0, steps=300, eval_every=100, seq_len=None,
+                              kv=None, repeat=False, set=["data.batch_size=64", "train.lr=0.01"], segment=[])
+    cfg = calibrate.calibration_run(args)
+    assert cfg.data.batch_size == 64 and cfg.train.lr == 0.01
+    assert cfg.data.train[0].num_examples == 300 * 64

@@ -66,7 +66,8 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.autograd.function import once_differentiable
+
+from .autograd import first_order
 
 SOURCE = Path(__file__).with_name("csrc") / "selective_scan.cpp"
 #: chunk length L of the kernel when the op's ``chunk_size`` is None: states kept every L steps
@@ -221,7 +222,7 @@ class _CppScan(torch.autograd.Function):
         return y, hT
 
     @staticmethod
-    @once_differentiable
+    @first_order("selective_scan (backend 'cpp')", "selective_scan(..., backend='torch', mode='reference')")
     def backward(ctx, dy, dhT):
         x, delta, A, Bm, Cm, Dv, states, decays, bias = ctx.saved_tensors
         Bt, T, D = x.shape

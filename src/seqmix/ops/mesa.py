@@ -51,9 +51,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor
+from .autograd import first_order
 from .precision import full_precision
 from .recurrence import _check_qkv, _compute_dtype, _exp_where, linear_recurrence
 
@@ -125,7 +125,7 @@ class _CGSolve(torch.autograd.Function):
         return x.detach()
 
     @staticmethod
-    @once_differentiable
+    @first_order("MesaNet's chunkwise Gram matrices", "backward='autograd'")
     def backward(ctx, dx):
         if ctx.graph is None:
             raise RuntimeError("mesa_solve: a second backward through the same CG solve (retain_graph=True) is not supported "
@@ -264,7 +264,7 @@ class _GramChunks(torch.autograd.Function):
         return H_all, H_T
 
     @staticmethod
-    @once_differentiable
+    @first_order("MesaNet's conjugate-gradient solve", "backward='autograd'")
     def backward(ctx, dH_all, dH_T):
         k, beta, g, H0, H_all = ctx.saved_tensors
         C = ctx.C

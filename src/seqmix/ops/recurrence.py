@@ -58,10 +58,10 @@ import math
 
 import torch
 from einops import rearrange
-from torch.autograd.function import once_differentiable
 
 from . import backends as _backends
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+from .autograd import first_order
 from .precision import full_precision
 
 MODES = ("recurrent", "scan", "chunk", "parallel", "step")
@@ -637,7 +637,7 @@ class _ChunkOneTile(torch.autograd.Function):
             return _ChunkOneTile._forward(ctx, q, k, v, Gk, Gv, S0)
 
     @staticmethod
-    @once_differentiable
+    @first_order("linear_recurrence (mode 'chunk')", "linear_recurrence(..., chunk_backward='autograd'), or mode 'recurrent' or 'scan'")
     def backward(ctx, do, dS):
         with torch.autocast(do.device.type, enabled=False):
             return _ChunkOneTile._backward(ctx, do, dS)

@@ -41,7 +41,9 @@ loop of small steps is slow (bench/ssm.py times the three side by side). Modes:
   g_t = dy_t C_t + a_(t+1) g_(t+1) that forms each step's gradients on the spot (no
   autograd graph of T steps, no extra sequence-sized intermediates): with q_t = g_t h_(t-1) a_t,
   dΔ_t = Σ_n q_t A (plus the Δx path, by autograd), dA = Σ_(t,b) q_t Δ_t, d(Δx)_t = Σ_n g_t B_t,
-  dB_t = Σ_d g_t Δ_t x_t, dC_t = Σ_d dy_t h_t, dh_0 = a_0 g_0. Differentiable once.
+  dB_t = Σ_d g_t Δ_t x_t, dC_t = Σ_d dy_t h_t, dh_0 = a_0 g_0. Differentiable once: a backward with
+  create_graph=True raises a clear error (``seqmix.ops.autograd.first_order``); ``reference`` gives
+  second derivatives.
 
 Why chunks (docs/performance.md, "Selective scan"): the whole-sequence a, b and states of
 ``fused`` are T·B·D·N floats each (512 MB at T = 16k, d_inner 512, N 16), so every pass over
@@ -57,10 +59,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from . import backends as _backends
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+from .autograd import first_order
 from .precision import backward_autocast_off, full_precision
 
 MODES = ("reference", "chunked", "fused")
@@ -119,7 +121,7 @@ class _FusedScan(torch.autograd.Function):
         return _contract_n(H, Cm), h
 
     @staticmethod
-    @once_differentiable
+    @first_order("selective_scan (mode 'fused')", "selective_scan(..., mode='reference')")
     @backward_autocast_off  # the backward's matmuls stay in the forward's dtype
     def backward(ctx, dy, dh_last):
         delta, A, u, Bm, Cm, h0, a, H = ctx.saved_tensors
@@ -249,7 +251,7 @@ class _ChunkedScan(torch.autograd.Function):
         return y, h
 
     @staticmethod
-    @once_differentiable
+    @first_order("selective_scan (mode 'chunked')", "selective_scan(..., mode='reference')")
     @backward_autocast_off  # the backward's matmuls stay in the forward's dtype
     def backward(ctx, dy, dh_last):
         delta, A, u, Bm, Cm, states = ctx.saved_tensors

@@ -115,6 +115,17 @@ def test_scaling_quick_reports_the_cpu_split(tmp_path):
     split = s6["fwd_bwd_os_per_token"]
     assert set(split) == {str(T) for T in s6["lengths"]}
     assert all(v["user_us"] >= 0 and v["sys_us"] >= 0 and v["faults"] >= 0 for v in split.values())
+    assert s6["filling"] is False and s6["ratio_over"] == "2048/256" and s6["kept_freed_memory"] is False
+
+
+@pytest.mark.skipif(not __import__("seqmix.runtime").runtime.glibc_malloc(), reason="glibc's tunables only")
+def test_scaling_keep_freed_memory_starts_each_process_with_the_tunables(tmp_path):
+    out = tmp_path / "scaling.json"
+    r = _run("scaling.py", "--quick", "--mixers", "s6", "--threads", "1", "--repeats", "1", "--keep-freed-memory",
+             "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "started with GLIBC_TUNABLES=" in r.stdout
+    assert json.loads(out.read_text())["results"]["s6"]["kept_freed_memory"] is True
 
 
 def test_calibrate_run_keeps_fresh_data_at_a_changed_batch_size(monkeypatch):

@@ -223,7 +223,7 @@ def bench_mixer(name, lengths, args) -> dict:
                 fwd_us_per_token={str(k): v for k, v in per_tok_f.items()},
                 fwd_bwd_us_per_token={str(k): v for k, v in per_tok_fb.items()},
                 ratio_fwd=per_tok_f[last] / per_tok_f[first], ratio_fwd_bwd=per_tok_fb[last] / per_tok_fb[first],
-                ratio_over=f"{last}/{first}", filling=filling, saved_bytes={str(k): v for k, v in mem_small.items()})
+                ratio_over=f"{last}/{first}", base=first, fixed=fixed, filling=filling, saved_bytes={str(k): v for k, v in mem_small.items()})
 
 
 # ------------------------------------------------------------------------------------------
@@ -289,7 +289,7 @@ def bench_memory(args) -> dict:
 
 def meets(r: dict, lengths) -> bool | None:
     """Whether a result meets the per-token target (None: not measured to the longest length)."""
-    if r["ratio_over"] != f"{lengths[-1]}/{lengths[1 if r.get('filling') else 0]}":
+    if r["lengths"][-1] != lengths[-1] or r["base"] != lengths[1 if r["filling"] else 0]:
         return None
     return max(r["ratio_fwd"], r["ratio_fwd_bwd"]) <= RATIO_TARGET
 
@@ -357,17 +357,16 @@ def main():
             continue
         full = meets(r, lengths) is not None
         (Th, sh), (T0, s0), (T1, s1) = ((int(k), v) for k, v in r["state_floats"].items())
-        fixed = s0 == s1
-        met = None if (args.quick or not fixed) else meets(r, lengths)
-        why = "" if fixed else (f"; the target does not apply: the state grows with T ({s0:,} floats after {T0} tokens, "
+        met = None if (args.quick or not r["fixed"]) else meets(r, lengths)
+        why = "" if r["fixed"] else (f"; the target does not apply: the state grows with T ({s0:,} floats after {T0} tokens, "
                                 f"{s1:,} after {T1})")
-        if r.get("filling"):
+        if r["filling"]:
             why += (f"; the state fills over the first tokens ({sh:,} floats after {Th}, {s0:,} after {T0} and {T1}), so "
                     f"from {T1} (per-token {T1}/{T0}: fwd {r['fwd_us_per_token'][str(T1)] / r['fwd_us_per_token'][str(T0)]:.2f}, "
                     f"fwd+bwd {r['fwd_bwd_us_per_token'][str(T1)] / r['fwd_bwd_us_per_token'][str(T0)]:.2f})")
         if met is False:  # the measured reason: the computation (user CPU) against the kernel's page faults (system CPU)
             osf = r["fwd_bwd_os_per_token"]
-            a, b = osf[r["ratio_over"].split("/")[1]], osf[str(r["lengths"][-1])]
+            a, b = osf[str(r["base"])], osf[str(r["lengths"][-1])]
             mid = str(r["lengths"][1])
             past = (f"; per-token {r['lengths'][-1]}/{mid}: fwd {r['fwd_us_per_token'][str(r['lengths'][-1])] / r['fwd_us_per_token'][mid]:.2f}, "
                     f"fwd+bwd {r['fwd_bwd_us_per_token'][str(r['lengths'][-1])] / r['fwd_bwd_us_per_token'][mid]:.2f}")

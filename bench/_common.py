@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -200,16 +201,8 @@ def in_fresh_process(fn, *args, env: dict[str, str] | None = None):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_call_child, args=(q, torch.get_num_threads(), fn, args))
-    saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
-    try:
+    with mock.patch.dict(os.environ, env or {}):  # the child reads its environment at start; ours is restored
         p.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     res = q.get()
     p.join()
     if isinstance(res, Exception):

@@ -11,6 +11,10 @@ docs/harness.md ("Calibrating the main job", "Tiny presets").
    on fresh data (as many examples as steps × batch, unless --repeat), evaluated every
    --eval-every steps; prints the accuracy curve and the CPU time. This is how each row of the
    calibration tables was made.
+3. ``escape``: the same run for every (model, d, seed, rate) of a grid, on --workers processes;
+   prints each run's best accuracy and the step at which it left the plateau (its first
+   evaluation at or above --left), and per (model, d) how many seeds left it at any of the rates:
+   the tables of the sixth calibration (docs/harness.md).
 
     python bench/calibrate.py                  # = cost dsf-fig2 (the main job)
     python bench/calibrate.py cost dsf-fig2
@@ -20,6 +24,8 @@ docs/harness.md ("Calibrating the main job", "Tiny presets").
     python bench/calibrate.py run bmojo-fig2 Mamba --d 64 --task "mqar(32,4)" --steps 1500
     python bench/calibrate.py run dsf-fig2 softmax --steps 2500 --set model.mixer_kwargs.n=64 --seq-len 64 --kv 8
     python bench/calibrate.py run lra-tiny S6 --task pathfinder16 --steps 6000 --seed 1
+    python bench/calibrate.py escape dsf-fig2 --models S6 SSD --d 32 64 --seeds 0 1 2 --lrs 0.01 \
+        --steps 4000 --repeat --set train.schedule=constant --set train.warmup=0.5
 
 --set takes a dotted path into the run's config (as in its config.json) and a JSON value
 (a bare word is taken as a string); --segment the same for a field of every train and test
@@ -157,6 +163,85 @@ def calibration_run(args) -> RunConfig:
     return RunConfig(**blob)
 
 
+def left_at(history: list[tuple[int, float]], left: float) -> int | None:
+    """The step of the first evaluation whose accuracy is at least ``left`` (None: never): where a run
+    left the plateau. ``history``: [(step, accuracy)] in training order."""
+    if not 0 < left <= 1:
+        raise ValueError(f"left_at: argument 'left' must be an accuracy in (0, 1], got {left}")
+    return next((step for step, acc in history if acc >= left), None)
+
+
+def _escape_run(job: dict) -> dict:
+    """One run of the escape grid (in a worker process): its config from ``calibration_run``, trained
+    in a temporary folder; returns the job with its best accuracy, steps, CPU time and curve."""
+    torch.set_num_threads(1)
+    cfg = calibration_run(argparse.Namespace(**job["args"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.process_time()
+        res = Trainer(cfg, run_dir=f"{tmp}/{cfg.run_id}", progress=False).fit()
+        cpu = time.process_time() - t0
+    return {**job, "best": res.accuracy, "steps": res.steps, "cpu": cpu,
+            "history": [(h.get("step"), h["accuracy"]) for h in res.history]}
+
+
+def escape_grid(args) -> list[dict]:
+    """Every (model, d, seed, rate) of the grid ``args`` names, ``args.workers`` at a time, in that order."""
+    for label in args.models:  # an unknown model or d: one clear error before any run starts
+        for d in args.d:
+            calibration_run(_escape_args(args, label, d, args.seeds[0], args.lrs[0]))
+    jobs = [{"model": label, "d": d, "seed": seed, "lr": lr, "args": vars(_escape_args(args, label, d, seed, lr))}
+            for label in args.models for d in args.d for seed in args.seeds for lr in args.lrs]
+    if args.workers == 1:
+        return [_escape_run(j) for j in jobs]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+        return list(pool.map(_escape_run, jobs))
+
+
+def _escape_args(args, label: str, d: int, seed: int, lr: float) -> argparse.Namespace:
+    return argparse.Namespace(preset=args.preset, label=label, d=d, task=args.task, seed=seed, steps=args.steps,
+                              eval_every=args.eval_every, seq_len=args.seq_len, kv=args.kv, repeat=args.repeat,
+                              set=[*args.set, f"train.lr={lr!r}"], segment=args.segment)
+
+
+def print_escape(rows: list[dict], args) -> None:
+    """The grid's table (one row per run) and the count of seeds that left the plateau per (model, d)."""
+    changes = " ".join(args.set + args.segment) or "none"
+    data = "the grid's training set, repeated" if args.repeat else "fresh data"
+    print(f"{args.preset}: {args.steps} steps, {data}, changes: {changes}; 'left' = the first evaluation "
+          f"(every {args.eval_every} steps) at >= {100 * args.left:.0f}%")
+    print("| model | d | seed | lr | best % | left at step | CPU s | curve |\n|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        step = left_at(r["history"], args.left)
+        curve = " ".join(f"{100 * a:.0f}" for _, a in r["history"])
+        print(f"| {r['model']} | {r['d']} | {r['seed']} | {r['lr']:.2g} | {100 * r['best']:.1f} | {step if step else 'never'} | "
+              f"{r['cpu']:.0f} | {curve} |")
+    print("\n| model | d | seeds that left (at any rate) | runs that left |\n|---|---|---|---|")
+    for label in args.models:
+        for d in args.d:
+            cell = [r for r in rows if r["model"] == label and r["d"] == d]
+            seeds = sorted({r["seed"] for r in cell if left_at(r["history"], args.left) is not None})
+            runs = sum(left_at(r["history"], args.left) is not None for r in cell)
+            print(f"| {label} | {d} | {len(seeds)} of {len(args.seeds)}{' (' + ', '.join(map(str, seeds)) + ')' if seeds else ''} | "
+                  f"{runs} of {len(cell)} |")
+    print(f"\n{len(rows)} runs, {sum(r['cpu'] for r in rows):.0f} CPU-s in all")
+
+
+def _run_options(a: argparse.ArgumentParser) -> None:
+    """The options of ``run`` and ``escape`` that change the grid's run (calibration_run reads them)."""
+    a.add_argument("--task", default=None, help="task name of the grid, e.g. 'mqar(32,4)' (default: the first)")
+    a.add_argument("--steps", type=int, default=2500)
+    a.add_argument("--eval-every", type=int, default=250)
+    a.add_argument("--seq-len", type=int, default=None, help="change the task's sequence length")
+    a.add_argument("--kv", type=int, default=None, help="change the task's key-value pairs (MQAR)")
+    a.add_argument("--repeat", action="store_true", help="keep the grid's training set (epochs over it) instead of fresh data")
+    a.add_argument("--set", action="append", default=[], metavar="PATH=JSON", help="change a field of the run's config")
+    a.add_argument("--segment", action="append", default=[], metavar="PATH=JSON",
+                   help="change a field of every train and test task config (e.g. resolution=16)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what")  # none (as `make bench` calls it): the main job's step costs
@@ -173,18 +258,28 @@ def main() -> None:
     r.add_argument("preset")
     r.add_argument("label", help="the model's label in the preset")
     r.add_argument("--d", type=int, default=None, help="d_model of the grid (default: the first)")
-    r.add_argument("--task", default=None, help="task name of the grid, e.g. 'mqar(32,4)' (default: the first)")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--steps", type=int, default=2500)
-    r.add_argument("--eval-every", type=int, default=250)
-    r.add_argument("--seq-len", type=int, default=None, help="change the task's sequence length")
-    r.add_argument("--kv", type=int, default=None, help="change the task's key-value pairs (MQAR)")
-    r.add_argument("--repeat", action="store_true", help="keep the grid's training set (epochs over it) instead of fresh data")
-    r.add_argument("--set", action="append", default=[], metavar="PATH=JSON", help="change a field of the run's config")
-    r.add_argument("--segment", action="append", default=[], metavar="PATH=JSON",
-                   help="change a field of every train and test task config (e.g. resolution=16)")
+    _run_options(r)
     r.add_argument("--out", default=None, help="run folder parent (default: a temporary one)")
+    e = sub.add_parser("escape", help="the run of `run` for every (model, d, seed, rate) of a grid; prints when each "
+                                      "left the plateau and how many seeds did per (model, d)")
+    e.add_argument("preset")
+    e.add_argument("--models", nargs="+", required=True, metavar="LABEL", help="the models' labels in the preset")
+    e.add_argument("--d", nargs="+", type=int, required=True, help="d_model values of the grid")
+    e.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    e.add_argument("--lrs", nargs="+", type=float, required=True, help="peak learning rates")
+    e.add_argument("--left", type=float, default=0.4,
+                   help="accuracy that counts as off the plateau (default 0.4: MQAR (32, 4)'s plateau is 20-30%%)")
+    e.add_argument("--workers", type=int, default=2, help="runs at a time, one process and one thread each")
+    _run_options(e)
     args = p.parse_args()
+    if args.what == "escape":
+        if not 0 < args.left <= 1:
+            raise SystemExit(f"calibrate: --left must be an accuracy in (0, 1], got {args.left}")
+        if args.workers < 1:
+            raise SystemExit(f"calibrate: --workers must be at least 1, got {args.workers}")
+        print_escape(escape_grid(args), args)
+        return
     if args.what is None:
         args = argparse.Namespace(what="cost", preset="dsf-fig2", steps=10)
     torch.set_num_threads(1)

@@ -141,3 +141,38 @@ def test_calibrate_run_keeps_fresh_data_at_a_changed_batch_size(monkeypatch):
     cfg = calibrate.calibration_run(args)
     assert cfg.data.batch_size == 64 and cfg.train.lr == 0.01
     assert cfg.data.train[0].num_examples == 300 * 64
+
+
+def test_calibrate_left_at(monkeypatch):
+    """bench/calibrate.py's plateau exit: the first evaluation at or above the threshold, None if none; a
+    threshold outside (0, 1] is refused by name."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import calibrate
+
+    history = [(250, 0.25), (500, 0.27), (750, 0.56), (1000, 0.31), (1250, 0.92)]
+    assert calibrate.left_at(history, 0.4) == 750
+    assert calibrate.left_at(history, 0.9) == 1250
+    assert calibrate.left_at(history, 0.95) is None
+    assert calibrate.left_at([], 0.4) is None
+    with pytest.raises(ValueError, match="'left'"):
+        calibrate.left_at(history, 40)
+
+
+def test_calibrate_escape_grid_on_two_workers():
+    """bench/calibrate.py escape: one row per (model, d, seed, rate), trained in worker processes, and the
+    per-(model, d) count of seeds off the plateau, consistent with the rows."""
+    r = _run("calibrate.py", "escape", "dsf-fig2", "--models", "S6", "--d", "32", "--seeds", "0", "1", "--lrs", "0.01",
+             "--steps", "20", "--eval-every", "10", "--left", "0.01", "--workers", "2")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rows = [line.split(" | ") for line in r.stdout.splitlines() if line.startswith("| S6 | 32 | ")]
+    runs, summary = rows[:2], rows[2:]
+    assert [row[2] for row in runs] == ["0", "1"] and len(summary) == 1
+    left = [row[5] for row in runs]  # the step each left (at >= 1%: after the first evaluation at the latest)
+    assert all(v in ("10", "20") for v in left)
+    assert summary[0][2] == "2 of 2 (0, 1)" and summary[0][3] == "2 of 2 |"
+    assert "2 runs" in r.stdout
+
+
+def test_calibrate_escape_refuses_an_unknown_model():
+    r = _run("calibrate.py", "escape", "dsf-fig2", "--models", "S7", "--d", "32", "--lrs", "0.01", "--steps", "10")
+    assert r.returncode != 0 and "no tiny run of model 'S7'" in r.stderr and "Traceback" not in r.stderr

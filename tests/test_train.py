@@ -104,6 +104,25 @@ def test_early_stop_and_max_steps():
     assert r.steps == 70 and r.epochs == 2
 
 
+def test_schedule_steps_runs_the_first_steps_of_a_longer_schedule():
+    """train.schedule_steps: the rate of each step is the longer schedule's (read back from the
+    history's lr at each evaluation); unset, the schedule spans the run; shorter than the run: refused
+    by name. The run id changes only when the field is set."""
+    small = _data(n_train=512, n_test=64)
+    cut = train(_run(lr=1e-2, max_steps=30, eval_every_steps=10, early_stop=None, schedule_steps=300, data=small),
+                progress=False)
+    assert cut.steps == 30 and {10, 20, 30} <= {h["step"] for h in cut.history}
+    for h in cut.history:  # each evaluation records the rate of the step before it
+        assert h["lr"] == lr_at(h["step"] - 1, total=300, lr=1e-2, warmup=0.1) == pytest.approx(1e-2 * h["step"] / 30)
+    whole = train(_run(lr=1e-2, max_steps=30, eval_every_steps=10, early_stop=None, data=small), progress=False)
+    for h in whole.history:
+        assert h["lr"] == lr_at(h["step"] - 1, total=30, lr=1e-2, warmup=0.1)
+    assert whole.history[-1]["lr"] < 1e-4  # the whole cosine within the run
+    assert _run(max_steps=30).run_id == _run(max_steps=30, schedule_steps=None).run_id != _run(max_steps=30, schedule_steps=300).run_id
+    with pytest.raises(ValueError, match="schedule_steps = 20 is shorter than the run's 30"):
+        train(_run(lr=1e-2, max_steps=30, schedule_steps=20, data=small), progress=False)
+
+
 def test_deterministic_by_seed():
     small = _data(n_train=512, n_test=128)
     a = train(_run(lr=3e-3, epochs=1, seed=5, data=small), progress=False)

@@ -41,6 +41,10 @@ class TrainConfig(BaseModel):
     warmup: float = Field(0.1, ge=0, lt=1, description="fraction of the steps with a linear warmup")
     schedule: Literal["cosine", "constant"] = Field("cosine", description="after the warmup")
     min_lr: float = Field(0.0, ge=0, le=1, description="final learning rate as a fraction of lr")
+    schedule_steps: int | None = Field(
+        None, gt=0, description="length in optimizer steps of the warmup + cosine schedule (default: the run's steps); "
+        "longer than the run: the run trains the first steps of that schedule, a budget cut of a longer run "
+        "(the DSF runs stop early at 99% while their 64-epoch cosine is still near its peak)")
     grad_clip: float | None = Field(1.0, gt=0, description="max global gradient norm (None: no clipping)")
     early_stop: float | None = Field(0.99, gt=0, le=1, description="stop once the validation accuracy reaches this (None: never)")
     eval_every: int = Field(1, gt=0, description="evaluate every this many epochs (and after the last)")

@@ -19,7 +19,8 @@ counts its steps in epochs (``epochs`` × batches per epoch); a token stream (a 
   the run folder.
 
 Every optimizer step: AdamW with the parameter groups of :mod:`seqmix.train.optim`, the
-learning rate set before the step (linear warmup, then cosine), ``grad_accum`` micro-batches,
+learning rate set before the step (linear warmup, then cosine, over the run's steps or
+``schedule_steps``), ``grad_accum`` micro-batches,
 global gradient-norm clipping. Evaluation every ``eval_every`` epochs (task sets) or every
 ``eval_every_steps`` steps (either; a stream defaults to 10 evaluations), and after the last
 step. Early stopping once the validation accuracy reaches ``early_stop``.
@@ -305,6 +306,16 @@ class Trainer:
             raise ValueError("train: a token stream needs a budget: set train.max_steps or train.max_tokens")
         return total, per_epoch
 
+    def schedule_horizon(self, total: int) -> int:
+        """The steps the learning-rate schedule spans: ``train.schedule_steps``, or the run's ``total``."""
+        horizon = self.config.train.schedule_steps
+        if horizon is None:
+            return total
+        if horizon < total:
+            raise ValueError(f"train: schedule_steps = {horizon} is shorter than the run's {total} optimizer steps; "
+                             f"expected at least {total} (the run is the first steps of the schedule), or none")
+        return horizon
+
     def _eval_due(self, state, total, per_epoch) -> bool:
         tc = self.config.train
         step = state["step"]
@@ -355,6 +366,7 @@ class Trainer:
         opt = torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr, betas=tc.betas)
         scaler = torch.amp.GradScaler(device.type) if tc.precision == "fp16" else None  # fp16 gradients need scaling
         total, per_epoch = self.plan(train)
+        horizon = self.schedule_horizon(total)
         epochs = -(-total // per_epoch) if per_epoch else 0
 
         state = {"epoch": 0, "step": 0, "history": [], "wall": 0.0, "train_time": 0.0, "tokens": 0, "best": None,
@@ -389,7 +401,7 @@ class Trainer:
                 # -- one optimizer step -----------------------------------------------------
                 t0 = time.perf_counter()
                 step = state["step"]
-                lr = lr_at(step, total=total, lr=tc.lr, warmup=tc.warmup, min_lr=tc.min_lr, schedule=tc.schedule)
+                lr = lr_at(step, total=horizon, lr=tc.lr, warmup=tc.warmup, min_lr=tc.min_lr, schedule=tc.schedule)
                 for g in opt.param_groups:
                     g["lr"] = lr
                 opt.zero_grad(set_to_none=True)

@@ -43,7 +43,7 @@ import time
 import torch
 
 from seqmix.experiments import PRESETS
-from seqmix.train import RunConfig, Trainer
+from seqmix.train import RunConfig, Trainer, make_run_config
 
 
 def _grid(preset: str):
@@ -160,7 +160,14 @@ def calibration_run(args) -> RunConfig:
         _set(blob, path, value)
     if not args.repeat:  # fresh data at the final batch size (--set data.batch_size=64 included)
         blob["data"]["train"][0]["num_examples"] = args.steps * blob["data"]["batch_size"]
-    return RunConfig(**blob)
+    horizon = train.get("schedule_steps")
+    if isinstance(horizon, int) and horizon < args.steps:
+        raise SystemExit(f"calibrate: --set train.schedule_steps={horizon} is shorter than --steps {args.steps}; "
+                         "expected at least the run's steps")
+    try:
+        return make_run_config(**blob)  # one ValueError naming each bad field
+    except ValueError as e:
+        raise SystemExit(f"calibrate: the run's config after --set/--segment: {e}") from None
 
 
 def left_at(history: list[tuple[int, float]], left: float) -> int | None:
@@ -171,61 +178,103 @@ def left_at(history: list[tuple[int, float]], left: float) -> int | None:
     return next((step for step, acc in history if acc >= left), None)
 
 
-def _escape_run(job: dict) -> dict:
-    """One run of the escape grid (in a worker process): its config from ``calibration_run``, trained
-    in a temporary folder; returns the job with its best accuracy, steps, CPU time and curve."""
-    torch.set_num_threads(1)
-    cfg = calibration_run(argparse.Namespace(**job["args"]))
+def train_once(cfg: RunConfig, out: str | None = None):
+    """Train ``cfg`` in ``out/<run id>`` (default: a temporary folder); returns (result, CPU seconds)."""
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.process_time()
-        res = Trainer(cfg, run_dir=f"{tmp}/{cfg.run_id}", progress=False).fit()
-        cpu = time.process_time() - t0
+        res = Trainer(cfg, run_dir=f"{out or tmp}/{cfg.run_id}", progress=False).fit()
+        return res, time.process_time() - t0
+
+
+def _escape_run(job: dict) -> dict:
+    """One run of the escape grid (in a worker process): the job with its best accuracy, steps, CPU
+    time and curve [(step, accuracy)]."""
+    torch.set_num_threads(1)
+    res, cpu = train_once(calibration_run(argparse.Namespace(**job["args"])))
     return {**job, "best": res.accuracy, "steps": res.steps, "cpu": cpu,
             "history": [(h.get("step"), h["accuracy"]) for h in res.history]}
 
 
-def escape_grid(args) -> list[dict]:
-    """Every (model, d, seed, rate) of the grid ``args`` names, ``args.workers`` at a time, in that order."""
-    for label in args.models:  # an unknown model or d: one clear error before any run starts
-        for d in args.d:
-            calibration_run(_escape_args(args, label, d, args.seeds[0], args.lrs[0]))
-    jobs = [{"model": label, "d": d, "seed": seed, "lr": lr, "args": vars(_escape_args(args, label, d, seed, lr))}
-            for label in args.models for d in args.d for seed in args.seeds for lr in args.lrs]
-    if args.workers == 1:
-        return [_escape_run(j) for j in jobs]
+def _unique(values: list) -> list:
+    return list(dict.fromkeys(values))
+
+
+def escape_jobs(args) -> list[dict]:
+    """The grid's runs, one per (model, d, seed, rate) in that order (repeated values counted once); every
+    config is built first, so a bad model, d, rate or field stops the grid before any run starts."""
+    if any(item.partition("=")[0] == "train.lr" for item in args.set):
+        raise SystemExit("calibrate: escape takes its rates from --lrs; drop --set train.lr")
+    if any(not lr > 0 for lr in args.lrs):
+        raise SystemExit(f"calibrate: --lrs must be positive learning rates, got {args.lrs}")
+    jobs = []
+    for label in _unique(args.models):
+        for d in _unique(args.d):
+            for seed in _unique(args.seeds):
+                for lr in _unique(args.lrs):
+                    run_args = {**vars(args), "label": label, "d": d, "seed": seed, "set": [*args.set, f"train.lr={lr!r}"]}
+                    calibration_run(argparse.Namespace(**run_args))
+                    jobs.append({"model": label, "d": d, "seed": seed, "lr": lr, "args": run_args})
+    return jobs
+
+
+def escape_grid(jobs: list[dict], workers: int):
+    """Each job's result, in the jobs' order, ``workers`` runs at a time; a run that fails cancels the
+    runs not yet started."""
+    if workers == 1:
+        yield from map(_escape_run, jobs)
+        return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-        return list(pool.map(_escape_run, jobs))
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+    try:
+        yield from pool.map(_escape_run, jobs)
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
-def _escape_args(args, label: str, d: int, seed: int, lr: float) -> argparse.Namespace:
-    return argparse.Namespace(preset=args.preset, label=label, d=d, task=args.task, seed=seed, steps=args.steps,
-                              eval_every=args.eval_every, seq_len=args.seq_len, kv=args.kv, repeat=args.repeat,
-                              set=[*args.set, f"train.lr={lr!r}"], segment=args.segment)
+def escape_row(r: dict, left: float) -> str:
+    step = left_at(r["history"], left)
+    curve = " ".join(f"{100 * a:.0f}" for _, a in r["history"])
+    return (f"| {r['model']} | {r['d']} | {r['seed']} | {r['lr']:.6g} | {100 * r['best']:.1f} | "
+            f"{'never' if step is None else step} | {r['cpu']:.0f} | {curve} |")
 
 
-def print_escape(rows: list[dict], args) -> None:
-    """The grid's table (one row per run) and the count of seeds that left the plateau per (model, d)."""
-    changes = " ".join(args.set + args.segment) or "none"
+def escape_summary(rows: list[dict], left: float) -> list[str]:
+    """Per (model, d), in the rows' order: the seeds that left the plateau at any of their rates, and
+    the runs that did."""
+    lines = []
+    for key in _unique([(r["model"], r["d"]) for r in rows]):
+        cell = [r for r in rows if (r["model"], r["d"]) == key]
+        seeds = _unique([r["seed"] for r in cell])
+        gone = [s for s in seeds if any(left_at(r["history"], left) is not None for r in cell if r["seed"] == s)]
+        runs = sum(left_at(r["history"], left) is not None for r in cell)
+        lines.append(f"| {key[0]} | {key[1]} | {len(gone)} of {len(seeds)}{' (' + ', '.join(map(str, gone)) + ')' if gone else ''} | "
+                     f"{runs} of {len(cell)} |")
+    return lines
+
+
+def print_escape(args) -> None:
+    """The grid's table, a row per run as it finishes (in the grid's order), then the count of seeds that
+    left the plateau per (model, d)."""
+    try:
+        left_at([], args.left)
+    except ValueError:
+        raise SystemExit(f"calibrate: --left must be an accuracy in (0, 1], got {args.left}") from None
+    if args.workers < 1:
+        raise SystemExit(f"calibrate: --workers must be at least 1, got {args.workers}")
+    jobs = escape_jobs(args)
     data = "the grid's training set, repeated" if args.repeat else "fresh data"
+    changes = " ".join(args.set + args.segment) or "none"
     print(f"{args.preset}: {args.steps} steps, {data}, changes: {changes}; 'left' = the first evaluation "
           f"(every {args.eval_every} steps) at >= {100 * args.left:.0f}%")
-    print("| model | d | seed | lr | best % | left at step | CPU s | curve |\n|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        step = left_at(r["history"], args.left)
-        curve = " ".join(f"{100 * a:.0f}" for _, a in r["history"])
-        print(f"| {r['model']} | {r['d']} | {r['seed']} | {r['lr']:.2g} | {100 * r['best']:.1f} | {step if step else 'never'} | "
-              f"{r['cpu']:.0f} | {curve} |")
+    print("| model | d | seed | lr | best % | left at step | CPU s | curve |\n|---|---|---|---|---|---|---|---|", flush=True)
+    rows = []
+    for r in escape_grid(jobs, args.workers):
+        rows.append(r)
+        print(escape_row(r, args.left), flush=True)
     print("\n| model | d | seeds that left (at any rate) | runs that left |\n|---|---|---|---|")
-    for label in args.models:
-        for d in args.d:
-            cell = [r for r in rows if r["model"] == label and r["d"] == d]
-            seeds = sorted({r["seed"] for r in cell if left_at(r["history"], args.left) is not None})
-            runs = sum(left_at(r["history"], args.left) is not None for r in cell)
-            print(f"| {label} | {d} | {len(seeds)} of {len(args.seeds)}{' (' + ', '.join(map(str, seeds)) + ')' if seeds else ''} | "
-                  f"{runs} of {len(cell)} |")
+    print("\n".join(escape_summary(rows, args.left)))
     print(f"\n{len(rows)} runs, {sum(r['cpu'] for r in rows):.0f} CPU-s in all")
 
 
@@ -274,11 +323,7 @@ def main() -> None:
     _run_options(e)
     args = p.parse_args()
     if args.what == "escape":
-        if not 0 < args.left <= 1:
-            raise SystemExit(f"calibrate: --left must be an accuracy in (0, 1], got {args.left}")
-        if args.workers < 1:
-            raise SystemExit(f"calibrate: --workers must be at least 1, got {args.workers}")
-        print_escape(escape_grid(args), args)
+        print_escape(args)
         return
     if args.what is None:
         args = argparse.Namespace(what="cost", preset="dsf-fig2", steps=10)
@@ -306,10 +351,7 @@ def main() -> None:
                             f"{row[5]:.2f}x ({row[4]:.2f} ms)")
         return
     cfg = calibration_run(args)
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.process_time()
-        res = Trainer(cfg, run_dir=f"{args.out or tmp}/{cfg.run_id}", progress=False).fit()
-        cpu = time.process_time() - t0
+    res, cpu = train_once(cfg, args.out)
     curve = " ".join(f"{h.get('step')}:{100 * h['accuracy']:.0f}" for h in res.history)
     print(f"{args.preset} {args.label} d={cfg.model.d_model} seed={args.seed} {' '.join(args.set + args.segment)}: "
           f"best {100 * res.accuracy:.1f}% in {res.steps} steps, {cpu:.0f} CPU-s | accuracy by step: {curve}")

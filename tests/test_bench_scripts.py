@@ -158,18 +158,60 @@ def test_calibrate_left_at(monkeypatch):
         calibrate.left_at(history, 40)
 
 
+def test_calibrate_escape_summary_counts_seeds_not_runs(monkeypatch):
+    """The summary of the escape grid: a seed counts once if it left the plateau at any of its rates;
+    the runs are counted apart. Hand-made rows: seed 0 leaves at one of its two rates, seed 1 at
+    neither; at d = 64 every run leaves."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import calibrate
+
+    def row(d, seed, lr, accs):
+        return {"model": "S6", "d": d, "seed": seed, "lr": lr, "best": max(accs), "cpu": 1.0,
+                "history": [(250 * (i + 1), a) for i, a in enumerate(accs)]}
+
+    rows = [row(32, 0, 0.01, [0.25, 0.26]), row(32, 0, 0.0021544, [0.25, 0.61]), row(32, 1, 0.01, [0.25, 0.27]),
+            row(32, 1, 0.0021544, [0.26, 0.39]), row(64, 0, 0.01, [0.9, 0.99]), row(64, 1, 0.01, [0.3, 0.5])]
+    assert calibrate.escape_summary(rows, 0.4) == ["| S6 | 32 | 1 of 2 (0) | 1 of 4 |", "| S6 | 64 | 2 of 2 (0, 1) | 2 of 2 |"]
+    assert calibrate.escape_summary(rows, 0.95) == ["| S6 | 32 | 0 of 2 | 0 of 4 |", "| S6 | 64 | 1 of 2 (0) | 1 of 2 |"]
+    assert calibrate.escape_row(rows[1], 0.4) == "| S6 | 32 | 0 | 0.0021544 | 61.0 | 500 | 1 | 25 61 |"
+    assert calibrate.escape_row(rows[0], 0.4).split(" | ")[5] == "never"
+
+
+def test_calibrate_escape_jobs_build_every_config_first(monkeypatch):
+    """escape_jobs: one job per (model, d, seed, rate), repeated values once, each with its rate; a bad rate,
+    a --set of the rate itself or a schedule shorter than the run stops the grid with a message naming it."""
+    import argparse
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import calibrate
+
+    def grid(**kw):
+        base = dict(preset="dsf-fig2", models=["S6", "SSD"], d=[32], seeds=[0, 1, 1], lrs=[0.01, 0.0021544], task=None,
+                    steps=40, eval_every=20, seq_len=None, kv=None, repeat=False, set=[], segment=[], left=0.4, workers=1)
+        return argparse.Namespace(**{**base, **kw})
+
+    jobs = calibrate.escape_jobs(grid())
+    assert [(j["model"], j["seed"], j["lr"]) for j in jobs] == [
+        (m, s, lr) for m in ("S6", "SSD") for s in (0, 1) for lr in (0.01, 0.0021544)]
+    cfg = calibrate.calibration_run(argparse.Namespace(**jobs[1]["args"]))
+    assert cfg.train.lr == 0.0021544 and cfg.train.seed == 0 and cfg.label == "S6" and cfg.model.d_model == 32
+    for kw, message in [(dict(lrs=[0.01, 0.0]), "--lrs must be positive"), (dict(set=["train.lr=0.1"]), "drop --set train.lr"),
+                        (dict(set=["train.schedule_steps=10"]), "schedule_steps=10 is shorter than --steps 40"),
+                        (dict(set=["train.weight_decay=-1"]), "'train.weight_decay'")]:
+        with pytest.raises(SystemExit, match=message):
+            calibrate.escape_jobs(grid(**kw))
+
+
 def test_calibrate_escape_grid_on_two_workers():
-    """bench/calibrate.py escape: one row per (model, d, seed, rate), trained in worker processes, and the
-    per-(model, d) count of seeds off the plateau, consistent with the rows."""
+    """bench/calibrate.py escape end to end on two worker processes: a row per run in the grid's order,
+    a summary line per (model, d), the total."""
     r = _run("calibrate.py", "escape", "dsf-fig2", "--models", "S6", "--d", "32", "--seeds", "0", "1", "--lrs", "0.01",
-             "--steps", "20", "--eval-every", "10", "--left", "0.01", "--workers", "2")
+             "--steps", "20", "--eval-every", "10", "--workers", "2")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     rows = [line.split(" | ") for line in r.stdout.splitlines() if line.startswith("| S6 | 32 | ")]
-    runs, summary = rows[:2], rows[2:]
-    assert [row[2] for row in runs] == ["0", "1"] and len(summary) == 1
-    left = [row[5] for row in runs]  # the step each left (at >= 1%: after the first evaluation at the latest)
-    assert all(v in ("10", "20") for v in left)
-    assert summary[0][2] == "2 of 2 (0, 1)" and summary[0][3] == "2 of 2 |"
+    assert [row[2] for row in rows[:2]] == ["0", "1"] and len(rows) == 3  # two runs, one summary line
+    assert all(len(row[-1].rstrip("| ").split()) == 2 for row in rows[:2])  # evaluations at steps 10 and 20
+    assert rows[2][2].endswith("of 2") or " of 2 (" in rows[2][2]
     assert "2 runs" in r.stdout
 
 

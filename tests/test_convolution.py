@@ -432,7 +432,7 @@ def test_short_conv_is_lfm2s_gated_conv():
     from seqmix import Cache
 
     torch.manual_seed(0)
-    m = seqmix.build_mixer("short_conv", d_model=8, width=3, bias=True).double()
+    m = seqmix.build_mixer("short_conv", d_model=8, width=3, bias=True).double().requires_grad_(False)  # values only
     x = torch.randn(2, 11, 8, dtype=torch.float64)
     b, c, v = m.in_proj(x).chunk(3, -1)
     conv = torch.nn.functional.conv1d((b * v).transpose(1, 2), m.conv.weight.unsqueeze(1), m.conv.bias, padding=2, groups=8)

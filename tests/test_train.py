@@ -119,8 +119,28 @@ def test_schedule_steps_runs_the_first_steps_of_a_longer_schedule():
         assert h["lr"] == lr_at(h["step"] - 1, total=30, lr=1e-2, warmup=0.1)
     assert whole.history[-1]["lr"] < 1e-4  # the whole cosine within the run
     assert _run(max_steps=30).run_id == _run(max_steps=30, schedule_steps=None).run_id != _run(max_steps=30, schedule_steps=300).run_id
+    equal = train(_run(lr=1e-2, max_steps=30, eval_every_steps=10, early_stop=None, schedule_steps=30, data=small),
+                  progress=False)
+    assert equal.history == whole.history  # a horizon equal to the run is the run's own schedule
+
+
+def test_schedule_steps_shorter_than_the_run_is_refused_before_the_run_folder(tmp_path):
+    small = _data(n_train=512, n_test=64)
     with pytest.raises(ValueError, match="schedule_steps = 20 is shorter than the run's 30"):
-        train(_run(lr=1e-2, max_steps=30, schedule_steps=20, data=small), progress=False)
+        Trainer(_run(lr=1e-2, max_steps=30, schedule_steps=20, data=small), run_dir=tmp_path / "run", progress=False).fit()
+    assert not (tmp_path / "run").exists()
+
+
+def test_schedule_steps_resumes_exactly(tmp_path):
+    """Killed at step 20 of a 40-step cut of a 400-step schedule and restarted: the same history,
+    the rates of the longer schedule included."""
+    cfg = _run(lr=1e-2, max_steps=40, eval_every_steps=10, early_stop=None, schedule_steps=400,
+               data=_data(n_train=512, n_test=64, shuffle=True))
+    full, part, resumed = kill_and_resume(cfg, tmp_path, hook="on_checkpoint", at=20, reseed=99)
+    assert part.status == "interrupted" and resumed.status == "finished" and resumed.steps == 40
+    assert resumed.history == full.history
+    assert [h["lr"] for h in full.history if h["step"] % 10 == 0] == [lr_at(s - 1, total=400, lr=1e-2, warmup=0.1)
+                                                                     for s in (10, 20, 30, 40)]
 
 
 def test_deterministic_by_seed():

@@ -35,10 +35,10 @@ class TrainConfig(BaseModel):
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (not on norms, biases, SSM A/D)")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
     epochs: int = Field(64, gt=0, description="passes over the training set (a finite task set; a corpus counts steps/tokens)")
-    max_steps: int | None = Field(None, gt=0, description="cap on optimizer steps (the schedule spans min(epochs·batches, max_steps, max_tokens/step))")
+    max_steps: int | None = Field(None, gt=0, description="cap on optimizer steps (the run spans min(epochs·batches, max_steps, max_tokens/step), and so does the schedule unless schedule_steps is set)")
     max_tokens: int | None = Field(None, gt=0, description="token budget: steps = ceil(max_tokens / tokens per optimizer step)")
     grad_accum: int = Field(1, gt=0, description="micro-batches per optimizer step (gradient accumulation)")
-    warmup: float = Field(0.1, ge=0, lt=1, description="fraction of the steps with a linear warmup")
+    warmup: float = Field(0.1, ge=0, lt=1, description="fraction of the schedule's steps (the run's, or schedule_steps) with a linear warmup")
     schedule: Literal["cosine", "constant"] = Field("cosine", description="after the warmup")
     min_lr: float = Field(0.0, ge=0, le=1, description="final learning rate as a fraction of lr")
     schedule_steps: int | None = Field(

@@ -355,6 +355,8 @@ class Trainer:
                 return finished
 
         train, test = build_data(c.data)  # a data error (seq_len too long for the corpus, ...) leaves no run folder
+        total, per_epoch = self.plan(train)  # so does a budget error (a stream without one, a short schedule_steps)
+        horizon = self.schedule_horizon(total)
         if self.run_dir is not None:
             self.run_dir = output_dir(self.run_dir, "--out")
         tokenizer = getattr(train, "tokenizer", None)
@@ -365,8 +367,6 @@ class Trainer:
         par.wrap(model)  # DDP / FSDP2 (before the optimizer: FSDP replaces the parameters)
         opt = torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr, betas=tc.betas)
         scaler = torch.amp.GradScaler(device.type) if tc.precision == "fp16" else None  # fp16 gradients need scaling
-        total, per_epoch = self.plan(train)
-        horizon = self.schedule_horizon(total)
         epochs = -(-total // per_epoch) if per_epoch else 0
 
         state = {"epoch": 0, "step": 0, "history": [], "wall": 0.0, "train_time": 0.0, "tokens": 0, "best": None,

@@ -196,7 +196,7 @@ def test_calibrate_escape_jobs_build_every_config_first(monkeypatch):
     cfg = calibrate.calibration_run(argparse.Namespace(**jobs[1]["args"]))
     assert cfg.train.lr == 0.0021544 and cfg.train.seed == 0 and cfg.label == "S6" and cfg.model.d_model == 32
     for kw, message in [(dict(lrs=[0.01, 0.0]), "--lrs must be positive"), (dict(set=["train.lr=0.1"]), "drop --set train.lr"),
-                        (dict(set=["train.schedule_steps=10"]), "schedule_steps=10 is shorter than --steps 40"),
+                        (dict(set=["train.schedule_steps=10"]), "schedule_steps = 10 is shorter than max_steps = 40"),
                         (dict(set=["train.weight_decay=-1"]), "'train.weight_decay'")]:
         with pytest.raises(SystemExit, match=message):
             calibrate.escape_jobs(grid(**kw))

@@ -125,9 +125,14 @@ def test_schedule_steps_runs_the_first_steps_of_a_longer_schedule():
 
 
 def test_schedule_steps_shorter_than_the_run_is_refused_before_the_run_folder(tmp_path):
-    small = _data(n_train=512, n_test=64)
-    with pytest.raises(ValueError, match="schedule_steps = 20 is shorter than the run's 30"):
-        Trainer(_run(lr=1e-2, max_steps=30, schedule_steps=20, data=small), run_dir=tmp_path / "run", progress=False).fit()
+    """Shorter than max_steps: refused by the config; shorter than the epochs' steps (known once the data
+    is built): refused by the trainer, before it makes the run folder."""
+    small = _data(n_train=512, n_test=64)  # 16 steps an epoch
+    with pytest.raises(ValueError, match="schedule_steps = 20 is shorter than max_steps = 30"):
+        make_run_config(data=small.model_dump(), model=dict(mixer="linear_attention", d_model=32),
+                        train=dict(max_steps=30, schedule_steps=20))
+    with pytest.raises(ValueError, match="schedule_steps = 20 is shorter than the run's 32"):
+        Trainer(_run(lr=1e-2, epochs=2, schedule_steps=20, data=small), run_dir=tmp_path / "run", progress=False).fit()
     assert not (tmp_path / "run").exists()
 
 

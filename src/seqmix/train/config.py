@@ -61,6 +61,15 @@ class TrainConfig(BaseModel):
         "none", description="under torchrun: DDP or FSDP2 over the ranks, each training on its slice of the global batch (docs/scale.md)")
     dist_timeout: float = Field(600.0, gt=0, description="seconds a collective may wait before the run fails (a dead or hung rank)")
 
+    @model_validator(mode="after")
+    def _schedule_covers_the_cap(self):
+        """A schedule shorter than max_steps is refused here; against the epochs, which need the data,
+        the trainer checks it (Trainer.schedule_horizon)."""
+        if self.schedule_steps is not None and self.max_steps is not None and self.schedule_steps < self.max_steps:
+            raise ValueError(f"schedule_steps = {self.schedule_steps} is shorter than max_steps = {self.max_steps}; "
+                             "expected at least the run's steps (the run is the first steps of the schedule)")
+        return self
+
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:

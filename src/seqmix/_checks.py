@@ -2,7 +2,9 @@
 
 Bad input must raise a ``ValueError`` that names the argument and says what was
 expected; these helpers keep those messages uniform. They are cheap (shape and
-dtype checks) except :func:`check_finite`, which reads the tensor once.
+dtype checks) except the value checks (:func:`check_finite`, and the range checks of the ops, gated by
+:func:`reads_values`), which read the tensor on the host: they run where that read costs no synchronisation (CPU tensors,
+eager mode) and wherever asked (:func:`reads_values`, ``seqmix.debug.host_reads``).
 """
 
 from __future__ import annotations
@@ -62,7 +64,51 @@ def check_shape(name: str, x: torch.Tensor, expected: Sequence, layout: str, whe
         raise ValueError(f"{pre}argument '{name}' must have shape {layout} = {exp}, got {fmt_shape(x.shape)}")
 
 
+# ------------------------------------------------------------------------------------------
+# host reads: the checks (and choices) that read a tensor's values on the host
+# ------------------------------------------------------------------------------------------
+
+#: the environment variable that sets the host-read policy of every process (``seqmix.debug``)
+HOST_READS_ENV = "SEQMIX_HOST_READS"
+#: the policies: "auto" reads values only where a read costs no synchronisation (a CPU tensor, outside
+#: torch.compile's tracing); "always" reads them on every device (a debugging run on a GPU: each check
+#: then waits for the device); "never" reads none anywhere (the value checks are skipped, and the ops
+#: take the choices they take on an accelerator)
+HOST_READ_POLICIES = ("auto", "always", "never")
+_policy_override: list[str] = []  # seqmix.debug.host_reads(...) contexts, innermost last
+
+
+def host_read_policy() -> str:
+    """The policy in force: the innermost :func:`seqmix.debug.host_reads` context, else the
+    environment variable ``SEQMIX_HOST_READS``, else "auto"."""
+    if _policy_override:
+        return _policy_override[-1]
+    env = os.environ.get(HOST_READS_ENV, "").strip().lower() or "auto"
+    if env not in HOST_READ_POLICIES:
+        raise ValueError(f"environment variable {HOST_READS_ENV}={env!r}: expected one of "
+                         f"{', '.join(repr(p) for p in HOST_READ_POLICIES)}")
+    return env
+
+
+def reads_values(x: torch.Tensor | None = None) -> bool:
+    """Whether a check may read the values of ``x`` on the host now.
+
+    Under "auto" (the default) only a CPU tensor is read, and never while torch.compile traces
+    (a read there would break the graph): on an accelerator a read waits for every queued kernel,
+    and on the ``meta`` device there are no values. ``x`` None: whether reads are on at all."""
+    policy = host_read_policy()
+    if policy != "auto":
+        return policy == "always"
+    if x is not None and x.device.type != "cpu":
+        return False
+    return not torch.compiler.is_compiling()
+
+
 def check_finite(name: str, x: torch.Tensor, where: str = "") -> None:
+    """No NaN or Inf in ``x`` (one reduction and one host read; skipped where :func:`reads_values`
+    says no)."""
+    if not reads_values(x):
+        return
     x = x.detach()
     pre = f"{where}: " if where else ""
     # one cheap reduction first: a sum is finite whenever every entry is (the exact check

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._checks import reads_values
 from ..hf.modeling import resolve_cache_argument
 from ..mixers.base import Cache, Mixer
 from ..ops import KVCache
@@ -129,7 +130,7 @@ class InteropMixer(nn.Module):
         if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
             raise ValueError(f"{where}: argument 'attention_mask' must be a 2D padding mask [batch, time] or None, got "
                              f"{type(mask).__name__ if not isinstance(mask, torch.Tensor) else list(mask.shape)}")
-        if not bool((mask[:, -x.shape[1]:] != 0).all()):
+        if reads_values(mask) and not bool((mask[:, -x.shape[1]:] != 0).all()):
             raise ValueError(f"{where}: argument 'attention_mask' has padding (zeros): the converted seqmix mixer takes no "
                              "padding mask; pass prompts of equal length (no padding) or one prompt at a time")
 
@@ -156,7 +157,7 @@ class InteropMixer(nn.Module):
         w = self._window()
         if w is not None:
             expect = expect.clamp(max=w)
-        if not bool((seen == expect).all()):
+        if reads_values(mask) and not bool((seen == expect).all()):
             raise ValueError(f"{where}: argument 'attention_mask' has padding (or is not the causal"
                              f"{' sliding-window' if w else ''} mask): the converted seqmix attention applies the causal mask "
                              "itself and takes no padding mask; pass prompts of equal length (no padding) or one prompt at a time")
@@ -164,7 +165,7 @@ class InteropMixer(nn.Module):
     def _check_positions(self, position_ids, x, state, where: str) -> None:
         """The seqmix mixer takes its positions from its state (RoPE: the KV cache's token count;
         RecurrentGemma's reset: whether a state exists), so ``position_ids`` must be those."""
-        if position_ids is None:
+        if position_ids is None or not reads_values(torch.as_tensor(position_ids)):  # the check reads the positions
             return
         T = x.shape[1]
         pos = torch.as_tensor(position_ids)

@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backends as _backends
-from .._checks import check_choice, check_finite, check_shape, check_tensor, fmt_shape
+from .._checks import check_choice, check_finite, check_shape, check_tensor, fmt_shape, reads_values
 from .precision import autocast_off
 
 MODES = ("parallel", "sdpa")
@@ -206,7 +206,7 @@ def _prepare(q, k, v, scale, window, prefix, offset, key_valid, check_values, wh
     _check_qkv(q, k, v if v is not None else k[..., :1], where)
     _check_window(window, where)
     scale = _scale(scale, q.shape[-1], where)
-    if check_values:
+    if check_values and reads_values(q):
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t is not None:
                 check_finite(name, t, where)
@@ -219,10 +219,8 @@ def _visible(Tq, Tk, window, prefix, offset, key_valid, device, plain):
     mask = attention_mask(Tq, Tk, window=window, prefix=prefix, offset=offset, key_valid=key_valid, device=device)
     if plain:
         return mask, None
-    no_key = ~mask.any(-1, keepdim=True)
-    if bool(no_key.any()):
-        return mask | no_key, no_key
-    return mask, None
+    no_key = ~mask.any(-1, keepdim=True)  # kept whether or not a row is empty: asking would read the mask on the host
+    return mask | no_key, no_key
 
 
 def _probs(qh, kh, scale, mask, empty):

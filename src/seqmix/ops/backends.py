@@ -20,7 +20,8 @@ and :func:`~seqmix.ops.softmax_attention`. The values:
   mask only.
 * ``"auto"`` (the default of every op): the first backend of :data:`AUTO_ORDER` that is
   installed and covers the call, otherwise ``"torch"``. It never fails for a reason of
-  availability.
+  availability. While ``torch.compile`` traces, it takes only backends that trace without a
+  graph break (``Backend.traceable``: torch and sdpa), so a compiled mixer is one graph.
 
 Asking for a backend by name that is not installed, or that does not cover the call (device,
 dtype, decay kind, shapes, options), raises a ``ValueError`` that says why. Each backend
@@ -78,6 +79,9 @@ class Backend:
     backend that is not a module (a kernel compiled on first use); cheap, never compiles.
     prepare: () -> None when ready, else the reason; called once a call is routed to the
     backend (it may compile: lazily, on first use, never at import or in ``listing``).
+    traceable: torch.compile traces through it without a graph break (torch's own functions);
+    ``backend="auto"`` skips the others while torch.compile traces, so the compiled graph holds
+    seqmix's torch path instead (a kernel library or a compiled extension breaks the graph).
     """
 
     name: str
@@ -88,6 +92,7 @@ class Backend:
     pip: str = ""
     available: Callable[[str], tuple[bool, str]] | None = None
     prepare: Callable[[], str | None] | None = None
+    traceable: bool = False
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -140,8 +145,11 @@ def resolve(op: str, backend: str, call: Call) -> Backend:
     if not isinstance(backend, str):
         raise ValueError(f"{op}: argument 'backend' must be a string, got {type(backend).__name__}")
     if backend == "auto":
+        tracing = torch.compiler.is_compiling()
         for name in AUTO_ORDER.get(op, ()):
             b = _REGISTRY.get(name)
+            if b is not None and tracing and not b.traceable:
+                continue
             # covers (a few comparisons) before status (an import): a backend that cannot run this call
             # (fla or mamba_ssm on CPU) costs no import attempt, which is about 0.4 ms per call where the
             # import fails (flash-linear-attention without triton: 'fla.ops' raises, nothing is cached)
@@ -189,6 +197,7 @@ register(Backend(
     name="torch",
     description="seqmix's pure-PyTorch implementation (every device, dtype and option)",
     requires={op: None for op in OPS},
+    traceable=True,
     covers=lambda call: None,
     run={},
 ))
@@ -383,6 +392,7 @@ register(Backend(
     requires={"softmax_attention": None},
     covers=_sdpa_covers,
     run={"softmax_attention": _sdpa_attention},
+    traceable=True,
 ))
 
 

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape, reads_values
 from .precision import full_precision
 from .recurrence import _compute_dtype, _exp_where, _tile_size, _tiled_scores
 
@@ -93,7 +93,7 @@ def _check_inputs(q, k, v, beta, g, initial_state, *, check_values: bool, where:
         B, H = (q.shape[0], q.shape[-2])
         check_tensor("initial_state", initial_state, rank=4, layout="[B, H, K, V]", where=where)
         check_shape("initial_state", initial_state, (B, H, K, V), "[B, H, K, V]", where)
-    if check_values:
+    if check_values and reads_values(q):
         for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta), ("g", g), ("a", a), ("b", b), ("initial_state", initial_state)):
             if t is not None:
                 check_finite(name, t, where)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape, reads_values
 from .delta_rule import delta_rule, delta_rule_map, delta_rule_step
 from .precision import full_precision
 from .recurrence import _check_qkv, _compute_dtype, linear_recurrence, recurrence_map, recurrence_step
@@ -65,11 +65,12 @@ def levels_needed(n_tokens: int) -> int:
     return (n_tokens - 1).bit_length() + 1 if n_tokens > 0 else 0
 
 
-def _bitlen(x: torch.Tensor) -> torch.Tensor:
-    """bitlen of non-negative int64 entries (0 -> 0), exactly (a loop over the bits)."""
+def _bitlen(x: torch.Tensor, below: int) -> torch.Tensor:
+    """bitlen of non-negative int64 entries (0 -> 0), each of them < 2^bitlen(below), exactly: a loop over
+    the bits whose length is known without reading x (positions p < below give p ^ p' < 2^bitlen(below))."""
     out = torch.zeros_like(x)
     y = x.clone()
-    while bool((y > 0).any()):
+    for _ in range(max(int(below), 1).bit_length()):
         out += (y > 0).long()
         y = y >> 1
     return out
@@ -78,7 +79,7 @@ def _bitlen(x: torch.Tensor) -> torch.Tensor:
 def fenwick_levels(T: int, offset: int = 0, device=None) -> torch.Tensor:
     """[T, T] int64: level(offset + i, offset + j) for j <= i, −1 above the diagonal."""
     p = torch.arange(offset, offset + T, device=device)
-    lev = _bitlen(p.unsqueeze(1) ^ p.unsqueeze(0))
+    lev = _bitlen(p.unsqueeze(1) ^ p.unsqueeze(0), offset + T)
     return torch.where(p.unsqueeze(1) >= p.unsqueeze(0), lev, torch.full_like(lev, -1))
 
 
@@ -113,7 +114,7 @@ def _check(q, k, v, level_scales, g, beta, S0, offset, *, check_values):
         n0 = levels_needed(offset)
         check_tensor("initial_state", S0, rank=5, layout="[B, H, n, K, V]", where=_WHERE)
         check_shape("initial_state", S0, (Bt, H, n0, K, V), f"[B, H, n = levels_needed(offset = {offset}), K, V]", _WHERE)
-    if check_values:
+    if check_values and reads_values(q):
         for name, t in (("q", q), ("k", k), ("v", v), ("level_scales", level_scales), ("g", g), ("beta", beta), ("initial_state", S0)):
             if t is not None:
                 check_finite(name, t, _WHERE)
@@ -168,7 +169,7 @@ def _segment(q, k, v, lam, g, beta, scale, S0, offset, want_state, base_mode="pa
         zero_v = v.new_zeros(n0 * Bt, T, H, V)
         o_l, _ = _base_run(q, k, zero_v, g, beta, scale, _levels(S0).reshape(n0 * Bt, H, K, V), n0, base_mode)
         o_l = o_l.view(n0, Bt, T, H, V)
-        m = _bitlen((offset - 1) ^ p)  # [T]: the level of token offset−1 seen from each new position
+        m = _bitlen((offset - 1) ^ p, offset + T)  # [T]: the level of token offset−1 seen from each new position
         lev = torch.maximum(torch.arange(n0, device=q.device).unsqueeze(1), m.unsqueeze(0))  # [n0, T]
         w = torch.gather(lam.unsqueeze(0).expand(n0, *lam.shape), -1,
                          lev.view(n0, 1, T, 1, 1).expand(n0, Bt, T, H, 1))  # [n0, B, T, H, 1]
@@ -177,15 +178,15 @@ def _segment(q, k, v, lam, g, beta, scale, S0, offset, want_state, base_mode="pa
     if want_state:
         end = offset + T - 1
         n = levels_needed(offset + T)
-        lev_new = _bitlen(end ^ p)  # [T]: level of each new token seen from the last position
+        lev_new = _bitlen(end ^ p, offset + T)  # [T]: level of each new token seen from the last position
         onehot = (lev_new.unsqueeze(0) == torch.arange(n, device=q.device).unsqueeze(1)).to(v.dtype)  # [n, T]
         v_masked = (onehot.view(n, 1, T, 1, 1) * v.unsqueeze(0)).reshape(n * Bt, T, H, V)
         S_in = None
         if S0 is not None and offset > 0:
             n0 = S0.shape[2]
-            m_end = _bitlen(torch.tensor(end ^ (offset - 1)))
-            to = torch.maximum(torch.arange(n0), m_end)  # stored level ℓ -> level max(ℓ, m_end)
-            regroup = (to.unsqueeze(0) == torch.arange(n).unsqueeze(1)).to(S0.dtype).to(S0.device)  # [n, n0]
+            m_end = (end ^ (offset - 1)).bit_length()
+            to = torch.arange(n0, device=S0.device).clamp(min=m_end)  # stored level ℓ -> level max(ℓ, m_end)
+            regroup = (to.unsqueeze(0) == torch.arange(n, device=S0.device).unsqueeze(1)).to(S0.dtype)  # [n, n0]
             S_in = torch.einsum("ml,bhlkv->mbhkv", regroup, S0).reshape(n * Bt, H, K, V)
         _, S = _base_run(q, k, v_masked, g, beta, scale, S_in, n, base_mode)
         S = S.view(n, Bt, H, K, V).permute(1, 2, 0, 3, 4)

@@ -52,7 +52,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor
+from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, reads_values
 from .autograd import first_order
 from .precision import full_precision
 from .recurrence import _check_qkv, _compute_dtype, _exp_where, linear_recurrence
@@ -150,7 +150,8 @@ def mesa_solve(Hm, q, lamb, *, solver: str = "cg", cg_steps: int = 30, cg_init: 
                backward: str = "manual"):
     """q̃ = (Hm + Diag(lamb))⁻¹ q. Hm [..., K, K] (symmetric), q [..., K] (Hm's leading dims), lamb
     broadcast to q ([H, K] against q [..., H, K]). ``backward``: the CG's gradient, "manual" (dHm
-    gathered: :class:`_CGSolve`) or "autograd" (through the steps); the same numbers up to rounding."""
+    gathered: :class:`_CGSolve`; autograd's while torch.compile traces) or "autograd" (through the steps);
+    the same numbers up to rounding."""
     if solver == "exact":
         A = Hm + torch.diag_embed(lamb.expand_as(q))
         return torch.linalg.solve(A, q.unsqueeze(-1)).squeeze(-1)
@@ -158,7 +159,9 @@ def mesa_solve(Hm, q, lamb, *, solver: str = "cg", cg_steps: int = 30, cg_init: 
     H3 = Hm.reshape(-1, K, K)  # one copy at most (where Hm is not contiguous), not one per step
     q2, l2 = q.reshape(-1, K), lamb.expand_as(q).reshape(-1, K)
     grad = torch.is_grad_enabled() and (Hm.requires_grad or q.requires_grad or lamb.requires_grad)
-    if backward == "manual" and grad and cg_steps > 0:
+    # torch.compile cannot trace _CGSolve (its forward keeps an autograd graph for its backward): there the
+    # gradient is autograd's through the steps, the same numbers up to rounding
+    if backward == "manual" and grad and cg_steps > 0 and not torch.compiler.is_compiling():
         x = _CGSolve.apply(H3, q2, l2, cg_steps, cg_init, cg_eps)
     else:
         x = _cg(H3, q2, l2, cg_steps, cg_init, cg_eps)
@@ -177,7 +180,7 @@ def _check(q, k, v, beta, g, lamb, state, check_values):
             raise ValueError(f"{_WHERE}: argument 'initial_state' must be a pair (G [B, H, K, V], H [B, H, K, K]) or None")
         check_shape("initial_state[0] (G)", state[0], (Bt, H, K, V), "[B, H, K, V]", _WHERE)
         check_shape("initial_state[1] (H)", state[1], (Bt, H, K, K), "[B, H, K, K]", _WHERE)
-    if check_values:
+    if check_values and reads_values(q):
         for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta), ("g", g), ("lamb", lamb)):
             if t is not None:
                 check_finite(name, t, _WHERE)

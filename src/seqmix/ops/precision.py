@@ -51,9 +51,19 @@ def complex_(re: torch.Tensor, im: torch.Tensor) -> torch.Tensor:
     return torch.complex(re.to(dt), im.to(dt))
 
 
+def autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type``; a device type without autocast (``meta``) reads as off
+    (torch's ``is_autocast_enabled`` refuses it)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False
+
+
 def autocast_off(device_type: str):
-    """A context with autocast disabled on ``device_type`` (a no-op context when it is off)."""
-    if torch.is_autocast_enabled(device_type):
+    """A context with autocast disabled on ``device_type`` (a no-op context when it is off, or when the
+    device type has no autocast)."""
+    if autocast_enabled(device_type):
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
 

@@ -34,10 +34,12 @@ Modes (all return the same numbers; tests tie each to ``recurrent``):
   masked matmul; chunks are linked by passing the state, written and read with
   decays relative to the chunk's start and end (exponents <= 0). Inside a chunk,
   a per-head decay enters as an explicit masked [C, C] factor; key- or value-wise
-  decays are taken relative to the start of tiles of c tokens, with c chosen
-  (one reduction over the decays) so that no exponent exceeds _MAX_LOG_GROWTH:
-  weak decays run as one matmul per chunk, strong ones as smaller tiles, and
-  nothing overflows. Cumulative log-decays are local to a chunk and kept in
+  decays are taken relative to the start of tiles of c tokens (exponents <= 0 for the
+  keys before a tile, pairwise factors inside it: exact at any decay). A chunk runs as
+  one tile, one matmul, where its decays are known to span less than _MAX_LOG_GROWTH
+  (one reduction over the decays, read on the host only where that costs no
+  synchronisation: CPU tensors in eager mode), else in tiles of _TILE tokens: on an
+  accelerator no value is read and nothing overflows. Cumulative log-decays are local to a chunk and kept in
   float32 or wider. Memory is linear in T. Where every chunk is one tile (the usual
   case), the backward is written by hand (:class:`_ChunkOneTile`: 9 matmuls of the
   forward's operands, O(T(K+V)) kept per head); strong decays that need smaller tiles
@@ -60,9 +62,9 @@ import torch
 from einops import rearrange
 
 from . import backends as _backends
-from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape, reads_values
 from .autograd import first_order
-from .precision import full_precision
+from .precision import autocast_off, full_precision
 
 MODES = ("recurrent", "scan", "chunk", "parallel", "step")
 CHUNK_BACKWARDS = ("manual", "autograd")
@@ -120,7 +122,7 @@ def _check_inputs(q, k, v, gk, gv, initial_state, *, check_values: bool, where: 
     if initial_state is not None:
         check_tensor("initial_state", initial_state, rank=4, layout="[B, H, K, V]", complex_ok=True, where=where)
         check_shape("initial_state", initial_state, (B, H, K, V), "[B, H, K, V]", where)
-    if check_values:
+    if check_values and reads_values(q):
         for name, t in (("q", q), ("k", k), ("v", v), ("gk", gk), ("gv", gv), ("initial_state", initial_state)):
             if t is not None:
                 check_finite(name, t, where)
@@ -322,7 +324,13 @@ def _scan(q, k, v, gk, gv, scale, S0):
     B, T, H, K = q.shape
     L = scan_steps(B, H, K, v.shape[-1], q.element_size())
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, gk, gv, S0)):
-        return _Scan.apply(q, k, v, gk, gv, S0, scale, L)
+        ins = (q, k, v, gk, gv, S0)
+        if torch.compiler.is_compiling():
+            # torch.compile cannot trace an autograd.Function given one tensor twice (HGRN's q = k = 1):
+            # a copy enters instead (the gradients of both add up in the original)
+            firsts = [t is None or all(t is not u for u in ins[:i]) for i, t in enumerate(ins)]
+            ins = tuple(t if first else t.clone() for t, first in zip(ins, firsts))
+        return _Scan.apply(*ins, scale, L)
     return _scan_forward(q, k, v, gk, gv, S0, scale, L)
 
 
@@ -422,7 +430,9 @@ def _intra_scalar(q, k, v, Gk):
     return A @ v
 
 
-_MAX_LOG_GROWTH = 30.0  # largest log-decay a tile may span: e^30 ~ 1e13 neither overflows nor underflows float32
+_MAX_LOG_GROWTH = 30.0  # largest log-decay one tile may span: e^30 ~ 1e13 neither overflows nor underflows float32
+#: the tile of key- or value-wise decays when one tile per chunk is not known to be safe (fla's sub-chunk)
+_TILE = 16
 
 
 def _largest_divisor(C: int, at_most: int) -> int:
@@ -431,7 +441,7 @@ def _largest_divisor(C: int, at_most: int) -> int:
 
 def _tile_span(c: int, Gs) -> float:
     """Largest log-decay accumulated from the first to the last token of a tile of c tokens
-    (real part), over all tiles: the exponent of the tiled form's largest key factor."""
+    (real part), over all tiles: the exponent of the one-tile form's largest key factor (a host read)."""
     span = 0.0
     for G in Gs:
         if G is not None:
@@ -442,43 +452,75 @@ def _tile_span(c: int, Gs) -> float:
 
 
 def _tile_size(C: int, requested: int | None, *Gs) -> int:
-    """Largest tile c (a divisor of C, at most ``requested``) whose log-decay span stays
-    below _MAX_LOG_GROWTH in every tile of every chunk (one host sync per candidate)."""
+    """The tile c of a block of C tokens (a divisor of C, at most ``requested``).
+
+    The tiled form (:func:`_tile_parts`) is exact at any decay for any c; only one tile per chunk
+    (c = C) takes the decays relative to the chunk's first token, and is used only where its span is
+    known to stay below _MAX_LOG_GROWTH: without decays, or where a host read is allowed
+    (:func:`seqmix._checks.reads_values`: CPU tensors in eager mode) and one reduction shows it. On an
+    accelerator, on ``meta`` and under torch.compile nothing is read: chunks with decays run in tiles
+    of at most _TILE tokens."""
     c = _largest_divisor(C, requested or C)
-    while c > 1 and _tile_span(c, Gs) > _MAX_LOG_GROWTH:
-        c = _largest_divisor(C, c // 2)
-    return c
+    Gs = [G for G in Gs if G is not None]
+    if c < C or not Gs or C == 1:
+        return c
+    if reads_values(Gs[0]) and _tile_span(C, Gs) <= _MAX_LOG_GROWTH:
+        return C
+    return _largest_divisor(C, min(_TILE, C // 2))
+
+
+def _tile_parts(q, k, Gk, c):
+    """The decayed causal scores of a block in tiles of c tokens, as two parts that are exact at any decay.
+
+    q,k [.., C, K]; Gk [.., C, K|1] cumulative log-decay (from the start of the block) or None.
+    Returns (before [.., s, c, C], inside [.., s, c, c]), s = C/c tiles: for query i of tile a,
+    before[.., a, i, j] = Σ_k q_ik k_jk exp(G_ik − G_jk) for keys j before the tile (0 elsewhere) and
+    inside[.., a, i, j'] the same for key j' of the tile itself, j' <= i (0 above the diagonal).
+
+    Before the tile, exp(G_i − G_j) = exp(G_i − G_r) · exp(G_r − G_j) with r the tile's first position:
+    both factors are <= 1 (the decays accumulate), so one matmul per tile against all earlier keys
+    neither overflows nor loses the small terms' relative precision. Inside the tile the factors are
+    formed pairwise, exp(G_i − G_j) for j <= i ([.., s, c, c, K] for key-wise decays): no exponent
+    is positive.
+    """
+    *lead, C, K = q.shape
+    s = C // c
+    dev = q.device
+    pos = torch.arange(C, device=dev)
+    tile_start = torch.arange(s, device=dev) * c
+    before = pos.view(1, C) < tile_start.view(s, 1)  # [s, C]: key j lies before tile a
+    q_t, k_t = _tiles(q, c), _tiles(k, c)  # [.., s, c, K]
+    tril = torch.ones(c, c, dtype=torch.bool, device=dev).tril()
+    if Gk is None:
+        A_in = (q_t @ k_t.transpose(-1, -2)).masked_fill(~tril, 0)
+        A_out = q_t @ k.unsqueeze(-3).transpose(-1, -2)  # [.., s, c, C]
+        return A_out.masked_fill(~before.unsqueeze(-2), 0), A_in
+    G_t = _tiles(Gk, c)  # [.., s, c, K|1]
+    R = Gk[..., ::c, :].unsqueeze(-2)  # [.., s, 1, K|1]: G at the first position of each tile
+    qr = q_t * torch.exp(G_t - R).to(q.dtype)  # exponents <= 0
+    kr = k.unsqueeze(-3) * _exp_where(R - Gk.unsqueeze(-3), before.unsqueeze(-1)).to(k.dtype)  # [.., s, C, K]: <= 0
+    A_out = qr @ kr.transpose(-1, -2)
+    pair = G_t.unsqueeze(-2) - G_t.unsqueeze(-3)  # [.., s, c, c, K|1]: G_i − G_j
+    D = _exp_where(pair, tril.unsqueeze(-1))
+    if Gk.shape[-1] == 1:
+        A_in = (q_t @ k_t.transpose(-1, -2)) * D[..., 0].to(q.dtype)
+    else:
+        A_in = torch.einsum("...ik,...jk,...ijk->...ij", q_t, k_t, D.to(q.dtype))
+    return A_out, A_in
 
 
 def _tiled_scores(q, k, Gk, c):
     """Decayed causal scores A[.., a, i, j] = Σ_k q_ik k_jk exp(G_ik - G_jk) for j <= i, else 0.
 
     q,k [.., C, K]; Gk [.., C, K|1] cumulative log-decay (from the start of the block) or None.
-    Returns [.., s, c, C]: query i of tile a (s = C/c tiles) against every key of the block.
-
-    For a query i in tile a and a key j <= i, exp(G_i - G_j) = exp(G_i - G_r) · exp(G_r - G_j)
-    with r the first position of tile a. The first factor is <= 1; the second is <= 1 for
-    keys before r and at most exp(G_r - G_last) inside the tile (the decay of steps
-    r+1..last), which :func:`_tile_size` keeps below e^_MAX_LOG_GROWTH; a tile of one token
-    spans nothing, so a safe tile always exists. Each tile is one matmul of its queries
-    against all keys up to its end.
-    """
-    *lead, C, K = q.shape
+    Returns [.., s, c, C]: query i of tile a (s = C/c tiles) against every key of the block, the two
+    parts of :func:`_tile_parts` put together (the tile's own keys on its diagonal block)."""
+    *lead, C, _ = q.shape
     s = C // c
-    dev = q.device
-    pos = torch.arange(C, device=dev)
-    tile_end = (torch.arange(s, device=dev) + 1) * c
-    i_pos = torch.arange(c, device=dev).unsqueeze(0) + (tile_end - c).unsqueeze(1)  # [s, c] absolute query position
-    causal = pos.view(1, 1, C) <= i_pos.unsqueeze(-1)  # [s, c, C]
-    q_t = _tiles(q, c)
-    k_t = k.unsqueeze(-3)  # [.., 1, C, K]
-    if Gk is not None:
-        upto = (pos.unsqueeze(0) < tile_end.unsqueeze(1)).unsqueeze(-1)  # [s, C, 1]: key j is at or before tile a
-        Rk = Gk[..., ::c, :].unsqueeze(-2)  # [.., s, 1, K]: G at the first position of each tile
-        q_t = q_t * torch.exp(_tiles(Gk, c) - Rk).to(q.dtype)
-        k_t = k_t * _exp_where(Rk - Gk.unsqueeze(-3), upto).to(k.dtype)  # [.., s, C, K]
-    A = q_t @ k_t.transpose(-1, -2)
-    return torch.where(causal, A, torch.zeros((), dtype=A.dtype, device=dev))
+    A_out, A_in = _tile_parts(q, k, Gk, c)
+    eye = torch.eye(s, dtype=torch.bool, device=q.device).view(s, 1, s, 1)
+    diag = torch.where(eye, A_in.unsqueeze(-2), torch.zeros((), dtype=A_in.dtype, device=q.device))  # [.., s, c, s, c]
+    return A_out + diag.reshape(*lead, s, c, C)
 
 
 def _tiles(x, c):  # [.., C, X] -> [.., C/c, c, X]
@@ -486,23 +528,30 @@ def _tiles(x, c):  # [.., C, X] -> [.., C/c, c, X]
 
 
 def _intra_tiled(q, k, v, Gk, Gv, c):
-    """Intra-chunk output for key-wise and/or value-wise decays.
+    """Intra-chunk output for key-wise and/or value-wise decays, in tiles of c tokens (exact at any decay).
 
     q,k [B,H,n,C,K]; v [B,H,n,C,V]; Gk [B,H,n,C,K|1] or None; Gv [B,H,n,C,V] or None
-    (local cumulative log-decays). The value-side decay is split at the same tile
-    references as the key side (see :func:`_tiled_scores`).
+    (local cumulative log-decays). The value-side decay is split at the same tile references as the
+    key side (:func:`_tile_parts`): exp(W_i − W_r) · exp(W_r − W_j) for keys before the tile, pairwise
+    exp(W_i − W_j) inside it.
     """
     *lead, C, _ = q.shape
     V = v.shape[-1]
-    A = _tiled_scores(q, k, Gk, c)  # [.., s, c, C]
+    A_out, A_in = _tile_parts(q, k, Gk, c)  # [.., s, c, C], [.., s, c, c]
+    v_t = _tiles(v, c)  # [.., s, c, V]
     if Gv is None:
-        o = A @ v.unsqueeze(-3)
+        o = A_out @ v.unsqueeze(-3) + A_in @ v_t
     else:
+        s = C // c
         pos = torch.arange(C, device=q.device)
-        upto = (pos.unsqueeze(0) < ((torch.arange(C // c, device=q.device) + 1) * c).unsqueeze(1)).unsqueeze(-1)
-        Rv = Gv[..., ::c, :].unsqueeze(-2)
-        v_t = v.unsqueeze(-3) * _exp_where(Rv - Gv.unsqueeze(-3), upto)  # [.., s, C, V]
-        o = (A @ v_t) * torch.exp(_tiles(Gv, c) - Rv)
+        before = (pos.view(1, C) < (torch.arange(s, device=q.device) * c).view(s, 1)).unsqueeze(-1)  # [s, C, 1]
+        W_t = _tiles(Gv, c)
+        Rv = Gv[..., ::c, :].unsqueeze(-2)  # [.., s, 1, V]
+        v_r = v.unsqueeze(-3) * _exp_where(Rv - Gv.unsqueeze(-3), before)  # [.., s, C, V]: exponents <= 0
+        o = (A_out @ v_r) * torch.exp(W_t - Rv)
+        tril = torch.ones(c, c, dtype=torch.bool, device=q.device).tril().unsqueeze(-1)
+        Dv = _exp_where(W_t.unsqueeze(-2) - W_t.unsqueeze(-3), tril)  # [.., s, c, c, V]: exp(W_i − W_j), j <= i
+        o = o + torch.einsum("...ij,...ijv,...jv->...iv", A_in, Dv, v_t)
     return o.reshape(*lead, C, V)
 
 
@@ -633,13 +682,13 @@ class _ChunkOneTile(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, Gk, Gv, S0):
-        with torch.autocast(q.device.type, enabled=False):  # the op computes in the inputs' (>= float32) dtype
+        with autocast_off(q.device.type):  # the op computes in the inputs' (>= float32) dtype
             return _ChunkOneTile._forward(ctx, q, k, v, Gk, Gv, S0)
 
     @staticmethod
     @first_order("linear_recurrence (mode 'chunk')", "linear_recurrence(..., chunk_backward='autograd'), or mode 'recurrent' or 'scan'")
     def backward(ctx, do, dS):
-        with torch.autocast(do.device.type, enabled=False):
+        with autocast_off(do.device.type):
             return _ChunkOneTile._backward(ctx, do, dS)
 
     @staticmethod

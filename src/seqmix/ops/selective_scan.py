@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backends as _backends
-from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape, reads_values
 from .autograd import first_order
 from .precision import backward_autocast_off, full_precision
 
@@ -361,7 +361,7 @@ def selective_scan(
         check_shape("delta_bias", delta_bias, (Dc,), "[D]", _WHERE)
     if not isinstance(delta_softplus, bool):
         raise ValueError(f"{_WHERE}: argument 'delta_softplus' must be a bool, got {type(delta_softplus).__name__}")
-    if check_values:
+    if check_values and reads_values(x):
         for name, t in (("x", x), ("delta", delta), ("A", A), ("B", B), ("C", C), ("delta_bias", delta_bias)):
             if t is not None:
                 check_finite(name, t, _WHERE)

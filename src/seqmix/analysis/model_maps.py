@@ -519,6 +519,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     # linear attention without decay: Λ = I
     "linear_attention": "identity", "separable_attention": "identity", "normalized_attention": "identity",
     "generalized_linear_attention": "identity", "linformer": "identity",
+    "based": "identity", "rebased": "identity",
     # scalar per head: Λ_i = α_i·I
     "mamba2": "scalar: exp(Δ_i^h a_h) per head", "ssd": "scalar: exp(Δ_i^h a_h) per head",
     "dsf_ssd": "scalar: exp(Δ_i a) shared", "lightning_attention": "scalar: fixed per head", "retnet": "scalar: fixed per head",
@@ -610,7 +611,8 @@ def _general_form(c) -> tuple[list[str], list[str]]:
 #: :func:`missing_norm_gate_rule` and tests/test_mixer_table.py): "none" in the table then means checked.
 NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     # attention
-    "SeparableAttention": lambda m: (_on(m.config.normalizer != "none", _eta(m.config.normalizer)), []),
+    "SeparableAttention": lambda m: (_on(m.config.feature_norm == "layernorm", "LayerNorm on q, k per head (γ, β shared)")
+                                     + _on(m.config.normalizer != "none", _eta(m.config.normalizer)), []),
     "SoftmaxAttention": lambda m: (["softmax"], _on(m.config.output_gate, "σ(x W_g) output gate")),
     "ForgettingAttention": lambda m: (["softmax"], _on(m.config.output_gate, "σ(x W_g) output gate")),
     "PathAttention": lambda m: (["softmax", "l2(w)"], []),

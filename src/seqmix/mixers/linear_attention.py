@@ -1307,3 +1307,111 @@ class GatedSlotAttention(Mixer):
 
     def state_size(self, seq_len: int | None = None) -> int:
         return self.H * self.M * (self.K + self.V)
+
+
+# ------------------------------------------------------------------------------------------
+# LightNet: a gated linear attention whose decay and key come from one running log-sum-exp
+# ------------------------------------------------------------------------------------------
+
+
+class LightNetConfig(MixerConfig):
+    """LightNet (Qin et al. 2024, "You Only Scan Once: Efficient Multi-dimension Sequential Modeling with
+    LightNet"; its code is flash-linear-attention's LightNetAttention layer)."""
+
+    head_size: int = Field(128, gt=0, description="d_k' = d_v' per head (fla's expand_ratio: 128); H = d_model / head_size, one head when d_model <= head_size")
+    gate_rank: int = Field(128, gt=0, description="rank of the output gate's projection x W_g¹ W_g² (fla's gate_low_rank_dim: 128)")
+    norm_eps: float = Field(1e-5, gt=0, description="ε of the RMSNorm on the core output")
+    chunk_size: int | None = Field(None, gt=0, description="chunk length of the chunk mode (None: the op picks it)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.d_model > self.head_size and self.d_model % self.head_size:
+            raise ValueError(f"head_size = {self.head_size} must divide d_model = {self.d_model} (or be >= it: one head)")
+        return self
+
+
+@register("lightnet", description="LightNet (Qin et al. 2024): k_t = exp(x_t − z_t), α_t = exp(z_{t−1} − z_t), z_t = logcumsumexp of the key logits")
+class LightNet(Mixer):
+    """LightNet (Qin et al. 2024, §3; fla's LightNetAttention). Per head and key channel i, the key logits
+    κ_t = x_t W_k feed one running log-sum-exp z_t = log Σ_{s<=t} exp(κ_s) (the "additive" decay of the
+    paper, carried in the cache), which sets both the key and the decay:
+
+        k_t = exp(κ_t − z_t),   α_t = exp(z_{t−1} − z_t)  (α_0 = 1; z_{-1} = −∞ from an empty state)
+        S_t = diag(α_t) S_{t−1} + k_tᵀ v_t,   o_t = q_t S_t / sqrt(d_k'),   q_t = SiLU(x_t W_q)
+        y_t = W_o (RMSNorm(o_t) ⊙ SiLU(x_t W_g¹ W_g²))
+
+    so S_t = Σ_{s<=t} exp(κ_s − z_t) v_s: per key channel, a softmax over the whole prefix of the values
+    (the weights of each channel sum to 1). It is a gated linear attention (GLA) with a key-wise decay
+    tied to the key: ``linear_recurrence`` with q, k and the log-decay z_{t−1} − z_t <= 0, in every
+    mode. The cache holds S [B, H, d_k', d_v'] and z_T [B, H, d_k'].
+
+    DSF (eq. 11): Λ_t = diag(α_t) per key channel (shared by the d_v' value channels), B_t = I ⊗ k_t,
+    C_t = I ⊗ q_tᵀ/sqrt(d_k'): ``dsf(x)`` is ``DSF.from_recurrence``. Φ[t, s] = Σ_i q_{t,i} exp(κ_{s,i} −
+    z_{t,i}) / sqrt(d_k') per head (``phi``). ``values`` = v, ``mixed`` = o before the norm and the gate.
+    """
+
+    family = "linear_attention"
+    modes = ("recurrent", "chunk", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "H·d_k'·(d_v' + 1) (S and the running log-sum-exp z)"
+    map_unit = "head"
+    Config = LightNetConfig
+
+    def __init__(self, config: LightNetConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        d = c.d_model
+        self.H = max(1, d // c.head_size)
+        self.K = self.V = d // self.H
+        self.W_q = nn.Linear(d, d, bias=False)
+        self.W_k = nn.Linear(d, d, bias=False)
+        self.W_v = nn.Linear(d, d, bias=False)
+        self.W_g = nn.Sequential(nn.Linear(d, c.gate_rank, bias=False), nn.Linear(c.gate_rank, d, bias=False))
+        self.norm = RMSNorm(d, eps=c.norm_eps)
+        self.W_o = nn.Linear(d, d, bias=False)
+        self._scale = self.K ** -0.5
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "head_size": 8, "gate_rank": 4, "chunk_size": 8}
+
+    def _params(self, x, z0=None):
+        """q, k [B, T, H, K] (float32 or wider), v [B, T, H, V], the log-decay g = z_{t−1} − z_t [B, T, H, K]
+        and z_T [B, H, K]. ``z0``: the running log-sum-exp before x (None: an empty state)."""
+        B, T, _ = x.shape
+        H, K = self.H, self.K
+        q = upcast(F.silu(self.W_q(x))).view(B, T, H, K)
+        logits = upcast(self.W_k(x)).view(B, T, H, K)
+        z = torch.logcumsumexp(logits, dim=1)
+        if z0 is None:  # z_{-1} = −∞: α_0 = 1 (it multiplies the empty state)
+            z_prev = torch.cat([z[:, :1], z[:, :-1]], dim=1)
+        else:
+            z = torch.logaddexp(z, z0.unsqueeze(1).to(z.dtype))
+            z_prev = torch.cat([z0.unsqueeze(1).to(z.dtype), z[:, :-1]], dim=1)
+        k = torch.exp(logits - z)
+        v = self.W_v(x).view(B, T, H, self.V)
+        return q, k, v, z_prev - z, z[:, -1]
+
+    def _forward(self, x, *, state, mode, need_state):
+        q, k, v, g, zT = self._params(x, state["z"] if state else None)
+        o, S = linear_recurrence(q, k, v, g, scale=self._scale, initial_state=state["S"] if state else None,
+                                 output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size, check_values=False)
+        o = o.to(v.dtype)
+        y = self.norm(o.flatten(2)) * F.silu(self.W_g(x))
+        return MixOut(self.W_o(y), {"S": S, "z": zT} if need_state else None, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, H, T, T]: Φ[t, s] = Σ_i q_{t,i} exp(κ_{s,i} − z_{t,i}) / sqrt(d_k')."""
+        self.check_input(x)
+        q, k, _, g, _ = self._params(x)
+        return recurrence_map(q, k, g, scale=self._scale, check_values=False)
+
+    def dsf(self, x):
+        """Λ_t = diag(exp(z_{t−1} − z_t)) per key channel, B_t = I ⊗ k_t, C_t = I ⊗ q_tᵀ/sqrt(d_k') (input v,
+        heads concatenated [B, T, H·d_v']; output o)."""
+        self.check_input(x)
+        q, k, _, g, _ = self._params(x)
+        return DSF.from_recurrence(q.detach(), k.detach(), self.V, g.detach(), scale=self._scale)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        return self.H * self.K * (self.V + 1)

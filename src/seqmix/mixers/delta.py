@@ -12,6 +12,7 @@ One class, :class:`DeltaNet`, and its presets; the core is ``seqmix.ops.delta_ru
     kda              exp(−A_h softplus(x W_f¹ W_f² + b)) per key    Kimi Delta Attention (KDA-style: a key-wise α)
     qwen3_next_gdn   as gated_deltanet                               Qwen3-Next's layer (transformers): GVA, one conv, shared norm
     kimi_kda         as kda                                          Kimi-Linear's KDA layer (transformers): σ low-rank gate
+    gated_deltanet2  as kda, with channel-wise erase and write gates  fla's GDN-2: (I − kᵀ(b ⊙ k)) Diag(α), written value w ⊙ v
 
 The last two are the options real checkpoints need (issue 26; ``seqmix.interop`` converts
 transformers' Qwen3NextGatedDeltaNet and KimiLinearDeltaAttention into them): grouped value
@@ -106,6 +107,12 @@ class DeltaNetConfig(ExpandedWidths, MixerConfig):
     )
     output_correction: bool = Field(False, description="Comba's output correction o_t = (q_t − D_h p_t) S_t (p = k without inner_decay)")
     correction_factor: float = Field(1.0, description="initial D_h of the output correction (fla: 1, 'sometimes 0.02 works better')")
+    # -- Gated DeltaNet-2 -------------------------------------------------------------------------------
+    channel_gates: bool = Field(
+        False, description="Gated DeltaNet-2's channel-wise gates in place of the scalar β: an erase gate b_t = σ(x W_b) ∈ [0, 1]^{d_k'} "
+        "on the key axis and a write gate w_t = σ(x W_w) ∈ [0, 1]^{d_v'} on the value axis, "
+        "S_t = (I − k_tᵀ(b_t ⊙ k_t)) Diag(α_t) S_{t-1} + k_tᵀ(w_t ⊙ v_t) (b = w = β is KDA); negative_eigenvalues doubles b",
+    )
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
 
     @model_validator(mode="after")
@@ -123,6 +130,9 @@ class DeltaNetConfig(ExpandedWidths, MixerConfig):
         if self.num_householder > 1 and (self.fused_conv or (self.k_heads or self.heads) != self.heads or self.inner_decay or self.output_correction):
             raise ValueError(f"num_householder = {self.num_householder} (DeltaProduct) takes fused_conv = False, k_heads = None, "
                              "inner_decay = False and output_correction = False")
+        if self.channel_gates and (self.num_householder > 1 or self.inner_decay or self.output_correction):
+            raise ValueError("channel_gates = True (Gated DeltaNet-2) takes num_householder = 1, inner_decay = False and "
+                             "output_correction = False (its erase gate is the closed-loop key's place)")
         if self.gate_rank is not None and not self.gate:
             raise ValueError(f"gate_rank = {self.gate_rank} is the output gate's rank: needs gate = True")
         return self
@@ -166,7 +176,11 @@ class DeltaNet(Mixer):
         self.W_q = nn.Linear(d, d_k, bias=False)
         self.W_k = nn.Linear(d, n * d_k, bias=False)  # DeltaProduct: n_h keys per token, layout (n h k) as fla
         self.W_v = nn.Linear(d, n * d_v, bias=False)
-        self.W_beta = nn.Linear(d, n * H, bias=False)
+        if c.channel_gates:  # GDN-2: the erase gate on each q/k head's key axis, the write gate on the values
+            self.W_b = nn.Linear(d, d_k, bias=False)
+            self.W_w = nn.Linear(d, d_v, bias=False)
+        else:
+            self.W_beta = nn.Linear(d, n * H, bias=False)
         if c.conv_size and c.fused_conv:
             self.conv = ShortConv(2 * d_k + d_v, c.conv_size, bias=False, activation="silu")
         elif c.conv_size:
@@ -230,13 +244,21 @@ class DeltaNet(Mixer):
         if self.Hk != H:  # GVA: q/k head j serves value heads j·r .. j·r + r - 1
             q, k = q.repeat_interleave(H // self.Hk, dim=2), k.repeat_interleave(H // self.Hk, dim=2)
         v = v.view(B, T * n, H, V)
-        beta = torch.sigmoid(self.W_beta(x)).view(B, T * n, H)
         p = None
+        if c.channel_gates:  # GDN-2: β = 1, the erase key p = b ⊙ k (2b with negative eigenvalues), the written value w ⊙ v
+            erase = torch.sigmoid(self.W_b(x)).view(B, T, self.Hk, K)
+            if self.Hk != H:
+                erase = erase.repeat_interleave(H // self.Hk, dim=2)
+            p = (2 * erase if c.negative_eigenvalues else erase) * k
+            v = torch.sigmoid(self.W_w(x)).view(B, T, H, V) * v
+            beta = torch.ones(B, T, H, dtype=v.dtype, device=v.device)
+        else:
+            beta = torch.sigmoid(self.W_beta(x)).view(B, T * n, H)
         if c.inner_decay:  # Comba eq. 8: the closed-loop key p_t = σ(d) k_t (after the L2 norm: the paper's form)
             p = k * torch.sigmoid(self.p_decay).view(H, 1)
         if c.output_correction:  # Comba: o_t = (q_t − D p_t) S_t
             q = q - self.D.view(H, 1) * (p if p is not None else k)
-        if c.negative_eigenvalues:
+        if c.negative_eigenvalues and not c.channel_gates:
             beta = 2 * beta
         g = None
         if c.decay == "head":  # Gated DeltaNet: log α = −A_h softplus(x W_a + b_Δ)  (= −Δ_t A, Mamba-2)
@@ -389,6 +411,12 @@ register_preset(
     description="Gated DeltaProduct (Siems et al. 2025): n_h = 2 delta steps per token, Λ_t = α_t Π_j (I − β_j k_jᵀk_j), "
                 "β ∈ [0, 2] (negative eigenvalues), Mamba-2's gate once per token",
     defaults={"decay": "head", "num_householder": 2, "negative_eigenvalues": True},
+)
+register_preset(
+    "gated_deltanet2", DeltaNet,
+    description="Gated DeltaNet-2 (fla's GDN-2): KDA's key-wise gate with a channel-wise erase gate b on the key axis and write "
+                "gate w on the value axis, Λ_t = (I − k_tᵀ(b_t ⊙ k_t)) Diag(α_t), written value w_t ⊙ v_t",
+    defaults={"decay": "key", "channel_gates": True, "qk_l2_eps": 1e-6, "norm_shared": True, "gate_act": "sigmoid"},
 )
 register_preset(
     "comba", DeltaNet,

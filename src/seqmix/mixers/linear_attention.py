@@ -103,7 +103,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import linear_recurrence, max_stabilizer, recurrence_map
+from ..ops import linear_recurrence, lse_gate, max_stabilizer, recurrence_map, rotary
 from ..ops.precision import complex_, compute_dtype, upcast
 from .base import ExpandedWidths, MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv
@@ -1161,6 +1161,16 @@ class GSAConfig(ExpandedWidths, MixerConfig):
     norm_affine: bool = Field(True, description="the norm with a learned weight")
     norm_eps: float = Field(1e-5, gt=0, description="norm epsilon")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode (both passes)")
+    # -- ABC (Peng et al. 2022), the predecessor: its slot gate, output gate and positions ------------------
+    slot_gate: Literal["sigmoid", "lse"] = Field(
+        "sigmoid", description="how the slots are written and forgotten: 'sigmoid' GSA's α_t = σ(x W_α)^{1/τ}, written with 1 − α_t; "
+        "'lse' ABC's running log-sum-exp z_t of the slot logits x W_α (clamped to ±slot_clamp): written with exp(s_t − z_t), "
+        "α_t = exp(z_{t−1} − z_t) (seqmix.ops.lse_gate; z carried in the cache)",
+    )
+    slot_clamp: float = Field(32.0, gt=0, description="'lse': the slot logits are clamped to [−slot_clamp, slot_clamp] (fla's ABC: 32)")
+    output_gate: bool = Field(False, description="y = W_O(norm(o) ⊙ SiLU(x W_g)) (ABC's gated RMSNorm; output_act then 'none')")
+    rope: bool = Field(False, description="rotary positions on q and k at their absolute positions (ABC's use_rope), in every mode and in decoding")
+    rope_theta: float = Field(10000.0, gt=1, description="RoPE base")
 
     @model_validator(mode="after")
     def _check(self):
@@ -1170,6 +1180,8 @@ class GSAConfig(ExpandedWidths, MixerConfig):
                 raise ValueError(f"{name} = {width} must be divisible by heads = {self.heads}")
         if not isinstance(self.scale, str) and not self.scale > 0:
             raise ValueError(f"scale = {self.scale} must be > 0 (or 'none', 'inv_sqrt_k')")
+        if self.rope and (self.d_k // self.heads) % 2:
+            raise ValueError(f"rope = True needs an even d_k' = d_k / heads, got {self.d_k // self.heads}")
         return self
 
 
@@ -1179,7 +1191,8 @@ class _GSAParams:
     k: torch.Tensor  # [B, T, H, K] (float32 or wider)
     v: torch.Tensor  # [B, T, H, V] (the projections' dtype)
     la: torch.Tensor  # log α_t [B, T, H, M] (float32 or wider)
-    s: torch.Tensor  # 1 - α_t [B, T, H, M]
+    s: torch.Tensor  # the slot write weights [B, T, H, M]: 1 - α_t (GSA) or exp(κ_t − z_t) (ABC)
+    state: dict = field(default_factory=dict)  # ABC: the running log-sum-exp "z" [B, H, M], the position "pos"
 
 
 @register("gsa", description="Gated Slot Attention (Zhang et al. 2024): two gated linear attentions over m slots joined by a softmax")
@@ -1235,7 +1248,8 @@ class GatedSlotAttention(Mixer):
         self.W_q = nn.Linear(d, c.d_k, bias=False)
         self.W_k = nn.Linear(d, c.d_k, bias=False)
         self.W_v = nn.Linear(d, c.d_v, bias=False)
-        self.W_f = nn.Linear(d, H * self.M, bias=False)  # the slot forget gate W_α
+        self.W_f = nn.Linear(d, H * self.M, bias=False)  # the slot forget gate W_α (ABC: the slot logits)
+        self.W_g = nn.Linear(d, c.d_v, bias=False) if c.output_gate else None
         self.norm = RMSNorm(c.d_v, eps=c.norm_eps, groups=H if c.norm_per_head else 1, affine=c.norm_affine) if c.xnorm == "rmsnorm" else None
         self.W_o = nn.Linear(c.d_v, d, bias=False)
         if c.scale == "inv_sqrt_k":
@@ -1249,15 +1263,25 @@ class GatedSlotAttention(Mixer):
     def example_config(cls) -> dict:
         return {"d_model": 16, "heads": 2, "num_slots": 4, "chunk_size": 8}
 
-    def _params(self, x) -> _GSAParams:
+    def _params(self, x, state=None) -> _GSAParams:
         c = self.config
         B, T, _ = x.shape
         H, K, V, M = self.H, self.K, self.V, self.M
         q = upcast(_act(c.feature_map, self.W_q(x))).view(B, T, H, K)  # the logits pass runs in float32 or wider
         k = upcast(_act(c.feature_map, self.W_k(x))).view(B, T, H, K)
         v = _act(c.value_act, self.W_v(x)).view(B, T, H, V)
+        new = {}
+        if c.rope:
+            pos0 = state["pos"] if state else 0
+            pos = torch.arange(pos0, pos0 + T, device=x.device)
+            q, k = rotary(q, pos, theta=c.rope_theta), rotary(k, pos, theta=c.rope_theta)
+            new["pos"] = pos0 + T
+        if c.slot_gate == "lse":  # ABC: write exp(κ − z_t), forget exp(z_{t−1} − z_t)
+            logits = upcast(self.W_f(x)).view(B, T, H, M).clamp(-c.slot_clamp, c.slot_clamp)
+            s, la, new["z"] = lse_gate(logits, state["z"] if state else None)
+            return _GSAParams(q=q, k=k, v=v, la=la, s=s, state=new)
         la = F.logsigmoid(upcast(self.W_f(x))).view(B, T, H, M) / c.tau  # log α_t <= 0, float32 or wider
-        return _GSAParams(q=q, k=k, v=v, la=la, s=-torch.expm1(la))
+        return _GSAParams(q=q, k=k, v=v, la=la, s=-torch.expm1(la), state=new)
 
     def _slot_weights(self, P: _GSAParams, Sk0, mode, need_state):
         """Pass 1: z_t = scale · q_t K̃_tᵀ over the slots, then p_t = softmax(z_t). Returns (p [B, T, H, M], K̃ᵀ)."""
@@ -1266,7 +1290,7 @@ class GatedSlotAttention(Mixer):
         return torch.softmax(z, dim=-1), Sk
 
     def _forward(self, x, *, state, mode, need_state):
-        P = self._params(x)
+        P = self._params(x, state)
         p, Sk = self._slot_weights(P, state.get("Sk") if state else None, mode, need_state)
         o, Sv = linear_recurrence(p, P.s, P.v, P.la, scale=1.0, initial_state=state.get("Sv") if state else None,
                                   output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size, check_values=False)
@@ -1276,8 +1300,10 @@ class GatedSlotAttention(Mixer):
             y = F.silu(y)
         if self.norm is not None:
             y = self.norm(y)
+        if self.W_g is not None:
+            y = y * F.silu(self.W_g(x))
         y = self.W_o(y.to(P.v.dtype))
-        return MixOut(y, {"Sk": Sk, "Sv": Sv} if need_state else None, values=P.v, mixed=o)
+        return MixOut(y, {"Sk": Sk, "Sv": Sv, **P.state} if need_state else None, values=P.v, mixed=o)
 
     # -- the DSF view --------------------------------------------------------------------------
 
@@ -1306,7 +1332,19 @@ class GatedSlotAttention(Mixer):
         return DSF.from_recurrence(P.q.detach(), P.k.detach(), self.M, gv=P.la.detach(), scale=self._scale)
 
     def state_size(self, seq_len: int | None = None) -> int:
-        return self.H * self.M * (self.K + self.V)
+        return self.H * self.M * (self.K + self.V + (1 if self.config.slot_gate == "lse" else 0))
+
+
+#: ABC (Peng et al. 2022, "ABC: Attention with Bounded-memory Control"; fla's ABCAttention): GSA's two passes with
+#: the slots written by exp(s_t − z_t) and forgotten by exp(z_{t−1} − z_t), z_t the running log-sum-exp of the slot
+#: logits; plain q, k, v projections with RoPE, scale d_k'^{-1/2}, a per-head RMSNorm gated by SiLU(x W_g)
+ABC_FLA = dict(slot_gate="lse", expand_k=0.5, feature_map="identity", value_act="identity", scale="inv_sqrt_k", output_act="none",
+               output_gate=True, norm_per_head=True, rope=True)
+register_preset(
+    "abc", GatedSlotAttention,
+    description="ABC (Peng et al. 2022): bounded-memory slots written by a running softmax exp(s_t − z_t), decayed by exp(z_{t−1} − z_t)",
+    defaults=ABC_FLA,
+)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1381,16 +1419,9 @@ class LightNet(Mixer):
         B, T, _ = x.shape
         H, K = self.H, self.K
         q = upcast(F.silu(self.W_q(x))).view(B, T, H, K)
-        logits = upcast(self.W_k(x)).view(B, T, H, K)
-        z = torch.logcumsumexp(logits, dim=1)
-        if z0 is None:  # z_{-1} = −∞: α_0 = 1 (it multiplies the empty state)
-            z_prev = torch.cat([z[:, :1], z[:, :-1]], dim=1)
-        else:
-            z = torch.logaddexp(z, z0.unsqueeze(1).to(z.dtype))
-            z_prev = torch.cat([z0.unsqueeze(1).to(z.dtype), z[:, :-1]], dim=1)
-        k = torch.exp(logits - z)
+        k, g, zT = lse_gate(self.W_k(x).view(B, T, H, K), z0)  # k_t = exp(κ_t − z_t), g_t = z_{t−1} − z_t
         v = self.W_v(x).view(B, T, H, self.V)
-        return q, k, v, z_prev - z, z[:, -1]
+        return q, k, v, g, zT
 
     def _forward(self, x, *, state, mode, need_state):
         q, k, v, g, zT = self._params(x, state["z"] if state else None)

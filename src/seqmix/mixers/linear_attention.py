@@ -1446,3 +1446,117 @@ class LightNet(Mixer):
 
     def state_size(self, seq_len: int | None = None) -> int:
         return self.H * self.K * (self.V + 1)
+
+
+# ------------------------------------------------------------------------------------------
+# Rodimus: one gated linear attention head over a wide stream, with a temperature on its gate
+# ------------------------------------------------------------------------------------------
+
+
+class RodimusConfig(MixerConfig):
+    """Rodimus (He et al. 2025, "Rodimus*: Breaking the Accuracy-Efficiency Trade-Off with Efficient Attentions",
+    ICLR; flash-linear-attention's RodimusAttention layer)."""
+
+    expand: float = Field(2.0, gt=0, description="d_inner = expand·d_model rounded up to a multiple of 8 (fla: 2)")
+    mem_size: int = Field(64, gt=0, description="n, the state's key width (fla's expand_ratio: 64); the state is n × d_inner")
+    input_gate_rank: int | None = Field(None, gt=0, description="rank of the value gate σ(u W_i¹ W_i² + b) (None: fla's max(d_model/64, 16))")
+    conv_size: int | None = Field(4, ge=1, description="kernel of the short conv (with bias, SiLU) on the stream u; None: no conv")
+    norm_eps: float = Field(1e-5, gt=0, description="ε of the gated RMSNorm on the output")
+    k_norm_eps: float = Field(1e-12, gt=0, description="ε of the L2 norm of the key")
+    chunk_size: int | None = Field(None, gt=0, description="chunk length of the chunk mode (None: the op picks it)")
+
+    @property
+    def d_inner(self) -> int:
+        n = int(self.d_model * self.expand)
+        return max(8, -(-n // 8) * 8)
+
+
+@register("rodimus", description="Rodimus (He et al. 2025): one GLA head of n keys over a 2d stream, gate g^τ in and exp(−gτ) decay, gated norm")
+class Rodimus(Mixer):
+    """Rodimus (He et al. 2025, §3; fla's RodimusAttention). From x [B, T, d]: the stream u = x W_up and the
+    output gate z = x W_gate (both of width d_inner = 2d), s = SiLU(ShortConv(u)), and per token
+
+        q = s W_q,   k̂ = s W_k   (n = mem_size wide),   v = σ(u W_i¹ W_i² + b_i) ⊙ u           (the value gate)
+        g = softplus(s W_g + b_g),   τ = σ(s W_τ + b_τ)           (per key channel; τ is the gate's temperature)
+        k = g^τ ⊙ k̂/‖k̂‖,   log α = −g·τ                        (the decay and the input gate from one g)
+        S_t = diag(α_t) S_{t−1} + k_tᵀ v_t,   o_t = q_t S_t / sqrt(n)        (one head: S ∈ R^{n × d_inner})
+        y_t = W_down RMSNorm((o_t + w ⊙ s_t) ⊙ SiLU(z_t))          (w: a learned skip on s; the gate before the norm)
+
+    It is a gated linear attention with a single head whose state is n × d_inner (n = 64 keys over a
+    stream twice the model's width), one call into ``linear_recurrence`` with the key-wise log-decay. Its
+    DSF (values v → core output o, before the skip): Λ_t = diag(α_t) per key channel, B_t = I ⊗ k_t,
+    C_t = I ⊗ q_tᵀ / sqrt(n); ``phi`` is [B, 1, T, T] (one head). The cache holds S [B, 1, n, d_inner] and
+    the conv state [B, d_inner, conv − 1].
+    """
+
+    family = "linear_attention"
+    modes = ("recurrent", "chunk", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "n·d_inner + d_inner·(conv−1)"
+    map_unit = "head"
+    Config = RodimusConfig
+
+    def __init__(self, config: RodimusConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        d, D, n = c.d_model, c.d_inner, c.mem_size
+        self.K, self.V = n, D
+        r = c.input_gate_rank or max(d // 64, 16)
+        self.W_up = nn.Linear(d, D, bias=False)
+        self.W_gate = nn.Linear(d, D, bias=False)
+        self.conv = ShortConv(D, c.conv_size, bias=True, activation="silu") if c.conv_size else None
+        self.W_q = nn.Linear(D, n, bias=False)
+        self.W_k = nn.Linear(D, n, bias=False)
+        self.W_g = nn.Linear(D, n, bias=True)
+        self.W_tau = nn.Linear(D, n, bias=True)
+        self.W_i = nn.Sequential(nn.Linear(D, r, bias=False), nn.Linear(r, D, bias=True))
+        self.skip = nn.Parameter(torch.ones(D))
+        self.norm = RMSNorm(D, eps=c.norm_eps)
+        self.W_down = nn.Linear(D, d, bias=False)
+        self._scale = n ** -0.5
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "mem_size": 8, "input_gate_rank": 4, "chunk_size": 8}
+
+    def _params(self, x, state, need_state):
+        """q, k [B, T, 1, n] (float32 or wider), v [B, T, 1, d_inner], the log-decay [B, T, 1, n], the stream s,
+        the output gate z and the new conv state."""
+        c = self.config
+        u, z = self.W_up(x), self.W_gate(x)
+        new = {}
+        if self.conv is not None:
+            s, conv_state = self.conv(u, state.get("conv") if state else None, output_final_state=need_state)
+            if need_state:
+                new["conv"] = conv_state
+        else:
+            s = u
+        q = upcast(self.W_q(s))
+        g = F.softplus(upcast(self.W_g(s)))
+        tau = torch.sigmoid(upcast(self.W_tau(s)))
+        k = F.normalize(upcast(self.W_k(s)), dim=-1, eps=c.k_norm_eps) * g.pow(tau)
+        v = torch.sigmoid(self.W_i(u)) * u
+        return q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2), (-g * tau).unsqueeze(2), s, z, new
+
+    def _forward(self, x, *, state, mode, need_state):
+        q, k, v, g, s, z, new = self._params(x, state, need_state)
+        o, S = linear_recurrence(q, k, v, g, scale=self._scale, initial_state=state["S"] if state else None,
+                                 output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size, check_values=False)
+        o = o.to(v.dtype)
+        y = self.norm(o[:, :, 0] + s * self.skip.to(s.dtype), gate=z)
+        return MixOut(self.W_down(y), {"S": S, **new} if need_state else None, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, 1, T, T]: Φ[t, s] = Σ_i q_{t,i} (Π_{r=s+1}^{t} α_{r,i}) k_{s,i} / sqrt(n)."""
+        self.check_input(x)
+        q, k, _, g, *_ = self._params(x, None, False)
+        return recurrence_map(q, k, g, scale=self._scale, check_values=False)
+
+    def dsf(self, x):
+        """Λ_t = diag(α_t) per key channel, B_t = I ⊗ k_t, C_t = I ⊗ q_tᵀ/sqrt(n) (input v [B, T, d_inner]; output o)."""
+        self.check_input(x)
+        q, k, _, g, *_ = self._params(x, None, False)
+        return DSF.from_recurrence(q.detach(), k.detach(), self.V, g.detach(), scale=self._scale)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        return self.K * self.V + (self.conv.state_size() if self.conv is not None else 0)

@@ -539,7 +539,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "deltanet": "product: I − β_i k_i k_iᵀ", "gated_deltanet": "product: α_i·(I − β_i k_i k_iᵀ)",
     "qwen3_next_gdn": "product: α_i·(I − β_i k_i k_iᵀ)", "kda": "product: (I − β_i k_i k_iᵀ)·Diag(α_i)",
     "kimi_kda": "product: (I − β_i k_i k_iᵀ)·Diag(α_i)",
-    "comba": "product: α_i·(I − β_i p_i k_iᵀ) (closed-loop key p)", "gated_deltanet2": "product: (I − k_i (b_i ⊙ k_i)ᵀ)·Diag(α_i) (erase gate b)", "gated_deltaproduct": "product: α_i·Π_j (I − β_j k_j k_jᵀ)",
+    "comba": "product: α_i·(I − β_i p_i k_iᵀ) (closed-loop key p)", "mom": "product: α_i·(I − β_i k_i k_iᵀ) per memory, I where the token is not routed there", "gated_deltanet2": "product: (I − k_i (b_i ⊙ k_i)ᵀ)·Diag(α_i) (erase gate b)", "gated_deltaproduct": "product: α_i·Π_j (I − β_j k_j k_jᵀ)",
     "log_linear_gdn": "product: α_i·(I − β_i k_i k_iᵀ) on O(log T) Fenwick states",
     # other structures
     "log_linear_mamba2": "scalar: exp(Δ_i^h a_h) per head, on O(log T) Fenwick states",
@@ -635,6 +635,7 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
                            + _on(m.config.channel_gates, "σ(x W_w) write gate on v")),
     "MesaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, "silu(x W_g)")),
     "Rodimus": lambda m: (["l2(k)"], ["g^τ input gate on k", "σ(u W_i¹ W_i²) value gate", "SiLU(x W_gate) (before the norm)"]),
+    "MoM": lambda m: (["l2(q, k)"], ["top-k router weights on the memories' outputs"] + _on(m.config.gate, "SiLU(x W_g) (after the norm)")),
     "LightNet": lambda m: ([], ["SiLU(x W_g¹ W_g²) output gate (low rank, after the norm)"]),
     "GatedSlotAttention": lambda m: ([], _on(m.config.output_act == "silu", "SiLU(o) = o ⊙ σ(o) (self-gate, before the norm)")
                                      + _on(m.config.output_gate, "SiLU(x W_g) output gate (after the norm)")),

@@ -390,16 +390,17 @@ register_preset(
 )
 #: Based (Arora et al. 2024, "Simple linear attention language models balance the recall-throughput tradeoff"):
 #: φ(q)ᵀφ(k) = 1 + s + s²/2 with s = qᵀk/sqrt(K), the second-order Taylor expansion of exp(s), its monomials stored
-#: once (1 + K + K(K+1)/2 features per head; the paper's K = 16: n = 16·heads), normalized by the row sum
-BASED = dict(feature_map="taylor", taylor_order=2, taylor_basis="symmetric", scale="sqrt", normalizer="row_sum")
+#: once (1 + K + K(K+1)/2 features per head), normalized by the row sum; by default one head of the paper's K = 16
+#: (n = 16; with H heads set n = 16·H)
+BASED = dict(feature_map="taylor", taylor_order=2, taylor_basis="symmetric", scale="sqrt", normalizer="row_sum", n=16, heads=1)
 register_preset(
     "based", SeparableAttention,
     description="Based (Arora et al. 2024): 2nd-order Taylor feature map 1 + s + s²/2, s = qᵀk/√K, row-sum η (with SWA layers: pattern 'based')",
     defaults=BASED,
 )
 #: ReBased (Aksenov et al. 2024, "Linear Transformers with Learnable Kernel Functions are Better In-Context Models"):
-#: φ(q)ᵀφ(k) = (q̃ᵀk̃)²/K with q̃ = γ ⊙ LN(q) + β (k̃ alike, the same γ, β), row-sum η
-REBASED = dict(feature_map="square", feature_norm="layernorm", scale="sqrt", normalizer="row_sum")
+#: φ(q)ᵀφ(k) = (q̃ᵀk̃)²/K with q̃ = γ ⊙ LN(q) + β (k̃ alike, the same γ, β), row-sum η; one head of K = 16 by default
+REBASED = dict(feature_map="square", feature_norm="layernorm", scale="sqrt", normalizer="row_sum", n=16, heads=1)
 register_preset(
     "rebased", SeparableAttention,
     description="ReBased (Aksenov et al. 2024): learnable quadratic kernel (γ ⊙ LN(q) + β)ᵀ(γ ⊙ LN(k) + β))²/K, row-sum η",

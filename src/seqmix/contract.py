@@ -37,6 +37,7 @@ from typing import Callable
 
 import torch
 
+from .debug import host_reads
 from .mixers.base import Cache, Mixer, build_mixer, mixer_entry
 
 #: max abs error between two modes of an op or a mixer, in float64 (outputs and gradients are O(1))
@@ -57,6 +58,23 @@ MP_GRAD_RTOL = {torch.bfloat16: 1e-1, torch.float16: 2e-2}
 FP16_LOSS_SCALE = 2.0**10
 #: the batch of every check
 BATCH = 2
+#: the device the checks build their mixers and inputs on (:func:`use_device`; pytest ``--device``)
+_DEVICE = [torch.device("cpu")]
+
+
+def use_device(device) -> None:
+    """Runs the checks that follow on ``device`` ("cpu", "cuda", "cuda:1", ...): the mixers and inputs of
+    :func:`make` and :func:`inputs` are moved there (the random draws stay on the CPU, so every device
+    sees the same numbers). The test suite's ``pytest --device cuda`` calls it."""
+    try:
+        _DEVICE[0] = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"use_device: argument 'device' must be a torch device such as cpu or cuda, got {device!r}") from None
+
+
+def device() -> torch.device:
+    """The device of the checks (:func:`use_device`)."""
+    return _DEVICE[0]
 
 
 class ContractError(AssertionError):
@@ -93,7 +111,7 @@ def forward_and_grads(m, x, mode):
     m.mode = mode
     x = x.clone().requires_grad_(True)
     y = m(x)
-    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(7), dtype=y.dtype)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(7), dtype=y.dtype).to(y.device)
     params = [p for p in m.parameters() if p.requires_grad]
     grads = torch.autograd.grad((y * w).sum(), [x, *params], allow_unused=True)
     return y.detach(), grads
@@ -110,7 +128,7 @@ def mixed_forward_and_grads(m, x, dtype=None):
     else:
         with torch.autocast(x.device.type, dtype=dtype):
             y = m(x)
-    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(7))
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(7)).to(y.device)
     params = [p for p in m.parameters() if p.requires_grad]
     scale = FP16_LOSS_SCALE if dtype == torch.float16 else 1.0
     grads = torch.autograd.grad((y.float() * w).mean() * scale, [x, *params], allow_unused=True)
@@ -139,7 +157,7 @@ def make(name: str, dtype=torch.float64, **overrides) -> Mixer:
     """The registered mixer ``name`` at its example config (with ``overrides``), seed 0, in eval mode."""
     entry = mixer_entry(name)
     torch.manual_seed(0)
-    return build_mixer(name, **{**entry.example_config(), **overrides}).to(dtype).eval()
+    return build_mixer(name, **{**entry.example_config(), **overrides}).to(device=device(), dtype=dtype).eval()
 
 
 def lengths(m) -> list[int]:
@@ -150,7 +168,7 @@ def lengths(m) -> list[int]:
 
 def inputs(m, T, dtype=torch.float64, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(BATCH, T, m.d_model, generator=g, dtype=dtype)
+    return torch.randn(BATCH, T, m.d_model, generator=g, dtype=dtype).to(device())
 
 
 def mp_length(m) -> int:
@@ -253,7 +271,7 @@ def check_segmented_forward(name: str, **overrides) -> None:
     x = inputs(m, T).requires_grad_(True)
     y_seg, y_whole = seg(x), whole(x)
     _require(max_abs(y_seg, y_whole) < F64_ATOL, f"{name}: segmented forward differs by {max_abs(y_seg, y_whole):.3g}")
-    g = torch.randn(y_seg.shape, generator=torch.Generator().manual_seed(3), dtype=y_seg.dtype)
+    g = torch.randn(y_seg.shape, generator=torch.Generator().manual_seed(3), dtype=y_seg.dtype).to(y_seg.device)
     gx_seg, *gp_seg = torch.autograd.grad((y_seg * g).sum(), [x, *seg.parameters()], allow_unused=True)
     gx_whole, *gp_whole = torch.autograd.grad((y_whole * g).sum(), [x, *whole.parameters()], allow_unused=True)
     _require(max_abs(gx_seg, gx_whole) < F64_ATOL, f"{name}: segmented gradient w.r.t. x differs")
@@ -331,7 +349,9 @@ def check_bad_input(name: str, **overrides) -> None:
         "type": [[0.0] * d],
     }
     for what, x in bad.items():
-        _raises(lambda: m(x), "'x'", f"{name}: input with a bad {what}")
+        x = x.to(device()) if isinstance(x, torch.Tensor) else x
+        with host_reads("always"):  # the NaN check reads the input: off the CPU only on request (seqmix.debug)
+            _raises(lambda: m(x), "'x'", f"{name}: input with a bad {what}")
 
     def set_mode(value):
         m.mode = value
@@ -426,5 +446,5 @@ def check_mixer(mixer: str | Mixer, *, checks=None, **overrides) -> dict[str, st
 
 __all__ = [
     "BATCH", "CHECKS", "CheckSkipped", "ContractError", "F32_RTOL", "F64_ATOL", "FP16_LOSS_SCALE", "MP_GRAD_RTOL", "MP_RTOL",
-    "check_mixer", "make", "inputs", "lengths", "max_abs", "rel_err",
+    "check_mixer", "device", "make", "inputs", "lengths", "max_abs", "rel_err", "use_device",
 ]

@@ -3,7 +3,7 @@
     lemma1_study(mixer, x, orders)        softmax vs its degree-P Taylor-feature separable attention:
                                           max map / output error and the state size for each P
     lemma2_check(mixer, x, extra)         DSF.embed (Lemma 2) reproduces a finite-state mixer exactly
-    eta_telescoping_error(mixer, x)       Π_{k=j+1}^{i} Λ_k B_j == (I_V ⊗ ψ(k_j)) W_V / η_i  (dsf note §8.3)
+    eta_telescoping_error(mixer, x)       Π_{k=j+1}^{i} Λ_k B_j == (I_V ⊗ ψ(k_j)) W_V / η_i  (dsf note §8.3; relative error)
     normalized_attention_variants(...)    normalized attention with exp / softplus / sigmoid η, same weights
     normalization_study(x, ...)           a side-by-side summary of those variants (Table 2's comparison)
 
@@ -141,7 +141,8 @@ def transition_products(system: DSF) -> torch.Tensor:
 
 
 def eta_telescoping_error(mixer: Mixer, x: torch.Tensor, system: DSF | None = None, **dsf_kwargs) -> float:
-    """Max |Π_{k=j+1}^{i} Λ_k B_j - (I_V ⊗ ψ(k_j)) W_V / η_i| over j <= i.
+    """Max |Π_{k=j+1}^{i} Λ_k B_j - (I_V ⊗ ψ(k_j)) W_V / η_i| over j <= i, relative to the largest entry of
+    the right side (feature maps of different scales, ReBased's squares among them, compare alike).
 
     In separable attention η is a scalar per head, so the transitions telescope:
     Π Λ_k = η_j/η_i and B_j = (I_V ⊗ ψ(k_j)) W_V / η_j leave 1/η_i (DSF paper §4.2).
@@ -164,7 +165,9 @@ def eta_telescoping_error(mixer: Mixer, x: torch.Tensor, system: DSF | None = No
         eta_state = eta.double().repeat_interleave(raw.N // mixer.heads, dim=-1)  # [b, T, N]
         rhs = raw.B.unsqueeze(1) / eta_state.unsqueeze(2).unsqueeze(-1)  # [b, i, j, N, d]
         causal = torch.ones(system.T, system.T, dtype=torch.bool).tril().view(1, system.T, system.T, 1, 1)
-        return float(torch.where(causal, lhs - rhs, torch.zeros((), dtype=lhs.dtype)).abs().max())
+        zero = torch.zeros((), dtype=lhs.dtype)
+        err = torch.where(causal, lhs - rhs, zero).abs().max()
+        return float(err / torch.where(causal, rhs, zero).abs().max().clamp_min(1e-300))
 
 
 # ------------------------------------------------------------------------------------------

@@ -504,7 +504,8 @@ def layers_figure(models: list[ModelMaps], *, dpi: int = 100) -> Figure:
 
 #: the structure of the transition Λ_i of each registered mixer (registry name -> one of "scalar" (a
 #: multiple of the identity per head), "diagonal", "diagonal + low rank", "product" (scalar or diagonal
-#: times identity + rank one: the delta rule), "shift" (nilpotent), "identity" (no decay), "none" (no
+#: times identity + rank one: the delta rule), "dense" (a full block per head: the momentum rule's pair of
+#: states), "shift" (nilpotent), "identity" (no decay), "none" (no
 #: finite state: attention)), with the detail after a colon. One table for the whole library;
 #: tests/test_interop_report.py checks that every registered mixer has an entry.
 LAMBDA_STRUCTURE: dict[str, str] = {
@@ -539,7 +540,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "deltanet": "product: I − β_i k_i k_iᵀ", "gated_deltanet": "product: α_i·(I − β_i k_i k_iᵀ)",
     "qwen3_next_gdn": "product: α_i·(I − β_i k_i k_iᵀ)", "kda": "product: (I − β_i k_i k_iᵀ)·Diag(α_i)",
     "kimi_kda": "product: (I − β_i k_i k_iᵀ)·Diag(α_i)",
-    "comba": "product: α_i·(I − β_i p_i k_iᵀ) (closed-loop key p)", "mom": "product: α_i·(I − β_i k_i k_iᵀ) per memory, I where the token is not routed there", "gated_deltanet2": "product: (I − k_i (b_i ⊙ k_i)ᵀ)·Diag(α_i) (erase gate b)", "gated_deltaproduct": "product: α_i·Π_j (I − β_j k_j k_jᵀ)",
+    "comba": "product: α_i·(I − β_i p_i k_iᵀ) (closed-loop key p)", "momentum_deltanet": "dense: 2K×2K per head on the pair (S, M), [[αI − βη kᵀp, −βμ I], [η kᵀp, μ I]]", "mom": "product: α_i·(I − β_i k_i k_iᵀ) per memory, I where the token is not routed there", "gated_deltanet2": "product: (I − k_i (b_i ⊙ k_i)ᵀ)·Diag(α_i) (erase gate b)", "gated_deltaproduct": "product: α_i·Π_j (I − β_j k_j k_jᵀ)",
     "log_linear_gdn": "product: α_i·(I − β_i k_i k_iᵀ) on O(log T) Fenwick states",
     # other structures
     "log_linear_mamba2": "scalar: exp(Δ_i^h a_h) per head, on O(log T) Fenwick states",
@@ -635,6 +636,7 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
                            + _on(m.config.channel_gates, "σ(x W_w) write gate on v")),
     "MesaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, "silu(x W_g)")),
     "Rodimus": lambda m: (["l2(k)"], ["g^τ input gate on k", "σ(u W_i¹ W_i²) value gate", "SiLU(x W_gate) (before the norm)"]),
+    "MomentumDeltaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, "SiLU(x W_g) (after the norm)")),
     "MoM": lambda m: (["l2(q, k)"], ["top-k router weights on the memories' outputs"] + _on(m.config.gate, "SiLU(x W_g) (after the norm)")),
     "LightNet": lambda m: ([], ["SiLU(x W_g¹ W_g²) output gate (low rank, after the norm)"]),
     "GatedSlotAttention": lambda m: ([], _on(m.config.output_act == "silu", "SiLU(o) = o ⊙ σ(o) (self-gate, before the norm)")

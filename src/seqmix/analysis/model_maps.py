@@ -540,7 +540,8 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "deltanet": "product: I − β_i k_i k_iᵀ", "gated_deltanet": "product: α_i·(I − β_i k_i k_iᵀ)",
     "qwen3_next_gdn": "product: α_i·(I − β_i k_i k_iᵀ)", "kda": "product: (I − β_i k_i k_iᵀ)·Diag(α_i)",
     "kimi_kda": "product: (I − β_i k_i k_iᵀ)·Diag(α_i)",
-    "comba": "product: α_i·(I − β_i p_i k_iᵀ) (closed-loop key p)", "momentum_deltanet": "dense: 2K×2K per head on the pair (S, M), [[αI − βη kᵀp, −βμ I], [η kᵀp, μ I]]", "mom": "product: α_i·(I − β_i k_i k_iᵀ) per memory, I where the token is not routed there", "gated_deltanet2": "product: (I − k_i (b_i ⊙ k_i)ᵀ)·Diag(α_i) (erase gate b)", "gated_deltaproduct": "product: α_i·Π_j (I − β_j k_j k_jᵀ)",
+    "comba": "product: α_i·(I − β_i p_i k_iᵀ) (closed-loop key p)", "precond_gated_deltanet": "product: α_i·(I − β_i k̃_i k_iᵀ) (preconditioned write key k̃)",
+    "precond_kda": "product: (I − β_i k̃_i k_iᵀ)·Diag(α_i) (preconditioned write key k̃)", "momentum_deltanet": "dense: 2K×2K per head on the pair (S, M), [[αI − βη kᵀp, −βμ I], [η kᵀp, μ I]]", "mom": "product: α_i·(I − β_i k_i k_iᵀ) per memory, I where the token is not routed there", "gated_deltanet2": "product: (I − k_i (b_i ⊙ k_i)ᵀ)·Diag(α_i) (erase gate b)", "gated_deltaproduct": "product: α_i·Π_j (I − β_j k_j k_jᵀ)",
     "log_linear_gdn": "product: α_i·(I − β_i k_i k_iᵀ) on O(log T) Fenwick states",
     # other structures
     "log_linear_mamba2": "scalar: exp(Δ_i^h a_h) per head, on O(log T) Fenwick states",
@@ -633,7 +634,8 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     # linear attention and linear RNNs
     "GeneralForm": lambda m: _general_form(m.config),
     "DeltaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, f"{m.config.gate_act}(x W_g)" + (" low-rank" if m.config.gate_rank else ""))
-                           + _on(m.config.channel_gates, "σ(x W_w) write gate on v")),
+                           + _on(m.config.channel_gates, "σ(x W_w) write gate on v")
+                           + _on(m.config.preconditioner == "atk", "ATK preconditioner on the write key")),
     "MesaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, "silu(x W_g)")),
     "Rodimus": lambda m: (["l2(k)"], ["g^τ input gate on k", "σ(u W_i¹ W_i²) value gate", "SiLU(x W_gate) (before the norm)"]),
     "MomentumDeltaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, "SiLU(x W_g) (after the norm)")),

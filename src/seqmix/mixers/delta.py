@@ -13,6 +13,7 @@ One class, :class:`DeltaNet`, and its presets; the core is ``seqmix.ops.delta_ru
     qwen3_next_gdn   as gated_deltanet                               Qwen3-Next's layer (transformers): GVA, one conv, shared norm
     kimi_kda         as kda                                          Kimi-Linear's KDA layer (transformers): σ low-rank gate
     gated_deltanet2  as kda, with channel-wise erase and write gates  fla's GDN-2: (I − kᵀ(b ⊙ k)) Diag(α), written value w ⊙ v
+    precond_gated_deltanet, precond_kda   gated_deltanet / kda with the ATK preconditioned write key k ⊙ M_t (fla)
 
 The last two are the options real checkpoints need (issue 26; ``seqmix.interop`` converts
 transformers' Qwen3NextGatedDeltaNet and KimiLinearDeltaAttention into them): grouped value
@@ -51,6 +52,7 @@ from torch import nn
 from ..dsf import DSF
 from ..ops.delta_rule import delta_product, delta_product_map, delta_rule, delta_rule_map
 from ..ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_map
+from ..ops.recurrence import linear_recurrence
 from ..ops.precision import upcast
 from .base import ExpandedWidths, Mixer, MixerConfig, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv
@@ -109,6 +111,15 @@ class DeltaNetConfig(ExpandedWidths, MixerConfig):
     )
     output_correction: bool = Field(False, description="Comba's output correction o_t = (q_t − D_h p_t) S_t (p = k without inner_decay)")
     correction_factor: float = Field(1.0, description="initial D_h of the output correction (fla: 1, 'sometimes 0.02 works better')")
+    # -- the ATK preconditioner (Preconditioned Gated DeltaNet / KDA) ---------------------------------------
+    preconditioner: Literal["none", "atk"] = Field(
+        "none", description="'atk': the write key is preconditioned per key channel, k̃_t = k_t ⊙ exp(−log(x)·s(log(A_t + ε) − c_h)), "
+        "s(r) = r/(1 + |r|), from the running second moment A_t = γ_t A_{t−1} + β^A_t k_t² (γ_t = exp(−A^A_h softplus(x W + b)), "
+        "β^A_t = σ(x W)); Λ_t = (I − β_t k̃_tᵀk_t) Diag(α_t), written value β_t k̃_tᵀ v_t; A_t is carried in the cache",
+    )
+    precond_x: float = Field(1.5, gt=1, description="'atk': the preconditioner's range: k̃/k ∈ (1/x, x) (fla's squash x: 1.5)")
+    precond_eps: float = Field(1e-6, gt=0, description="'atk': ε in log(A_t + ε)")
+    precond_center: float = Field(-0.2, description="'atk': initial c_h, the learned per-head centre of log A_t (fla's log_atk_scale_init)")
     # -- Gated DeltaNet-2 -------------------------------------------------------------------------------
     channel_gates: bool = Field(
         False, description="Gated DeltaNet-2's channel-wise gates in place of the scalar β: an erase gate b_t = σ(x W_b) ∈ [0, 1]^{d_k'} "
@@ -132,6 +143,10 @@ class DeltaNetConfig(ExpandedWidths, MixerConfig):
         if self.num_householder > 1 and (self.fused_conv or (self.k_heads or self.heads) != self.heads or self.inner_decay or self.output_correction):
             raise ValueError(f"num_householder = {self.num_householder} (DeltaProduct) takes fused_conv = False, k_heads = None, "
                              "inner_decay = False and output_correction = False")
+        if self.preconditioner != "none" and (self.num_householder > 1 or self.inner_decay or self.output_correction
+                                              or self.channel_gates or (self.k_heads or self.heads) != self.heads):
+            raise ValueError(f"preconditioner = {self.preconditioner!r} takes num_householder = 1, inner_decay = False, "
+                             "output_correction = False, channel_gates = False and k_heads = None")
         if self.channel_gates and (self.num_householder > 1 or self.inner_decay or self.output_correction):
             raise ValueError("channel_gates = True (Gated DeltaNet-2) takes num_householder = 1, inner_decay = False and "
                              "output_correction = False (its erase gate is the closed-loop key's place)")
@@ -189,6 +204,13 @@ class DeltaNet(Mixer):
             self.conv_q = ShortConv(d_k, c.conv_size, bias=False, activation="silu")
             self.conv_k = ShortConv(n * d_k, c.conv_size, bias=False, activation="silu")
             self.conv_v = ShortConv(n * d_v, c.conv_size, bias=False, activation="silu")
+        if c.preconditioner == "atk":  # the running second moment's gate and write strength, the per-head centre
+            self.W_atk = nn.Linear(d, 2 * H, bias=False)  # [γ logits; β^A logits]
+            A_atk = torch.empty(H).uniform_(A_MIN, A_MAX)
+            self.A_log_atk = nn.Parameter(A_atk.log())
+            dt = torch.exp(torch.rand(H) * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN)).clamp(min=1e-4)
+            self.dt_bias_atk = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+            self.precond_center = nn.Parameter(torch.full((H,), float(c.precond_center)))
         if c.inner_decay:  # Comba: p = σ(d_h) k (fla's init d_h = 1)
             self.p_decay = nn.Parameter(torch.ones(H))
         if c.output_correction:  # Comba: q ← q − D_h p
@@ -267,7 +289,27 @@ class DeltaNet(Mixer):
             g = -self.A_log.exp() * F.softplus(self.W_a(x) + self.dt_bias)
         elif c.decay == "key":  # KDA-style: one gate per key channel
             g = -self.A_log.exp().view(H, 1) * F.softplus(self.W_a(x) + self.dt_bias).view(B, T, H, K)
+        if c.preconditioner == "atk":  # write with k̃ = k ⊙ M_t, erase with k: the op's b (the read key) is k
+            k_write, A_T = self._precondition(x, k, state)
+            if need_state:
+                new["A"] = A_T
+            k, p = k_write, k
         return _Params(q=q, k=k, v=v, beta=beta, g=g, state=new, p=p)
+
+    def _precondition(self, x, k, state):
+        """(k ⊙ M_t [B, T, H, K], A_T [B, H, 1, K]): the ATK preconditioner. A_t = γ_t A_{t−1} + β^A_t k_t² per key
+        channel is a linear recurrence (one state row per head, the K channels as values, the per-head decay γ_t);
+        M_t = exp(−log(x) s(log(A_t + ε) − c_h)) with s(r) = r/(1 + |r|) lies in (1/x, x)."""
+        c = self.config
+        B, T, H, K = k.shape
+        a, b = upcast(self.W_atk(x)).split(H, dim=-1)
+        log_gamma = -self.A_log_atk.exp() * F.softplus(a + self.dt_bias_atk)  # [B, T, H]
+        one = torch.ones(B, T, H, 1, dtype=log_gamma.dtype, device=x.device)
+        A, A_T = linear_recurrence(one, one, torch.sigmoid(b).unsqueeze(-1) * upcast(k) ** 2, log_gamma,
+                                   initial_state=state.get("A") if state else None, output_final_state=True, check_values=False)
+        r = torch.log(A + c.precond_eps) - self.precond_center.view(H, 1)
+        M = torch.exp(-math.log(c.precond_x) * r / (1 + r.abs()))
+        return (k * M.to(k.dtype)), A_T
 
     def _l2(self, t):
         eps = self.config.qk_l2_eps
@@ -379,6 +421,8 @@ class DeltaNet(Mixer):
         size = self.H * self.K * self.V
         if c.conv_size:
             size += (c.d_k + self.n * (c.d_k + c.d_v)) * (c.conv_size - 1)
+        if c.preconditioner == "atk":
+            size += self.H * self.K  # the running second moment A_t
         return size
 
 
@@ -419,6 +463,17 @@ register_preset(
     description="Gated DeltaNet-2 (fla's GDN-2): KDA's key-wise gate with a channel-wise erase gate b on the key axis and write "
                 "gate w on the value axis, Λ_t = (I − k_tᵀ(b_t ⊙ k_t)) Diag(α_t), written value w_t ⊙ v_t",
     defaults={"decay": "key", "channel_gates": True, "qk_l2_eps": 1e-6, "norm_shared": True, "gate_act": "sigmoid"},
+)
+register_preset(
+    "precond_gated_deltanet", DeltaNet,
+    description="Preconditioned Gated DeltaNet (fla): gated_deltanet whose write key k ⊙ M_t is scaled per channel by a squashed "
+                "running second moment of the keys (ATK), Λ_t = (I − β k̃ᵀk) α_t",
+    defaults={"decay": "head", "preconditioner": "atk", "norm_shared": True},
+)
+register_preset(
+    "precond_kda", DeltaNet,
+    description="Preconditioned KDA (fla): kda with the ATK-preconditioned write key, Λ_t = (I − β k̃ᵀk) Diag(α_t)",
+    defaults={"decay": "key", "preconditioner": "atk", "norm_shared": True, "gate_act": "sigmoid"},
 )
 register_preset(
     "comba", DeltaNet,

@@ -514,6 +514,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "fox": "none: softmax attention with forget gate",
     "path_attention": "none: PaTH attention",
     "stickbreaking": "none: stick-breaking attention",
+    "moba": "none: block-sparse softmax attention (own block + top-k − 1 past blocks)",
     "bmojo": "none: SSM + sliding-window attention",
     "bmojo_f": "none: SSM + sliding-window attention",
     "hyena": "none: implicit long convolution",
@@ -618,7 +619,8 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     "SoftmaxAttention": lambda m: (["softmax"], _on(m.config.output_gate, "σ(x W_g) output gate")),
     "ForgettingAttention": lambda m: (["softmax"], _on(m.config.output_gate, "σ(x W_g) output gate")),
     "PathAttention": lambda m: (["softmax", "l2(w)"], []),
-    "StickBreakingAttention": lambda m: ([], []),  # no normalization: a row's weights sum to at most 1
+    "StickBreakingAttention": lambda m: ([], []),
+    "MoBA": lambda m: (["softmax"], []),  # no normalization: a row's weights sum to at most 1
     "Bmojo": lambda m: (["softmax"], []),  # its Mamba block is a sub-mixer (read as "ssm: ...")
     # convolution
     "GatedShortConv": lambda m: ([], ["b ⊙ x in, c ⊙ conv out"]),

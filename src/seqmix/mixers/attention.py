@@ -74,6 +74,7 @@ from ..ops.precision import compute_dtype, linear_f32, upcast
 from ..ops.forgetting import forgetting_attention, forgetting_decode, forgetting_keys, forgetting_probs
 from ..ops.path import path_attention, path_probs, path_scores
 from ..ops.stickbreaking import stickbreaking_attention, stickbreaking_probs
+from ..ops.moba import moba_attention, moba_probs
 from ..ops.features import FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, taylor_feature_dim
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import RMSNorm, ShortConv
@@ -987,3 +988,74 @@ class PathAttention(_Attention):
         H, K, V = self.heads, self.head_qk, self.head_v
         conv = H * K * (self.config.conv_size - 1) if self.config.conv_size else 0
         return H * (K + V + (self.W_f is not None)) * seq_len + conv
+
+
+# ------------------------------------------------------------------------------------------
+# MoBA: softmax attention over a data-dependent choice of key blocks (map only)
+# ------------------------------------------------------------------------------------------
+
+
+class MoBAConfig(AttentionConfig):
+    scale: float | Literal["sqrt", "none"] = Field("sqrt", description="multiplies qᵀk: 'sqrt' = 1/sqrt(K) (fla's default), 'none' or a number")
+    chunk_size: int = Field(256, gt=0, description="C, the key block size (fla's moba_chunk_size: 256)")
+    topk: int = Field(4, gt=0, description="blocks each query reads, its own included (fla's moba_topk: 4)")
+    rope: bool = Field(True, description="rotary positions on q and k at their absolute positions (fla's layer)")
+    rope_theta: float = Field(10000.0, gt=1, description="RoPE base")
+
+    @model_validator(mode="after")
+    def _rope(self):
+        K = (self.n or self.d_model) // self.heads
+        if self.rope and K % 2:
+            raise ValueError(f"rope = True needs an even head width K = n / heads, got {K}")
+        return self
+
+
+@register("moba", description="MoBA (Lu et al. 2025): each query reads its own block and the top-k − 1 past key blocks by q·mean(k); map only")
+class MoBA(_Attention):
+    """MoBA (Lu et al. 2025; fla's MoBAttention): softmax attention whose keys are cut into blocks of C; query
+    t reads its own block causally and the top_k − 1 complete past blocks i ranked by q_t · mean(k over block i)
+    (``seqmix.ops.moba``). Φ is softmax attention's map restricted to a block-sparse support that the data
+    choose — drawn by ``phi`` ([B, heads, T, T], zero outside the chosen blocks) — and the model is that map:
+    no finite-state DSF (``dsf`` raises), and decoding keeps every past key and value (any complete block may
+    be chosen later). One mode, ``parallel`` (the masked map); decoding runs the same op on the new queries
+    against the cached keys.
+    """
+
+    modes = ("parallel",)
+    reference_mode = "parallel"
+    state_formula = "T·heads·(K + V) (every past key and value)"
+    finite_state = False
+    Config = MoBAConfig
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "n": 8, "heads": 2, "chunk_size": 4, "topk": 2}
+
+    def _qkv_at(self, x, start: int):
+        q, k, v = self._qkv(x)  # q scaled
+        if self.config.rope:
+            pos = torch.arange(start, start + x.shape[1], device=x.device)
+            q, k = rotary(q, pos, theta=self.config.rope_theta), rotary(k, pos, theta=self.config.rope_theta)
+        return q, k, v
+
+    def _forward(self, x, *, state, mode, need_state):
+        c = self.config
+        start = state["k"].shape[1] if state else 0  # a shape, not a value: no host read
+        q, k, v = self._qkv_at(x, start)
+        if state:
+            k, v_all = torch.cat([state["k"], k.to(state["k"].dtype)], 1), torch.cat([state["v"], v.to(state["v"].dtype)], 1)
+        else:
+            v_all = v
+        o = moba_attention(q, k, v_all, block_size=c.chunk_size, topk=c.topk, start=start)
+        return MixOut(self._readout(o), {"k": k, "v": v_all} if need_state else None, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: softmax attention restricted to each query's own block and its chosen past blocks."""
+        self.check_input(x)
+        q, k, _ = self._qkv_at(x, 0)
+        return moba_probs(q, k, block_size=self.config.chunk_size, topk=self.config.topk).to(q.dtype)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        if seq_len is None:
+            raise ValueError("MoBA.state_size: the cache grows with the context (every key and value); pass 'seq_len'")
+        return seq_len * self.heads * (self.head_qk + self.head_v)

@@ -515,6 +515,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "path_attention": "none: PaTH attention",
     "stickbreaking": "none: stick-breaking attention",
     "moba": "none: block-sparse softmax attention (own block + top-k − 1 past blocks)",
+    "nsa": "none: gated compressed + selected-block + sliding-window softmax attention",
     "bmojo": "none: SSM + sliding-window attention",
     "bmojo_f": "none: SSM + sliding-window attention",
     "hyena": "none: implicit long convolution",
@@ -620,7 +621,8 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     "ForgettingAttention": lambda m: (["softmax"], _on(m.config.output_gate, "σ(x W_g) output gate")),
     "PathAttention": lambda m: (["softmax", "l2(w)"], []),
     "StickBreakingAttention": lambda m: ([], []),
-    "MoBA": lambda m: (["softmax"], []),  # no normalization: a row's weights sum to at most 1
+    "MoBA": lambda m: (["softmax"], []),
+    "NSA": lambda m: (["softmax (three branches)"], ["σ(x W_g) gates on the compressed, selected and window branches"]),  # no normalization: a row's weights sum to at most 1
     "Bmojo": lambda m: (["softmax"], []),  # its Mamba block is a sub-mixer (read as "ssm: ...")
     # convolution
     "GatedShortConv": lambda m: ([], ["b ⊙ x in, c ⊙ conv out"]),

@@ -75,6 +75,7 @@ from ..ops.forgetting import forgetting_attention, forgetting_decode, forgetting
 from ..ops.path import path_attention, path_probs, path_scores
 from ..ops.stickbreaking import stickbreaking_attention, stickbreaking_probs
 from ..ops.moba import moba_attention, moba_probs
+from ..ops.nsa import nsa_attention, nsa_probs
 from ..ops.features import FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, taylor_feature_dim
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import RMSNorm, ShortConv
@@ -1059,3 +1060,104 @@ class MoBA(_Attention):
         if seq_len is None:
             raise ValueError("MoBA.state_size: the cache grows with the context (every key and value); pass 'seq_len'")
         return seq_len * self.heads * (self.head_qk + self.head_v)
+
+
+# ------------------------------------------------------------------------------------------
+# NSA: gated compressed, selected and sliding-window attention (map only)
+# ------------------------------------------------------------------------------------------
+
+
+class NSAConfig(MixerConfig):
+    """Native Sparse Attention (Yuan et al. 2025; flash-linear-attention's NativeSparseAttention layer)."""
+
+    heads: int = Field(64, gt=0, description="query heads HQ (fla: 64)")
+    kv_heads: int = Field(4, gt=0, description="key/value heads H, dividing heads (fla: 4; GQA groups share the block selection)")
+    head_dim: int = Field(64, gt=0, description="width of every head's q, k and v (fla: 64)")
+    chunk_size: int = Field(64, gt=0, description="C, the block size of compression and selection (fla's block_size: 64)")
+    block_count: int = Field(16, ge=3, description="blocks each query's selection branch reads, the first, own and previous ones "
+                             "included (fla's block_counts: 16)")
+    window: int = Field(512, ge=0, description="the sliding-window branch's width (fla's window_size: 512; 0: no branch)")
+    rope: bool = Field(True, description="rotary positions on q and k at their absolute positions (fla's layer)")
+    rope_theta: float = Field(10000.0, gt=1, description="RoPE base")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads = {self.kv_heads} must divide heads = {self.heads}")
+        if self.rope and self.head_dim % 2:
+            raise ValueError(f"rope = True needs an even head_dim, got {self.head_dim}")
+        return self
+
+
+@register("nsa", description="NSA (Yuan et al. 2025): gated compressed + top-n selected block + sliding-window softmax attention; map only")
+class NSA(Mixer):
+    """Native Sparse Attention (Yuan et al. 2025; fla's NativeSparseAttention). Per query head, three softmax
+    attentions over the same keys mixed by gates σ(x W_g) ∈ (0, 1)³ (``seqmix.ops.nsa``): over mean-pooled
+    key/value blocks (compression), over the top ``block_count`` blocks ranked by the compression branch's
+    weights averaged over the GQA group, the first, own and previous blocks always among them (selection),
+    and over the last ``window`` tokens (sliding window). Φ = g_cmp Φ_cmp + g_slc Φ_slc + g_swa Φ_swa is
+    linear in v: ``phi`` draws it ([B, heads, T, T]; values repeated over each key head's group). No finite-
+    state DSF; decoding keeps every key and value. One mode, ``parallel``.
+    """
+
+    family = "attention"
+    modes = ("parallel",)
+    reference_mode = "parallel"
+    state_formula = "T·kv_heads·2·head_dim (every past key and value)"
+    map_unit = "head"
+    finite_state = False
+    Config = NSAConfig
+
+    def __init__(self, config: NSAConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        d, HQ, H, K = c.d_model, c.heads, c.kv_heads, c.head_dim
+        self.heads, self.kv_heads, self.K = HQ, H, K
+        self.W_q = nn.Linear(d, HQ * K, bias=False)
+        self.W_k = nn.Linear(d, H * K, bias=False)
+        self.W_v = nn.Linear(d, H * K, bias=False)
+        self.W_g = nn.Linear(d, 3 * HQ, bias=False)
+        self.W_o = nn.Linear(HQ * K, d, bias=False)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "heads": 4, "kv_heads": 2, "head_dim": 4, "chunk_size": 3, "block_count": 3, "window": 5}
+
+    def _params(self, x, start: int):
+        c = self.config
+        B, T, _ = x.shape
+        q = self.W_q(x).view(B, T, self.heads, self.K) * self.K ** -0.5
+        k = self.W_k(x).view(B, T, self.kv_heads, self.K)
+        v = self.W_v(x).view(B, T, self.kv_heads, self.K)
+        if c.rope:
+            pos = torch.arange(start, start + T, device=x.device)
+            q, k = rotary(q, pos, theta=c.rope_theta), rotary(k, pos, theta=c.rope_theta)
+        g_cmp, g_slc, g_swa = torch.sigmoid(self.W_g(x)).view(B, T, self.heads, 3).unbind(-1)
+        return q, k, v, (g_cmp, g_slc, g_swa)
+
+    def _op_kw(self):
+        c = self.config
+        return dict(block_size=c.chunk_size, block_count=c.block_count, window=c.window)
+
+    def _forward(self, x, *, state, mode, need_state):
+        start = state["k"].shape[1] if state else 0  # a shape, not a value: no host read
+        q, k, v, gates = self._params(x, start)
+        if state:
+            k_all, v_all = torch.cat([state["k"], k.to(state["k"].dtype)], 1), torch.cat([state["v"], v.to(state["v"].dtype)], 1)
+        else:
+            k_all, v_all = k, v
+        o = nsa_attention(q, k_all, v_all, *gates, start=start, **self._op_kw())
+        B, T = x.shape[:2]
+        values = repeat_kv(v, self.heads // self.kv_heads)
+        return MixOut(self.W_o(o.reshape(B, T, -1)), {"k": k_all, "v": v_all} if need_state else None, values=values, mixed=o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: g_cmp Φ_cmp + g_slc Φ_slc + g_swa Φ_swa per query head."""
+        self.check_input(x)
+        q, k, _, gates = self._params(x, 0)
+        return nsa_probs(q, k, *gates, **self._op_kw()).to(q.dtype)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        if seq_len is None:
+            raise ValueError("NSA.state_size: the cache grows with the context (every key and value); pass 'seq_len'")
+        return seq_len * self.kv_heads * 2 * self.K

@@ -516,6 +516,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "stickbreaking": "none: stick-breaking attention",
     "moba": "none: block-sparse softmax attention (own block + top-k − 1 past blocks)",
     "nsa": "none: gated compressed + selected-block + sliding-window softmax attention",
+    "deltaformer": "none: softmax attention over delta-corrected values, P (I + βP_<)⁻¹",
     "bmojo": "none: SSM + sliding-window attention",
     "bmojo_f": "none: SSM + sliding-window attention",
     "hyena": "none: implicit long convolution",
@@ -622,6 +623,7 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     "PathAttention": lambda m: (["softmax", "l2(w)"], []),
     "StickBreakingAttention": lambda m: ([], []),
     "MoBA": lambda m: (["softmax"], []),
+    "DeltaFormer": lambda m: (["softmax (both passes)"], []),
     "NSA": lambda m: (["softmax (three branches)"], ["σ(x W_g) gates on the compressed, selected and window branches"]),  # no normalization: a row's weights sum to at most 1
     "Bmojo": lambda m: (["softmax"], []),  # its Mamba block is a sub-mixer (read as "ssm: ...")
     # convolution

@@ -76,6 +76,7 @@ from ..ops.path import path_attention, path_probs, path_scores
 from ..ops.stickbreaking import stickbreaking_attention, stickbreaking_probs
 from ..ops.moba import moba_attention, moba_probs
 from ..ops.nsa import nsa_attention, nsa_probs
+from ..ops.deltaformer import deltaformer_attention, deltaformer_probs
 from ..ops.features import FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, taylor_feature_dim
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import RMSNorm, ShortConv
@@ -1161,3 +1162,73 @@ class NSA(Mixer):
         if seq_len is None:
             raise ValueError("NSA.state_size: the cache grows with the context (every key and value); pass 'seq_len'")
         return seq_len * self.kv_heads * 2 * self.K
+
+
+# ------------------------------------------------------------------------------------------
+# DeltaFormer: softmax attention over delta-rule-corrected values
+# ------------------------------------------------------------------------------------------
+
+
+class DeltaFormerConfig(AttentionConfig):
+    scale: float | Literal["sqrt", "none"] = Field("sqrt", description="multiplies qᵀk in both passes: 'sqrt' = 1/sqrt(K) (fla), 'none' or a number")
+    rope: bool = Field(True, description="rotary positions on q and k at their absolute positions (fla's layer)")
+    rope_theta: float = Field(10000.0, gt=1, description="RoPE base")
+
+    @model_validator(mode="after")
+    def _rope(self):
+        K = (self.n or self.d_model) // self.heads
+        if self.rope and K % 2:
+            raise ValueError(f"rope = True needs an even head width K = n / heads, got {K}")
+        return self
+
+
+@register("deltaformer", description="DeltaFormer: u_t = v_t − β_t Σ_{s<t} softmax(q·k) u_s, o = causal softmax attention over u; map only")
+class DeltaFormer(_Attention):
+    """DeltaFormer (fla's DeltaFormerAttention; ``seqmix.ops.deltaformer``): the delta rule's erase step with
+    softmax attention as the memory's readout. Per head, u_t = v_t − β_t Σ_{s<t} softmax_{s<t}(q_t·k_s) u_s and
+    o_t = Σ_{s<=t} softmax(q_t·k_s) u_s, β_t = σ(x W_β + b) per head. Its map Φ = P_<= (I + Diag(β) P_<)⁻¹ is
+    softmax attention composed with an inverted one (``phi``, [B, heads, T, T]); no finite-state DSF; decoding
+    keeps every key and every u. Modes: recurrent (u token by token) and parallel (one triangular solve).
+    """
+
+    modes = ("recurrent", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "T·heads·(K + V) (every key and every u)"
+    finite_state = False
+    Config = DeltaFormerConfig
+
+    def __init__(self, config: DeltaFormerConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        self.W_beta = nn.Linear(self.config.d_model, self.heads, bias=True)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "n": 8, "heads": 2}
+
+    def _params(self, x, start: int):
+        q, k, v = self._qkv(x)  # q scaled
+        if self.config.rope:
+            pos = torch.arange(start, start + x.shape[1], device=x.device)
+            q, k = rotary(q, pos, theta=self.config.rope_theta), rotary(k, pos, theta=self.config.rope_theta)
+        return q, k, v, torch.sigmoid(self.W_beta(x))
+
+    def _forward(self, x, *, state, mode, need_state):
+        start = state["k"].shape[1] if state else 0  # a shape, not a value: no host read
+        q, k, v, beta = self._params(x, start)
+        k_all = torch.cat([state["k"], k.to(state["k"].dtype)], 1) if state else k
+        o, u = deltaformer_attention(q, k_all, v, beta, u_prev=state["u"] if state else None,
+                                     mode="parallel" if mode in ("auto", "step") else mode)
+        o = o.to(v.dtype)
+        st = {"k": k_all, "u": torch.cat([state["u"], u.to(state["u"].dtype)], 1) if state else u} if need_state else None
+        return MixOut(self._readout(o), st, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: P_<= (I + Diag(β) P_<)⁻¹."""
+        self.check_input(x)
+        q, k, _, beta = self._params(x, 0)
+        return deltaformer_probs(q, k, beta).to(q.dtype)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        if seq_len is None:
+            raise ValueError("DeltaFormer.state_size: the cache grows with the context (every key and u); pass 'seq_len'")
+        return seq_len * self.heads * (self.head_qk + self.head_v)

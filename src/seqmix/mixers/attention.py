@@ -77,6 +77,7 @@ from ..ops.stickbreaking import stickbreaking_attention, stickbreaking_probs
 from ..ops.moba import moba_attention, moba_probs
 from ..ops.nsa import nsa_attention, nsa_probs
 from ..ops.deltaformer import deltaformer_attention, deltaformer_probs
+from ..ops.parallax import parallax_attention, parallax_probs
 from ..ops.features import FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, taylor_feature_dim
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import RMSNorm, ShortConv
@@ -1231,4 +1232,66 @@ class DeltaFormer(_Attention):
     def state_size(self, seq_len: int | None = None) -> int:
         if seq_len is None:
             raise ValueError("DeltaFormer.state_size: the cache grows with the context (every key and u); pass 'seq_len'")
+        return seq_len * self.heads * (self.head_qk + self.head_v)
+
+
+# ------------------------------------------------------------------------------------------
+# Parallax: softmax attention with a second query that corrects its weights
+# ------------------------------------------------------------------------------------------
+
+
+class ParallaxConfig(DeltaFormerConfig):
+    window: int | None = Field(None, ge=1, description="sliding window: each query sees its last `window` keys (fla's window_size); None = all")
+
+
+@register("parallax", description="Parallax: softmax weights a times (1 + Σ a s2 − s2), s2 = r·k from a second query r; map only")
+class Parallax(_Attention):
+    """Parallax (fla's ParallaxAttention; ``seqmix.ops.parallax``): softmax attention a = softmax(q·k) whose weights
+    a second query r corrects to first order, Φ[t, s] = a_ts (1 + Σ_j a_tj r_t·k_j − r_t·k_s) (rows still sum to 1).
+    q, r, k with RoPE; an optional sliding window. ``phi`` is Φ ([B, heads, T, T]); no finite-state DSF;
+    decoding keeps every key and value. One mode, ``parallel``.
+    """
+
+    modes = ("parallel",)
+    reference_mode = "parallel"
+    state_formula = "T·heads·(K + V) (every key and value)"
+    finite_state = False
+    Config = ParallaxConfig
+
+    def __init__(self, config: ParallaxConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        self.W_r = nn.Linear(self.config.d_model, self.n, bias=False)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "n": 8, "heads": 2}
+
+    def _params(self, x, start: int):
+        q, k, v = self._qkv(x)  # q scaled; r is not (fla)
+        B, T, _ = x.shape
+        r = self.W_r(x).view(B, T, self.heads, self.head_qk)
+        if self.config.rope:
+            pos = torch.arange(start, start + T, device=x.device)
+            q, k, r = (rotary(t, pos, theta=self.config.rope_theta) for t in (q, k, r))
+        return q, r, k, v
+
+    def _forward(self, x, *, state, mode, need_state):
+        start = state["k"].shape[1] if state else 0  # a shape, not a value: no host read
+        q, r, k, v = self._params(x, start)
+        if state:
+            k, v_all = torch.cat([state["k"], k.to(state["k"].dtype)], 1), torch.cat([state["v"], v.to(state["v"].dtype)], 1)
+        else:
+            v_all = v
+        o = parallax_attention(q, r, k, v_all, window=self.config.window, start=start)
+        return MixOut(self._readout(o), {"k": k, "v": v_all} if need_state else None, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: a ⊙ (1 + rowsum(a ⊙ s2) − s2)."""
+        self.check_input(x)
+        q, r, k, _ = self._params(x, 0)
+        return parallax_probs(q, r, k, window=self.config.window).to(q.dtype)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        if seq_len is None:
+            raise ValueError("Parallax.state_size: the cache grows with the context (every key and value); pass 'seq_len'")
         return seq_len * self.heads * (self.head_qk + self.head_v)

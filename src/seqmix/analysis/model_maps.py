@@ -518,6 +518,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "nsa": "none: gated compressed + selected-block + sliding-window softmax attention",
     "deltaformer": "none: softmax attention over delta-corrected values, P (I + βP_<)⁻¹",
     "parallax": "none: softmax weights a ⊙ (1 + Σ a s2 − s2), s2 = r·k",
+    "wall_attention": "none: softmax of per-channel decayed scores Σ q k exp(G_t − G_s)",
     "bmojo": "none: SSM + sliding-window attention",
     "bmojo_f": "none: SSM + sliding-window attention",
     "hyena": "none: implicit long convolution",
@@ -626,6 +627,7 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     "MoBA": lambda m: (["softmax"], []),
     "DeltaFormer": lambda m: (["softmax (both passes)"], []),
     "Parallax": lambda m: (["softmax"], []),
+    "WallAttention": lambda m: (["softmax"], []),
     "NSA": lambda m: (["softmax (three branches)"], ["σ(x W_g) gates on the compressed, selected and window branches"]),  # no normalization: a row's weights sum to at most 1
     "Bmojo": lambda m: (["softmax"], []),  # its Mamba block is a sub-mixer (read as "ssm: ...")
     # convolution

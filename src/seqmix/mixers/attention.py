@@ -78,6 +78,7 @@ from ..ops.moba import moba_attention, moba_probs
 from ..ops.nsa import nsa_attention, nsa_probs
 from ..ops.deltaformer import deltaformer_attention, deltaformer_probs
 from ..ops.parallax import parallax_attention, parallax_probs
+from ..ops.wall import wall_attention, wall_probs
 from ..ops.features import FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, taylor_feature_dim
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import RMSNorm, ShortConv
@@ -1295,3 +1296,83 @@ class Parallax(_Attention):
         if seq_len is None:
             raise ValueError("Parallax.state_size: the cache grows with the context (every key and value); pass 'seq_len'")
         return seq_len * self.heads * (self.head_qk + self.head_v)
+
+
+# ------------------------------------------------------------------------------------------
+# Wall attention: softmax over gated-linear-attention scores
+# ------------------------------------------------------------------------------------------
+
+
+class WallAttentionConfig(AttentionConfig):
+    scale: float | Literal["sqrt", "none"] = Field("sqrt", description="multiplies qᵀk: 'sqrt' = 1/sqrt(K) (fla), 'none' or a number")
+    window: int | None = Field(None, ge=1, description="sliding window: each query sees its last `window` keys (fla's window_size); None = all")
+    scalar_gate: bool = Field(False, description="add a FoX-style per-head scalar log-decay c_t − c_s to the logits (fla's use_scalar_gate)")
+    gate_bias: float = Field(8.0, description="initial bias of the decay projections: log σ(8) ≈ −3e-4, nearly no decay at init (fla's gate_init_bias)")
+
+
+@register("wall_attention", description="Wall attention: softmax of Σ_n q_n k_n exp(G_tn − G_sn), per-channel decayed logits; map only")
+class WallAttention(_Attention):
+    """Wall attention (fla's WallAttention; ``seqmix.ops.wall``): softmax attention whose logit for (t, s) is the gated-
+    linear-attention score Σ_n q_tn k_sn exp(G_tn − G_sn), with per-channel log-decays g = log σ(x W_g + b) and their
+    prefix sums G (no RoPE: the decays order the tokens), and optionally a FoX-style per-head scalar gate. ``phi``
+    is its softmax map ([B, heads, T, T]); no finite-state DSF; decoding keeps every key, value and cumulative
+    log-decay G_s. One mode, ``parallel`` (the reference materializes [B, H, T, T, K]).
+    """
+
+    modes = ("parallel",)
+    reference_mode = "parallel"
+    state_formula = "T·heads·(2K + V) [+ T·heads] (keys, values, their cumulative log-decays [and scalar gates])"
+    finite_state = False
+    Config = WallAttentionConfig
+
+    def __init__(self, config: WallAttentionConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        self.W_g = nn.Linear(c.d_model, self.n, bias=True)
+        self.W_gs = nn.Linear(c.d_model, self.heads, bias=True) if c.scalar_gate else None
+        with torch.no_grad():
+            for layer in (self.W_g, self.W_gs):
+                if layer is not None:
+                    layer.bias.fill_(c.gate_bias)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "n": 8, "heads": 2, "scalar_gate": True, "gate_bias": 0.0}
+
+    def _params(self, x, state):
+        """q (scaled), k [B, T, H, K], v, the cumulative log-decays G [B, T, H, K] and c [B, T, H] (or None)."""
+        q, k, v = self._qkv(x)
+        B, T, _ = x.shape
+        g = F.logsigmoid(upcast(self.W_g(x))).view(B, T, self.heads, self.head_qk)
+        G = torch.cumsum(g, 1)
+        if state:
+            G = G + state["G"][:, -1:].to(G.dtype)
+        c = None
+        if self.W_gs is not None:
+            c = torch.cumsum(F.logsigmoid(upcast(self.W_gs(x))), 1)
+            if state:
+                c = c + state["c"][:, -1:].to(c.dtype)
+        return q, k, v, G, c
+
+    def _forward(self, x, *, state, mode, need_state):
+        start = state["k"].shape[1] if state else 0  # a shape, not a value: no host read
+        q, k, v, G, c = self._params(x, state)
+        cat = (lambda name, t: torch.cat([state[name], t.to(state[name].dtype)], 1)) if state else (lambda name, t: t)
+        k_all, v_all, G_all = cat("k", k), cat("v", v), cat("G", G)
+        c_all = cat("c", c) if c is not None else None
+        o = wall_attention(q, k_all, v_all, G, G_all, c, c_all, window=self.config.window, start=start)
+        st = None
+        if need_state:
+            st = {"k": k_all, "v": v_all, "G": G_all, **({"c": c_all} if c is not None else {})}
+        return MixOut(self._readout(o), st, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: softmax_{s<=t} of Σ_n q_tn k_sn exp(G_tn − G_sn) (+ c_t − c_s)."""
+        self.check_input(x)
+        q, k, _, G, c = self._params(x, None)
+        return wall_probs(q, k, G, G, c, c, window=self.config.window).to(q.dtype)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        if seq_len is None:
+            raise ValueError("WallAttention.state_size: the cache grows with the context; pass 'seq_len'")
+        return seq_len * self.heads * (2 * self.head_qk + self.head_v + (1 if self.config.scalar_gate else 0))

@@ -53,7 +53,7 @@ from ..dsf import DSF
 from ..ops.delta_rule import delta_product, delta_product_map, delta_rule, delta_rule_map
 from ..ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_map
 from ..ops.recurrence import linear_recurrence
-from ..ops.precision import upcast
+from ..ops.precision import linear_f32, upcast
 from .base import ExpandedWidths, Mixer, MixerConfig, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv
 
@@ -756,7 +756,7 @@ class MoM(Mixer):
         """w [B, T, E]: the renormalized top-k router weights (zero off the top k; the shared memory: 1), and the
         routing mask [B, T, E] (1 where the token writes the memory)."""
         c = self.config
-        r = torch.softmax(upcast(self.W_router(x)), dim=-1)
+        r = torch.softmax(linear_f32(self.W_router, x), dim=-1)  # float32: a flipped choice is no rounding error
         top, idx = torch.topk(r, c.topk, dim=-1)
         w = torch.zeros_like(r).scatter(-1, idx, top / top.sum(-1, keepdim=True))
         mask = torch.zeros_like(r).scatter(-1, idx, torch.ones_like(top))

@@ -25,7 +25,7 @@ from seqmix.analysis.model_maps import (  # noqa: E402
 from seqmix.cli import main  # noqa: E402
 from seqmix.interop import from_transformers, seqmix_mixers  # noqa: E402
 
-KINDS = ("scalar", "diagonal", "diagonal + low rank", "product", "shift", "identity", "none")
+KINDS = ("scalar", "diagonal", "diagonal + low rank", "product", "dense", "shift", "identity", "none")
 
 
 def brute_lag(phi: torch.Tensor, q: float = 0.9) -> float:
@@ -56,7 +56,7 @@ def test_every_registered_mixer_has_a_lambda_structure():
         s = LAMBDA_STRUCTURE[e.name]
         if not e.cls.finite_state:
             assert s.startswith("none"), e.name
-        if s.startswith(("product", "shift")):
+        if s.startswith(("product", "dense", "shift")):
             assert not e.cls.diagonal_transition, e.name
 
 

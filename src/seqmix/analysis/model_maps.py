@@ -504,7 +504,8 @@ def layers_figure(models: list[ModelMaps], *, dpi: int = 100) -> Figure:
 
 #: the structure of the transition Λ_i of each registered mixer (registry name -> one of "scalar" (a
 #: multiple of the identity per head), "diagonal", "diagonal + low rank", "product" (scalar or diagonal
-#: times identity + rank one: the delta rule), "shift" (nilpotent), "identity" (no decay), "none" (no
+#: times identity + rank one: the delta rule), "dense" (a full block per head: the momentum rule's pair of
+#: states), "shift" (nilpotent), "identity" (no decay), "none" (no
 #: finite state: attention)), with the detail after a colon. One table for the whole library;
 #: tests/test_interop_report.py checks that every registered mixer has an entry.
 LAMBDA_STRUCTURE: dict[str, str] = {
@@ -513,6 +514,11 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "fox": "none: softmax attention with forget gate",
     "path_attention": "none: PaTH attention",
     "stickbreaking": "none: stick-breaking attention",
+    "moba": "none: block-sparse softmax attention (own block + top-k − 1 past blocks)",
+    "nsa": "none: gated compressed + selected-block + sliding-window softmax attention",
+    "deltaformer": "none: softmax attention over delta-corrected values, P (I + βP_<)⁻¹",
+    "parallax": "none: softmax weights a ⊙ (1 + Σ a s2 − s2), s2 = r·k",
+    "wall_attention": "none: softmax of per-channel decayed scores Σ q k exp(G_t − G_s)",
     "bmojo": "none: SSM + sliding-window attention",
     "bmojo_f": "none: SSM + sliding-window attention",
     "hyena": "none: implicit long convolution",
@@ -532,14 +538,15 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "hgrn2": "diagonal: data-dependent", "metala": "diagonal: data-dependent", "general_form": "diagonal",
     "rg_lru": "diagonal: data-dependent", "rg_lru_block": "diagonal: data-dependent", "qlstm": "diagonal: data-dependent",
     "qlstm_block": "diagonal: data-dependent", "qlstm_rs": "diagonal: data-dependent", "qlstm_rs_block": "diagonal: data-dependent",
-    "gsa": "diagonal: per slot", "rodimus": "diagonal: exp(−g_i τ_i) per key channel (one head)", "abc": "diagonal: exp(z_{i−1} − z_i) per slot, z the running log-sum-exp of the slot logits", "lightnet": "diagonal: exp(z_{i−1} − z_i), z the running log-sum-exp of the key logits", "h3": "diagonal: shift SSM and diagonal SSM", "gss": "diagonal (time-invariant)",
+    "gsa": "diagonal: per slot", "raven": "diagonal: per slot, exp(−w_i A_h softplus(·)) on the routed slots, 1 on the others", "rodimus": "diagonal: exp(−g_i τ_i) per key channel (one head)", "abc": "diagonal: exp(z_{i−1} − z_i) per slot, z the running log-sum-exp of the slot logits", "lightnet": "diagonal: exp(z_{i−1} − z_i), z the running log-sum-exp of the key logits", "h3": "diagonal: shift SSM and diagonal SSM", "gss": "diagonal (time-invariant)",
     # diagonal plus low rank
     "s4": "diagonal + low rank (DPLR, time-invariant)",
     # the delta rule: a product
     "deltanet": "product: I − β_i k_i k_iᵀ", "gated_deltanet": "product: α_i·(I − β_i k_i k_iᵀ)",
     "qwen3_next_gdn": "product: α_i·(I − β_i k_i k_iᵀ)", "kda": "product: (I − β_i k_i k_iᵀ)·Diag(α_i)",
     "kimi_kda": "product: (I − β_i k_i k_iᵀ)·Diag(α_i)",
-    "comba": "product: α_i·(I − β_i p_i k_iᵀ) (closed-loop key p)", "mom": "product: α_i·(I − β_i k_i k_iᵀ) per memory, I where the token is not routed there", "gated_deltanet2": "product: (I − k_i (b_i ⊙ k_i)ᵀ)·Diag(α_i) (erase gate b)", "gated_deltaproduct": "product: α_i·Π_j (I − β_j k_j k_jᵀ)",
+    "comba": "product: α_i·(I − β_i p_i k_iᵀ) (closed-loop key p)", "precond_gated_deltanet": "product: α_i·(I − β_i k̃_i k_iᵀ) (preconditioned write key k̃)",
+    "precond_kda": "product: (I − β_i k̃_i k_iᵀ)·Diag(α_i) (preconditioned write key k̃)", "momentum_deltanet": "dense: 2K×2K per head on the pair (S, M), [[αI − βη kᵀp, −βμ I], [η kᵀp, μ I]]", "mom": "product: α_i·(I − β_i k_i k_iᵀ) per memory, I where the token is not routed there", "gated_deltanet2": "product: (I − k_i (b_i ⊙ k_i)ᵀ)·Diag(α_i) (erase gate b)", "gated_deltaproduct": "product: α_i·Π_j (I − β_j k_j k_jᵀ)",
     "log_linear_gdn": "product: α_i·(I − β_i k_i k_iᵀ) on O(log T) Fenwick states",
     # other structures
     "log_linear_mamba2": "scalar: exp(Δ_i^h a_h) per head, on O(log T) Fenwick states",
@@ -616,7 +623,12 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     "SoftmaxAttention": lambda m: (["softmax"], _on(m.config.output_gate, "σ(x W_g) output gate")),
     "ForgettingAttention": lambda m: (["softmax"], _on(m.config.output_gate, "σ(x W_g) output gate")),
     "PathAttention": lambda m: (["softmax", "l2(w)"], []),
-    "StickBreakingAttention": lambda m: ([], []),  # no normalization: a row's weights sum to at most 1
+    "StickBreakingAttention": lambda m: ([], []),
+    "MoBA": lambda m: (["softmax"], []),
+    "DeltaFormer": lambda m: (["softmax (both passes)"], []),
+    "Parallax": lambda m: (["softmax"], []),
+    "WallAttention": lambda m: (["softmax"], []),
+    "NSA": lambda m: (["softmax (three branches)"], ["σ(x W_g) gates on the compressed, selected and window branches"]),  # no normalization: a row's weights sum to at most 1
     "Bmojo": lambda m: (["softmax"], []),  # its Mamba block is a sub-mixer (read as "ssm: ...")
     # convolution
     "GatedShortConv": lambda m: ([], ["b ⊙ x in, c ⊙ conv out"]),
@@ -632,13 +644,16 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     # linear attention and linear RNNs
     "GeneralForm": lambda m: _general_form(m.config),
     "DeltaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, f"{m.config.gate_act}(x W_g)" + (" low-rank" if m.config.gate_rank else ""))
-                           + _on(m.config.channel_gates, "σ(x W_w) write gate on v")),
+                           + _on(m.config.channel_gates, "σ(x W_w) write gate on v")
+                           + _on(m.config.preconditioner == "atk", "ATK preconditioner on the write key")),
     "MesaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, "silu(x W_g)")),
     "Rodimus": lambda m: (["l2(k)"], ["g^τ input gate on k", "σ(u W_i¹ W_i²) value gate", "SiLU(x W_gate) (before the norm)"]),
+    "MomentumDeltaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, "SiLU(x W_g) (after the norm)")),
     "MoM": lambda m: (["l2(q, k)"], ["top-k router weights on the memories' outputs"] + _on(m.config.gate, "SiLU(x W_g) (after the norm)")),
     "LightNet": lambda m: ([], ["SiLU(x W_g¹ W_g²) output gate (low rank, after the norm)"]),
     "GatedSlotAttention": lambda m: ([], _on(m.config.output_act == "silu", "SiLU(o) = o ⊙ σ(o) (self-gate, before the norm)")
-                                     + _on(m.config.output_gate, "SiLU(x W_g) output gate (after the norm)")),
+                                     + _on(m.config.output_gate, "SiLU(x W_g) output gate (after the norm)")
+                                     + _on(m.config.slot_router is not None, "top-k σ router on the slots' writes")),
     "RWKV7": lambda m: (["l2(κ̂)"], ["σ(x G₁) G₂ output gate (low rank)"]
                         + _on(m.config.value_residual, "σ(ν) value-residual mix toward v_first")),
 }

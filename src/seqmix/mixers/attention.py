@@ -74,6 +74,11 @@ from ..ops.precision import compute_dtype, linear_f32, upcast
 from ..ops.forgetting import forgetting_attention, forgetting_decode, forgetting_keys, forgetting_probs
 from ..ops.path import path_attention, path_probs, path_scores
 from ..ops.stickbreaking import stickbreaking_attention, stickbreaking_probs
+from ..ops.moba import moba_attention, moba_probs
+from ..ops.nsa import nsa_attention, nsa_probs
+from ..ops.deltaformer import deltaformer_attention, deltaformer_probs
+from ..ops.parallax import parallax_attention, parallax_probs
+from ..ops.wall import wall_attention, wall_probs
 from ..ops.features import FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, taylor_feature_dim
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import RMSNorm, ShortConv
@@ -987,3 +992,387 @@ class PathAttention(_Attention):
         H, K, V = self.heads, self.head_qk, self.head_v
         conv = H * K * (self.config.conv_size - 1) if self.config.conv_size else 0
         return H * (K + V + (self.W_f is not None)) * seq_len + conv
+
+
+# ------------------------------------------------------------------------------------------
+# MoBA: softmax attention over a data-dependent choice of key blocks (map only)
+# ------------------------------------------------------------------------------------------
+
+
+class MoBAConfig(AttentionConfig):
+    scale: float | Literal["sqrt", "none"] = Field("sqrt", description="multiplies qᵀk: 'sqrt' = 1/sqrt(K) (fla's default), 'none' or a number")
+    chunk_size: int = Field(256, gt=0, description="C, the key block size (fla's moba_chunk_size: 256)")
+    topk: int = Field(4, gt=0, description="blocks each query reads, its own included (fla's moba_topk: 4)")
+    rope: bool = Field(True, description="rotary positions on q and k at their absolute positions (fla's layer)")
+    rope_theta: float = Field(10000.0, gt=1, description="RoPE base")
+
+    @model_validator(mode="after")
+    def _rope(self):
+        K = (self.n or self.d_model) // self.heads
+        if self.rope and K % 2:
+            raise ValueError(f"rope = True needs an even head width K = n / heads, got {K}")
+        return self
+
+
+@register("moba", description="MoBA (Lu et al. 2025): each query reads its own block and the top-k − 1 past key blocks by q·mean(k); map only")
+class MoBA(_Attention):
+    """MoBA (Lu et al. 2025; fla's MoBAttention): softmax attention whose keys are cut into blocks of C; query
+    t reads its own block causally and the top_k − 1 complete past blocks i ranked by q_t · mean(k over block i)
+    (``seqmix.ops.moba``). Φ is softmax attention's map restricted to a block-sparse support that the data
+    choose — drawn by ``phi`` ([B, heads, T, T], zero outside the chosen blocks) — and the model is that map:
+    no finite-state DSF (``dsf`` raises), and decoding keeps every past key and value (any complete block may
+    be chosen later). One mode, ``parallel`` (the masked map); decoding runs the same op on the new queries
+    against the cached keys.
+    """
+
+    modes = ("parallel",)
+    reference_mode = "parallel"
+    state_formula = "T·heads·(K + V) (every past key and value)"
+    finite_state = False
+    Config = MoBAConfig
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "n": 8, "heads": 2, "chunk_size": 4, "topk": 2}
+
+    def _qkv_at(self, x, start: int):
+        q, k, v = self._qkv(x)  # q scaled
+        if self.config.rope:
+            pos = torch.arange(start, start + x.shape[1], device=x.device)
+            q, k = rotary(q, pos, theta=self.config.rope_theta), rotary(k, pos, theta=self.config.rope_theta)
+        return q, k, v
+
+    def _forward(self, x, *, state, mode, need_state):
+        c = self.config
+        start = state["k"].shape[1] if state else 0  # a shape, not a value: no host read
+        q, k, v = self._qkv_at(x, start)
+        if state:
+            k, v_all = torch.cat([state["k"], k.to(state["k"].dtype)], 1), torch.cat([state["v"], v.to(state["v"].dtype)], 1)
+        else:
+            v_all = v
+        o = moba_attention(q, k, v_all, block_size=c.chunk_size, topk=c.topk, start=start)
+        return MixOut(self._readout(o), {"k": k, "v": v_all} if need_state else None, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: softmax attention restricted to each query's own block and its chosen past blocks."""
+        self.check_input(x)
+        q, k, _ = self._qkv_at(x, 0)
+        return moba_probs(q, k, block_size=self.config.chunk_size, topk=self.config.topk).to(q.dtype)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        if seq_len is None:
+            raise ValueError("MoBA.state_size: the cache grows with the context (every key and value); pass 'seq_len'")
+        return seq_len * self.heads * (self.head_qk + self.head_v)
+
+
+# ------------------------------------------------------------------------------------------
+# NSA: gated compressed, selected and sliding-window attention (map only)
+# ------------------------------------------------------------------------------------------
+
+
+class NSAConfig(MixerConfig):
+    """Native Sparse Attention (Yuan et al. 2025; flash-linear-attention's NativeSparseAttention layer)."""
+
+    heads: int = Field(64, gt=0, description="query heads HQ (fla: 64)")
+    kv_heads: int = Field(4, gt=0, description="key/value heads H, dividing heads (fla: 4; GQA groups share the block selection)")
+    head_dim: int = Field(64, gt=0, description="width of every head's q, k and v (fla: 64)")
+    chunk_size: int = Field(64, gt=0, description="C, the block size of compression and selection (fla's block_size: 64)")
+    block_count: int = Field(16, ge=3, description="blocks each query's selection branch reads, the first, own and previous ones "
+                             "included (fla's block_counts: 16)")
+    window: int = Field(512, ge=0, description="the sliding-window branch's width (fla's window_size: 512; 0: no branch)")
+    rope: bool = Field(True, description="rotary positions on q and k at their absolute positions (fla's layer)")
+    rope_theta: float = Field(10000.0, gt=1, description="RoPE base")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads = {self.kv_heads} must divide heads = {self.heads}")
+        if self.rope and self.head_dim % 2:
+            raise ValueError(f"rope = True needs an even head_dim, got {self.head_dim}")
+        return self
+
+
+@register("nsa", description="NSA (Yuan et al. 2025): gated compressed + top-n selected block + sliding-window softmax attention; map only")
+class NSA(Mixer):
+    """Native Sparse Attention (Yuan et al. 2025; fla's NativeSparseAttention). Per query head, three softmax
+    attentions over the same keys mixed by gates σ(x W_g) ∈ (0, 1)³ (``seqmix.ops.nsa``): over mean-pooled
+    key/value blocks (compression), over the top ``block_count`` blocks ranked by the compression branch's
+    weights averaged over the GQA group, the first, own and previous blocks always among them (selection),
+    and over the last ``window`` tokens (sliding window). Φ = g_cmp Φ_cmp + g_slc Φ_slc + g_swa Φ_swa is
+    linear in v: ``phi`` draws it ([B, heads, T, T]; values repeated over each key head's group). No finite-
+    state DSF; decoding keeps every key and value. One mode, ``parallel``.
+    """
+
+    family = "attention"
+    modes = ("parallel",)
+    reference_mode = "parallel"
+    state_formula = "T·kv_heads·2·head_dim (every past key and value)"
+    map_unit = "head"
+    finite_state = False
+    Config = NSAConfig
+
+    def __init__(self, config: NSAConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        d, HQ, H, K = c.d_model, c.heads, c.kv_heads, c.head_dim
+        self.heads, self.kv_heads, self.K = HQ, H, K
+        self.W_q = nn.Linear(d, HQ * K, bias=False)
+        self.W_k = nn.Linear(d, H * K, bias=False)
+        self.W_v = nn.Linear(d, H * K, bias=False)
+        self.W_g = nn.Linear(d, 3 * HQ, bias=False)
+        self.W_o = nn.Linear(HQ * K, d, bias=False)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "heads": 4, "kv_heads": 2, "head_dim": 4, "chunk_size": 3, "block_count": 3, "window": 5}
+
+    def _params(self, x, start: int):
+        c = self.config
+        B, T, _ = x.shape
+        q = self.W_q(x).view(B, T, self.heads, self.K) * self.K ** -0.5
+        k = self.W_k(x).view(B, T, self.kv_heads, self.K)
+        v = self.W_v(x).view(B, T, self.kv_heads, self.K)
+        if c.rope:
+            pos = torch.arange(start, start + T, device=x.device)
+            q, k = rotary(q, pos, theta=c.rope_theta), rotary(k, pos, theta=c.rope_theta)
+        g_cmp, g_slc, g_swa = torch.sigmoid(self.W_g(x)).view(B, T, self.heads, 3).unbind(-1)
+        return q, k, v, (g_cmp, g_slc, g_swa)
+
+    def _op_kw(self):
+        c = self.config
+        return dict(block_size=c.chunk_size, block_count=c.block_count, window=c.window)
+
+    def _forward(self, x, *, state, mode, need_state):
+        start = state["k"].shape[1] if state else 0  # a shape, not a value: no host read
+        q, k, v, gates = self._params(x, start)
+        if state:
+            k_all, v_all = torch.cat([state["k"], k.to(state["k"].dtype)], 1), torch.cat([state["v"], v.to(state["v"].dtype)], 1)
+        else:
+            k_all, v_all = k, v
+        o = nsa_attention(q, k_all, v_all, *gates, start=start, **self._op_kw())
+        B, T = x.shape[:2]
+        values = repeat_kv(v, self.heads // self.kv_heads)
+        return MixOut(self.W_o(o.reshape(B, T, -1)), {"k": k_all, "v": v_all} if need_state else None, values=values, mixed=o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: g_cmp Φ_cmp + g_slc Φ_slc + g_swa Φ_swa per query head."""
+        self.check_input(x)
+        q, k, _, gates = self._params(x, 0)
+        return nsa_probs(q, k, *gates, **self._op_kw()).to(q.dtype)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        if seq_len is None:
+            raise ValueError("NSA.state_size: the cache grows with the context (every key and value); pass 'seq_len'")
+        return seq_len * self.kv_heads * 2 * self.K
+
+
+# ------------------------------------------------------------------------------------------
+# DeltaFormer: softmax attention over delta-rule-corrected values
+# ------------------------------------------------------------------------------------------
+
+
+class DeltaFormerConfig(AttentionConfig):
+    scale: float | Literal["sqrt", "none"] = Field("sqrt", description="multiplies qᵀk in both passes: 'sqrt' = 1/sqrt(K) (fla), 'none' or a number")
+    rope: bool = Field(True, description="rotary positions on q and k at their absolute positions (fla's layer)")
+    rope_theta: float = Field(10000.0, gt=1, description="RoPE base")
+
+    @model_validator(mode="after")
+    def _rope(self):
+        K = (self.n or self.d_model) // self.heads
+        if self.rope and K % 2:
+            raise ValueError(f"rope = True needs an even head width K = n / heads, got {K}")
+        return self
+
+
+@register("deltaformer", description="DeltaFormer: u_t = v_t − β_t Σ_{s<t} softmax(q·k) u_s, o = causal softmax attention over u; map only")
+class DeltaFormer(_Attention):
+    """DeltaFormer (fla's DeltaFormerAttention; ``seqmix.ops.deltaformer``): the delta rule's erase step with
+    softmax attention as the memory's readout. Per head, u_t = v_t − β_t Σ_{s<t} softmax_{s<t}(q_t·k_s) u_s and
+    o_t = Σ_{s<=t} softmax(q_t·k_s) u_s, β_t = σ(x W_β + b) per head. Its map Φ = P_<= (I + Diag(β) P_<)⁻¹ is
+    softmax attention composed with an inverted one (``phi``, [B, heads, T, T]); no finite-state DSF; decoding
+    keeps every key and every u. Modes: recurrent (u token by token) and parallel (one triangular solve).
+    """
+
+    modes = ("recurrent", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "T·heads·(K + V) (every key and every u)"
+    finite_state = False
+    Config = DeltaFormerConfig
+
+    def __init__(self, config: DeltaFormerConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        self.W_beta = nn.Linear(self.config.d_model, self.heads, bias=True)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "n": 8, "heads": 2}
+
+    def _params(self, x, start: int):
+        q, k, v = self._qkv(x)  # q scaled
+        if self.config.rope:
+            pos = torch.arange(start, start + x.shape[1], device=x.device)
+            q, k = rotary(q, pos, theta=self.config.rope_theta), rotary(k, pos, theta=self.config.rope_theta)
+        return q, k, v, torch.sigmoid(self.W_beta(x))
+
+    def _forward(self, x, *, state, mode, need_state):
+        start = state["k"].shape[1] if state else 0  # a shape, not a value: no host read
+        q, k, v, beta = self._params(x, start)
+        k_all = torch.cat([state["k"], k.to(state["k"].dtype)], 1) if state else k
+        o, u = deltaformer_attention(q, k_all, v, beta, u_prev=state["u"] if state else None,
+                                     mode="parallel" if mode in ("auto", "step") else mode)
+        o = o.to(v.dtype)
+        st = {"k": k_all, "u": torch.cat([state["u"], u.to(state["u"].dtype)], 1) if state else u} if need_state else None
+        return MixOut(self._readout(o), st, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: P_<= (I + Diag(β) P_<)⁻¹."""
+        self.check_input(x)
+        q, k, _, beta = self._params(x, 0)
+        return deltaformer_probs(q, k, beta).to(q.dtype)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        if seq_len is None:
+            raise ValueError("DeltaFormer.state_size: the cache grows with the context (every key and u); pass 'seq_len'")
+        return seq_len * self.heads * (self.head_qk + self.head_v)
+
+
+# ------------------------------------------------------------------------------------------
+# Parallax: softmax attention with a second query that corrects its weights
+# ------------------------------------------------------------------------------------------
+
+
+class ParallaxConfig(DeltaFormerConfig):
+    window: int | None = Field(None, ge=1, description="sliding window: each query sees its last `window` keys (fla's window_size); None = all")
+
+
+@register("parallax", description="Parallax: softmax weights a times (1 + Σ a s2 − s2), s2 = r·k from a second query r; map only")
+class Parallax(_Attention):
+    """Parallax (fla's ParallaxAttention; ``seqmix.ops.parallax``): softmax attention a = softmax(q·k) whose weights
+    a second query r corrects to first order, Φ[t, s] = a_ts (1 + Σ_j a_tj r_t·k_j − r_t·k_s) (rows still sum to 1).
+    q, r, k with RoPE; an optional sliding window. ``phi`` is Φ ([B, heads, T, T]); no finite-state DSF;
+    decoding keeps every key and value. One mode, ``parallel``.
+    """
+
+    modes = ("parallel",)
+    reference_mode = "parallel"
+    state_formula = "T·heads·(K + V) (every key and value)"
+    finite_state = False
+    Config = ParallaxConfig
+
+    def __init__(self, config: ParallaxConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        self.W_r = nn.Linear(self.config.d_model, self.n, bias=False)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "n": 8, "heads": 2}
+
+    def _params(self, x, start: int):
+        q, k, v = self._qkv(x)  # q scaled; r is not (fla)
+        B, T, _ = x.shape
+        r = self.W_r(x).view(B, T, self.heads, self.head_qk)
+        if self.config.rope:
+            pos = torch.arange(start, start + T, device=x.device)
+            q, k, r = (rotary(t, pos, theta=self.config.rope_theta) for t in (q, k, r))
+        return q, r, k, v
+
+    def _forward(self, x, *, state, mode, need_state):
+        start = state["k"].shape[1] if state else 0  # a shape, not a value: no host read
+        q, r, k, v = self._params(x, start)
+        if state:
+            k, v_all = torch.cat([state["k"], k.to(state["k"].dtype)], 1), torch.cat([state["v"], v.to(state["v"].dtype)], 1)
+        else:
+            v_all = v
+        o = parallax_attention(q, r, k, v_all, window=self.config.window, start=start)
+        return MixOut(self._readout(o), {"k": k, "v": v_all} if need_state else None, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: a ⊙ (1 + rowsum(a ⊙ s2) − s2)."""
+        self.check_input(x)
+        q, r, k, _ = self._params(x, 0)
+        return parallax_probs(q, r, k, window=self.config.window).to(q.dtype)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        if seq_len is None:
+            raise ValueError("Parallax.state_size: the cache grows with the context (every key and value); pass 'seq_len'")
+        return seq_len * self.heads * (self.head_qk + self.head_v)
+
+
+# ------------------------------------------------------------------------------------------
+# Wall attention: softmax over gated-linear-attention scores
+# ------------------------------------------------------------------------------------------
+
+
+class WallAttentionConfig(AttentionConfig):
+    scale: float | Literal["sqrt", "none"] = Field("sqrt", description="multiplies qᵀk: 'sqrt' = 1/sqrt(K) (fla), 'none' or a number")
+    window: int | None = Field(None, ge=1, description="sliding window: each query sees its last `window` keys (fla's window_size); None = all")
+    scalar_gate: bool = Field(False, description="add a FoX-style per-head scalar log-decay c_t − c_s to the logits (fla's use_scalar_gate)")
+    gate_bias: float = Field(8.0, description="initial bias of the decay projections: log σ(8) ≈ −3e-4, nearly no decay at init (fla's gate_init_bias)")
+
+
+@register("wall_attention", description="Wall attention: softmax of Σ_n q_n k_n exp(G_tn − G_sn), per-channel decayed logits; map only")
+class WallAttention(_Attention):
+    """Wall attention (fla's WallAttention; ``seqmix.ops.wall``): softmax attention whose logit for (t, s) is the gated-
+    linear-attention score Σ_n q_tn k_sn exp(G_tn − G_sn), with per-channel log-decays g = log σ(x W_g + b) and their
+    prefix sums G (no RoPE: the decays order the tokens), and optionally a FoX-style per-head scalar gate. ``phi``
+    is its softmax map ([B, heads, T, T]); no finite-state DSF; decoding keeps every key, value and cumulative
+    log-decay G_s. One mode, ``parallel`` (the reference materializes [B, H, T, T, K]).
+    """
+
+    modes = ("parallel",)
+    reference_mode = "parallel"
+    state_formula = "T·heads·(2K + V) [+ T·heads] (keys, values, their cumulative log-decays [and scalar gates])"
+    finite_state = False
+    Config = WallAttentionConfig
+
+    def __init__(self, config: WallAttentionConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        self.W_g = nn.Linear(c.d_model, self.n, bias=True)
+        self.W_gs = nn.Linear(c.d_model, self.heads, bias=True) if c.scalar_gate else None
+        with torch.no_grad():
+            for layer in (self.W_g, self.W_gs):
+                if layer is not None:
+                    layer.bias.fill_(c.gate_bias)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "n": 8, "heads": 2, "scalar_gate": True, "gate_bias": 0.0}
+
+    def _params(self, x, state):
+        """q (scaled), k [B, T, H, K], v, the cumulative log-decays G [B, T, H, K] and c [B, T, H] (or None)."""
+        q, k, v = self._qkv(x)
+        B, T, _ = x.shape
+        g = F.logsigmoid(upcast(self.W_g(x))).view(B, T, self.heads, self.head_qk)
+        G = torch.cumsum(g, 1)
+        if state:
+            G = G + state["G"][:, -1:].to(G.dtype)
+        c = None
+        if self.W_gs is not None:
+            c = torch.cumsum(F.logsigmoid(upcast(self.W_gs(x))), 1)
+            if state:
+                c = c + state["c"][:, -1:].to(c.dtype)
+        return q, k, v, G, c
+
+    def _forward(self, x, *, state, mode, need_state):
+        start = state["k"].shape[1] if state else 0  # a shape, not a value: no host read
+        q, k, v, G, c = self._params(x, state)
+        cat = (lambda name, t: torch.cat([state[name], t.to(state[name].dtype)], 1)) if state else (lambda name, t: t)
+        k_all, v_all, G_all = cat("k", k), cat("v", v), cat("G", G)
+        c_all = cat("c", c) if c is not None else None
+        o = wall_attention(q, k_all, v_all, G, G_all, c, c_all, window=self.config.window, start=start)
+        st = None
+        if need_state:
+            st = {"k": k_all, "v": v_all, "G": G_all, **({"c": c_all} if c is not None else {})}
+        return MixOut(self._readout(o), st, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, heads, T, T]: softmax_{s<=t} of Σ_n q_tn k_sn exp(G_tn − G_sn) (+ c_t − c_s)."""
+        self.check_input(x)
+        q, k, _, G, c = self._params(x, None)
+        return wall_probs(q, k, G, G, c, c, window=self.config.window).to(q.dtype)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        if seq_len is None:
+            raise ValueError("WallAttention.state_size: the cache grows with the context; pass 'seq_len'")
+        return seq_len * self.heads * (2 * self.head_qk + self.head_v + (1 if self.config.scalar_gate else 0))

@@ -13,6 +13,7 @@ One class, :class:`DeltaNet`, and its presets; the core is ``seqmix.ops.delta_ru
     qwen3_next_gdn   as gated_deltanet                               Qwen3-Next's layer (transformers): GVA, one conv, shared norm
     kimi_kda         as kda                                          Kimi-Linear's KDA layer (transformers): σ low-rank gate
     gated_deltanet2  as kda, with channel-wise erase and write gates  fla's GDN-2: (I − kᵀ(b ⊙ k)) Diag(α), written value w ⊙ v
+    precond_gated_deltanet, precond_kda   gated_deltanet / kda with the ATK preconditioned write key k ⊙ M_t (fla)
 
 The last two are the options real checkpoints need (issue 26; ``seqmix.interop`` converts
 transformers' Qwen3NextGatedDeltaNet and KimiLinearDeltaAttention into them): grouped value
@@ -50,7 +51,9 @@ from torch import nn
 
 from ..dsf import DSF
 from ..ops.delta_rule import delta_product, delta_product_map, delta_rule, delta_rule_map
-from ..ops.precision import upcast
+from ..ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_map
+from ..ops.recurrence import linear_recurrence
+from ..ops.precision import linear_f32, upcast
 from .base import ExpandedWidths, Mixer, MixerConfig, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv
 
@@ -108,6 +111,15 @@ class DeltaNetConfig(ExpandedWidths, MixerConfig):
     )
     output_correction: bool = Field(False, description="Comba's output correction o_t = (q_t − D_h p_t) S_t (p = k without inner_decay)")
     correction_factor: float = Field(1.0, description="initial D_h of the output correction (fla: 1, 'sometimes 0.02 works better')")
+    # -- the ATK preconditioner (Preconditioned Gated DeltaNet / KDA) ---------------------------------------
+    preconditioner: Literal["none", "atk"] = Field(
+        "none", description="'atk': the write key is preconditioned per key channel, k̃_t = k_t ⊙ exp(−log(x)·s(log(A_t + ε) − c_h)), "
+        "s(r) = r/(1 + |r|), from the running second moment A_t = γ_t A_{t−1} + β^A_t k_t² (γ_t = exp(−A^A_h softplus(x W + b)), "
+        "β^A_t = σ(x W)); Λ_t = (I − β_t k̃_tᵀk_t) Diag(α_t), written value β_t k̃_tᵀ v_t; A_t is carried in the cache",
+    )
+    precond_x: float = Field(1.5, gt=1, description="'atk': the preconditioner's range: k̃/k ∈ (1/x, x) (fla's squash x: 1.5)")
+    precond_eps: float = Field(1e-6, gt=0, description="'atk': ε in log(A_t + ε)")
+    precond_center: float = Field(-0.2, description="'atk': initial c_h, the learned per-head centre of log A_t (fla's log_atk_scale_init)")
     # -- Gated DeltaNet-2 -------------------------------------------------------------------------------
     channel_gates: bool = Field(
         False, description="Gated DeltaNet-2's channel-wise gates in place of the scalar β: an erase gate b_t = σ(x W_b) ∈ [0, 1]^{d_k'} "
@@ -131,6 +143,10 @@ class DeltaNetConfig(ExpandedWidths, MixerConfig):
         if self.num_householder > 1 and (self.fused_conv or (self.k_heads or self.heads) != self.heads or self.inner_decay or self.output_correction):
             raise ValueError(f"num_householder = {self.num_householder} (DeltaProduct) takes fused_conv = False, k_heads = None, "
                              "inner_decay = False and output_correction = False")
+        if self.preconditioner != "none" and (self.num_householder > 1 or self.inner_decay or self.output_correction
+                                              or self.channel_gates or (self.k_heads or self.heads) != self.heads):
+            raise ValueError(f"preconditioner = {self.preconditioner!r} takes num_householder = 1, inner_decay = False, "
+                             "output_correction = False, channel_gates = False and k_heads = None")
         if self.channel_gates and (self.num_householder > 1 or self.inner_decay or self.output_correction):
             raise ValueError("channel_gates = True (Gated DeltaNet-2) takes num_householder = 1, inner_decay = False and "
                              "output_correction = False (its erase gate is the closed-loop key's place)")
@@ -188,6 +204,13 @@ class DeltaNet(Mixer):
             self.conv_q = ShortConv(d_k, c.conv_size, bias=False, activation="silu")
             self.conv_k = ShortConv(n * d_k, c.conv_size, bias=False, activation="silu")
             self.conv_v = ShortConv(n * d_v, c.conv_size, bias=False, activation="silu")
+        if c.preconditioner == "atk":  # the running second moment's gate and write strength, the per-head centre
+            self.W_atk = nn.Linear(d, 2 * H, bias=False)  # [γ logits; β^A logits]
+            A_atk = torch.empty(H).uniform_(A_MIN, A_MAX)
+            self.A_log_atk = nn.Parameter(A_atk.log())
+            dt = torch.exp(torch.rand(H) * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN)).clamp(min=1e-4)
+            self.dt_bias_atk = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+            self.precond_center = nn.Parameter(torch.full((H,), float(c.precond_center)))
         if c.inner_decay:  # Comba: p = σ(d_h) k (fla's init d_h = 1)
             self.p_decay = nn.Parameter(torch.ones(H))
         if c.output_correction:  # Comba: q ← q − D_h p
@@ -266,7 +289,27 @@ class DeltaNet(Mixer):
             g = -self.A_log.exp() * F.softplus(self.W_a(x) + self.dt_bias)
         elif c.decay == "key":  # KDA-style: one gate per key channel
             g = -self.A_log.exp().view(H, 1) * F.softplus(self.W_a(x) + self.dt_bias).view(B, T, H, K)
+        if c.preconditioner == "atk":  # write with k̃ = k ⊙ M_t, erase with k: the op's b (the read key) is k
+            k_write, A_T = self._precondition(x, k, state)
+            if need_state:
+                new["A"] = A_T
+            k, p = k_write, k
         return _Params(q=q, k=k, v=v, beta=beta, g=g, state=new, p=p)
+
+    def _precondition(self, x, k, state):
+        """(k ⊙ M_t [B, T, H, K], A_T [B, H, 1, K]): the ATK preconditioner. A_t = γ_t A_{t−1} + β^A_t k_t² per key
+        channel is a linear recurrence (one state row per head, the K channels as values, the per-head decay γ_t);
+        M_t = exp(−log(x) s(log(A_t + ε) − c_h)) with s(r) = r/(1 + |r|) lies in (1/x, x)."""
+        c = self.config
+        B, T, H, K = k.shape
+        a, b = upcast(self.W_atk(x)).split(H, dim=-1)
+        log_gamma = -self.A_log_atk.exp() * F.softplus(a + self.dt_bias_atk)  # [B, T, H]
+        one = torch.ones(B, T, H, 1, dtype=log_gamma.dtype, device=x.device)
+        A, A_T = linear_recurrence(one, one, torch.sigmoid(b).unsqueeze(-1) * upcast(k) ** 2, log_gamma,
+                                   initial_state=state.get("A") if state else None, output_final_state=True, check_values=False)
+        r = torch.log(A + c.precond_eps) - self.precond_center.view(H, 1)
+        M = torch.exp(-math.log(c.precond_x) * r / (1 + r.abs()))
+        return (k * M.to(k.dtype)), A_T
 
     def _l2(self, t):
         eps = self.config.qk_l2_eps
@@ -378,6 +421,8 @@ class DeltaNet(Mixer):
         size = self.H * self.K * self.V
         if c.conv_size:
             size += (c.d_k + self.n * (c.d_k + c.d_v)) * (c.conv_size - 1)
+        if c.preconditioner == "atk":
+            size += self.H * self.K  # the running second moment A_t
         return size
 
 
@@ -418,6 +463,17 @@ register_preset(
     description="Gated DeltaNet-2 (fla's GDN-2): KDA's key-wise gate with a channel-wise erase gate b on the key axis and write "
                 "gate w on the value axis, Λ_t = (I − k_tᵀ(b_t ⊙ k_t)) Diag(α_t), written value w_t ⊙ v_t",
     defaults={"decay": "key", "channel_gates": True, "qk_l2_eps": 1e-6, "norm_shared": True, "gate_act": "sigmoid"},
+)
+register_preset(
+    "precond_gated_deltanet", DeltaNet,
+    description="Preconditioned Gated DeltaNet (fla): gated_deltanet whose write key k ⊙ M_t is scaled per channel by a squashed "
+                "running second moment of the keys (ATK), Λ_t = (I − β k̃ᵀk) α_t",
+    defaults={"decay": "head", "preconditioner": "atk", "norm_shared": True},
+)
+register_preset(
+    "precond_kda", DeltaNet,
+    description="Preconditioned KDA (fla): kda with the ATK-preconditioned write key, Λ_t = (I − β k̃ᵀk) Diag(α_t)",
+    defaults={"decay": "key", "preconditioner": "atk", "norm_shared": True, "gate_act": "sigmoid"},
 )
 register_preset(
     "comba", DeltaNet,
@@ -700,7 +756,7 @@ class MoM(Mixer):
         """w [B, T, E]: the renormalized top-k router weights (zero off the top k; the shared memory: 1), and the
         routing mask [B, T, E] (1 where the token writes the memory)."""
         c = self.config
-        r = torch.softmax(upcast(self.W_router(x)), dim=-1)
+        r = torch.softmax(linear_f32(self.W_router, x), dim=-1)  # float32: a flipped choice is no rounding error
         top, idx = torch.topk(r, c.topk, dim=-1)
         w = torch.zeros_like(r).scatter(-1, idx, top / top.sum(-1, keepdim=True))
         mask = torch.zeros_like(r).scatter(-1, idx, torch.ones_like(top))
@@ -768,4 +824,187 @@ class MoM(Mixer):
         size = self.E * self.H * self.K * self.V
         if c.conv_size:
             size += (c.d_k + self.E * (c.d_k + c.d_v)) * (c.conv_size - 1)
+        return size
+
+
+# ------------------------------------------------------------------------------------------
+# Momentum DeltaNet: the delta rule's update through a momentum state
+# ------------------------------------------------------------------------------------------
+
+
+class MomentumDeltaNetConfig(ExpandedWidths, MixerConfig):
+    """Momentum DeltaNet (flash-linear-attention's MomentumDeltaNet layer; the momentum delta rule of
+    ``seqmix.ops.momentum_delta``)."""
+
+    heads: int = Field(4, gt=0, description="H")
+    expand_k: float = Field(1.0, gt=0, description="d_k = expand_k·d_model (over all heads)")
+    expand_v: float = Field(2.0, gt=0, description="d_v = expand_v·d_model (over all heads; fla: 2)")
+    conv_size: int | None = Field(4, ge=1, description="kernel of the short convs on q, k, v (SiLU after); None: SiLU only")
+    gate: bool = Field(True, description="output gate: W_o(RMSNorm_h(o) ⊙ SiLU(x W_g)) (fla's use_gate)")
+    output_correction: bool = Field(True, description="q ← q − D_h k before the L2 norm (fla's use_output_correction)")
+    p_times_alpha: bool = Field(True, description="the gradient reads the state with p_t = α_t k_t (fla's use_p_times_alpha); False: p_t = k_t")
+    min_log_mu: float | None = Field(-2.0, lt=0, description="log μ_t clamped below at this value (fla: −2); None: no clamp")
+    negative_eigenvalues: bool = Field(False, description="β doubled (fla's allow_neg_eigval)")
+    tau_factor: float = Field(1.0, gt=0, description="η_t = 1 + tanh(x W_e / τ), τ = sqrt(d_model / tau_factor)")
+    norm_eps: float = Field(1e-5, gt=0, description="ε of the output RMSNorm")
+
+    @model_validator(mode="after")
+    def _check(self):
+        self._check_widths()
+        for name, w in (("expand_k", self.d_k), ("expand_v", self.d_v)):
+            if w % self.heads:
+                raise ValueError(f"{name}·d_model = {w} must be divisible by heads = {self.heads}")
+        return self
+
+
+@register("momentum_deltanet", description="Momentum DeltaNet: S_t = α S − β M_t, M_t = μ M + η kᵀ(p S − v): the delta rule's step through momentum")
+class MomentumDeltaNet(Mixer):
+    """Momentum DeltaNet (fla's MomentumDeltaNet layer). Per head, a memory S and a momentum M, both K×V:
+
+        M_t = μ_t M_{t−1} + η_t k_tᵀ (p_t S_{t−1} − v_t),   S_t = α_t S_{t−1} − β_t M_t,   o_t = q_t S_t / sqrt(d_k')
+
+    (``seqmix.ops.momentum_delta_rule``): the delta rule is gradient descent on ½‖k S − v‖² with step β; here
+    the step goes through heavy-ball momentum μ. The parametrization follows fla's layer: q, k, v =
+    SiLU(ShortConv(x W)), q ← q − D_h k (output correction), q and k L2-normalized, p_t = α_t k_t,
+    log α_t = −A_h softplus(x W_a + b_Δ) + log cos²θ_t and β_t = sin²θ_t σ(x W_β), with θ_t = arctan(η_t c_h)
+    splitting one unit between keeping (α) and moving (β), η_t = 1 + tanh(x W_e / τ) ∈ (0, 2),
+    log μ_t = max(−A^μ_h softplus(x W_μ + b_μ), −2); then y = W_o(RMSNorm_h(o) ⊙ SiLU(x W_g)).
+
+    DSF: the pair [S; M] is the state, 2K per head and value channel (``seqmix.ops.momentum_delta``'s A_t, b_t),
+    a non-diagonal Λ_t = [[α I − β η kᵀp, −β μ I], [η kᵀp, μ I]] with eigenvalues that may be complex (the
+    momentum's oscillation); ``decays(x)`` is its diagonal part [α, μ] (per key channel, S then M),
+    ``spectrum(x)`` its eigenvalues. maps = heads, values = v, mixed = the core's o (before the norm).
+    Modes: recurrent and parallel (the op has no chunk mode).
+    """
+
+    family = "linear_attention"
+    modes = ("recurrent", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "2·H·d_k'·d_v' (S and M) + (2·d_k + d_v)·(conv−1)"
+    map_unit = "head"
+    diagonal_transition = False
+    Config = MomentumDeltaNetConfig
+
+    def __init__(self, config: MomentumDeltaNetConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        d, d_k, d_v, H = c.d_model, c.d_k, c.d_v, c.heads
+        self.H, self.K, self.V = H, d_k // H, d_v // H
+        self.W_q = nn.Linear(d, d_k, bias=False)
+        self.W_k = nn.Linear(d, d_k, bias=False)
+        self.W_v = nn.Linear(d, d_v, bias=False)
+        self.W_beta = nn.Linear(d, H, bias=False)
+        self.W_a = nn.Linear(d, H, bias=False)
+        self.W_mu = nn.Linear(d, H, bias=False)
+        self.W_eta = nn.Linear(d, H, bias=False)
+        if c.conv_size:
+            self.conv_q = ShortConv(d_k, c.conv_size, bias=False, activation="silu")
+            self.conv_k = ShortConv(d_k, c.conv_size, bias=False, activation="silu")
+            self.conv_v = ShortConv(d_v, c.conv_size, bias=False, activation="silu")
+        # fla's initialization: A, A^μ uniform in (0, 16), Δ log-uniform in [1e-3, 0.1] (b_Δ = b_μ), c_h uniform in (0, 4), D_h in (0, 1)
+        self.A_log = nn.Parameter(torch.empty(H).uniform_(1e-3, A_MAX).log())
+        self.mu_log = nn.Parameter(torch.empty(H).uniform_(1e-3, A_MAX).log())
+        dt = torch.exp(torch.rand(H) * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN)).clamp(min=1e-4)
+        inv_dt = dt + torch.log(-torch.expm1(-dt))
+        self.dt_bias = nn.Parameter(inv_dt.clone())
+        self.mu_bias = nn.Parameter(inv_dt.clone())
+        self.log_factor = nn.Parameter(torch.empty(H).uniform_(1e-3, 4.0).log())
+        if c.output_correction:
+            self.D_log = nn.Parameter(torch.empty(H).uniform_(1e-3, 1.0).log())
+        self.norm = RMSNorm(self.V, eps=c.norm_eps)  # per head, one weight shared by the heads (fla's o_norm)
+        self.W_g = nn.Linear(d, d_v, bias=False) if c.gate else None
+        self.W_o = nn.Linear(d_v, d, bias=False)
+        self._scale = self.K ** -0.5
+        self._tau = math.sqrt(d / c.tau_factor)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "heads": 2, "expand_v": 1.0}
+
+    def _params(self, x, state, need_state):
+        """q, k, p [B, T, H, K]; v [B, T, H, V]; log α, log μ, β, η [B, T, H] (float32 or wider); the new conv states."""
+        c = self.config
+        B, T, _ = x.shape
+        H, K, V = self.H, self.K, self.V
+        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
+        new = {}
+        if c.conv_size:
+            outs = []
+            for name, conv, t in (("conv_q", self.conv_q, q), ("conv_k", self.conv_k, k), ("conv_v", self.conv_v, v)):
+                y, s = conv(t, state.get(name) if state else None, output_final_state=need_state)
+                outs.append(y)
+                if need_state:
+                    new[name] = s
+            q, k, v = outs
+        else:
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, V)
+        if c.output_correction:
+            q = q - self.D_log.exp().view(H, 1).to(q.dtype) * k
+        q, k = F.normalize(upcast(q), dim=-1), F.normalize(upcast(k), dim=-1)
+        eta = torch.tanh(upcast(self.W_eta(x)) / self._tau) + 1
+        theta = torch.atan(eta * self.log_factor.exp())
+        beta = torch.sin(theta) ** 2 * torch.sigmoid(upcast(self.W_beta(x)))
+        log_alpha = -self.A_log.exp() * F.softplus(upcast(self.W_a(x)) + self.dt_bias) + torch.log(torch.cos(theta) ** 2)
+        log_mu = -self.mu_log.exp() * F.softplus(upcast(self.W_mu(x)) + self.mu_bias)
+        if c.min_log_mu is not None:
+            log_mu = log_mu.clamp_min(c.min_log_mu)
+        if c.negative_eigenvalues:
+            beta = 2 * beta
+        p = log_alpha.exp().unsqueeze(-1) * k if c.p_times_alpha else k
+        return q, k, p, v, log_alpha, log_mu, beta, eta, new
+
+    def _forward(self, x, *, state, mode, need_state):
+        q, k, p, v, la, lm, beta, eta, new = self._params(x, state, need_state)
+        S0 = (state["S"], state["M"]) if state else None
+        o, SM = momentum_delta_rule(q, k, v, p, la, lm, beta, eta, scale=self._scale, initial_state=S0,
+                                    output_final_state=need_state, mode=mode, check_values=False)
+        o = o.to(v.dtype)
+        y = self.norm(o).flatten(2)
+        if self.W_g is not None:
+            y = y * F.silu(self.W_g(x))
+        st = {"S": SM[0], "M": SM[1], **new} if need_state else None
+        return MixOut(self.W_o(y), st, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, H, T, T]: Φ[t, s] = [q_t, 0] A_t ⋯ A_{s+1} b_s / sqrt(d_k') per head."""
+        self.check_input(x)
+        q, k, p, _, la, lm, beta, eta, _ = self._params(x, None, False)
+        return momentum_delta_rule_map(q, k, p, la, lm, beta, eta, scale=self._scale, check_values=False)
+
+    def dsf(self, x):
+        """The pair [S; M] as a DSF, dense: per head and value channel the 2K×2K block A_t, input b_t, readout
+        [q_t, 0]/sqrt(d_k'); lam = its diagonal part [α·1_K, μ·1_K] (input v, heads concatenated; output o)."""
+        self.check_input(x)
+        q, k, p, _, la, lm, beta, eta, _ = (t.detach().double() if isinstance(t, torch.Tensor) else t
+                                            for t in self._params(x, None, False))
+        B, T, H, K = q.shape
+        V = self.V
+        a, m = la.exp()[..., None, None], lm.exp()[..., None, None]
+        be, e = (beta * eta)[..., None, None], eta[..., None, None]
+        I = torch.eye(K, dtype=torch.float64)
+        kp = k.unsqueeze(-1) * p.unsqueeze(-2)  # kᵀp [B, T, H, K, K] (row convention: S ← (·) S acts on S's rows)
+        top = torch.cat([a * I - be * kp, -(beta[..., None, None] * m) * I.expand(B, T, H, K, K)], -1)
+        bottom = torch.cat([e * kp, m * I.expand(B, T, H, K, K)], -1)
+        A = torch.cat([top, bottom], -2)  # [B, T, H, 2K, 2K]
+        b = torch.cat([(beta * eta).unsqueeze(-1) * k, -eta.unsqueeze(-1) * k], -1)  # [B, T, H, 2K]
+        c = torch.cat([self._scale * q, torch.zeros_like(q)], -1)  # [B, T, H, 2K]
+        eh, ev = torch.eye(H, dtype=torch.float64), torch.eye(V, dtype=torch.float64)
+        N, d = H * V * 2 * K, H * V  # state index (h·V + v)·2K + i, input/output index h·V + v
+        lam = torch.cat([la.exp().unsqueeze(-1).expand(B, T, H, K), lm.exp().unsqueeze(-1).expand(B, T, H, K)], -1)
+        lam = lam.unsqueeze(3).expand(B, T, H, V, 2 * K).reshape(B, T, N)
+        Lam = torch.einsum("bthij,hg,vw->bthvigwj", A, eh, ev).reshape(B, T, N, N)
+        Bm = torch.einsum("bthi,hg,vw->bthvigw", b, eh, ev).reshape(B, T, N, d)
+        Cm = torch.einsum("bthi,hg,vw->bthvgwi", c, eh, ev).reshape(B, T, d, N)
+        eye = torch.eye(N, dtype=torch.float64).expand(B, T, N, N)
+        return DSF(lam, Bm, Cm, None, U=Lam - torch.diag_embed(lam), W=eye)
+
+    def spectrum(self, x):
+        return self.dsf(x).eigenvalues()
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        c = self.config
+        size = 2 * self.H * self.K * self.V
+        if c.conv_size:
+            size += (2 * c.d_k + c.d_v) * (c.conv_size - 1)
         return size

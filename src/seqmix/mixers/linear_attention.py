@@ -104,7 +104,7 @@ from torch import nn
 
 from ..dsf import DSF
 from ..ops import linear_recurrence, lse_gate, max_stabilizer, recurrence_map, rotary
-from ..ops.precision import complex_, compute_dtype, upcast
+from ..ops.precision import complex_, compute_dtype, linear_f32, upcast
 from .base import ExpandedWidths, MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv
 
@@ -1162,8 +1162,9 @@ class GSAConfig(ExpandedWidths, MixerConfig):
     norm_eps: float = Field(1e-5, gt=0, description="norm epsilon")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode (both passes)")
     # -- ABC (Peng et al. 2022), the predecessor: its slot gate, output gate and positions ------------------
-    slot_gate: Literal["sigmoid", "lse"] = Field(
+    slot_gate: Literal["sigmoid", "lse", "mamba2"] = Field(
         "sigmoid", description="how the slots are written and forgotten: 'sigmoid' GSA's α_t = σ(x W_α)^{1/τ}, written with 1 − α_t; "
+        "'mamba2' one rate per head for every slot, log α_t = −A_h softplus(x W_a + b_Δ) (Raven), written with 1 − α_t; "
         "'lse' ABC's running log-sum-exp z_t of the slot logits x W_α (clamped to ±slot_clamp): written with exp(s_t − z_t), "
         "α_t = exp(z_{t−1} − z_t) (seqmix.ops.lse_gate; z carried in the cache)",
     )
@@ -1171,10 +1172,21 @@ class GSAConfig(ExpandedWidths, MixerConfig):
     output_gate: bool = Field(False, description="y = W_O(norm(o) ⊙ SiLU(x W_g)) (ABC's gated RMSNorm; output_act then 'none')")
     rope: bool = Field(False, description="rotary positions on q and k at their absolute positions (ABC's use_rope), in every mode and in decoding")
     rope_theta: float = Field(10000.0, gt=1, description="RoPE base")
+    # -- Raven: routed slots ------------------------------------------------------------------------------
+    slot_router: int | None = Field(
+        None, gt=0, description="Raven's router: each token writes (and decays) only its top slot_router slots by σ(x W_r), "
+        "log α_t ← w_t ⊙ log α_t with w_t the renormalized router weights (0 off the top k: those slots keep their content); "
+        "None: every slot",
+    )
+    qk_norm: bool = Field(False, description="RMSNorm on q and k per head after the feature map (Raven)")
 
     @model_validator(mode="after")
     def _check(self):
         self._check_widths()
+        if self.slot_router is not None and self.slot_router > self.num_slots:
+            raise ValueError(f"slot_router = {self.slot_router} must be <= num_slots = {self.num_slots}")
+        if self.slot_router is not None and self.slot_gate == "lse":
+            raise ValueError("slot_router takes slot_gate 'sigmoid' or 'mamba2' (the log-sum-exp gate writes every slot)")
         for name, width in (("d_k", self.d_k), ("d_v", self.d_v)):
             if width % self.heads:
                 raise ValueError(f"{name} = {width} must be divisible by heads = {self.heads}")
@@ -1250,6 +1262,14 @@ class GatedSlotAttention(Mixer):
         self.W_v = nn.Linear(d, c.d_v, bias=False)
         self.W_f = nn.Linear(d, H * self.M, bias=False)  # the slot forget gate W_α (ABC: the slot logits)
         self.W_g = nn.Linear(d, c.d_v, bias=False) if c.output_gate else None
+        if c.slot_gate == "mamba2":  # Raven: one decay rate per head (Mamba-2's), shared by the slots
+            self.W_a = nn.Linear(d, H, bias=False)
+            self.A_log = nn.Parameter(torch.empty(H).uniform_(1.0, 16.0).log())
+            dt = torch.exp(torch.rand(H) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
+            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        self.W_router = nn.Linear(d, H * self.M, bias=False) if c.slot_router else None
+        if c.qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(self.K, eps=c.norm_eps), RMSNorm(self.K, eps=c.norm_eps)
         self.norm = RMSNorm(c.d_v, eps=c.norm_eps, groups=H if c.norm_per_head else 1, affine=c.norm_affine) if c.xnorm == "rmsnorm" else None
         self.W_o = nn.Linear(c.d_v, d, bias=False)
         if c.scale == "inv_sqrt_k":
@@ -1270,6 +1290,8 @@ class GatedSlotAttention(Mixer):
         q = upcast(_act(c.feature_map, self.W_q(x))).view(B, T, H, K)  # the logits pass runs in float32 or wider
         k = upcast(_act(c.feature_map, self.W_k(x))).view(B, T, H, K)
         v = _act(c.value_act, self.W_v(x)).view(B, T, H, V)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         new = {}
         if c.rope:
             pos0 = state["pos"] if state else 0
@@ -1280,7 +1302,14 @@ class GatedSlotAttention(Mixer):
             logits = upcast(self.W_f(x)).view(B, T, H, M).clamp(-c.slot_clamp, c.slot_clamp)
             s, la, new["z"] = lse_gate(logits, state["z"] if state else None)
             return _GSAParams(q=q, k=k, v=v, la=la, s=s, state=new)
-        la = F.logsigmoid(upcast(self.W_f(x))).view(B, T, H, M) / c.tau  # log α_t <= 0, float32 or wider
+        if c.slot_gate == "mamba2":
+            la = (-self.A_log.exp() * F.softplus(upcast(self.W_a(x)) + self.dt_bias)).unsqueeze(-1).expand(B, T, H, M)
+        else:
+            la = F.logsigmoid(upcast(self.W_f(x))).view(B, T, H, M) / c.tau  # log α_t <= 0, float32 or wider
+        if c.slot_router:  # Raven: only the routed slots decay and are written, each by its router weight
+            r = torch.sigmoid(linear_f32(self.W_router, x)).view(B, T, H, M)  # float32: a flipped choice is no rounding error
+            top, idx = torch.topk(r, c.slot_router, dim=-1)
+            la = la * torch.zeros_like(r).scatter(-1, idx, top / (top.sum(-1, keepdim=True) + 1e-9))
         return _GSAParams(q=q, k=k, v=v, la=la, s=-torch.expm1(la), state=new)
 
     def _slot_weights(self, P: _GSAParams, Sk0, mode, need_state):
@@ -1344,6 +1373,16 @@ register_preset(
     "abc", GatedSlotAttention,
     description="ABC (Peng et al. 2022): bounded-memory slots written by a running softmax exp(s_t − z_t), decayed by exp(z_{t−1} − z_t)",
     defaults=ABC_FLA,
+)
+
+
+#: Raven (fla's Raven layer): GSA's two passes with routed slots — each token decays and writes only its top-k slots
+#: (σ router, renormalized weights), one Mamba-2 rate per head, Swish q, k (RMS-normed per head) and v, scale 1
+RAVEN_FLA = dict(slot_gate="mamba2", slot_router=32, qk_norm=True, feature_map="silu", value_act="silu", scale="none")
+register_preset(
+    "raven", GatedSlotAttention,
+    description="Raven (fla): gated slot attention whose tokens write only their top-k routed slots (σ router), Mamba-2 decay per head",
+    defaults=RAVEN_FLA, example={"num_slots": 4, "slot_router": 2},
 )
 
 

@@ -14,6 +14,13 @@ from .delta_rule import delta_product, delta_product_map, delta_rule, delta_rule
 from .selective_scan import selective_scan
 from .stabilizer import max_stabilizer
 from .lse_gate import lse_gate
+from .moba import moba_attention, moba_mask, moba_probs
+from .nsa import nsa_attention, nsa_probs
+from .deltaformer import deltaformer_attention, deltaformer_probs
+from .parallax import parallax_attention, parallax_probs
+from .wall import wall_attention, wall_probs
+from .momentum_delta import MODES as MOMENTUM_DELTA_MODES
+from .momentum_delta import momentum_delta_rule, momentum_delta_rule_map
 from .ssm import (
     cauchy, diagonal_ssm_conv, discretize, dplr_kernel, hippo_legs, krylov_kernel, nplr_legs, s4d_init, ssm_final_state,
     ssm_free_response, ssm_scan, trapezoidal_map, trapezoidal_recurrence, trapezoidal_recurrence_reference, vandermonde,
@@ -37,7 +44,8 @@ __all__ = [
     "softmax_attention", "attention_probs", "attention_step", "attention_mask", "kv_cache_trim", "ATTENTION_MODES",
     "attention_decode", "KVCache", "repeat_kv", "rotary", "rotary_angles", "rotary_reference",
     "FEATURE_MAPS", "apply_feature_map", "taylor_features", "taylor_feature_dim",
-    "selective_scan", "max_stabilizer", "lse_gate", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose", "vandermonde_kernel",
+    "selective_scan", "max_stabilizer", "lse_gate", "momentum_delta_rule", "momentum_delta_rule_map", "MOMENTUM_DELTA_MODES",
+    "moba_attention", "moba_mask", "moba_probs", "nsa_attention", "nsa_probs", "deltaformer_attention", "deltaformer_probs", "parallax_attention", "parallax_probs", "wall_attention", "wall_probs", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose", "vandermonde_kernel",
     "cauchy", "dplr_kernel", "hippo_legs", "nplr_legs", "s4d_init", "ssm_scan", "ssm_free_response", "ssm_final_state",
     "diagonal_ssm_conv", "delta_product", "delta_product_map",
     "trapezoidal_recurrence", "trapezoidal_recurrence_reference", "trapezoidal_map",

@@ -45,7 +45,6 @@ import torch.nn.functional as F
 
 from .._checks import check_choice, check_tensor
 
-import itertools
 
 FEATURE_MAPS = ("identity", "elu1", "relu", "exp", "taylor", "square")
 #: how the Kronecker powers of the Taylor features are stored (module docstring)
@@ -67,11 +66,14 @@ def _monomials(x: torch.Tensor, p: int) -> torch.Tensor:
     """x^α / sqrt(α!) for every multiset α of p indices of x [..., K], in lexicographic order:
     [..., C(K+p-1, p)]."""
     K = x.shape[-1]
-    combos = list(itertools.combinations_with_replacement(range(K), p))
+    combos = [[]]  # the multisets in lexicographic order, by a plain loop (torch.compile traces it as constants)
+    for _ in range(p):
+        combos = [c + [i] for c in combos for i in range(c[-1] if c else 0, K)]
     idx = torch.tensor(combos, dtype=torch.long, device=x.device)  # [M, p]
-    coef = [1.0 / math.sqrt(math.prod(math.factorial(c.count(i)) for i in set(c))) for c in combos]
+    counts = torch.nn.functional.one_hot(idx, K).sum(-2)  # [M, K]: α
+    coef = torch.exp(-0.5 * torch.lgamma(counts.to(torch.float64) + 1).sum(-1))  # 1/sqrt(α!)
     out = x[..., idx].prod(-1)  # [..., M]
-    return out * torch.tensor(coef, dtype=out.dtype, device=x.device)
+    return out * coef.to(out.dtype)
 
 
 def square_features(x: torch.Tensor) -> torch.Tensor:

@@ -72,13 +72,15 @@ from ..ops.precision import compute_dtype, linear_f32, upcast
 from ..ops.forgetting import forgetting_attention, forgetting_decode, forgetting_keys, forgetting_probs
 from ..ops.path import path_attention, path_probs, path_scores
 from ..ops.stickbreaking import stickbreaking_attention, stickbreaking_probs
-from ..ops.features import FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, taylor_feature_dim
+from ..ops.features import (
+    FEATURE_MAPS, LEARNED_FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, hedgehog_features, taylor_feature_dim,
+)
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import RMSNorm, ShortConv
 
-FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor"]
+FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor", "hedgehog"]
 Normalizer = Literal["none", "row_sum", "abs_row_sum", "exp", "softplus", "sigmoid"]
-assert set(FeatureMap.__args__) == set(FEATURE_MAPS)
+assert set(FeatureMap.__args__) == set(FEATURE_MAPS) | set(LEARNED_FEATURE_MAPS)
 
 #: normalizers computed from the row sum s_i = φ(q_i)ᵀ Σ_{j<=i} ψ(k_j) (a ones column in the recurrence)
 ROW_SUM_NORMALIZERS = ("row_sum", "abs_row_sum")
@@ -223,7 +225,9 @@ class _Attention(Mixer):
 
 
 class SeparableAttentionConfig(AttentionConfig):
-    feature_map: FeatureMap = Field("elu1", description="φ applied to the queries: " + ", ".join(FEATURE_MAPS))
+    feature_map: FeatureMap = Field("elu1", description="φ applied to the queries: " + ", ".join(FEATURE_MAPS) + "; 'hedgehog': "
+                                    "Hedgehog's learnt map [softmax(qW+b), softmax(-qW-b)] per head, W at the identity (LoLCATs' φ; "
+                                    "ψ then is a second learnt map of the same form)")
     key_feature_map: FeatureMap | None = Field(None, description="ψ applied to the keys (default: the same as φ)")
     taylor_order: int = Field(2, ge=0, description="degree P of the 'taylor' feature map (Lemma 1)")
     normalizer: Normalizer = Field("row_sum", description="η: " + ", ".join(NORMALIZERS))
@@ -233,8 +237,11 @@ class SeparableAttentionConfig(AttentionConfig):
     @model_validator(mode="after")
     def _features(self):
         phi, psi = self.feature_map, self.key_feature_map or self.feature_map
+        if (phi == "hedgehog") != (psi == "hedgehog"):
+            raise ValueError(f"feature_map and key_feature_map must both be 'hedgehog' or neither (φ(q)ᵀψ(k) needs equal widths), "
+                             f"got {phi!r} and {psi!r}")
         if self.normalizer == "row_sum":
-            positive = (phi in POSITIVE_FEATURE_MAPS and psi in POSITIVE_FEATURE_MAPS) or (
+            positive = (phi in POSITIVE_FEATURE_MAPS + LEARNED_FEATURE_MAPS and psi in POSITIVE_FEATURE_MAPS + LEARNED_FEATURE_MAPS) or (
                 phi == psi == "taylor" and self.taylor_order % 2 == 0
             )
             if not positive:
@@ -282,7 +289,14 @@ class SeparableAttention(_Attention):
         c = self.config
         self.phi_name = c.feature_map
         self.psi_name = c.key_feature_map or c.feature_map
-        self.n_features = feature_dim(self.phi_name, self.head_qk, c.taylor_order)
+        if self.phi_name == "hedgehog":  # Hedgehog / LoLCATs: a learnt map per head for q and for k, at the identity
+            H, K = self.heads, self.head_qk
+            eye = torch.eye(K).expand(H, K, K).clone()
+            self.fm_q_weight, self.fm_k_weight = nn.Parameter(eye.clone()), nn.Parameter(eye.clone())
+            self.fm_q_bias, self.fm_k_bias = nn.Parameter(torch.zeros(H, K)), nn.Parameter(torch.zeros(H, K))
+            self.n_features = 2 * K
+        else:
+            self.n_features = feature_dim(self.phi_name, self.head_qk, c.taylor_order)
         self.row_sum = c.normalizer in ROW_SUM_NORMALIZERS
         self.W_eta = nn.Linear(c.d_model, c.heads, bias=c.eta_bias) if c.normalizer in INPUT_NORMALIZERS else None
 
@@ -298,8 +312,12 @@ class SeparableAttention(_Attention):
         # (relative error 0.29 at T = 512), so q and k stay in float32 there (docs/scale.md)
         q, k, v = self._qkv(x, qk_f32=self.config.normalizer == "abs_row_sum")
         P = self.config.taylor_order
-        fq = apply_feature_map(self.phi_name, q, P)
-        fk = apply_feature_map(self.psi_name, k, P)
+        if self.phi_name == "hedgehog":  # φ(q) = [softmax(q W_h + b_h), softmax(-q W_h - b_h)] per head h
+            fq = hedgehog_features(torch.einsum("bthk,hkf->bthf", q, self.fm_q_weight.to(q.dtype)) + self.fm_q_bias.to(q.dtype))
+            fk = hedgehog_features(torch.einsum("bthk,hkf->bthf", k, self.fm_k_weight.to(k.dtype)) + self.fm_k_bias.to(k.dtype))
+        else:
+            fq = apply_feature_map(self.phi_name, q, P)
+            fk = apply_feature_map(self.psi_name, k, P)
         z = self.W_eta(x) if self.W_eta is not None else None
         return fq, fk, v, z
 

@@ -21,7 +21,7 @@ from ..interop.convert import PLACED
 from ..interop.families import FAMILIES
 from .init import build_student, teacher_weights
 
-__all__ = ["linearize", "attention_layers", "parse_layers", "keep_softmax", "students"]
+__all__ = ["linearize", "attention_layers", "parse_layers", "keep_softmax", "students", "save"]
 
 
 def attention_layers(model: nn.Module) -> dict[int, str]:
@@ -37,8 +37,8 @@ def attention_layers(model: nn.Module) -> dict[int, str]:
     out = {}
     for path, module in model.named_modules():
         name = f"{type(module).__module__}.{type(module).__qualname__}"
-        placed = isinstance(module, InteropMixer) and path in placed_mixers(model)
-        if name in attn or placed:
+        adapter = isinstance(module, InteropMixer) and (path in placed_mixers(model) or module.mixer.registry_name == "softmax_attention")
+        if name in attn or adapter:
             found = re.search(r"(?:^|\.)layers\.(\d+)\.", path + ".")
             if found:
                 out[int(found.group(1))] = path
@@ -94,10 +94,11 @@ def linearize(model: nn.Module, mixer: str = "gla", layers="all", init: str = "a
         layer = order[i]
         path = paths[layer]
         module = out.get_submodule(path)
-        if isinstance(module, InteropMixer):
+        if isinstance(module, InteropMixer) and path in placed_mixers(out):
             raise ValueError(f"linearize: argument 'layers': layer {layer} ({path}) already holds a seqmix "
-                             f"{module.mixer.registry_name!r}")
-        teacher = teacher_weights(convert_module(module, out.config, path=path).mixer)
+                             f"{module.mixer.registry_name!r} student")
+        attention = module.mixer if isinstance(module, InteropMixer) else convert_module(module, out.config, path=path).mixer
+        teacher = teacher_weights(attention)
         student = build_student(mixer, teacher, init=init, **mixer_config)
         place_mixer(out, path, student)
     out.seqmix_linearize = {"mixer": mixer, "layers": [order[i] for i in idx], "init": init, "auto": auto,
@@ -129,3 +130,18 @@ def keep_softmax(model: nn.Module, teacher: nn.Module, layers) -> nn.Module:
         del rec[path]
     setattr(model.config, PLACED, rec)
     return model
+
+
+def save(model: nn.Module, folder) -> None:
+    """``model.save_pretrained(folder)`` of a linearized model, loadable by
+    :func:`seqmix.interop.load.load_converted`. A layer that holds a converted teacher attention (a model
+    that came from ``load_converted``: its weights under seqmix's names) is recorded as placed first, so
+    that loading reads those weights rather than the transformers names it no longer has."""
+    from pathlib import Path
+
+    placed = placed_mixers(model)
+    for path, m in list(model.named_modules()):
+        if isinstance(m, InteropMixer) and path not in placed:
+            place_mixer(model, path, m.mixer)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))

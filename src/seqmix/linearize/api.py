@@ -107,9 +107,12 @@ def linearize(model: nn.Module, mixer: str = "gla", layers="all", init: str = "a
 
 
 def students(model: nn.Module) -> dict[int, InteropMixer]:
-    """{layer index: adapter} of the students placed in ``model``."""
+    """{layer index: adapter} of the students placed in ``model`` (placed mixers other than softmax
+    attention: a teacher layer recorded by :func:`save` is not a student)."""
     out = {}
-    for path in placed_mixers(model):
+    for path, rec in placed_mixers(model).items():
+        if rec["mixer"] == "softmax_attention":
+            continue
         found = re.search(r"(?:^|\.)layers\.(\d+)\.", path + ".")
         out[int(found.group(1))] = model.get_submodule(path)
     return dict(sorted(out.items()))

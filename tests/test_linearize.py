@@ -76,18 +76,25 @@ def test_init_table_copies_q_k_v_o(name, kw):
     assert m.model.layers[1].self_attn is att  # the teacher is not changed (a copy)
 
 
-def test_identity_feature_map_student_reproduces_the_teachers_scores():
-    """A separable student with φ = ψ = identity and η = 1, initialised from attention, has
-    Φ[i, j] = q_i·k_j/√K: the teacher's attention logits without RoPE, computed here from q_proj, k_proj."""
-    m = teacher()
-    lin = linearize(m, mixer="separable_attention", layers=[0], feature_map="identity", normalizer="none")
-    x = torch.randn(2, 10, 32)
-    att = m.model.layers[0].self_attn
-    q = att.q_proj(x).view(2, 10, 4, 8).transpose(1, 2)
-    k = att.k_proj(x).view(2, 10, 2, 8).transpose(1, 2).repeat_interleave(2, 1)  # kv head h // 2 for query head h
-    want = (q @ k.transpose(-1, -2) / 8 ** 0.5).tril()
-    got = lin.model.layers[0].self_attn.mixer.phi(x)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+def test_identity_feature_map_student_reproduces_the_teachers_attention():
+    """A separable student with φ = ψ = identity and η = 1, initialised from attention, has the
+    teacher's logits as its map (q, k copied, kv heads repeated, the 1/√K scale, RoPE at the teacher's
+    θ): its causal softmax is the attention map transformers itself returns (eager, output_attentions)."""
+    m = teacher(attn="eager")
+    lin = linearize(m, mixer="separable_attention", layers=[0, 1, 2], feature_map="identity", normalizer="none")
+    x = ids(2, 12)
+    out = m(input_ids=x, output_attentions=True, use_cache=False)
+    studs = students(lin)
+    with capture(m, studs) as cap:
+        m(input_ids=x, use_cache=False)
+    causal = torch.ones(12, 12, dtype=torch.bool).tril()
+    for layer, a in studs.items():
+        scores = a.mixer.phi(cap.inputs[layer]).masked_fill(~causal, float("-inf"))
+        torch.testing.assert_close(scores.softmax(-1), out.attentions[layer], rtol=1e-5, atol=1e-6)
+    # without RoPE the maps differ: the check can fail
+    plain = linearize(m, mixer="separable_attention", layers=[0], feature_map="identity", normalizer="none", rope=False)
+    scores = plain.model.layers[0].self_attn.mixer.phi(cap.inputs[0]).masked_fill(~causal, float("-inf"))
+    assert (scores.softmax(-1) - out.attentions[0]).abs().max() > 1e-3
 
 
 def test_students_that_cannot_take_qkv_are_refused_naming_mixer():

@@ -17,9 +17,12 @@ family (the registered mixer class), never code per mixer:
 
 Decays, gates, norms and feature maps keep their own init. A registered mixer is a valid student
 when its class has an entry here and the built mixer has every parameter the rows name (so
-``hgrn``, a GeneralForm without W_q, is refused). Teacher RoPE: the students run without it
-(Mamba-in-the-Llama's choice; RetNet keeps its own rotation, at its own frequencies): the copied
-q and k are the projections before RoPE, and stage 1 trains the student to do without it.
+``hgrn``, a GeneralForm without W_q, is refused). Teacher RoPE: the separable (linear) attention
+students take it (``rope=True`` at the teacher's θ: the feature maps act on the rotated q, k, as in
+LoLCATs), so an identity-feature student's scores are exactly the teacher's logits; the students
+with a decay run without it (Mamba-in-the-Llama's choice; RetNet keeps its own rotation at its own
+frequencies, B'MOJO has none): their decay carries the position, and stage 1 trains them to do
+without RoPE.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Teacher:
     heads: int
     kv_heads: int
     head_dim: int
+    rope_theta: float | None
     q: torch.Tensor = field(repr=False)
     k: torch.Tensor = field(repr=False)
     v: torch.Tensor = field(repr=False)
@@ -87,7 +91,8 @@ def _ssd_rows(t: Teacher, which: str) -> tuple[int, int]:
 STUDENTS: dict[str, StudentInit] = {
     # separable (linear) attention, DSF eq. 13-15: [q; k] -> W_qk, v -> W_v, o -> W_o
     "SeparableAttention": StudentInit(
-        lambda t: {"heads": t.heads, "n": t.heads * t.head_dim, "scale": "sqrt"},
+        lambda t: {"heads": t.heads, "n": t.heads * t.head_dim, "scale": "sqrt",
+                   **({"rope": True, "rope_theta": t.rope_theta} if t.rope_theta else {})},
         (Take("W_qk.weight", "q", lambda t: (0, t.heads * t.head_dim)),
          Take("W_qk.weight", "k", lambda t: (t.heads * t.head_dim, 2 * t.heads * t.head_dim)),
          Take("W_v.weight", "v"), Take("W_o.weight", "o")),
@@ -140,7 +145,10 @@ def teacher_weights(attention: Mixer) -> Teacher:
     q, k = W[: H * K], W[H * K:]
     k = repeat_kv(k.view(Hkv, K, d), H // Hkv, dim=0).reshape(H * K, d)
     v = repeat_kv(attention.W_v.weight.detach().view(Hkv, V, d), H // Hkv, dim=0).reshape(H * V, d)
-    return Teacher(d, H, Hkv, K, q.clone(), k.clone(), v.clone(), attention.W_o.weight.detach().clone())
+    if c.rope and (c.rotary_dim not in (None, K) or c.rope_interleaved):
+        raise ValueError("linearize: argument 'model': partial or interleaved RoPE has no student row in the init table")
+    theta = float(c.rope_theta) if c.rope else None
+    return Teacher(d, H, Hkv, K, theta, q.clone(), k.clone(), v.clone(), attention.W_o.weight.detach().clone())
 
 
 def valid_students() -> dict[str, str]:
@@ -148,7 +156,7 @@ def valid_students() -> dict[str, str]:
     (its class has an entry and the built mixer has every parameter the rows name)."""
     from ..mixers.base import list_mixers
 
-    t = Teacher(16, 2, 2, 8, *(torch.zeros(16, 16) for _ in range(4)))
+    t = Teacher(16, 2, 2, 8, 10000.0, *(torch.zeros(16, 16) for _ in range(4)))
     out = {}
     for e in list_mixers():
         if e.cls.__name__ not in STUDENTS:

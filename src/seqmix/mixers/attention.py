@@ -233,6 +233,9 @@ class SeparableAttentionConfig(AttentionConfig):
     normalizer: Normalizer = Field("row_sum", description="η: " + ", ".join(NORMALIZERS))
     eta_bias: bool = Field(True, description="bias b_η of W_η (input normalizers; the released code has one)")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
+    rope: bool = Field(False, description="RoPE (RoFormer) on q and k at their absolute positions before the feature maps, "
+                       "as LoLCATs' linearized Llama layers do (Llama's rotate_half pairs; the state counts the positions)")
+    rope_theta: float = Field(10000.0, gt=1, description="RoPE base (rope): pair j turns by p·rope_theta^(-2j/K)")
 
     @model_validator(mode="after")
     def _features(self):
@@ -306,11 +309,15 @@ class SeparableAttention(_Attention):
 
     # -- parametrization -------------------------------------------------------------------
 
-    def _features(self, x):
-        """φ(q), ψ(k): [B, T, H, n_φ]; v: [B, T, H, V]; z = W_η x: [B, T, H] or None."""
+    def _features(self, x, start: int = 0):
+        """φ(q), ψ(k): [B, T, H, n_φ]; v: [B, T, H, V]; z = W_η x: [B, T, H] or None. ``start``: the
+        absolute position of x's first token (RoPE)."""
         # a signed η = 1 + |φ(q)ᵀΣψ(k)| cancels: with q, k rounded to bf16 its error grows with T
         # (relative error 0.29 at T = 512), so q and k stay in float32 there (docs/scale.md)
         q, k, v = self._qkv(x, qk_f32=self.config.normalizer == "abs_row_sum")
+        if self.config.rope:
+            pos = torch.arange(start, start + x.shape[1], device=x.device)
+            q, k = rotary(q, pos, theta=self.config.rope_theta), rotary(k, pos, theta=self.config.rope_theta)
         P = self.config.taylor_order
         if self.phi_name == "hedgehog":  # φ(q) = [softmax(q W_h + b_h), softmax(-q W_h - b_h)] per head h
             fq = hedgehog_features(torch.einsum("bthk,hkf->bthf", q, self.fm_q_weight.to(q.dtype)) + self.fm_q_bias.to(q.dtype))
@@ -332,7 +339,8 @@ class SeparableAttention(_Attention):
     # -- forward ---------------------------------------------------------------------------
 
     def _forward(self, x, *, state, mode, need_state):
-        fq, fk, v, z = self._features(x)
+        start = state.get("pos", 0) if state else 0  # tokens before x (RoPE's positions)
+        fq, fk, v, z = self._features(x, start)
         v_in = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1) if self.row_sum else v  # last column: Σ ψ(k_j)
         o, S = linear_recurrence(
             fq, fk, v_in,
@@ -348,7 +356,8 @@ class SeparableAttention(_Attention):
         elif z is not None:
             o = o / eta_from(self.config.normalizer, z=z).unsqueeze(-1)
         o = o.to(v.dtype)  # the projections' dtype (q, k may be wider: _features)
-        return MixOut(self._readout(o), {"S": S} if need_state else None, values=v, mixed=o)
+        new = ({"S": S, "pos": start + x.shape[1]} if self.config.rope else {"S": S}) if need_state else None
+        return MixOut(self._readout(o), new, values=v, mixed=o)
 
     # -- DSF view --------------------------------------------------------------------------
 

@@ -319,6 +319,7 @@ def test_cli_bad_input_is_one_line_naming_the_argument(tmp_path, capsys):
         assert main(base + extra) == 2
         err = capsys.readouterr().err.strip()
         assert name in err and len(err.splitlines()) == 1, err
+        assert not (tmp_path / "o").exists()  # nothing written
 
 
 def test_nothing_below_linearize_imports_it():

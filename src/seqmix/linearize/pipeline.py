@@ -186,7 +186,6 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    out = output_dir(cfg.out, "--out")
     teacher = load_transformers(cfg.hf, argument="--hf")
     n_attn = len(attention_layers(teacher))
     parse_layers(cfg.layers, n_attn)  # --layers checked before anything runs
@@ -198,6 +197,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
     student_init(cfg.mixer)
     corpus = _corpus(cfg, int(teacher.config.vocab_size))
     train, test = build_data(corpus)
+    out = output_dir(cfg.out, "--out")  # after the checks: bad input leaves no folder
     metrics: dict[str, Any] = {"config": cfg.model_dump(mode="json"), "stages": {}}
     t_eval = evaluate_lm(teacher, test, cfg.eval_batches)
     metrics["teacher"] = {**t_eval, "state": state_floats_per_token(teacher, cfg.seq_len)}

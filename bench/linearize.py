@@ -111,9 +111,11 @@ def run_case(case: str, a, teacher_dir: Path, out: Path) -> dict:
         kept = _uniform_layers(n_layers, 1)
     # the same architecture from scratch, the same tokens (softmax kept where the linearized one kept it)
     scratch_layers = ",".join(str(i) for i in range(n_layers) if i not in kept) if kept else "all"
-    base = _scratch_base(teacher_dir, out)
+    scratch_dir = Path(a.scratch_dir) if a.scratch_dir else out / "runs"
+    base = _scratch_base(teacher_dir, scratch_dir.parent)
+    scratch_name = _slug(label) + (f"_softmax{'-'.join(map(str, kept))}" if kept else "") + "_scratch"
     scr = run(LinearizeConfig(hf=str(base), layers=scratch_layers, init="random", stages=("finetune",), transfer_tokens=0,
-                              finetune_tokens=budget, out=str(out / "runs" / (_slug(case) + "_scratch")),
+                              finetune_tokens=budget, out=str(scratch_dir / scratch_name),
                               **{**common, "finetune_lr": a.scratch_lr, "kd": 0.0, "lora_rank": 0}), progress=False)
     L_scratch = scr["stages"]["finetune"]["eval"]["loss"]
     L_teacher = lin["teacher"]["loss"]
@@ -174,6 +176,8 @@ def main(argv=None) -> int:
     p.add_argument("--kd", type=float, default=0.0)
     p.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--scratch-dir", default=None, help="where the from-scratch runs live (default OUT/runs): another "
+                   "bench's folder reuses its finished scratch runs (same architecture, tokens and settings: skipped)")
     p.add_argument("--table", action="store_true", help="print the stored cases' table only")
     a = p.parse_args(argv)
     teacher_dir, out = Path(a.teacher), Path(a.out)

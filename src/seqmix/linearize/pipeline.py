@@ -109,6 +109,19 @@ def state_floats_per_token(model, seq_len: int) -> dict:
             "seq_len": seq_len}
 
 
+def decode_tokens_per_s(model, *, prompt: int = 16, new: int = 64, vocab: int | None = None) -> float:
+    """Greedy ``generate()`` speed of ``model`` (new tokens per second, batch 1, after one warm-up call):
+    the students decode through their recurrent state, the softmax layers through their KV cache."""
+    vocab = vocab or int(model.config.vocab_size)
+    ids = torch.arange(prompt)[None] % vocab
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        model.generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
+        t0 = time.perf_counter()
+        model.generate(ids, **kw)
+    return new / (time.perf_counter() - t0)
+
+
 def evaluate_lm(model, test, eval_batches: int, trainer=None) -> dict:
     """Validation loss (nats / token), bits per byte and perplexity of a transformers causal LM on the
     evaluation windows ``test``: the trainer's evaluation (``trainer``: a :class:`seqmix.train.Trainer`,
@@ -200,7 +213,8 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
     out = output_dir(cfg.out, "--out")  # after the checks: bad input leaves no folder
     metrics: dict[str, Any] = {"config": cfg.model_dump(mode="json"), "stages": {}}
     t_eval = evaluate_lm(teacher, test, cfg.eval_batches)
-    metrics["teacher"] = {**t_eval, "state": state_floats_per_token(teacher, cfg.seq_len)}
+    metrics["teacher"] = {**t_eval, "state": state_floats_per_token(teacher, cfg.seq_len),
+                          "decode_tokens_per_s": decode_tokens_per_s(teacher)}
     _say(console, f"teacher: val loss {t_eval['loss']:.4f} nats, {t_eval['bpb']:.4f} bits/byte")
 
     stage_dir = out / "stages"
@@ -248,6 +262,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
         model1, _ = load_converted(str(folder), argument="--out")
         stage["eval"] = evaluate_lm(model1, test, cfg.eval_batches)
         stage["state"] = state_floats_per_token(model1, cfg.seq_len)
+        stage["decode_tokens_per_s"] = decode_tokens_per_s(model1)
         metrics["stages"]["transfer"] = stage
         _say(console, f"after stage 1: val loss {stage['eval']['loss']:.4f} nats, {stage['eval']['bpb']:.4f} bits/byte")
         del model1
@@ -274,6 +289,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
         stage = dict(done)
         stage["eval"] = evaluate_lm(model2, test, cfg.eval_batches)
         stage["state"] = state_floats_per_token(model2, cfg.seq_len)
+        stage["decode_tokens_per_s"] = decode_tokens_per_s(model2)
         metrics["stages"]["finetune"] = stage
         _say(console, f"after stage 2: val loss {stage['eval']['loss']:.4f} nats, {stage['eval']['bpb']:.4f} bits/byte")
         current = folder

@@ -17,16 +17,17 @@ def report_markdown(metrics: dict) -> str:
              f"layers `{cfg['layers']}`, init `{cfg['init']}`, stage 1 match `{cfg['match']}`, stages "
              f"`{','.join(cfg['stages'])}`, corpus `{cfg['corpus']}` ({cfg['tokenizer']}), windows {cfg['batch_size']} × "
              f"{cfg['seq_len']}, LoRA rank {cfg['lora_rank'] or 'none (full fine-tuning)'}, KD weight {cfg['kd']}.", "",
-             "## Validation loss", "", "| model | loss (nats/token) | bits per byte | state floats at T = seq_len |",
-             "|---|---|---|---|"]
+             "## Validation loss", "", "| model | loss (nats/token) | bits per byte | state floats at T = seq_len | decode tokens/s |",
+             "|---|---|---|---|---|"]
     t = metrics["teacher"]
     lines.append(f"| teacher | {_f(t['loss'])} | {_f(t['bpb'])} | {t['state']['floats_at_seq_len']} "
-                 f"({t['state']['kv_floats_per_token']} per token) |")
-    lines.append(f"| student at init | {_f(metrics['init']['loss'])} | {_f(metrics['init']['bpb'])} | |")
+                 f"({t['state']['kv_floats_per_token']} per token) | {_f(t.get('decode_tokens_per_s'), '.0f')} |")
+    lines.append(f"| student at init | {_f(metrics['init']['loss'])} | {_f(metrics['init']['bpb'])} | | |")
     for name, st in metrics["stages"].items():
         s = st["state"]
         lines.append(f"| student after {name} | {_f(st['eval']['loss'])} | {_f(st['eval']['bpb'])} | {s['floats_at_seq_len']} "
-                     f"({s['recurrent_floats']} recurrent + {s['kv_floats_per_token']} per token) |")
+                     f"({s['recurrent_floats']} recurrent + {s['kv_floats_per_token']} per token) | "
+                     f"{_f(st.get('decode_tokens_per_s'), '.0f')} |")
     tr = metrics["stages"].get("transfer")
     if tr:
         lines += ["", "## Stage 1: per-layer transfer residual", "",

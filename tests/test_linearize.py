@@ -292,6 +292,9 @@ def test_cli_end_to_end_auto_k_resume_and_report(tmp_path, capsys):
         assert metrics[key]["loss"] > 0 and metrics[key]["bpb"] > 0
     report = (out / "report.md").read_text()
     assert "per-layer transfer residual" in report and f"{metrics['teacher']['loss']:.4f}" in report
+    assert (out / "maps.png").stat().st_size > 1000 and "maps.png" in report
+    assert metrics["teacher"]["decode_tokens_per_s"] > 0 and metrics["stages"]["finetune"]["decode_tokens_per_s"] > 0
+    assert metrics["stages"]["finetune"]["state"]["recurrent_floats"] > 0
     back, _ = load_converted(str(out))
     kept = tr["kept_softmax"][0]
     assert back.model.layers[kept].self_attn.mixer.registry_name == "softmax_attention"

@@ -113,8 +113,8 @@ def decode_tokens_per_s(model, *, prompt: int = 16, new: int = 64, vocab: int | 
     """Greedy ``generate()`` speed of ``model`` (new tokens per second, batch 1, after one warm-up call):
     the students decode through their recurrent state, the softmax layers through their KV cache."""
     vocab = vocab or int(model.config.vocab_size)
-    ids = torch.arange(prompt)[None] % vocab
-    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+    ids = torch.arange(1, prompt + 1)[None] % vocab
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, attention_mask=torch.ones_like(ids))
     with torch.no_grad():
         model.generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
         t0 = time.perf_counter()
@@ -193,7 +193,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
     """Runs the stages of ``cfg`` (module docstring); returns metrics.json's content."""
     from ..data import build_data
     from ..interop.load import load_transformers
-    from .api import attention_layers, keep_softmax, linearize, parse_layers
+    from .api import attention_layers, keep_softmax, linearize, parse_layers, students
     from .report import write_report
     from .transfer import residuals, transfer
 
@@ -299,6 +299,13 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
         if f.name != "done.json" and f.is_file():
             shutil.copy2(f, out / f.name)
     metrics["final_stage"] = current.name
+    from ..interop.load import load_converted
+    from .report import write_maps
+
+    final, _ = load_converted(str(out), argument="--out")
+    if students(final):
+        ids = next(iter(test.batches())).inputs[:1, :64]
+        metrics["maps"] = write_maps(final, teacher, ids, out / "maps.png").name
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=float))
     write_report(metrics, out / "report.md")
     return metrics

@@ -42,9 +42,44 @@ def report_markdown(metrics: dict) -> str:
     if ft:
         lines += ["", "## Stage 2: fine-tuning", "", f"{ft['steps']} steps, {ft['tokens']} tokens, {ft['seconds']:.0f} s, "
                   f"{ft['trainable']} trainable parameters.", ""]
+    if metrics.get("maps"):
+        lines += ["", "## Maps", "", "The teacher's attention and the student's Φ (head 0) on the first 64 tokens of the "
+                  "validation text, each from the teacher's input to that layer:", "", f"![maps]({metrics['maps']})"]
     return "\n".join(lines) + "\n"
 
 
 def write_report(metrics: dict, path: Path) -> Path:
     Path(path).write_text(report_markdown(metrics))
     return Path(path)
+
+
+def write_maps(model, teacher, ids, path: Path, *, head: int = 0) -> Path:
+    """One figure: per student layer, the teacher's attention map and the student's Φ (map ``head``) on
+    the token ids [1, T], both from the teacher's input to that layer (what stage 1 matches)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    from .._plotting import save_figure
+    from .api import students
+    from .transfer import _teacher_mixers, capture
+
+    studs = students(model)
+    if not studs:
+        raise ValueError("write_maps: argument 'model' holds no student")
+    tmix = _teacher_mixers(teacher, studs)
+    with torch.no_grad(), capture(teacher, studs) as cap:
+        teacher(input_ids=ids, use_cache=False)
+    fig, axes = plt.subplots(2, len(studs), figsize=(2.6 * len(studs), 5.2), squeeze=False)
+    with torch.no_grad():
+        for col, (layer, adapter) in enumerate(studs.items()):
+            x = cap.inputs[layer]
+            for row, (who, m) in enumerate((("teacher", tmix[layer]), (adapter.mixer.registry_name, adapter.mixer))):
+                ax = axes[row][col]
+                ax.imshow(m.phi(x)[0, head].float().cpu().numpy(), cmap="viridis")
+                ax.set_title(f"layer {layer}: {who}", fontsize=8)
+                ax.set_xticks([])
+                ax.set_yticks([])
+    return save_figure(fig, path, title=f"Φ of head {head}: the teacher's attention (top) and the student's map (bottom)")

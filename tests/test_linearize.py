@@ -252,7 +252,7 @@ def test_kd_term_is_the_kl_to_the_teacher_and_the_trainer_adds_it():
         LinearizedLM(lin, None, teacher=None, kd=1.0)
 
 
-def test_lora_adapts_the_kept_weights_and_trains_the_students():
+def test_lora_adapts_the_kept_weights_and_trains_the_students(tmp_path):
     pytest.importorskip("peft")
     from seqmix.linearize.finetune import lora, merged
 
@@ -267,6 +267,12 @@ def test_lora_adapts_the_kept_weights_and_trains_the_students():
     assert not any(n.endswith("mlp.up_proj.base_layer.weight") for n in names)  # kept weights frozen
     out = merged(pm)
     assert not any("lora" in n for n, _ in out.named_parameters())
+    # a saved and reloaded model (its kept layer a converted softmax attention): LoRA on that layer too
+    save(out, tmp_path)
+    back, _ = load_converted(str(tmp_path))
+    names = [n for n, p in lora(back, 2).named_parameters() if p.requires_grad]
+    assert any("lora_A" in n and "layers.2.self_attn.mixer.W_qk" in n for n in names)
+    assert not any("lora" in n and "layers.0.self_attn" in n for n in names)
 
 
 # -- the run and the CLI -------------------------------------------------------------------------

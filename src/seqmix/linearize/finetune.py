@@ -65,21 +65,12 @@ class LinearizedLM(HFCausalLM):
 
 
 def _kept_linears(model: nn.Module) -> list[str]:
-    """Paths of the nn.Linear modules outside the students (what LoRA adapts)."""
-    inside = [path + "." for path in (f"{p}" for p in _student_paths(model))]
-    out = []
-    for path, m in model.named_modules():
-        if isinstance(m, nn.Linear) and not any(path.startswith(p) for p in inside):
-            if m is model.get_output_embeddings():
-                continue  # the LM head (tied to the embedding in small models) stays as it is
-            out.append(path)
-    return out
-
-
-def _student_paths(model: nn.Module) -> list[str]:
-    from ..interop import placed_mixers
-
-    return list(placed_mixers(model))
+    """Paths of the nn.Linear modules outside the students (what LoRA adapts): the MLPs and the
+    attention layers kept as softmax; the LM head is left as it is (tied to the embedding in small models)."""
+    inside = tuple(adapter.where + "." for adapter in students(model).values())
+    head = model.get_output_embeddings()
+    return [path for path, m in model.named_modules()
+            if isinstance(m, nn.Linear) and not path.startswith(inside) and m is not head]
 
 
 def lora(model: nn.Module, rank: int, *, alpha: float | None = None, dropout: float = 0.0) -> nn.Module:

@@ -22,7 +22,7 @@ from seqmix.linearize.transfer import _layer_losses, _teacher_mixers, capture  #
 
 VOCAB = 64
 STUDENTS = [("linear_attention", {"feature_map": "hedgehog"}), ("gla", {}), ("retnet", {}), ("gated_deltanet", {}),
-            ("mamba2", {}), ("bmojo_f", {"window": 4})]
+            ("mamba2", {}), ("bmojo_f", {"window": 4, "ssm_mode": "chunk", "expand": 1, "d_state": 4})]
 
 
 def teacher(layers=3, d=32, heads=4, kv_heads=2, vocab=VOCAB, attn="sdpa", seed=0):
@@ -167,7 +167,7 @@ def test_phi_matching_is_the_squared_map_error_against_transformers_attention_we
 
 def test_phi_matching_refuses_maps_that_do_not_pair():
     m = teacher()
-    lin = linearize(m, mixer="bmojo_f", layers=[0], window=4)  # window maps + fading maps: not one per head
+    lin = linearize(m, mixer="bmojo_f", layers=[0], window=4, ssm_mode="chunk", expand=1, d_state=4)  # not one map per head
     with pytest.raises(ValueError, match="match"):
         transfer(lin, m, lambda i: ids(), steps=1, match="phi")
 

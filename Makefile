@@ -13,7 +13,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 # every install of setup/main/test/CI is constrained to the versions the tests passed with
 LOCK   ?= requirements/lock.txt
-EXTRAS := dev,text,tensorboard,hf,eval,cluster,lra,reference
+EXTRAS := dev,text,tensorboard,hf,eval,cluster,lra,reference,linearize
 LATEST ?= .venv-latest
 
 .PHONY: setup main test test-slow bench clean test-latest lock

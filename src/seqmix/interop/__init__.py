@@ -38,11 +38,11 @@ How to add a family (e.g. RWKV-4, RecurrentGemma, Llama attention):
 """
 
 from .adapter import InteropMixer
-from .convert import convert_module, from_transformers, seqmix_mixers, supported_families
+from .convert import convert_module, from_transformers, place_mixer, placed_mixers, seqmix_mixers, supported_families
 from .families import FAMILIES
 from .table import Family, ModuleMap, State, Unsupported, Weight
 
 __all__ = [
-    "from_transformers", "seqmix_mixers", "supported_families", "convert_module", "InteropMixer", "FAMILIES", "Family", "ModuleMap",
+    "from_transformers", "seqmix_mixers", "supported_families", "convert_module", "place_mixer", "placed_mixers", "InteropMixer", "FAMILIES", "Family", "ModuleMap",
     "State", "Unsupported", "Weight",
 ]

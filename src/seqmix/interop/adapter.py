@@ -92,9 +92,9 @@ class InteropMixer(nn.Module):
         if self.mask_kind == "padding":
             self._check_mask(attention_mask, hidden_states, where)
         elif self.mask_kind == "causal":
-            self._check_causal_mask(attention_mask, hidden_states, seqmix_state, where)
+            self._check_causal_mask(attention_mask, hidden_states, self._cached(hf_cache, seqmix_state), where)
         if self.positions:
-            self._check_positions(kwargs.get("position_ids"), hidden_states, seqmix_state, where)
+            self._check_positions(kwargs.get("position_ids"), hidden_states, seqmix_state, where, hf_cache)
         if hf_cache is None:
             y = self.mixer(hidden_states)
             return (y, None) if (self.returns_state or self.returns_pair) else y
@@ -102,7 +102,7 @@ class InteropMixer(nn.Module):
         if seqmix_state is not None:
             view.set(self.mixer, seqmix_state)
         y = self.mixer(hidden_states, cache=view)
-        new = self.write_state(hf_cache, view.get(self.mixer), where)
+        new = self.write_state(hf_cache, view.get(self.mixer), where, tokens=hidden_states.shape[1])
         if self.returns_pair:
             return y, None
         return (y, new) if self.returns_state else y
@@ -135,9 +135,22 @@ class InteropMixer(nn.Module):
                              "padding mask; pass prompts of equal length (no padding) or one prompt at a time")
 
     def _window(self):
+        """The sliding window of transformers' mask for this slot: the mixer's own for a converted attention
+        (the ``kv`` kind); none for a finite-state mixer in an attention slot (the ``layer`` kind: the slot's
+        mask is the full causal one, whatever window the mixer keeps inside its state)."""
+        if self.state_table and self.state_table[0].kind == "layer":
+            return None
         return getattr(self.mixer.config, "window", None)
 
-    def _check_causal_mask(self, mask, x, state, where: str) -> None:
+    def _cached(self, hf_cache, state) -> int:
+        """Tokens already in the decoding state (positions and masks of this call start there)."""
+        if state is None:
+            return 0
+        if "kv" in state:
+            return state["kv"].seen
+        return self._attention_layer(hf_cache, "").get_seq_length()
+
+    def _check_causal_mask(self, mask, x, start: int, where: str) -> None:
         """transformers' attention takes a 4D mask [B, 1, T, L] (bool: True = visible; float: 0 =
         visible) built from the padding mask and the causal / sliding-window rule, or None (SDPA's
         is_causal). The seqmix mixer applies the causal (windowed) rule itself and takes no padding,
@@ -152,7 +165,6 @@ class InteropMixer(nn.Module):
         T = x.shape[1]
         visible = mask if mask.dtype == torch.bool else mask == 0
         seen = visible[..., -T:, :].sum(-1)  # [B, 1, T]: keys each query sees
-        start = state["kv"].seen if state is not None else 0
         expect = torch.arange(start + 1, start + T + 1, device=mask.device)
         w = self._window()
         if w is not None:
@@ -162,7 +174,7 @@ class InteropMixer(nn.Module):
                              f"{' sliding-window' if w else ''} mask): the converted seqmix attention applies the causal mask "
                              "itself and takes no padding mask; pass prompts of equal length (no padding) or one prompt at a time")
 
-    def _check_positions(self, position_ids, x, state, where: str) -> None:
+    def _check_positions(self, position_ids, x, state, where: str, hf_cache=None) -> None:
         """The seqmix mixer takes its positions from its state (RoPE: the KV cache's token count;
         RecurrentGemma's reset: whether a state exists), so ``position_ids`` must be those."""
         if position_ids is None or not reads_values(torch.as_tensor(position_ids)):  # the check reads the positions
@@ -175,8 +187,8 @@ class InteropMixer(nn.Module):
             raise ValueError(f"{where}: argument 'position_ids' must be [batch, {T}], got {list(pos.shape)}")
         if state is None:
             start = 0
-        elif "kv" in state:
-            start = state["kv"].seen
+        elif "kv" in state or (self.state_table and self.state_table[0].kind == "layer"):
+            start = self._cached(hf_cache, state)
         else:  # a recurrent state: consecutive positions after position 0 (the reset happened at the start)
             start = int(pos[0, 0])
             if start < 1:
@@ -234,6 +246,8 @@ class InteropMixer(nn.Module):
             return self._read_kv(hf_cache, where)
         if self.state_table[0].kind == "linear_cache":
             return self._read_linear_cache(hf_cache, where)
+        if self.state_table[0].kind == "layer":
+            return self._read_layer_state(hf_cache, where)
         if self.state_table[0].kind in ("conv", "recurrent"):
             self._layer(hf_cache, where)
         else:
@@ -247,15 +261,19 @@ class InteropMixer(nn.Module):
             state[row.seqmix] = row.to_seqmix(t) if row.to_seqmix else t
         return state
 
-    def write_state(self, hf_cache, state: dict | None, where: str = ""):
+    def write_state(self, hf_cache, state: dict | None, where: str = "", *, tokens: int = 0):
         """Writes the mixer's new seqmix state into transformers' decoding state (in place where the slot
         exists, as transformers does, so that static addresses are kept) and returns the state object the
-        replaced module would return: the cache / list itself, or (``tuple`` kind) the new tuple."""
+        replaced module would return: the cache / list itself, or (``tuple`` kind) the new tuple.
+        ``tokens``: the tokens of this call (the ``layer`` kind counts them for transformers)."""
         if not self.state_table or state is None:
             return hf_cache
         kind = self.state_table[0].kind
         if kind == "kv":
             self._write_kv(hf_cache, state, where)
+            return hf_cache
+        if kind == "layer":
+            self._write_layer_state(hf_cache, state, tokens, where)
             return hf_cache
         if kind == "linear_cache":
             self._linear_cache_object(hf_cache, where)
@@ -310,6 +328,47 @@ class InteropMixer(nn.Module):
         return {row.seqmix: row.to_seqmix(t) if row.to_seqmix else t}
 
     # -- the "kv" kind: seqmix's KVCache kept in a DynamicCache's attention layer ------------------
+
+    # -- the "layer" kind: a finite-state mixer's whole state kept on a DynamicCache's attention layer ----
+
+    def _attention_layer(self, hf_cache, where: str):
+        from transformers.cache_utils import DynamicLayer
+
+        layers = getattr(hf_cache, "layers", None)
+        if self.layer_idx is not None and layers is not None and getattr(hf_cache, "layer_class_to_replicate", None) is not None:
+            while len(layers) <= self.layer_idx:  # a DynamicCache() without config creates its layers lazily
+                layers.append(hf_cache.layer_class_to_replicate())
+        if self.layer_idx is None or layers is None or self.layer_idx >= len(layers) or type(layers[self.layer_idx]) is not DynamicLayer:
+            got = type(layers[self.layer_idx]).__name__ if layers is not None and self.layer_idx is not None \
+                and self.layer_idx < len(layers) else "no such layer"
+            raise ValueError(f"{where}: argument 'cache' ({type(hf_cache).__name__}) layer {self.layer_idx} is {got}; the "
+                             "seqmix mixer in this attention slot keeps its recurrent state on a DynamicLayer of a "
+                             "DynamicCache(config=model.config) (static, quantized and offloaded caches are not supported)")
+        return layers[self.layer_idx]
+
+    def _read_layer_state(self, hf_cache, where: str) -> dict | None:
+        layer = self._attention_layer(hf_cache, where)
+        if not layer.is_initialized or layer.keys is None or layer.get_seq_length() == 0:
+            return None
+        if layer.keys is not getattr(layer, "_seqmix_keys", None):
+            raise ValueError(f"{where}: argument 'cache' layer {self.layer_idx} was changed outside the converted mixer (beam "
+                             "search's reorder, crop, or a cache filled by another model): its recurrent state cannot follow; "
+                             "decode greedily or by sampling (num_beams=1)")
+        return layer._seqmix_state
+
+    def _write_layer_state(self, hf_cache, state: dict, tokens: int, where: str) -> None:
+        layer = self._attention_layer(hf_cache, where)
+        ref = next((t for t in state.values() if isinstance(t, torch.Tensor)), None)
+        if ref is None:
+            raise ValueError(f"{where}: the mixer's state holds no tensor (state table of {self.source})")
+        seen = (layer.get_seq_length() if layer.is_initialized and layer.keys is not None else 0) + tokens
+        batch = ref.shape[0]
+        one = torch.zeros((), dtype=ref.dtype if ref.is_floating_point() else torch.float32, device=ref.device)
+        keys = one.expand(batch, 1, seen, 1)  # a stride-0 view: transformers counts `seen` tokens, no memory per token
+        if not layer.is_initialized:
+            layer.lazy_initialization(keys, keys)
+        layer.keys, layer.values = keys, keys
+        layer._seqmix_keys, layer._seqmix_state = keys, state
 
     def _kv_layer(self, hf_cache, where: str):
         from transformers.cache_utils import (

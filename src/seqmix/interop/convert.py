@@ -13,7 +13,7 @@ from torch import nn
 from ..mixers.base import Mixer, build_mixer
 from .adapter import InteropMixer
 from .families import FAMILIES
-from .table import Family, ModuleMap, Unsupported
+from .table import Family, ModuleMap, State, Unsupported
 
 _WHERE = "from_transformers"
 
@@ -43,9 +43,13 @@ def from_transformers(model: nn.Module, *, inplace: bool = False, mode: str | No
     family = _family(model)
     _check_not_quantized(model)
     targets, kept = _targets(model, family)
+    placed = placed_mixers(model)
     adapters = {}
     for path, module, mm in targets:
-        adapter = _convert(path, module, mm, model.config)
+        if path in placed:  # a mixer placed in this slot (place_mixer): rebuilt from its record, weights as built
+            adapter = _placed_adapter(path, module, mm, build_mixer(placed[path]["mixer"], **placed[path]["config"]))
+        else:
+            adapter = _convert(path, module, mm, model.config)
         if mode is not None:
             try:
                 adapter.mixer.mode = mode
@@ -76,6 +80,73 @@ def convert_module(module: nn.Module, hf_config, *, path: str = "module") -> Int
             return _convert(path, module, mm, hf_config)
     raise ValueError(f"convert_module: module {path} ({type(module).__module__}.{type(module).__qualname__}) is not a class any "
                      f"family converts ({', '.join(sorted(FAMILIES))})")
+
+
+#: the config attribute recording the mixers placed in a model's slots ({module path: {"mixer", "config"}})
+PLACED = "seqmix_placed"
+
+
+def placed_mixers(model: nn.Module) -> dict[str, dict]:
+    """{module path: {"mixer": registry name, "config": its config}} of the mixers :func:`place_mixer`
+    put in ``model`` (recorded in ``model.config``, so a saved folder keeps them); {} when none."""
+    rec = getattr(getattr(model, "config", None), PLACED, None) or {}
+    if not isinstance(rec, dict) or not all(isinstance(v, dict) and {"mixer", "config"} <= set(v) for v in rec.values()):
+        raise ValueError(f"from_transformers: the config's {PLACED!r} must map module paths to {{'mixer', 'config'}}, got {rec!r}")
+    return rec
+
+
+def place_mixer(model: nn.Module, path: str, mixer: Mixer) -> InteropMixer:
+    """Puts the seqmix ``mixer`` (any registered mixer, its weights as they are) in the place of the
+    module at ``path`` of ``model`` (in place), behind the one adapter with the call options of the
+    module class it replaces (a class the model's family converts). The decoding state: a softmax
+    attention mixer in an attention slot keeps its KV cache there (the ``kv`` kind, as a converted
+    attention); any other mixer in an attention slot keeps its whole recurrent state on that slot's
+    cache layer (the ``layer`` kind: constant memory per token). The placement is recorded in
+    ``model.config.seqmix_placed``, so that :func:`from_transformers` of a model saved with it (and
+    :func:`seqmix.interop.load.load_converted` of its folder) rebuilds the same mixer there.
+    Returns the adapter."""
+    family = _family(model)
+    try:
+        module = model.get_submodule(path)
+    except AttributeError:
+        raise ValueError(f"place_mixer: argument 'path': {type(model).__name__} has no module {path!r}") from None
+    source = module
+    if isinstance(module, InteropMixer):
+        mm = next((m for m in family.modules if m.class_name == module.source), None)
+    else:
+        mm = family.module_map(module)
+    if mm is None:
+        raise ValueError(f"place_mixer: argument 'path': module {path} ({type(source).__name__}) is not a class family "
+                         f"{family.model_type!r} converts ({', '.join(m.class_name for m in family.modules)})")
+    adapter = _placed_adapter(path, source, mm, mixer)
+    parent, _, name = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, adapter)
+    rec = dict(placed_mixers(model))
+    rec[path] = {"mixer": mixer.registry_name, "config": mixer.config.model_dump(mode="json")}
+    setattr(model.config, PLACED, rec)
+    return adapter
+
+
+def _placed_adapter(path: str, module: nn.Module, mm: ModuleMap, mixer: Mixer) -> InteropMixer:
+    """The adapter of a placed mixer (module: the transformers module or the adapter it replaces)."""
+    kinds = {row.kind for row in mm.state}
+    if kinds != {"kv"}:
+        raise ValueError(f"place_mixer: module {path} ({mm.class_name}) is not an attention slot: a mixer is placed in the "
+                         "place of an attention module (whose decoding state is a KV cache)")
+    attention = mixer.registry_name == mm.mixer
+    state = mm.state if attention else (State("state", "layer"),)
+    if isinstance(module, InteropMixer):
+        layer_idx, training = module.layer_idx, module.training
+    else:
+        layer_idx, training = mm.layer_index(module), module.training
+        ref = next((p for p in module.parameters() if p.is_floating_point()), None)
+        if ref is not None:
+            mixer.to(device=ref.device, dtype=ref.dtype)
+    adapter = InteropMixer(mixer, layer_idx=layer_idx, state=state, where=path, source=mm.class_name,
+                           returns_state=mm.returns_state, returns_pair=mm.returns_pair, mask=mm.mask,
+                           positions=mm.positions, layer_arg=mm.layer_arg)
+    adapter.train(training)
+    return adapter
 
 
 def seqmix_mixers(model: nn.Module) -> dict[str, Mixer]:
@@ -121,6 +192,8 @@ def _targets(model, family: Family) -> tuple[list[tuple[str, nn.Module, ModuleMa
         elif slot.search(path) and name in family.not_mixers:
             continue
         elif slot.search(path):
+            if isinstance(module, InteropMixer) and path in placed_mixers(model):
+                continue  # a placed mixer already in place (place_mixer): kept as it is
             if isinstance(module, InteropMixer):
                 raise ValueError(f"{_WHERE}: module {path} is already converted (an InteropMixer holding seqmix "
                                  f"{module.mixer.registry_name!r})")

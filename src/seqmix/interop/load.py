@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .convert import from_transformers
+from .convert import PLACED, from_transformers, placed_mixers
 from .families import FAMILIES
 
 __all__ = ["resolve_source", "load_config", "load_transformers", "load_converted", "tokenize", "parse_ids", "has_tokenizer"]
@@ -74,12 +74,18 @@ def load_transformers(source: str, *, dtype: torch.dtype = torch.float32, argume
 
     cfg = load_config(source, argument)
     src, local = resolve_source(source, argument)
+    quiet = bool(getattr(cfg, PLACED, None))  # placed mixers' slots: their weights are read by load_converted, not here
+    level = hf_logging.get_verbosity()
     try:
+        if quiet:
+            hf_logging.set_verbosity_error()
         model = AutoModelForCausalLM.from_pretrained(src, config=cfg, local_files_only=True, dtype=dtype)
     except (OSError, ValueError) as e:
         where = "" if local else f"; {_download_hint(src)}"
         raise ValueError(f"argument '{argument}': {src!r}: the weights cannot be loaded offline "
                          f"({str(e).splitlines()[0][:160]}){where}") from None
+    finally:
+        hf_logging.set_verbosity(level)
     return model.eval()
 
 
@@ -90,6 +96,8 @@ def load_converted(source: str, *, dtype: torch.dtype = torch.float32, mode: str
         conv = from_transformers(model, inplace=True, mode=mode)
     except ValueError as e:
         raise ValueError(f"argument '{argument}': {source!r}: {e}") from None
+    if placed_mixers(conv):
+        _load_placed(conv, resolve_source(source, argument)[0], argument)
     n = sum(p.numel() for p in conv.parameters())
     return conv, f"{type(conv).__name__}, {n / 1e6:.1f}M parameters, converted"
 
@@ -147,3 +155,41 @@ def tokenize(source: str, text: str | None = None, *, ids: str | None = None, vo
         raise ValueError(f"argument '{'--ids' if ids is not None else '--text'}': token id {int(toks.max())} is outside the "
                          f"vocabulary of {source!r} (vocab_size = {vocab_size}) ({how})")
     return toks, f"{int(toks.numel())} tokens, {how}"
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a saved checkpoint (one file, or the shards its index names)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        import json
+
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / n for n in names]
+    return [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else []
+
+
+def _load_placed(model, source: str, argument: str) -> None:
+    """The weights of the mixers placed in ``model`` (``config.seqmix_placed``), read from the folder's
+    safetensors under ``<module path>.mixer.<name>`` (what ``save_pretrained`` of the model with them wrote)."""
+    from safetensors import safe_open
+
+    folder = Path(source)
+    files = _weight_files(folder) if folder.is_dir() else []
+    placed = placed_mixers(model)
+    want = {f"{path}.mixer.": model.get_submodule(path).mixer for path in placed}
+    found: dict[str, dict[str, torch.Tensor]] = {p: {} for p in want}
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():
+                pre = next((p for p in want if key.startswith(p)), None)
+                if pre is not None:
+                    found[pre][key[len(pre):]] = fh.get_tensor(key)
+    for pre, mixer in want.items():
+        missing = sorted(set(mixer.state_dict()) - set(found[pre]))
+        if missing:
+            raise ValueError(f"argument '{argument}': {source!r} records a seqmix {mixer.registry_name!r} at {pre[:-7]} "
+                             f"({PLACED}) but its weight files lack {', '.join(repr(pre + m) for m in missing[:3])}"
+                             f"{' ...' if len(missing) > 3 else ''} (save it with model.save_pretrained(folder))")
+        ref = next(iter(mixer.state_dict().values()), None)
+        mixer.load_state_dict({k: v.to(ref.dtype if ref is not None and v.is_floating_point() else v.dtype)
+                               for k, v in found[pre].items()}, strict=True)

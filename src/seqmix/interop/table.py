@@ -171,13 +171,20 @@ class State:
     * ``"linear_cache"``: the cache object's ``get_linear_cache(layer_idx)`` /
       ``set_linear_cache(layer_idx, state)`` (MiniMax's ``MiniMaxCache``, which keeps each lightning
       layer's state [B, H, K, V] in a list beside its attention layers); ``index`` unused.
+    * ``"layer"``: the whole seqmix state of a finite-state mixer placed in an attention slot (a
+      student of ``seqmix.linearize`` in a Llama layer) kept on that slot's attention layer of a
+      ``DynamicCache`` (a ``DynamicLayer``): the entries as the mixer returns them, beside
+      ``keys`` / ``values`` that are one float broadcast to [B, 1, seen, 1] (a stride-0 view: no
+      memory per token), so transformers' sizes, masks and positions count the tokens seen. A cache
+      whose keys transformers replaced (beam search's reorder, crop) is refused: the state cannot
+      follow. ``index`` and the transforms are unused.
 
     ``index`` may be a tuple of slots that together make one seqmix entry (xLSTM's C and n are
     seqmix's S = [C | n]); ``to_seqmix`` then takes the tuple of tensors and ``to_hf`` returns one.
     """
 
     seqmix: str
-    kind: Literal["conv", "recurrent", "stacked", "tuple", "kv", "linear_cache"]
+    kind: Literal["conv", "recurrent", "stacked", "tuple", "kv", "linear_cache", "layer"]
     index: int | tuple[int, ...] = 0
     to_seqmix: Transform | None = None
     to_hf: Transform | None = None

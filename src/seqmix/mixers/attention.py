@@ -79,13 +79,15 @@ from ..ops.nsa import nsa_attention, nsa_probs
 from ..ops.deltaformer import deltaformer_attention, deltaformer_probs
 from ..ops.parallax import parallax_attention, parallax_probs
 from ..ops.wall import wall_attention, wall_probs
-from ..ops.features import FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, taylor_feature_dim
+from ..ops.features import (
+    FEATURE_MAPS, LEARNED_FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, hedgehog_features, taylor_feature_dim,
+)
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import RMSNorm, ShortConv
 
-FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor", "square"]
+FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor", "square", "hedgehog"]
 Normalizer = Literal["none", "row_sum", "abs_row_sum", "exp", "softplus", "sigmoid"]
-assert set(FeatureMap.__args__) == set(FEATURE_MAPS)
+assert set(FeatureMap.__args__) == set(FEATURE_MAPS) | set(LEARNED_FEATURE_MAPS)
 
 #: normalizers computed from the row sum s_i = φ(q_i)ᵀ Σ_{j<=i} ψ(k_j) (a ones column in the recurrence)
 ROW_SUM_NORMALIZERS = ("row_sum", "abs_row_sum")
@@ -230,7 +232,9 @@ class _Attention(Mixer):
 
 
 class SeparableAttentionConfig(AttentionConfig):
-    feature_map: FeatureMap = Field("elu1", description="φ applied to the queries: " + ", ".join(FEATURE_MAPS))
+    feature_map: FeatureMap = Field("elu1", description="φ applied to the queries: " + ", ".join(FEATURE_MAPS) + "; 'hedgehog': "
+                                    "Hedgehog's learnt map [softmax(qW+b), softmax(-qW-b)] per head, W at the identity (LoLCATs' φ; "
+                                    "ψ then is a second learnt map of the same form)")
     key_feature_map: FeatureMap | None = Field(None, description="ψ applied to the keys (default: the same as φ)")
     taylor_order: int = Field(2, ge=0, description="degree P of the 'taylor' feature map (Lemma 1)")
     taylor_basis: Literal["kronecker", "symmetric"] = Field(
@@ -242,12 +246,18 @@ class SeparableAttentionConfig(AttentionConfig):
     normalizer: Normalizer = Field("row_sum", description="η: " + ", ".join(NORMALIZERS))
     eta_bias: bool = Field(True, description="bias b_η of W_η (input normalizers; the released code has one)")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
+    rope: bool = Field(False, description="RoPE (RoFormer) on q and k at their absolute positions before the feature maps, "
+                       "as LoLCATs' linearized Llama layers do (Llama's rotate_half pairs; the state counts the positions)")
+    rope_theta: float = Field(10000.0, gt=1, description="RoPE base (rope): pair j turns by p·rope_theta^(-2j/K)")
 
     @model_validator(mode="after")
     def _features(self):
         phi, psi = self.feature_map, self.key_feature_map or self.feature_map
+        if (phi == "hedgehog") != (psi == "hedgehog"):
+            raise ValueError(f"feature_map and key_feature_map must both be 'hedgehog' or neither (φ(q)ᵀψ(k) needs equal widths), "
+                             f"got {phi!r} and {psi!r}")
         if self.normalizer == "row_sum":
-            positive = (phi in POSITIVE_FEATURE_MAPS and psi in POSITIVE_FEATURE_MAPS) or (
+            positive = (phi in POSITIVE_FEATURE_MAPS + LEARNED_FEATURE_MAPS and psi in POSITIVE_FEATURE_MAPS + LEARNED_FEATURE_MAPS) or (
                 phi == psi == "taylor" and self.taylor_order % 2 == 0
             ) or phi == psi == "square"  # (qᵀk)² >= 0
             if not positive:
@@ -297,7 +307,14 @@ class SeparableAttention(_Attention):
         c = self.config
         self.phi_name = c.feature_map
         self.psi_name = c.key_feature_map or c.feature_map
-        self.n_features = feature_dim(self.phi_name, self.head_qk, c.taylor_order, c.taylor_basis)
+        if self.phi_name == "hedgehog":  # Hedgehog / LoLCATs: a learnt map per head for q and for k, at the identity
+            H, K = self.heads, self.head_qk
+            eye = torch.eye(K).expand(H, K, K).clone()
+            self.fm_q_weight, self.fm_k_weight = nn.Parameter(eye.clone()), nn.Parameter(eye.clone())
+            self.fm_q_bias, self.fm_k_bias = nn.Parameter(torch.zeros(H, K)), nn.Parameter(torch.zeros(H, K))
+            self.n_features = 2 * K
+        else:
+            self.n_features = feature_dim(self.phi_name, self.head_qk, c.taylor_order, c.taylor_basis)
         if c.feature_norm == "layernorm":  # ReBased: γ ⊙ LN(·) + β on q and k, one (γ, β) [K] for both and every head
             self.feature_gamma = nn.Parameter(torch.ones(self.head_qk))
             self.feature_beta = nn.Parameter(torch.zeros(self.head_qk))
@@ -310,8 +327,9 @@ class SeparableAttention(_Attention):
 
     # -- parametrization -------------------------------------------------------------------
 
-    def _features(self, x):
-        """φ(q), ψ(k): [B, T, H, n_φ]; v: [B, T, H, V]; z = W_η x: [B, T, H] or None."""
+    def _features(self, x, start: int = 0):
+        """φ(q), ψ(k): [B, T, H, n_φ]; v: [B, T, H, V]; z = W_η x: [B, T, H] or None. ``start``: the
+        absolute position of x's first token (RoPE)."""
         # a signed η = 1 + |φ(q)ᵀΣψ(k)| cancels: with q, k rounded to bf16 its error grows with T
         # (relative error 0.29 at T = 512), so q and k stay in float32 there (docs/scale.md)
         c = self.config
@@ -320,8 +338,15 @@ class SeparableAttention(_Attention):
         if norm:  # the norm before the scale (LN(s·q) = LN(q) would drop it)
             q, k = (F.layer_norm(t, (self.head_qk,), self.feature_gamma.to(t.dtype), self.feature_beta.to(t.dtype)) for t in (q, k))
             q = q * self.qk_scale
-        fq = apply_feature_map(self.phi_name, q, c.taylor_order, c.taylor_basis)
-        fk = apply_feature_map(self.psi_name, k, c.taylor_order, c.taylor_basis)
+        if c.rope:
+            pos = torch.arange(start, start + x.shape[1], device=x.device)
+            q, k = rotary(q, pos, theta=c.rope_theta), rotary(k, pos, theta=c.rope_theta)
+        if self.phi_name == "hedgehog":  # φ(q) = [softmax(q W_h + b_h), softmax(-q W_h - b_h)] per head h
+            fq = hedgehog_features(torch.einsum("bthk,hkf->bthf", q, self.fm_q_weight.to(q.dtype)) + self.fm_q_bias.to(q.dtype))
+            fk = hedgehog_features(torch.einsum("bthk,hkf->bthf", k, self.fm_k_weight.to(k.dtype)) + self.fm_k_bias.to(k.dtype))
+        else:
+            fq = apply_feature_map(self.phi_name, q, c.taylor_order, c.taylor_basis)
+            fk = apply_feature_map(self.psi_name, k, c.taylor_order, c.taylor_basis)
         z = self.W_eta(x) if self.W_eta is not None else None
         return fq, fk, v, z
 
@@ -336,7 +361,8 @@ class SeparableAttention(_Attention):
     # -- forward ---------------------------------------------------------------------------
 
     def _forward(self, x, *, state, mode, need_state):
-        fq, fk, v, z = self._features(x)
+        start = state.get("pos", 0) if state else 0  # tokens before x (RoPE's positions)
+        fq, fk, v, z = self._features(x, start)
         v_in = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1) if self.row_sum else v  # last column: Σ ψ(k_j)
         o, S = linear_recurrence(
             fq, fk, v_in,
@@ -352,7 +378,8 @@ class SeparableAttention(_Attention):
         elif z is not None:
             o = o / eta_from(self.config.normalizer, z=z).unsqueeze(-1)
         o = o.to(v.dtype)  # the projections' dtype (q, k may be wider: _features)
-        return MixOut(self._readout(o), {"S": S} if need_state else None, values=v, mixed=o)
+        new = ({"S": S, "pos": start + x.shape[1]} if self.config.rope else {"S": S}) if need_state else None
+        return MixOut(self._readout(o), new, values=v, mixed=o)
 
     # -- DSF view --------------------------------------------------------------------------
 

@@ -51,6 +51,15 @@ FEATURE_MAPS = ("identity", "elu1", "relu", "exp", "taylor", "square")
 TAYLOR_BASES = ("kronecker", "symmetric")
 #: maps whose features are > 0 everywhere, so that φ(q)ᵀ Σ ψ(k) > 0 (a valid row-sum normalizer)
 POSITIVE_FEATURE_MAPS = ("elu1", "exp")
+#: feature maps with learnt weights (held by the mixer; the op is their parameter-free part)
+LEARNED_FEATURE_MAPS = ("hedgehog",)
+
+
+def hedgehog_features(z: torch.Tensor) -> torch.Tensor:
+    """Hedgehog's feature map (Zhang et al. 2024, eq. 6; LoLCATs' φ) after its learnt linear map z = x W + b:
+    [softmax(z), softmax(-z)] over the last dimension, [..., K] -> [..., 2K], every feature > 0. The
+    two softmaxes keep both signs of qᵀk (a spiky, monotone approximation of exp(qᵀk))."""
+    return torch.cat([torch.softmax(z, dim=-1), torch.softmax(-z, dim=-1)], dim=-1)
 
 
 def taylor_feature_dim(K: int, order: int, basis: str = "kronecker") -> int:

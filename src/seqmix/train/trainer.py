@@ -218,6 +218,15 @@ class Trainer:
             logits, target = self.parallel.forward(model, inputs, labels)
         return F.cross_entropy(logits.float(), target, reduction=reduction), logits, target
 
+    @staticmethod
+    def auxiliary_loss(model) -> torch.Tensor | float:
+        """A training-only term the model adds to the step's loss: ``model.auxiliary_loss()`` when the
+        model has one (the term its last training forward computed, e.g. linearization's KL to the
+        teacher's logits; None for none), else 0. Evaluation reports the next-token loss alone."""
+        fn = getattr(model, "auxiliary_loss", None)
+        aux = fn() if callable(fn) else None
+        return 0.0 if aux is None else aux
+
     def evaluate(self, model: LanguageModel, test, *, max_batches: int | None = None) -> dict:
         """Loss and accuracy over the labelled positions (per slice); on a text split also
         ``ppl`` = exp(loss) and ``bpb`` = loss / ln 2 / (UTF-8 bytes per token of the split)."""
@@ -410,6 +419,7 @@ class Trainer:
                     b = next(batches)
                     inputs, labels, weight = par.shard(*self.to_device(b))  # this rank's rows of the global batch
                     loss, _, _ = self.loss(model, inputs, labels)
+                    loss = loss + self.auxiliary_loss(model)
                     loss = loss * weight / tc.grad_accum
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                     loss_v += float(loss.detach())

@@ -1,0 +1,218 @@
+"""The student init table: which student parameter takes which attention weight.
+
+The DSF reads softmax attention and every q/k/v-like student the same way: the query is C_i
+(what reads the state), the key is B_i (what writes it), the value is the input u_i and the
+output projection follows the readout. So initialising a student from a trained attention layer
+(Mamba-in-the-Llama's q→C, k→B, v→x; LoLCATs' copied q/k/v/o) is one table keyed by student
+family (the registered mixer class), never code per mixer:
+
+* a :class:`StudentInit` entry: how the teacher's sizes become the student's config (heads,
+  widths) and its rows;
+* a :class:`Take` row: the student parameter ``student`` (a name in its state dict) takes the
+  teacher tensor ``teacher`` — ``"q"``, ``"k"``, ``"v"``, ``"o"`` in seqmix's layout (q, k: [H·K,
+  d]; v: [H·V, d]; o: [d, H·V]; grouped kv heads repeated to H) — into its row block ``rows``
+  (packed projections: Mamba-2's in_proj = [z; x; B; C; dt]); ``teacher="identity_conv"`` sets a
+  short convolution to the identity (its last tap 1), so the copied projections reach the
+  recurrence unchanged.
+
+Decays, gates, norms and feature maps keep their own init. A registered mixer is a valid student
+when its class has an entry here and the built mixer has every parameter the rows name (so
+``hgrn``, a GeneralForm without W_q, is refused). Teacher RoPE: the separable (linear) attention
+students take it (``rope=True`` at the teacher's θ: the feature maps act on the rotated q, k, as in
+LoLCATs), so an identity-feature student's scores are exactly the teacher's logits; the students
+with a decay run without it (Mamba-in-the-Llama's choice; RetNet keeps its own rotation at its own
+frequencies, B'MOJO has none): their decay carries the position, and stage 1 trains them to do
+without RoPE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..mixers.base import Mixer, build_mixer, mixer_entry
+from ..ops import repeat_kv
+
+__all__ = ["Take", "StudentInit", "STUDENTS", "Teacher", "teacher_weights", "student_init", "build_student", "valid_students"]
+
+
+@dataclass(frozen=True)
+class Teacher:
+    """The attention layer's sizes and weights in seqmix's layout, kv heads repeated to ``heads``.
+
+    q, k: [heads·K, d]; v: [heads·V, d]; o: [d, heads·V]; K = V = head_dim."""
+
+    d_model: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope_theta: float | None
+    q: torch.Tensor = field(repr=False)
+    k: torch.Tensor = field(repr=False)
+    v: torch.Tensor = field(repr=False)
+    o: torch.Tensor = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Take:
+    """One row: student parameter ``student`` (rows ``rows`` = (start, stop) of its first dimension,
+    as functions of the teacher) takes teacher tensor ``teacher`` ("q", "k", "v", "o" or
+    "identity_conv")."""
+
+    student: str
+    teacher: str
+    rows: Callable[[Teacher], tuple[int, int]] | None = None
+
+
+@dataclass(frozen=True)
+class StudentInit:
+    """The entry of one student family: ``config(teacher) -> dict`` (the student's sizes, which the
+    user's mixer config may override except where the rows need them) and the rows."""
+
+    config: Callable[[Teacher], dict]
+    rows: tuple[Take, ...]
+    why: str = ""
+
+
+def _heads(t: Teacher) -> dict:
+    return {"heads": t.heads}
+
+
+def _ssd_rows(t: Teacher, which: str) -> tuple[int, int]:
+    """Mamba-2's in_proj = [z (D); x (D); B (G·N); C (G·N); dt (H)], D = H·V, G = H, N = K."""
+    D, GN = t.heads * t.head_dim, t.heads * t.head_dim
+    start = {"x": D, "B": 2 * D, "C": 2 * D + GN}[which]
+    return start, start + (D if which == "x" else GN)
+
+
+#: the init table: student family (registered mixer class name) -> its entry
+STUDENTS: dict[str, StudentInit] = {
+    # separable (linear) attention, DSF eq. 13-15: [q; k] -> W_qk, v -> W_v, o -> W_o
+    "SeparableAttention": StudentInit(
+        lambda t: {"heads": t.heads, "n": t.heads * t.head_dim, "scale": "sqrt",
+                   **({"rope": True, "rope_theta": t.rope_theta} if t.rope_theta else {})},
+        (Take("W_qk.weight", "q", lambda t: (0, t.heads * t.head_dim)),
+         Take("W_qk.weight", "k", lambda t: (t.heads * t.head_dim, 2 * t.heads * t.head_dim)),
+         Take("W_v.weight", "v"), Take("W_o.weight", "o")),
+        "φ(q)ᵀψ(k)/η: q → C (through φ), k → B (through ψ), v → u"),
+    # MetaLA's general form (GLA, RetNet, TransNormer, ...): separate W_q, W_k, W_v, W_o
+    "GeneralForm": StudentInit(
+        lambda t: {"heads": t.heads, "expand_k": t.heads * t.head_dim / t.d_model, "expand_v": t.heads * t.head_dim / t.d_model},
+        (Take("W_q.weight", "q"), Take("W_k.weight", "k"), Take("W_v.weight", "v"), Take("W_o.weight", "o")),
+        "S_t = Λ_t S_{t-1} + k_tᵀv_t, o_t = q_t S_t: q → C, k → B, v → u; Λ_t (decay) at its own init"),
+    # the delta rule family (DeltaNet, Gated DeltaNet): W_q, W_k, W_v, W_o; the short convs at the identity
+    "DeltaNet": StudentInit(
+        lambda t: {"heads": t.heads, "expand_k": t.heads * t.head_dim / t.d_model, "expand_v": t.heads * t.head_dim / t.d_model},
+        (Take("W_q.weight", "q"), Take("W_k.weight", "k"), Take("W_v.weight", "v"), Take("W_o.weight", "o"),
+         Take("conv_q.weight", "identity_conv"), Take("conv_k.weight", "identity_conv"), Take("conv_v.weight", "identity_conv")),
+        "S_t = α_t(I − β_t k_tᵀk_t)S_{t-1} + β_t k_tᵀv_t (L2-normed q, k): q → C, k → B, v → u"),
+    # Mamba-2's block (SSD): in_proj's x ← v, B ← k, C ← q (Mamba-in-the-Llama), one B/C group per head
+    "SSD": StudentInit(
+        lambda t: {"headdim": t.head_dim, "d_state": t.head_dim, "groups": t.heads,
+                   "d_inner": t.heads * t.head_dim},
+        (Take("in_proj.weight", "v", lambda t: _ssd_rows(t, "x")), Take("in_proj.weight", "k", lambda t: _ssd_rows(t, "B")),
+         Take("in_proj.weight", "q", lambda t: _ssd_rows(t, "C")), Take("out_proj.weight", "o"),
+         Take("conv.weight", "identity_conv")),
+        "h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_t, y_t = C_t h_t: q → C, k → B, v → x; A, Δ, D, the gate z at their own init"),
+    # B'MOJO (sliding-window softmax over the window + fading memory tokens): [q; k] -> W_qk, v, o
+    "Bmojo": StudentInit(
+        lambda t: {"heads": t.heads, "n": t.heads * t.head_dim},
+        (Take("W_qk.weight", "q", lambda t: (0, t.heads * t.head_dim)),
+         Take("W_qk.weight", "k", lambda t: (t.heads * t.head_dim, 2 * t.heads * t.head_dim)),
+         Take("W_v.weight", "v"), Take("W_o.weight", "o")),
+        "softmax over the last `window` tokens and the fading (Mamba) memory tokens: the window's q, k, v, o are the teacher's"),
+}
+
+
+def teacher_weights(attention: Mixer) -> Teacher:
+    """The :class:`Teacher` of a converted softmax attention mixer (``seqmix.interop``'s Llama
+    attention: W_qk = [q; k], W_v, W_o), kv heads repeated to the query heads."""
+    if attention.registry_name != "softmax_attention":
+        raise ValueError(f"linearize: the teacher layer is a seqmix {attention.registry_name!r}, expected 'softmax_attention'")
+    c = attention.config
+    if getattr(attention, "has_bias", False):
+        raise ValueError("linearize: argument 'model' has attention biases (attention_bias = True): the init table copies "
+                         "weights only")
+    if c.qk_norm != "none" or c.output_gate:
+        raise ValueError("linearize: argument 'model': attention with qk-norm or an output gate has no student row in the init table")
+    H, Hkv, K, V = attention.heads, attention.kv_heads, attention.head_qk, attention.head_v
+    if K != V:
+        raise ValueError(f"linearize: argument 'model': query/key width {K} != value width {V} per head")
+    d = c.d_model
+    W = attention.W_qk.weight.detach()
+    q, k = W[: H * K], W[H * K:]
+    k = repeat_kv(k.view(Hkv, K, d), H // Hkv, dim=0).reshape(H * K, d)
+    v = repeat_kv(attention.W_v.weight.detach().view(Hkv, V, d), H // Hkv, dim=0).reshape(H * V, d)
+    if c.rope and (c.rotary_dim not in (None, K) or c.rope_interleaved):
+        raise ValueError("linearize: argument 'model': partial or interleaved RoPE has no student row in the init table")
+    theta = float(c.rope_theta) if c.rope else None
+    return Teacher(d, H, Hkv, K, theta, q.clone(), k.clone(), v.clone(), attention.W_o.weight.detach().clone())
+
+
+def valid_students() -> dict[str, str]:
+    """{registered mixer name: its family} of every mixer the table can initialise from attention
+    (its class has an entry and the built mixer has every parameter the rows name)."""
+    from ..mixers.base import list_mixers
+
+    t = Teacher(16, 2, 2, 8, 10000.0, *(torch.zeros(16, 16) for _ in range(4)))
+    out = {}
+    for e in list_mixers():
+        if e.cls.__name__ not in STUDENTS:
+            continue
+        try:
+            build_student(e.name, t, init="attention")
+        except ValueError:
+            continue
+        out[e.name] = e.cls.__name__
+    return out
+
+
+def student_init(mixer: str) -> StudentInit:
+    """The table entry of the registered mixer ``mixer`` (ValueError naming 'mixer' if none)."""
+    entry = mixer_entry(mixer)
+    init = STUDENTS.get(entry.cls.__name__)
+    if init is None:
+        raise ValueError(f"linearize: argument 'mixer' = {mixer!r} ({entry.cls.__name__}) cannot take attention's q/k/v: the "
+                         f"init table has the families {', '.join(sorted(STUDENTS))} (docs/linearize.md lists the students)")
+    return init
+
+
+def build_student(mixer: str, teacher: Teacher, *, init: str = "attention", **overrides) -> Mixer:
+    """The student mixer ``mixer`` sized from ``teacher`` (``overrides``: the user's config fields),
+    its q/k/v/o rows copied from the teacher when ``init == "attention"`` (its own init otherwise)."""
+    if init not in ("attention", "random"):
+        raise ValueError(f"linearize: argument 'init' must be 'attention' or 'random', got {init!r}")
+    entry = student_init(mixer)
+    cfg = {**entry.config(teacher), **overrides, "d_model": teacher.d_model}
+    try:
+        with torch.no_grad():
+            student = build_mixer(mixer, **cfg)
+    except ValueError as e:
+        raise ValueError(f"linearize: argument 'mixer' = {mixer!r} with config {cfg}: {e}") from None
+    params = dict(student.named_parameters())
+    missing = sorted({r.student for r in entry.rows} - set(params))
+    if missing:
+        raise ValueError(f"linearize: argument 'mixer' = {mixer!r} cannot take attention's q/k/v: it has no "
+                         f"{', '.join(missing)} (a preset without those projections)")
+    if init == "random":
+        return student
+    with torch.no_grad():
+        for row in entry.rows:
+            p = params[row.student]
+            if row.teacher == "identity_conv":  # [C, W]: the last tap (the current token) 1, the others 0
+                p.zero_()
+                p[:, -1] = 1.0
+                bias = params.get(row.student.rsplit(".", 1)[0] + ".bias")
+                if bias is not None:
+                    bias.zero_()
+                continue
+            src = getattr(teacher, row.teacher)
+            dst = p if row.rows is None else p[slice(*row.rows(teacher))]
+            if tuple(dst.shape) != tuple(src.shape):
+                raise ValueError(f"linearize: argument 'mixer' = {mixer!r}: {row.student} rows {row.rows(teacher) if row.rows else 'all'} "
+                                 f"have shape {list(dst.shape)}, the teacher's {row.teacher} {list(src.shape)} (a config override "
+                                 "changed the widths the table fills?)")
+            dst.copy_(src.to(dst.dtype))
+    return student

@@ -1,0 +1,362 @@
+"""The whole linearization of a checkpoint, stage by stage, resumable: what `seqmix linearize` runs.
+
+    run(LinearizeConfig(hf="path/to/llama", mixer="gla", corpus="tinyshakespeare", tokenizer="byte",
+                        transfer_tokens=200_000, finetune_tokens=400_000, out="runs/lin"))
+
+OUT holds, when done:
+
+    config.json, model.safetensors   the linearized model (``seqmix.interop.load.load_converted(OUT)``)
+    metrics.json                     per stage: validation loss (nats, bits per byte) of teacher and
+                                     student, per-layer transfer residuals, state floats per token
+    report.md                        the same as tables
+    stages/transfer/                 stage 1's model and transfer.json (kept: a re-run skips the stage)
+    stages/finetune/                 stage 2's model; stages/finetune_run/ the trainer's run folder
+                                     (its checkpoint: an interrupted stage 2 resumes there)
+
+A stage whose folder holds ``done.json`` for the same settings is not run again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+import torch
+
+from .._checks import output_dir
+
+__all__ = ["LinearizeConfig", "run", "evaluate_lm", "state_floats_per_token"]
+
+STAGES = ("transfer", "finetune")
+
+
+class LinearizeConfig(BaseModel):
+    """Every setting of a linearization run (the CLI's flags)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hf: str = Field(description="the teacher: a transformers checkpoint folder (or a hub id in the local cache)")
+    mixer: str = Field("gla", description="the student: a registered mixer the init table covers")
+    mixer_config: dict[str, Any] = Field(default_factory=dict, description="the student's config fields")
+    layers: str = Field("all", description="'all', 'auto:K' or comma-separated layer indices")
+    init: Literal["attention", "random"] = Field("attention", description="student init: from the attention weights or its own")
+    match: Literal["output", "phi", "both"] = Field("output", description="stage 1's loss")
+    stages: tuple[str, ...] = Field(STAGES, description="the stages to run, in order: transfer, finetune")
+    corpus: str = Field("tinyshakespeare", description="the text: a built-in corpus name or a path")
+    tokenizer: str = Field("byte", description="byte, char, bpe, a tokenizer.json, or 'hf' (the teacher's tokenizer.json)")
+    seq_len: int = Field(128, gt=0, description="tokens per training window")
+    batch_size: int = Field(16, gt=0, description="windows per batch")
+    transfer_tokens: int = Field(100_000, ge=0, description="stage 1's token budget")
+    transfer_lr: float = Field(1e-3, gt=0, description="stage 1's peak learning rate")
+    phi_len: int = Field(512, gt=0, description="chunk length of the Φ loss")
+    finetune_tokens: int = Field(200_000, ge=0, description="stage 2's token budget")
+    finetune_lr: float = Field(1e-3, gt=0, description="stage 2's peak learning rate")
+    lora_rank: int = Field(0, ge=0, description="LoRA rank on the kept weights (0: full fine-tuning)")
+    kd: float = Field(0.0, ge=0, description="weight of KL(teacher ‖ student) in stage 2")
+    eval_batches: int = Field(8, gt=0, description="validation batches per evaluation")
+    seed: int = Field(0, ge=0)
+    threads: int | None = Field(None, gt=0, description="torch CPU threads")
+    out: str = Field(description="the output folder")
+
+    @model_validator(mode="after")
+    def _check(self):
+        bad = [s for s in self.stages if s not in STAGES]
+        if bad or len(set(self.stages)) != len(self.stages) or list(self.stages) != sorted(self.stages, key=STAGES.index):
+            raise ValueError(f"stages: expected a subset of {','.join(STAGES)} in that order, got {','.join(self.stages)}")
+        if self.layers.startswith("auto:") and "transfer" not in self.stages:
+            raise ValueError(f"layers: {self.layers!r} ranks the layers by stage 1's residual: include the transfer stage")
+        return self
+
+    def stage_key(self, stage: str) -> str:
+        """The settings a stage's result depends on (a finished stage with another key is run again)."""
+        common = ["hf", "mixer", "mixer_config", "layers", "init", "match", "corpus", "tokenizer", "seq_len", "batch_size",
+                  "transfer_tokens", "transfer_lr", "phi_len", "seed", "stages"]
+        if stage == "finetune":
+            common += ["finetune_tokens", "finetune_lr", "lora_rank", "kd"]
+        blob = json.dumps({k: getattr(self, k) for k in common}, sort_keys=True, default=list)
+        return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------
+# measurements
+# ------------------------------------------------------------------------------------------
+
+
+def state_floats_per_token(model, seq_len: int) -> dict:
+    """Decoding state of ``model`` at ``seq_len`` tokens, in floats per sequence: the students'
+    recurrent states (constant) and the softmax layers' KV caches (growing with the tokens)."""
+    from ..interop import InteropMixer
+    from .api import attention_layers
+
+    cfg = model.config
+    fixed, kv = 0, 0
+    for _, path in attention_layers(model).items():
+        m = model.get_submodule(path)
+        if isinstance(m, InteropMixer) and m.mixer.registry_name != "softmax_attention":
+            fixed += m.mixer.state_size(seq_len)
+        else:
+            kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+            head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            kv += 2 * kv_heads * head_dim
+    return {"recurrent_floats": fixed, "kv_floats_per_token": kv, "floats_at_seq_len": fixed + kv * seq_len,
+            "seq_len": seq_len}
+
+
+def decode_tokens_per_s(model, *, prompt: int = 16, new: int = 64, vocab: int | None = None) -> float:
+    """Greedy ``generate()`` speed of ``model`` (new tokens per second, batch 1, after one warm-up call):
+    the students decode through their recurrent state, the softmax layers through their KV cache."""
+    vocab = vocab or int(model.config.vocab_size)
+    ids = torch.arange(1, prompt + 1)[None] % vocab
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        model.generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
+        t0 = time.perf_counter()
+        model.generate(ids, **kw)
+    return new / (time.perf_counter() - t0)
+
+
+def evaluate_lm(model, test, eval_batches: int, trainer=None) -> dict:
+    """Validation loss (nats / token), bits per byte and perplexity of a transformers causal LM on the
+    evaluation windows ``test``: the trainer's evaluation (``trainer``: a :class:`seqmix.train.Trainer`,
+    by default one for a corpus run on the CPU), through :class:`~seqmix.interop.train.HFCausalLM`."""
+    from ..interop.train import HFCausalLM
+
+    trainer = trainer or _evaluator(model, test)
+    ev = trainer.evaluate(HFCausalLM(model, None), test, max_batches=eval_batches)
+    return {"loss": ev["loss"], "bpb": ev.get("bpb"), "ppl": ev.get("ppl")}
+
+
+def _evaluator(model, test):
+    """A Trainer for evaluation only (a corpus run config with the model's sizes)."""
+    from ..data import CorpusConfig
+    from ..models import ModelConfig
+    from ..train import Trainer
+    from ..train.config import TrainConfig, make_run_config
+
+    c = model.config
+    run = make_run_config(data=CorpusConfig(seq_len=test.seq_len, batch_size=test.batch_size),
+                          model=ModelConfig(mixer="softmax_attention", d_model=int(c.hidden_size), n_layers=int(c.num_hidden_layers),
+                                            vocab_size=max(int(c.vocab_size), 256), positions="none"),
+                          train=TrainConfig(max_steps=1))
+    return Trainer(run, progress=False)
+
+
+# ------------------------------------------------------------------------------------------
+# the run
+# ------------------------------------------------------------------------------------------
+
+
+def _say(console, msg: str) -> None:
+    if console is not None:
+        console.print(msg, markup=False, highlight=False)
+
+
+def _corpus(cfg: LinearizeConfig, vocab_size: int):
+    from ..data import CorpusConfig
+    from ..interop.train import hf_tokenizer
+
+    tok = cfg.tokenizer
+    if tok == "hf":
+        tok = hf_tokenizer(cfg.hf)
+        if tok == "byte":
+            raise ValueError(f"argument --tokenizer: 'hf' needs a tokenizer.json in the teacher's folder {cfg.hf!r}")
+    corpus = CorpusConfig(corpus=cfg.corpus, tokenizer=tok, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed)
+    if corpus.vocab_size > vocab_size:
+        raise ValueError(f"argument --tokenizer: {cfg.tokenizer!r} gives token ids up to {corpus.vocab_size - 1}, but the "
+                         f"teacher's vocabulary has {vocab_size} entries (vocab_size): use the tokenizer the teacher was "
+                         "trained with")
+    return corpus
+
+
+def _done(folder: Path, key: str) -> dict | None:
+    f = folder / "done.json"
+    if not f.is_file():
+        return None
+    blob = json.loads(f.read_text())
+    return blob if blob.get("key") == key else None
+
+
+def _save(model, folder: Path) -> None:
+    from .api import save
+
+    save(model, folder)
+
+
+def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
+    """Runs the stages of ``cfg`` (module docstring); returns metrics.json's content."""
+    from ..data import build_data
+    from ..interop.load import load_transformers
+    from .api import attention_layers, keep_softmax, linearize, parse_layers, students
+    from .report import write_report
+    from .transfer import residuals, transfer
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    teacher = load_transformers(cfg.hf, argument="--hf")
+    n_attn = len(attention_layers(teacher))
+    parse_layers(cfg.layers, n_attn)  # --layers checked before anything runs
+    from ..mixers.base import mixer_entry
+
+    mixer_entry(cfg.mixer)
+    from .init import student_init
+
+    student_init(cfg.mixer)
+    corpus = _corpus(cfg, int(teacher.config.vocab_size))
+    train, test = build_data(corpus)
+    out = output_dir(cfg.out, "--out")  # after the checks: bad input leaves no folder
+    metrics: dict[str, Any] = {"config": cfg.model_dump(mode="json"), "stages": {}}
+    t_eval = evaluate_lm(teacher, test, cfg.eval_batches)
+    metrics["teacher"] = {**t_eval, "state": state_floats_per_token(teacher, cfg.seq_len),
+                          "decode_tokens_per_s": decode_tokens_per_s(teacher)}
+    _say(console, f"teacher: val loss {t_eval['loss']:.4f} nats, {t_eval['bpb']:.4f} bits/byte")
+
+    stage_dir = out / "stages"
+    current = None  # the folder of the last finished stage's model
+    # -- stage 0: the linearized model at init ------------------------------------------------
+    torch.manual_seed(cfg.seed)
+    lin = linearize(teacher, mixer=cfg.mixer, layers=cfg.layers, init=cfg.init, **cfg.mixer_config)
+    auto = lin.seqmix_linearize["auto"]
+    held_out = [b.inputs for _, b in zip(range(2), test.batches())]
+    metrics["init"] = evaluate_lm(lin, test, cfg.eval_batches)
+    res_before = residuals(lin, teacher, held_out, match=cfg.match, phi_len=cfg.phi_len)
+    _say(console, f"init ({cfg.mixer}, {cfg.init}): val loss {metrics['init']['loss']:.4f} nats")
+
+    # -- stage 1: attention transfer ----------------------------------------------------------
+    if "transfer" in cfg.stages:
+        folder = stage_dir / "transfer"
+        key = cfg.stage_key("transfer")
+        done = _done(folder, key)
+        if done is None:
+            steps = max(1, -(-cfg.transfer_tokens // (cfg.batch_size * cfg.seq_len))) if cfg.transfer_tokens else 0
+            t0 = time.perf_counter()
+            bar = _bar(progress, console, "stage 1 transfer", steps)
+            hist = transfer(lin, teacher, lambda m: train.batch(m, seed=cfg.seed).inputs, steps=steps, match=cfg.match,
+                            lr=cfg.transfer_lr, phi_len=cfg.phi_len,
+                            on_step=(lambda s, r: bar[0].update(bar[1], completed=s, info=f"loss {r['loss']:.4g}")) if bar else None)
+            if bar:
+                bar[0].stop()
+            res_after = residuals(lin, teacher, held_out, match=cfg.match, phi_len=cfg.phi_len)
+            kept = []
+            if auto:
+                kept = sorted(sorted(res_after, key=lambda l: -res_after[l])[:auto])
+                keep_softmax(lin, teacher, kept)
+            _save(lin, folder)
+            done = {"key": key, "steps": steps, "seconds": time.perf_counter() - t0, "history": hist[-1:] if hist else [],
+                    "residual_before": res_before, "residual_after": res_after, "kept_softmax": kept,
+                    "tokens": steps * cfg.batch_size * cfg.seq_len}
+            (folder / "done.json").write_text(json.dumps(done, indent=1))
+            _say(console, f"stage 1: {steps} steps in {done['seconds']:.0f} s" + (f"; softmax kept in layers {kept}" if auto else ""))
+        else:
+            _say(console, f"stage 1: finished before ({folder}), skipped")
+        current = folder
+        stage = dict(done)
+        from ..interop.load import load_converted
+
+        model1, _ = load_converted(str(folder), argument="--out")
+        stage["eval"] = evaluate_lm(model1, test, cfg.eval_batches)
+        stage["state"] = state_floats_per_token(model1, cfg.seq_len)
+        stage["decode_tokens_per_s"] = decode_tokens_per_s(model1)
+        metrics["stages"]["transfer"] = stage
+        _say(console, f"after stage 1: val loss {stage['eval']['loss']:.4f} nats, {stage['eval']['bpb']:.4f} bits/byte")
+        del model1
+    else:
+        folder = stage_dir / "init"
+        if _done(folder, cfg.stage_key("init")) is None:
+            _save(lin, folder)
+            (folder / "done.json").write_text(json.dumps({"key": cfg.stage_key("init")}))
+        current = folder
+    metrics["residual_before"] = {str(k): v for k, v in res_before.items()}
+
+    # -- stage 2: fine-tuning through the one Trainer -----------------------------------------
+    if "finetune" in cfg.stages:
+        folder = stage_dir / "finetune"
+        key = cfg.stage_key("finetune")
+        done = _done(folder, key)
+        if done is None:
+            done = _finetune(cfg, current, teacher, corpus, folder, key, console, progress)
+        else:
+            _say(console, f"stage 2: finished before ({folder}), skipped")
+        from ..interop.load import load_converted
+
+        model2, _ = load_converted(str(folder), argument="--out")
+        stage = dict(done)
+        stage["eval"] = evaluate_lm(model2, test, cfg.eval_batches)
+        stage["state"] = state_floats_per_token(model2, cfg.seq_len)
+        stage["decode_tokens_per_s"] = decode_tokens_per_s(model2)
+        metrics["stages"]["finetune"] = stage
+        _say(console, f"after stage 2: val loss {stage['eval']['loss']:.4f} nats, {stage['eval']['bpb']:.4f} bits/byte")
+        current = folder
+        del model2
+    # -- the result: the last stage's model in OUT ---------------------------------------------
+    for f in current.iterdir():
+        if f.name != "done.json" and f.is_file():
+            shutil.copy2(f, out / f.name)
+    metrics["final_stage"] = current.name
+    from ..interop.load import load_converted
+    from .report import write_maps
+
+    final, _ = load_converted(str(out), argument="--out")
+    if students(final):
+        ids = next(iter(test.batches())).inputs[:1, :64]
+        metrics["maps"] = write_maps(final, teacher, ids, out / "maps.png").name
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=float))
+    write_report(metrics, out / "report.md")
+    return metrics
+
+
+def _bar(progress: bool, console, what: str, total: int):
+    if not progress or total == 0:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                   TimeElapsedColumn(), console=console)
+    bar.start()
+    return bar, bar.add_task(what, total=total, info="")
+
+
+def _finetune(cfg: LinearizeConfig, source: Path, teacher, corpus, folder: Path, key: str, console, progress) -> dict:
+    """Stage 2 through the Trainer (its run folder: stages/finetune_run, resumable); saves the merged model."""
+    from ..models import ModelConfig
+    from ..train import Trainer
+    from ..train.checkpoint import read_checkpoint
+    from ..train.config import TrainConfig, make_run_config
+    from .finetune import finetune_builder, merged
+
+    hcfg = teacher.config
+    steps = max(1, -(-cfg.finetune_tokens // (cfg.batch_size * cfg.seq_len)))
+    run_cfg = make_run_config(
+        experiment="linearize", label=f"{cfg.mixer} linearized", tags={"stage": "finetune", "key": key},
+        data=corpus, init_from_hf=str(source.resolve()),
+        model=ModelConfig(mixer=cfg.mixer, d_model=int(hcfg.hidden_size), n_layers=int(hcfg.num_hidden_layers),
+                          vocab_size=int(hcfg.vocab_size), positions="none"),
+        train=TrainConfig(lr=cfg.finetune_lr, max_steps=steps, weight_decay=0.0, early_stop=None, seed=cfg.seed,
+                          eval_batches=cfg.eval_batches, eval_every_steps=max(1, steps // 4), threads=cfg.threads),
+    )
+    builder = finetune_builder(source, teacher=teacher if cfg.kd > 0 else None, kd=cfg.kd, lora_rank=cfg.lora_rank)
+    run_dir = folder.parent / "finetune_run"
+    t0 = time.perf_counter()
+    trainer = Trainer(run_cfg, run_dir=run_dir, model_builder=builder, progress=progress, console=console, maps=False,
+                      tensorboard=False)
+    result = trainer.fit()
+    model = builder(run_cfg)
+    blob = read_checkpoint(run_dir / "checkpoint.pt", keys=("run_id", "model"))
+    model.load_state_dict(blob["model"])
+    final = merged(model.hf)
+    _save(final, folder)
+    done = {"key": key, "steps": result.steps, "tokens": result.tokens, "seconds": time.perf_counter() - t0,
+            "history": result.history, "lora_rank": cfg.lora_rank, "kd": cfg.kd,
+            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+    (folder / "done.json").write_text(json.dumps(done, indent=1, default=float))
+    return done
+
+
+def bits(loss_nats: float) -> float:
+    return loss_nats / math.log(2)

@@ -1,0 +1,204 @@
+"""Stage 1, attention transfer: every student learns its own teacher layer, all layers at once.
+
+The teacher is frozen. One teacher forward per batch gives every chosen layer's input x_l and
+output y_l (hooks on the teacher's attention modules); student l trains on its own loss
+(LoLCATs' layer-wise attention transfer; MOHAWK's matrix orientation for Φ):
+
+    match="output"   L_l = mean ‖student_l(x_l) − y_l‖²                           (LoLCATs)
+    match="phi"      L_l = mean over (batch, head, query i) of Σ_j (Φ_s[i, j] − Φ_t[i, j])²
+                     on chunks of at most ``phi_len`` tokens (each chunk its own sequence)  (MOHAWK)
+    match="both"     the sum of the two
+
+With "phi" the layers' losses are backpropagated one layer at a time, so at most one layer's maps
+([B, heads, T, T] of teacher and student) exist at once. The optimizer, its parameter groups and
+the learning-rate schedule are the trainer's (``seqmix.train.optim``).
+
+The transfer residual of layer l (what ``layers="auto:K"`` ranks) is the relative output error
+‖student_l(x_l) − y_l‖² / ‖y_l‖² on held-out batches (or the Φ error with match="phi").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..interop import InteropMixer, convert_module
+from ..train.optim import lr_at, param_groups
+from .api import attention_layers, students
+
+__all__ = ["MATCHES", "capture", "phi_loss", "transfer", "residuals"]
+
+MATCHES = ("output", "phi", "both")
+
+
+class capture:
+    """Context manager: hooks on the teacher's attention modules at ``layers`` that record, for each
+    forward, the module's input hidden states ``inputs[l]`` [B, T, d] and its output ``outputs[l]``."""
+
+    def __init__(self, teacher: nn.Module, layers: Iterable[int]):
+        paths = attention_layers(teacher)
+        self.modules = {l: teacher.get_submodule(paths[l]) for l in layers}
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.handles = []
+
+    def __enter__(self):
+        for l, m in self.modules.items():
+            def pre(mod, args, kwargs, l=l):
+                self.inputs[l] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+            def post(mod, args, kwargs, out, l=l):
+                self.outputs[l] = out[0] if isinstance(out, tuple) else out
+
+            self.handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+            self.handles.append(m.register_forward_hook(post, with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+def _chunks(x: torch.Tensor, phi_len: int) -> torch.Tensor:
+    """[B, T, d] -> [B·ceil(T/phi_len), ≤ phi_len, d]: non-overlapping chunks as sequences (the last
+    chunk dropped when shorter than the others and there are several)."""
+    B, T, d = x.shape
+    if T <= phi_len:
+        return x
+    n = T // phi_len
+    return x[:, : n * phi_len].reshape(B * n, phi_len, d)
+
+
+def phi_loss(student_map: torch.Tensor, teacher_map: torch.Tensor) -> torch.Tensor:
+    """Σ_j (Φ_s[i, j] − Φ_t[i, j])², averaged over batch, heads and query rows i; maps [B, H, T, T]."""
+    if student_map.shape != teacher_map.shape:
+        raise ValueError(f"linearize: argument 'match' = 'phi': the student's maps {list(student_map.shape)} do not pair "
+                         f"with the teacher's {list(teacher_map.shape)} (one map per teacher head is needed)")
+    return (student_map.float() - teacher_map.float()).pow(2).sum(-1).mean()
+
+
+def _teacher_mixers(teacher: nn.Module, layers) -> dict[int, nn.Module]:
+    """The teacher's attention at ``layers`` as seqmix softmax attention mixers (their Φ)."""
+    paths = attention_layers(teacher)
+    out = {}
+    for l in layers:
+        m = teacher.get_submodule(paths[l])
+        out[l] = (m.mixer if isinstance(m, InteropMixer) else convert_module(m, teacher.config, path=paths[l]).mixer).eval()
+    return out
+
+
+def _layer_losses(studs, tmix, cap, match: str, phi_len: int, backward: bool) -> dict[int, torch.Tensor]:
+    """Each student layer's loss on the captured batch (backpropagated layer by layer when ``backward``)."""
+    out = {}
+    for l, adapter in studs.items():
+        x, y = cap.inputs[l].detach(), cap.outputs[l].detach()
+        loss = x.new_zeros((), dtype=torch.float32)
+        if match in ("output", "both"):
+            loss = loss + F.mse_loss(adapter.mixer(x).float(), y.float())
+        if match in ("phi", "both"):
+            xc = _chunks(x, phi_len)
+            with torch.no_grad():
+                t_map = tmix[l].phi(xc)
+            loss = loss + phi_loss(adapter.mixer.phi(xc), t_map)
+        if backward:
+            loss.backward()  # frees this layer's graph (and maps) before the next layer's
+        out[l] = loss.detach()
+    return out
+
+
+def residuals(model: nn.Module, teacher: nn.Module, batches: list[torch.Tensor], *, match: str = "output",
+              phi_len: int = 512) -> dict[int, float]:
+    """{layer: transfer residual} of the students of ``model`` on ``batches`` (token ids [B, T]):
+    the relative output error Σ‖s(x) − y‖² / Σ‖y‖² ("output", "both"), or the Φ error ("phi")."""
+    studs = students(model)
+    tmix = _teacher_mixers(teacher, studs) if match == "phi" else None
+    num = {l: 0.0 for l in studs}
+    den = {l: 0.0 for l in studs}
+    was = {l: a.training for l, a in studs.items()}
+    with torch.no_grad():
+        for ids in batches:
+            with capture(teacher, studs) as cap:
+                teacher(input_ids=ids, use_cache=False)
+            for l, a in studs.items():
+                a.eval()
+                x, y = cap.inputs[l], cap.outputs[l]
+                if match == "phi":
+                    xc = _chunks(x, phi_len)
+                    num[l] += float(phi_loss(a.mixer.phi(xc), tmix[l].phi(xc))) * ids.shape[0]
+                    den[l] += ids.shape[0]
+                else:
+                    num[l] += float((a.mixer(x).float() - y.float()).pow(2).sum())
+                    den[l] += float(y.float().pow(2).sum())
+    for l, a in studs.items():
+        a.train(was[l])
+    return {l: num[l] / max(den[l], 1e-30) for l in studs}
+
+
+def transfer(model: nn.Module, teacher: nn.Module, batch: Callable[[int], torch.Tensor], *, steps: int, match: str = "output",
+             lr: float = 1e-3, warmup: float = 0.1, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
+             phi_len: int = 512, on_step: Callable[[int, dict], None] | None = None, log_every: int = 10) -> list[dict]:
+    """Trains the students of the linearized ``model`` to match ``teacher`` for ``steps`` steps.
+    ``batch(m)`` returns the token ids [B, T] of step m. Only the students' parameters change
+    (the teacher is frozen; the rest of ``model`` is not touched). Returns the history, one record
+    per step ({"step", "loss", "layers": {l: loss}, "lr", "seconds"}); ``on_step(step, record)`` is called
+    every ``log_every`` steps (the losses are read on the host only then)."""
+    if match not in MATCHES:
+        raise ValueError(f"linearize: argument 'match' must be one of {', '.join(MATCHES)}, got {match!r}")
+    if steps < 0:
+        raise ValueError(f"linearize: argument 'steps' must be >= 0, got {steps}")
+    if phi_len < 1:
+        raise ValueError(f"linearize: argument 'phi_len' must be >= 1, got {phi_len}")
+    studs = students(model)
+    if not studs:
+        raise ValueError("linearize: argument 'model' holds no student (linearize it first)")
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    tmix = _teacher_mixers(teacher, studs) if match in ("phi", "both") else None
+    holder = nn.ModuleList([a.mixer for a in studs.values()])
+    for p in holder.parameters():
+        p.requires_grad_(True)
+        p.grad = None
+    for a in studs.values():
+        a.train()
+    opt = torch.optim.AdamW(param_groups(holder, weight_decay), lr=lr)
+    history, pending = [], []
+    layers = list(studs)
+
+    def flush():  # the host reads the losses only here (every log_every steps), not in every step
+        for m1, t, cur, secs in pending:
+            vals = dict(zip(layers, t.tolist()))
+            rec = {"step": m1, "loss": sum(vals.values()) / len(vals), "layers": vals, "lr": cur, "seconds": secs}
+            if not all(math.isfinite(v) for v in vals.values()):
+                raise ValueError(f"linearize: stage 1 diverged at step {m1} (loss {rec['loss']}): lower the transfer lr ({lr})")
+            history.append(rec)
+        pending.clear()
+        if on_step is not None and history:
+            on_step(history[-1]["step"], history[-1])
+
+    for m in range(steps):
+        t0 = time.perf_counter()
+        cur = lr_at(m, total=steps, lr=lr, warmup=warmup)
+        for g in opt.param_groups:
+            g["lr"] = cur
+        ids = batch(m)
+        with torch.no_grad():
+            with capture(teacher, studs) as cap:
+                teacher(input_ids=ids, use_cache=False)
+        opt.zero_grad(set_to_none=True)
+        losses = _layer_losses(studs, tmix, cap, match, phi_len, backward=True)
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(holder.parameters(), grad_clip)
+        opt.step()
+        pending.append((m + 1, torch.stack([losses[l] for l in layers]), cur, time.perf_counter() - t0))
+        if (m + 1) % log_every == 0 or m + 1 == steps:
+            flush()
+    for a in studs.values():
+        a.eval()
+    return history

@@ -1,0 +1,378 @@
+"""seqmix.linearize: the init table, stage 1 (output and Φ matching), auto:K, stage 2's KD term,
+the saved folder (load_converted, generate() through the students' constant state), the CLI and
+its bad input. Tiny random Llama teachers (nothing downloaded), a few steps each."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from seqmix.interop import InteropMixer, placed_mixers  # noqa: E402
+from seqmix.interop.load import load_converted  # noqa: E402
+from seqmix.linearize import (  # noqa: E402
+    attention_layers, build_student, keep_softmax, linearize, phi_loss, residuals, save, students, teacher_weights, transfer,
+    valid_students,
+)
+from seqmix.linearize.transfer import _layer_losses, _teacher_mixers, capture  # noqa: E402
+
+VOCAB = 64
+STUDENTS = [("linear_attention", {"feature_map": "hedgehog"}), ("gla", {}), ("retnet", {}), ("gated_deltanet", {}),
+            ("mamba2", {}), ("bmojo_f", {"window": 4, "ssm_mode": "chunk", "expand": 1, "d_state": 4})]
+
+
+def teacher(layers=3, d=32, heads=4, kv_heads=2, vocab=VOCAB, attn="sdpa", seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=2 * d, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256)
+    cfg._attn_implementation = attn
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # sharper attention than the 0.02 init: maps far from uniform
+        for layer in m.model.layers:
+            for p in (layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight):
+                p.normal_(0, 0.5)
+    return m
+
+
+def ids(batch=2, T=24, seed=1, vocab=VOCAB):
+    return torch.randint(0, vocab, (batch, T), generator=torch.Generator().manual_seed(seed))
+
+
+# -- the init table ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,kw", STUDENTS, ids=[s for s, _ in STUDENTS])
+def test_init_table_copies_q_k_v_o(name, kw):
+    """Every row the table maps holds the teacher's weight (k, v repeated over the GQA groups by hand)."""
+    m = teacher()
+    lin = linearize(m, mixer=name, layers=[1], **kw)
+    att = m.model.layers[1].self_attn
+    H, Hkv, K = 4, 2, 8
+    q = att.q_proj.weight
+    k = att.k_proj.weight.view(Hkv, K, -1).repeat_interleave(H // Hkv, 0).reshape(H * K, -1)
+    v = att.v_proj.weight.view(Hkv, K, -1).repeat_interleave(H // Hkv, 0).reshape(H * K, -1)
+    o = att.o_proj.weight
+    s = lin.model.layers[1].self_attn.mixer
+    sd = s.state_dict()
+    if "W_qk.weight" in sd:
+        got = {"q": sd["W_qk.weight"][: H * K], "k": sd["W_qk.weight"][H * K:], "v": sd["W_v.weight"], "o": sd["W_o.weight"]}
+    elif "in_proj.weight" in sd:  # [z; x; B; C; dt], d_inner = H·K, one group per head
+        D = H * K
+        W = sd["in_proj.weight"]
+        got = {"v": W[D:2 * D], "k": W[2 * D:3 * D], "q": W[3 * D:4 * D], "o": sd["out_proj.weight"]}
+        assert torch.equal(sd["conv.weight"][:, -1], torch.ones_like(sd["conv.weight"][:, -1]))
+        assert float(sd["conv.weight"][:, :-1].abs().sum()) == 0.0
+    else:
+        got = {"q": sd["W_q.weight"], "k": sd["W_k.weight"], "v": sd["W_v.weight"], "o": sd["W_o.weight"]}
+    for key, want in {"q": q, "k": k, "v": v, "o": o}.items():
+        assert torch.equal(got[key], want.detach()), key
+    # the other layers are transformers' own, untouched
+    assert type(lin.model.layers[0].self_attn).__name__ == "LlamaAttention"
+    assert isinstance(lin.model.layers[1].self_attn, InteropMixer)
+    assert m.model.layers[1].self_attn is att  # the teacher is not changed (a copy)
+
+
+def test_identity_feature_map_student_reproduces_the_teachers_attention():
+    """A separable student with φ = ψ = identity and η = 1, initialised from attention, has the
+    teacher's logits as its map (q, k copied, kv heads repeated, the 1/√K scale, RoPE at the teacher's
+    θ): its causal softmax is the attention map transformers itself returns (eager, output_attentions)."""
+    m = teacher(attn="eager")
+    lin = linearize(m, mixer="separable_attention", layers=[0, 1, 2], feature_map="identity", normalizer="none")
+    x = ids(2, 12)
+    out = m(input_ids=x, output_attentions=True, use_cache=False)
+    studs = students(lin)
+    with capture(m, studs) as cap:
+        m(input_ids=x, use_cache=False)
+    causal = torch.ones(12, 12, dtype=torch.bool).tril()
+    for layer, a in studs.items():
+        scores = a.mixer.phi(cap.inputs[layer]).masked_fill(~causal, float("-inf"))
+        torch.testing.assert_close(scores.softmax(-1), out.attentions[layer], rtol=1e-5, atol=1e-6)
+    # without RoPE the maps differ: the check can fail
+    plain = linearize(m, mixer="separable_attention", layers=[0], feature_map="identity", normalizer="none", rope=False)
+    scores = plain.model.layers[0].self_attn.mixer.phi(cap.inputs[0]).masked_fill(~causal, float("-inf"))
+    assert (scores.softmax(-1) - out.attentions[0]).abs().max() > 1e-3
+
+
+def test_students_that_cannot_take_qkv_are_refused_naming_mixer():
+    m = teacher(layers=1)
+    for bad in ("s4", "hyena", "hgrn", "no_such_mixer"):
+        with pytest.raises(ValueError, match="mixer"):
+            linearize(m, mixer=bad)
+    names = valid_students()
+    assert {"linear_attention", "gla", "retnet", "gated_deltanet", "mamba2", "bmojo_f"} <= set(names)
+    assert "s4" not in names and "hgrn" not in names
+
+
+def test_bad_layers_init_and_model_name_the_argument():
+    m = teacher(layers=3)
+    for bad in ([3], [-1], "auto:3", "auto:x", "1,9", "every"):
+        with pytest.raises(ValueError, match="layers"):
+            linearize(m, mixer="gla", layers=bad)
+    with pytest.raises(ValueError, match="init"):
+        linearize(m, mixer="gla", init="zeros")
+    from transformers import MambaConfig, MambaForCausalLM
+
+    mamba = MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, state_size=4))
+    with pytest.raises(ValueError, match="model"):
+        linearize(mamba, mixer="gla")
+
+
+# -- stage 1 -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("match", ["output", "phi"])
+def test_stage1_reduces_every_layers_residual(match):
+    m = teacher()
+    lin = linearize(m, mixer="gla")
+    data = [ids(4, 24, seed=s) for s in range(8)]
+    held = [ids(4, 24, seed=100)]
+    before = residuals(lin, m, held, match=match)
+    hist = transfer(lin, m, lambda i: data[i % 8], steps=25, match=match, lr=1e-2, log_every=5)
+    after = residuals(lin, m, held, match=match)
+    assert len(hist) == 25 and hist[-1]["loss"] < hist[0]["loss"]
+    for layer in before:
+        assert after[layer] < before[layer], (layer, before, after)
+    # only the students were trained: the kept weights are the teacher's
+    assert torch.equal(lin.model.layers[0].mlp.up_proj.weight, m.model.layers[0].mlp.up_proj.weight)
+
+
+def test_phi_matching_is_the_squared_map_error_against_transformers_attention_weights():
+    """The Φ loss of a layer equals Σ_j (Φ_s − Φ_t)² averaged over batch, heads and rows, with Φ_t the
+    attention probabilities transformers itself returns (eager attention, output_attentions)."""
+    m = teacher(attn="eager")
+    lin = linearize(m, mixer="gla", layers=[0, 2])
+    x = ids(2, 20)
+    out = m(input_ids=x, output_attentions=True, use_cache=False)
+    studs = students(lin)
+    with capture(m, studs) as cap:
+        m(input_ids=x, use_cache=False)
+    losses = _layer_losses(studs, _teacher_mixers(m, studs), cap, "phi", 512, backward=False)
+    for layer, a in studs.items():
+        ref_t = out.attentions[layer]  # [B, H, T, T]
+        ref_s = a.mixer.phi(cap.inputs[layer])
+        want = ((ref_s - ref_t) ** 2).sum(-1).mean()
+        torch.testing.assert_close(losses[layer], want.detach(), rtol=1e-4, atol=1e-6)
+    # chunks: with phi_len 8 the maps are those of the 8-token pieces, each its own sequence
+    chunked = _layer_losses(studs, _teacher_mixers(m, studs), cap, "phi", 8, backward=False)
+    xin = cap.inputs[0][:, :16].reshape(4, 8, -1)
+    want0 = phi_loss(studs[0].mixer.phi(xin), _teacher_mixers(m, [0])[0].phi(xin))
+    torch.testing.assert_close(chunked[0], want0.detach())
+    with pytest.raises(ValueError, match="match"):
+        transfer(lin, m, lambda i: x, steps=1, match="logits")
+
+
+def test_phi_matching_refuses_maps_that_do_not_pair():
+    m = teacher()
+    lin = linearize(m, mixer="bmojo_f", layers=[0], window=4, ssm_mode="chunk", expand=1, d_state=4)  # not one map per head
+    with pytest.raises(ValueError, match="match"):
+        transfer(lin, m, lambda i: ids(), steps=1, match="phi")
+
+
+def test_keep_softmax_restores_the_teachers_layer():
+    m = teacher()
+    lin = linearize(m, mixer="gla")
+    keep_softmax(lin, m, [1])
+    assert set(students(lin)) == {0, 2}
+    assert type(lin.model.layers[1].self_attn).__name__ == "LlamaAttention"
+    assert "model.layers.1.self_attn" not in placed_mixers(lin)
+    x = torch.randn(1, 6, 32)
+    pos = m.model.rotary_emb(x, torch.arange(6)[None])
+    a = lin.model.layers[1].self_attn(x, position_embeddings=pos, attention_mask=None)[0]
+    b = m.model.layers[1].self_attn(x, position_embeddings=pos, attention_mask=None)[0]
+    torch.testing.assert_close(a, b)
+
+
+# -- the saved folder, decoding ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,kw", STUDENTS, ids=[s for s, _ in STUDENTS])
+def test_saved_folder_loads_and_decodes_with_constant_state(tmp_path, name, kw):
+    m = teacher()
+    lin = linearize(m, mixer=name, layers=[0, 2], **kw)
+    x = ids(1, 12)
+    save(lin, tmp_path)
+    back, _ = load_converted(str(tmp_path))
+    torch.testing.assert_close(back(x).logits, lin(x).logits, rtol=1e-5, atol=1e-5)
+    # greedy generate() through the cache equals the argmax of full forwards
+    out = back.generate(x[:, :5], max_new_tokens=6, do_sample=False)
+    full = back(out).logits[:, 4:-1].argmax(-1)
+    assert torch.equal(full, out[:, 5:])
+    # step by step: the students' state does not grow with the tokens
+    cache = DynamicCache(config=back.config)
+    back(x[:, :5], past_key_values=cache, use_cache=True)
+    size = {}
+    for t in range(5, 12):
+        back(x[:, t:t + 1], past_key_values=cache, use_cache=True)
+        for layer in (0, 2):
+            st = cache.layers[layer]._seqmix_state
+            floats = sum(v.numel() for v in st.values() if isinstance(v, torch.Tensor))
+            size.setdefault(layer, floats)
+            assert floats == size[layer], (layer, t)
+            keys = cache.layers[layer].keys
+            assert keys.shape[-2] == t + 1 and keys.untyped_storage().nbytes() <= 8  # one broadcast float
+    assert cache.layers[1].keys.shape[-2] == 12  # the softmax layer's KV cache grows
+
+
+def test_beam_search_is_refused_for_a_student():
+    m = teacher()
+    lin = linearize(m, mixer="gla", layers=[0])
+    with pytest.raises(ValueError, match="cache"):
+        lin.generate(ids(1, 5), max_new_tokens=3, num_beams=2, do_sample=False)
+
+
+# -- stage 2 -------------------------------------------------------------------------------------
+
+
+def test_kd_term_is_the_kl_to_the_teacher_and_the_trainer_adds_it():
+    from seqmix.linearize.finetune import LinearizedLM
+    from seqmix.train import Trainer
+
+    m = teacher()
+    lin = linearize(m, mixer="gla")
+    lm = LinearizedLM(lin, None, teacher=m, kd=0.5).train()
+    x = ids(2, 10)
+    labels = x.clone()
+    labels[:, :3] = -100
+    logits, target = lm.scored_logits(x, labels)
+    mask = labels != -100
+    t = torch.log_softmax(m(x).logits[mask], -1)
+    s = torch.log_softmax(logits, -1)
+    want = 0.5 * (t.exp() * (t - s)).sum(-1).mean()
+    aux = Trainer.auxiliary_loss(lm)
+    torch.testing.assert_close(aux, want, rtol=1e-5, atol=1e-7)
+    assert Trainer.auxiliary_loss(lm) == 0.0  # read once per forward
+    lm.eval()
+    lm.scored_logits(x, labels)
+    assert Trainer.auxiliary_loss(lm) == 0.0  # evaluation: no KD term
+    with pytest.raises(ValueError, match="kd"):
+        LinearizedLM(lin, None, teacher=None, kd=1.0)
+
+
+def test_lora_adapts_the_kept_weights_and_trains_the_students(tmp_path):
+    pytest.importorskip("peft")
+    from seqmix.linearize.finetune import lora, merged
+
+    m = teacher()
+    lin = linearize(m, mixer="gla", layers=[0, 1])
+    pm = lora(lin, 2)
+    names = [n for n, p in pm.named_parameters() if p.requires_grad]
+    assert any("lora_A" in n and "layers.2.self_attn.q_proj" in n for n in names)  # the kept softmax layer
+    assert any("lora_A" in n and "mlp.up_proj" in n for n in names)
+    assert any(".mixer.W_q.weight" in n for n in names)  # the students train in full
+    assert not any("lora" in n and ".mixer." in n for n in names)  # no LoRA inside the students
+    assert not any(n.endswith("mlp.up_proj.base_layer.weight") for n in names)  # kept weights frozen
+    out = merged(pm)
+    assert not any("lora" in n for n, _ in out.named_parameters())
+    # a saved and reloaded model (its kept layer a converted softmax attention): LoRA on that layer too
+    save(out, tmp_path)
+    back, _ = load_converted(str(tmp_path))
+    names = [n for n, p in lora(back, 2).named_parameters() if p.requires_grad]
+    assert any("lora_A" in n and "layers.2.self_attn.mixer.W_qk" in n for n in names)
+    assert not any("lora" in n and "layers.0.self_attn" in n for n in names)
+
+
+# -- the run and the CLI -------------------------------------------------------------------------
+
+
+def test_cli_end_to_end_auto_k_resume_and_report(tmp_path, capsys):
+    pytest.importorskip("peft")
+    from seqmix.cli import main
+
+    m = teacher(layers=3, vocab=256)
+    m.save_pretrained(tmp_path / "teacher")
+    out = tmp_path / "lin"
+    argv = ["linearize", "--hf", str(tmp_path / "teacher"), "--mixer", "gla", "--layers", "auto:1", "--seq-len", "16",
+            "--batch-size", "2", "--transfer-tokens", "96", "--finetune-tokens", "64", "--lora-rank", "2", "--kd", "0.5",
+            "--eval-batches", "1", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    tr = metrics["stages"]["transfer"]
+    after = {int(k): v for k, v in tr["residual_after"].items()}
+    assert tr["kept_softmax"] == [max(after, key=after.get)]  # auto:1 keeps the largest residual
+    assert tr["steps"] == 3 and metrics["stages"]["finetune"]["steps"] == 2
+    for key in ("teacher", "init"):
+        assert metrics[key]["loss"] > 0 and metrics[key]["bpb"] > 0
+    report = (out / "report.md").read_text()
+    assert "per-layer transfer residual" in report and f"{metrics['teacher']['loss']:.4f}" in report
+    assert (out / "maps.png").stat().st_size > 1000 and "maps.png" in report
+    assert metrics["teacher"]["decode_tokens_per_s"] > 0 and metrics["stages"]["finetune"]["decode_tokens_per_s"] > 0
+    assert metrics["stages"]["finetune"]["state"]["recurrent_floats"] > 0
+    back, _ = load_converted(str(out))
+    kept = tr["kept_softmax"][0]
+    assert back.model.layers[kept].self_attn.mixer.registry_name == "softmax_attention"
+    assert {i for i in range(3) if i != kept} == {i for i, a in students(back).items()}
+    assert back.generate(ids(1, 4, vocab=256), max_new_tokens=3, do_sample=False).shape == (1, 7)
+    # a re-run skips both finished stages and leaves them as they were
+    stamp = (out / "stages" / "finetune" / "done.json").read_text()
+    capsys.readouterr()
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert "stage 1: finished before" in said and "stage 2: finished before" in said
+    assert (out / "stages" / "finetune" / "done.json").read_text() == stamp
+
+
+def test_cli_bad_input_is_one_line_naming_the_argument(tmp_path, capsys):
+    from seqmix.cli import main
+
+    m = teacher(layers=2, vocab=VOCAB)
+    m.save_pretrained(tmp_path / "teacher")
+    base = ["linearize", "--hf", str(tmp_path / "teacher"), "--out", str(tmp_path / "o"), "--no-progress"]
+    cases = [(["--layers", "5"], "layers"), (["--mixer", "s4"], "mixer"), (["--tokenizer", "byte"], "--tokenizer"),
+             (["--stages", "finetune,transfer"], "stages")]
+    for extra, name in cases:
+        capsys.readouterr()
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert name in err and len(err.splitlines()) == 1, err
+        assert not (tmp_path / "o").exists()  # nothing written
+
+
+def test_nothing_below_linearize_imports_it():
+    from test_imports import import_graph
+
+    graph = import_graph()
+    users = sorted(m for m, deps in graph.items()
+                   if any(d == "seqmix.linearize" or d.startswith("seqmix.linearize.") for d in deps)
+                   and not (m == "seqmix.linearize" or m.startswith(("seqmix.linearize.", "seqmix.cli"))))
+    assert graph["seqmix.cli.linearize"], "the graph lacks the linearize CLI"
+    assert users == [], users
+
+
+def test_hedgehog_feature_map_modes_agree_and_phi_reproduces_the_core():
+    import seqmix
+
+    torch.manual_seed(0)
+    mx = seqmix.build_mixer("linear_attention", d_model=16, heads=2, feature_map="hedgehog", chunk_size=4).double()
+    with torch.no_grad():
+        mx.fm_q_weight.add_(0.3 * torch.randn_like(mx.fm_q_weight))
+        mx.fm_k_bias.add_(0.3 * torch.randn_like(mx.fm_k_bias))
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    outs = {}
+    for mode in ("recurrent", "chunk", "parallel"):
+        mx.mode = mode
+        outs[mode] = mx(x)
+    torch.testing.assert_close(outs["chunk"], outs["recurrent"])
+    torch.testing.assert_close(outs["parallel"], outs["recurrent"])
+    _, k, v, _ = mx._features(x)
+    o = torch.einsum("bhij,bjhv->bihv", mx.phi(x), v)
+    torch.testing.assert_close(mx.W_o(o.flatten(2)), outs["recurrent"])
+    assert mx.state_size() == 2 * (2 * 8) * (8 + 1)
+    with pytest.raises(ValueError, match="hedgehog"):
+        seqmix.build_mixer("linear_attention", d_model=16, heads=2, feature_map="hedgehog", key_feature_map="elu1")
+
+
+def test_teacher_weights_refuses_a_non_attention_mixer():
+    import seqmix
+
+    with pytest.raises(ValueError, match="softmax_attention"):
+        teacher_weights(seqmix.build_mixer("gla", d_model=16))
+    t = teacher_weights(_teacher_mixers(teacher(), [0])[0])
+    assert (t.heads, t.kv_heads, t.head_dim) == (4, 2, 8)
+    s = build_student("gla", t, init="random")
+    assert not torch.equal(s.W_q.weight, t.q)
+    assert attention_layers(teacher()) == {0: "model.layers.0.self_attn", 1: "model.layers.1.self_attn",
+                                           2: "model.layers.2.self_attn"}

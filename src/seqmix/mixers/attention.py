@@ -67,7 +67,10 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import KVCache, attention_decode, attention_probs, linear_recurrence, recurrence_map, repeat_kv, rotary, softmax_attention
+from ..ops import (
+    KVCache, alibi_slopes, attention_decode, attention_probs, check_rope_scaling, linear_recurrence, recurrence_map, repeat_kv, rotary,
+    softmax_attention,
+)
 from ..ops.precision import compute_dtype, linear_f32, upcast
 from ..ops.forgetting import forgetting_attention, forgetting_decode, forgetting_keys, forgetting_probs
 from ..ops.path import path_attention, path_probs, path_scores
@@ -380,7 +383,7 @@ register_preset(
 
 class SoftmaxAttentionConfig(AttentionConfig):
     """Softmax attention's config. Beyond the DSF paper's parametrization, the options that real
-    pretrained models need (issue 25; docs/attention.md, "Options of real models"), each off by
+    pretrained models need (docs/attention.md, "Options of real models"), each off by
     default: grouped kv heads, a head width of its own, RoPE, qk-norm, an output gate, biases per
     projection and the scale."""
 
@@ -410,6 +413,21 @@ class SoftmaxAttentionConfig(AttentionConfig):
     rope_interleaved: bool = Field(
         False, description="RoPE pairs channels (2j, 2j+1) (GPT-J, the RoFormer paper) instead of (j, j + R/2) "
         "(GPT-NeoX, Llama's rotate_half: the default)"
+    )
+    rope_scaling: dict | None = Field(
+        None, description="RoPE's frequency scaling, a dict with 'type' in linear, dynamic, yarn, llama3, longrope and its "
+        "fields (seqmix.ops.rotary: position interpolation, NTK, YaRN, Llama 3.1, LongRoPE); None = theta^(-2j/R)"
+    )
+    softcap: float | None = Field(
+        None, gt=0, description="attention-logit soft-capping c (Gemma 2): scores c·tanh(s/c), bounded in (-c, c); None = none"
+    )
+    alibi: bool = Field(
+        False, description="ALiBi (Press et al. 2022; BLOOM): scores s_ij - m_h (i - j), the fixed per-head decay "
+        "e^{-m_h (i-j)} on the map, m the paper's geometric slopes (seqmix.ops.alibi_slopes); use with rope = False"
+    )
+    sinks: bool = Field(
+        False, description="learned attention sinks (GPT-OSS): one logit z_h per head in every row's softmax normalizer, "
+        "Φ[i, j] = e^{s_ij} / (e^{z_h} + Σ_l e^{s_il}); a parameter 'sinks' [heads]"
     )
     qk_norm: Literal["none", "head", "full"] = Field(
         "none", description="RMSNorm with a learned weight on q and k, before RoPE (qk-norm: Dehghani et al. 2023, "
@@ -444,6 +462,10 @@ class SoftmaxAttentionConfig(AttentionConfig):
         K = n // H
         if self.rotary_dim is not None and not self.rope:
             raise ValueError(f"rotary_dim = {self.rotary_dim} is set but rope = False")
+        if self.rope_scaling is not None:
+            if not self.rope:
+                raise ValueError(f"rope_scaling = {self.rope_scaling!r} is set but rope = False")
+            check_rope_scaling(self.rope_scaling, self.rotary_dim or K, where="rope_scaling")
         if self.rope:
             R = self.rotary_dim or K
             if R % 2 or R > K:
@@ -473,9 +495,17 @@ class SoftmaxAttention(_Attention):
 
         [q | k] = W_qk x,  v = W_v x               q: heads, k and v: kv_heads heads (GQA / MQA)
         q, k    = RMSNorm(q), RMSNorm(k)           qk_norm ("head" or "full")
-        q, k    = RoPE(q, p), RoPE(k, p)           rope, rotary_dim, rope_theta, rope_interleaved (p: absolute position)
-        o       = softmax(s · q kᵀ + mask) v       scale s, window
+        q, k    = RoPE(q, p), RoPE(k, p)           rope, rotary_dim, rope_theta, rope_interleaved, rope_scaling (p: absolute position)
+        s_ij    = cap(s · q_iᵀk_j) − m_h (i − j)   scale s, softcap (cap(z) = c·tanh(z/c)), alibi (slopes m)
+        o       = softmax(s + mask; sink z_h) v    window; sinks (a logit z_h in each row's normalizer)
         y       = W_o (σ(W_g x) ⊙ o)               output_gate; biases: qkv_bias, out_bias
+
+    In the DSF (docs/attention.md): soft-capping bounds the scores, so a row of Φ never puts more
+    than e^{2c} times one key's weight on another; ALiBi multiplies Φ[i, j] by a fixed per-head decay
+    e^{−m_h (i − j)} before the normalization (FoX's forget gate with a constant log f = −m_h: the
+    scalar decay of a linear-attention DSF on the softmax map); a sink is a constant term e^{z_h} in
+    the normalizer η_i = e^{z_h} + Σ_j e^{s_ij} (normalized attention's input-independent η added to
+    the row sum), so Φ's rows sum to less than 1.
 
     finite_state = False: the DSF of softmax attention has an infinite state (Lemma 1);
     dsf(x, taylor_order=P) is the degree-P Taylor approximation.
@@ -498,6 +528,15 @@ class SoftmaxAttention(_Attention):
             self.q_norm = RMSNorm(self.heads * self.head_qk, eps=c.qk_norm_eps)
             self.k_norm = RMSNorm(self.kv_heads * self.head_qk, eps=c.qk_norm_eps)
         self.W_g = self._output_gate()
+        self.sinks = nn.Parameter(torch.zeros(self.heads)) if c.sinks else None
+        if c.alibi:  # fixed, not trained: a buffer that follows the mixer's device
+            self.register_buffer("alibi_slopes", alibi_slopes(self.heads), persistent=False)
+        else:
+            self.alibi_slopes = None
+
+    def _score_options(self) -> dict:
+        """softcap, alibi, sinks of ops.softmax_attention / attention_decode / attention_probs."""
+        return dict(softcap=self.config.softcap, alibi=self.alibi_slopes, sinks=self.sinks)
 
     @staticmethod
     def _sizes(c) -> tuple[int, int, int, int]:
@@ -524,7 +563,8 @@ class SoftmaxAttention(_Attention):
             q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
         if c.rope:
             pos = torch.arange(start, start + T, device=x.device)
-            rope = dict(rotary_dim=c.rotary_dim, theta=c.rope_theta, interleaved=c.rope_interleaved)
+            rope = dict(rotary_dim=c.rotary_dim, theta=c.rope_theta, interleaved=c.rope_interleaved, scaling=c.rope_scaling,
+                        seq_len=start + T)
             q, k = rotary(q, pos, **rope), rotary(k, pos, **rope)
         if self.qk_scale != 1.0:
             q = q * self.qk_scale
@@ -541,10 +581,11 @@ class SoftmaxAttention(_Attention):
         q, k, v = self._qkv(x, start=kv.seen if kv is not None else 0)
         if mode == "step":
             keys, vals = kv.append(k, v)  # every key the query sees: the cached ones (<= window - 1) and its own
-            o = attention_decode(q[:, 0], keys, vals, scale=1.0).unsqueeze(1)
+            o = attention_decode(q[:, 0], keys, vals, scale=1.0, **self._score_options()).unsqueeze(1)
         else:
             keys, vals = kv.append(k, v) if kv is not None else (k, v)
-            o = softmax_attention(q, keys, vals, scale=1.0, window=self.config.window, mode=mode, check_values=False)
+            o = softmax_attention(q, keys, vals, scale=1.0, window=self.config.window, mode=mode, check_values=False,
+                                  **self._score_options())
         values = repeat_kv(v, self.heads // self.kv_heads)  # the core's input per map (query head)
         return MixOut(self._gated_readout(o, x), {"kv": kv} if need_state else None, values=values, mixed=o)
 
@@ -555,7 +596,7 @@ class SoftmaxAttention(_Attention):
         grouped kv heads as the forward pass computes them)."""
         self.check_input(x)
         q, k, _ = self._qkv(x)
-        return attention_probs(q, k, scale=1.0, window=self.config.window, check_values=False)
+        return attention_probs(q, k, scale=1.0, window=self.config.window, check_values=False, **self._score_options())
 
     def _check_taylor_order(self, taylor_order):
         if isinstance(taylor_order, bool) or not isinstance(taylor_order, int) or taylor_order < 0:
@@ -592,6 +633,9 @@ class SoftmaxAttention(_Attention):
         self._check_taylor_order(taylor_order)
         if self.config.window is not None:
             raise ValueError(f"{type(self).__name__}.dsf: the Taylor DSF is defined without a window; got window = {self.config.window}")
+        for opt in ("softcap", "alibi", "sinks"):
+            if getattr(self.config, opt):
+                raise ValueError(f"{type(self).__name__}.dsf: the Taylor DSF is the plain softmax's; got {opt} = {getattr(self.config, opt)!r}")
         if projections and self.W_g is not None:
             raise ValueError(f"{type(self).__name__}.dsf: projections=True needs output_gate = False (σ(W_g x) ⊙ o is not linear in x)")
         need = self.taylor_dsf_bytes(x.shape[0], x.shape[1], taylor_order)

@@ -79,8 +79,10 @@ class InteropMixer(nn.Module):
     # -- the call ---------------------------------------------------------------------------
 
     def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None, *,
-                state=None, cache_params=None, past_key_values=None, **kwargs):
+                state=None, cache_params=None, past_key_values=None, layer_past=None, **kwargs):
         where = f"{self.where} ({self.source} -> seqmix {self.mixer.registry_name!r})"
+        if past_key_values is None:  # GPT-NeoX's attention takes its cache as layer_past
+            past_key_values = layer_past
         if state is not None and cache is not None and state is not cache:
             raise ValueError(f"{where}: pass the decoding state once (got both 'cache' and 'state')")
         # RWKV-4 passes its state list as ``state=``, xLSTM its layer tuple as the second argument

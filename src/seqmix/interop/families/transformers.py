@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..table import Family, ModuleMap, State, Transform, Unsupported, Weight
+from ..table import Family, ModuleMap, State, Transform, Unsupported, Weight, rows
 
 
 # ------------------------------------------------------------------------------------------
@@ -62,11 +62,212 @@ def _attention(cfg, module) -> dict:
                 scale=scale, rope=True)
 
 
+#: transformers' rope_type -> the fields of seqmix's scaling of that type (seqmix.ops.rotary.ROPE_SCALINGS) read from
+#: rope_parameters (or, where it is absent there, the config)
+_SCALING_FIELDS = {
+    "linear": ("factor",),
+    "dynamic": ("factor", "max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
+             "truncate"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "longrope": ("long_factor", "short_factor", "original_max_position_embeddings", "factor", "attention_factor"),
+}
+
+
+def rope_fields(cfg, module, head_dim: int, layer_type: str | None = None) -> dict:
+    """softmax_attention's RoPE fields (rope_theta, rotary_dim, rope_scaling) from a transformers 5.x
+    config's ``rope_parameters`` — one dict, or one per layer type (Gemma 3's local and global bases:
+    the entry of ``layer_type``). rotary_dim = int(head_dim·partial_rotary_factor) (Phi, GPT-NeoX's
+    rotary_pct); the scaled types become ``rope_scaling``; any other type is refused."""
+    from ...ops import ROPE_SCALINGS, check_rope_scaling
+
+    rp = dict(getattr(cfg, "rope_parameters", None) or {})
+    name = "rope_parameters"
+    if rp and all(isinstance(v, dict) for v in rp.values()):
+        if layer_type not in rp:
+            raise Unsupported("rope_parameters", sorted(rp), f"per-layer-type RoPE parameters without an entry for this layer's "
+                              f"type {layer_type!r}")
+        rp, name = dict(rp[layer_type]), f"rope_parameters[{layer_type!r}]"
+    rope_type = rp.get("rope_type", rp.get("type", "default"))
+    if rope_type != "default" and rope_type not in ROPE_SCALINGS:
+        raise Unsupported(f"{name}.rope_type", rope_type, f"seqmix's RoPE (ops.rotary) has the default frequencies and the "
+                          f"scalings {sorted(ROPE_SCALINGS)}")
+    theta = rp.get("rope_theta", getattr(cfg, "rope_theta", None))
+    if theta is None:
+        raise Unsupported(f"{name}.rope_theta", None, "the config names no RoPE base")
+    factor = float(rp.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", None) or 1.0))
+    R = int(head_dim * factor)
+    if R <= 0 or R % 2:
+        raise Unsupported("partial_rotary_factor", factor, f"rotates int(head_dim·factor) = {R} channels: seqmix's RoPE needs an "
+                          "even number > 0")
+    out = dict(rope=True, rope_theta=float(theta), rotary_dim=None if R == head_dim else R)
+    if rope_type != "default":
+        sc = {"type": rope_type}
+        for k in _SCALING_FIELDS[rope_type]:
+            v = rp.get(k, getattr(cfg, k, None))
+            if k in ("long_factor", "short_factor") and v is not None:
+                v = tuple(float(e) for e in v)
+            elif k == "truncate":
+                v = (cfg.rope_parameters or {}).get("truncate", True) if v is None else bool(v)
+            elif v is not None:
+                v = float(v)
+            if v is not None:
+                sc[k] = v
+        if rope_type in ("yarn", "longrope") and sc.get("factor") is None:
+            sc["factor"] = float(cfg.max_position_embeddings) / sc["original_max_position_embeddings"]
+        try:
+            check_rope_scaling(sc, R, where=name)
+        except ValueError as e:
+            raise Unsupported(name, rope_type, str(e)) from None
+        out["rope_scaling"] = sc
+    return out
+
+
+def _heads(module, K: int, q_out: int, k_out: int, v_out: int, o_in: int) -> tuple[int, int]:
+    """(heads, kv_heads) of projections of q_out, k_out, v_out outputs and an output projection of o_in inputs."""
+    H, Hkv = q_out // K, k_out // K
+    if q_out != H * K or k_out != Hkv * K or v_out != Hkv * K or o_in != H * K or H % Hkv:
+        raise Unsupported("num_key_value_heads", Hkv, f"the q ({q_out}), k ({k_out}), v ({v_out}) and output ({o_in}) projections "
+                          f"are not heads (and kv heads dividing them) of width head_dim = {K}")
+    return H, Hkv
+
+
+def _no_dropout(module) -> None:
+    p = float(getattr(module, "attention_dropout", 0.0) or 0.0)
+    if p > 0:
+        raise Unsupported("attention_dropout", p, "seqmix's softmax attention has no dropout on the attention weights (it acts "
+                          "in training only: set it to 0.0 to convert)")
+
+
+def _scale(module, K: int):
+    scaling = float(module.scaling)
+    return "sqrt" if math.isclose(scaling, K ** -0.5, rel_tol=1e-12) else scaling
+
+
+def _layer_type(cfg, module) -> str | None:
+    types = getattr(cfg, "layer_types", None)
+    idx = getattr(module, "layer_idx", None)
+    return getattr(module, "layer_type", None) or (types[idx] if types is not None and idx is not None else None)
+
+
+def _window(cfg, module) -> int | None:
+    """The module's sliding window (its own ``sliding_window``: set on the sliding layers of Qwen2/3, Gemma 2/3,
+    SmolLM3, GPT-OSS; Mistral's and Phi-3's every layer read ``config.sliding_window``)."""
+    w = getattr(module, "sliding_window", None) if hasattr(module, "sliding_window") else getattr(cfg, "sliding_window", None)
+    return None if w is None else int(w)
+
+
+def attention_config(cfg, module) -> dict:
+    """A transformers attention module with q_proj, k_proj, v_proj and o_proj (Llama, Qwen2, Qwen3, Mistral,
+    Mixtral, Gemma 1-3, OLMo-2, SmolLM3, Granite, Qwen3-MoE) -> softmax_attention. Read from the module and
+    the config: GQA sizes, the biases, the scale (Gemma 2/3's query_pre_attn_scalar, Granite's
+    attention_multiplier), the sliding window of this layer, qk-norm (per head: Qwen3, Gemma 3; over the
+    whole projection: OLMo-2), soft-capping (Gemma 2), RoPE with its scaling and this layer type's
+    parameters, or none (SmolLM3's no-RoPE layers)."""
+    out = _attention(cfg, module)
+    K = out["head_dim"]
+    w = _window(cfg, module)
+    if w is not None:
+        out["window"] = w
+    q_norm = getattr(module, "q_norm", None)
+    if q_norm is not None:
+        width = int(q_norm.weight.shape[0])
+        out["qk_norm"] = "head" if width == K else "full"
+        eps = getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", None))
+        out["qk_norm_eps"] = float(eps)
+    cap = getattr(module, "attn_logit_softcapping", None)
+    if cap is not None:
+        out["softcap"] = float(cap)
+    if getattr(module, "use_rope", True):
+        out.update(rope_fields(cfg, module, K, _layer_type(cfg, module)))
+    else:
+        out["rope"] = False
+    return out
+
+
 def llama_attention_config(cfg, module) -> dict:
-    """LlamaAttention -> softmax_attention: GQA, RoPE over the whole head (rotate_half pairs),
-    attention_bias on all four projections."""
-    _, theta = _rope(cfg)
-    return dict(_attention(cfg, module), rope_theta=theta)
+    """LlamaAttention -> softmax_attention: GQA, RoPE over the whole head (rotate_half pairs) with
+    its scaling, attention_bias on all four projections."""
+    return attention_config(cfg, module)
+
+
+def phi_attention_config(cfg, module) -> dict:
+    """PhiAttention (Phi-1, 1.5, 2) -> softmax_attention: biases on q, k, v and dense, partial rotary."""
+    K = int(module.head_dim)
+    H, Hkv = _heads(module, K, module.q_proj.out_features, module.k_proj.out_features, module.v_proj.out_features,
+                    module.dense.in_features)
+    if getattr(module, "qk_layernorm", False):
+        raise Unsupported("qk_layernorm", True, "Phi's qk-norm is a LayerNorm (mean and bias); seqmix's qk_norm is an RMSNorm")
+    _no_dropout(module)
+    has = {n: getattr(module, n).bias is not None for n in ("q_proj", "k_proj", "v_proj", "dense")}
+    if len({has["q_proj"], has["k_proj"], has["v_proj"]}) > 1:
+        raise Unsupported("bias", has, "q_proj, k_proj and v_proj must all have a bias or none (seqmix's qkv_bias)")
+    return dict(d_model=int(module.q_proj.in_features), heads=H, kv_heads=Hkv, head_dim=K, qkv_bias=has["q_proj"],
+                out_bias=has["dense"], scale=_scale(module, K), **rope_fields(cfg, module, K))
+
+
+def phi3_attention_config(cfg, module) -> dict:
+    """Phi3Attention -> softmax_attention: one fused qkv_proj [q; k; v], no biases, RoPE (LongRoPE in the
+    long-context models), config.sliding_window on every layer."""
+    K = int(module.head_dim)
+    Hkv = int(module.num_key_value_heads)
+    H = (module.qkv_proj.out_features - 2 * Hkv * K) // K
+    _heads(module, K, H * K, Hkv * K, Hkv * K, module.o_proj.in_features)
+    if module.qkv_proj.bias is not None or module.o_proj.bias is not None:
+        raise Unsupported("bias", True, "Phi3Attention's projections have no bias in transformers")
+    _no_dropout(module)
+    out = dict(d_model=int(module.qkv_proj.in_features), heads=H, kv_heads=Hkv, head_dim=K, scale=_scale(module, K),
+               **rope_fields(cfg, module, K))
+    w = getattr(cfg, "sliding_window", None)
+    if w is not None:
+        out["window"] = int(w)
+    return out
+
+
+def phi3_attention_weights(module) -> tuple[Weight, ...]:
+    """qkv_proj holds the rows [q (heads·K); k (kv_heads·K); v (kv_heads·K)]."""
+    K, Hkv = int(module.head_dim), int(module.num_key_value_heads)
+    nq = module.qkv_proj.out_features - 2 * Hkv * K
+    return (
+        Weight("qkv_proj.weight", "W_qk.weight", rows(0, nq + Hkv * K)),  # [q; k] = W_qk
+        Weight("qkv_proj.weight", "W_v.weight", rows(nq + Hkv * K, nq + 2 * Hkv * K)),
+        Weight("o_proj.weight", "W_o.weight"),
+    )
+
+
+def gpt_neox_attention_config(cfg, module) -> dict:
+    """GPTNeoXAttention (Pythia) -> softmax_attention: one fused query_key_value holding [q | k | v] per head,
+    biases (attention_bias), partial rotary (rotary_pct = partial_rotary_factor)."""
+    K = int(module.head_size)
+    d = int(module.query_key_value.in_features)
+    H = int(cfg.num_attention_heads)
+    _heads(module, K, H * K, H * K, H * K, module.dense.in_features)
+    if module.query_key_value.out_features != 3 * H * K:
+        raise Unsupported("num_attention_heads", H, f"query_key_value has {module.query_key_value.out_features} rows, not 3·heads·K")
+    _no_dropout(module)
+    has_in, has_out = module.query_key_value.bias is not None, module.dense.bias is not None
+    return dict(d_model=d, heads=H, head_dim=K, qkv_bias=has_in, out_bias=has_out, scale=_scale(module, K),
+                **rope_fields(cfg, module, K))
+
+
+def gpt_neox_attention_weights(module) -> tuple[Weight, ...]:
+    """query_key_value's rows are, per head h, [q_h (K) | k_h (K) | v_h (K)]."""
+    H, K = int(module.config.num_attention_heads), int(module.head_size)
+    q, k, v = (_group_rows(H, (K, K, K), i, "query_key_value") for i in range(3))
+
+    def bias(t):
+        return Transform(f"{t} (bias)", lambda b: t(b[:, None]).flatten())
+
+    return (
+        Weight("query_key_value.weight", "W_qk.weight", q, part=0),
+        Weight("query_key_value.weight", "W_qk.weight", k, part=1),
+        Weight("query_key_value.weight", "W_v.weight", v),
+        Weight("query_key_value.bias", "W_qk.bias", bias(q), part=0),
+        Weight("query_key_value.bias", "W_qk.bias", bias(k), part=1),
+        Weight("query_key_value.bias", "W_v.bias", bias(v)),
+        Weight("dense.weight", "W_o.weight"),
+        Weight("dense.bias", "W_o.bias"),
+    )
 
 
 
@@ -114,5 +315,79 @@ def plus_one() -> Transform:
     return Transform("1 + w", lambda t: 1 + t)
 
 
+# ------------------------------------------------------------------------------------------
+# the transformers people start from: one Family each, every attention layer -> softmax_attention
+# ------------------------------------------------------------------------------------------
 
-TRANSFORMERS = (LLAMA,)
+#: q_proj, k_proj, v_proj, o_proj (+ biases), qk-norm weights (plain: x·w) and sinks where the module has them
+TRANSFORMER_WEIGHTS = ATTENTION_WEIGHTS + (
+    Weight("q_norm.weight", "q_norm.weight"),
+    Weight("k_norm.weight", "k_norm.weight"),
+    Weight("sinks", "sinks"),
+)
+
+#: Gemma 3's qk-norm weights are zero-centred (x·(1 + w))
+GEMMA3_WEIGHTS = ATTENTION_WEIGHTS + (
+    Weight("q_norm.weight", "q_norm.weight", plus_one()),
+    Weight("k_norm.weight", "k_norm.weight", plus_one()),
+)
+
+PHI_WEIGHTS = (
+    Weight("q_proj.weight", "W_qk.weight", part=0),
+    Weight("k_proj.weight", "W_qk.weight", part=1),
+    Weight("q_proj.bias", "W_qk.bias", part=0),
+    Weight("k_proj.bias", "W_qk.bias", part=1),
+    Weight("v_proj.weight", "W_v.weight"),
+    Weight("v_proj.bias", "W_v.bias"),
+    Weight("dense.weight", "W_o.weight"),
+    Weight("dense.bias", "W_o.bias"),
+)
+
+_SELF_ATTN = r"(^|\.)layers\.\d+\.self_attn$"
+
+
+def _transformer(model_type: str, cls: str, description: str, *, config=attention_config, weights=TRANSFORMER_WEIGHTS,
+                 dsf: str = "", package: str | None = None, slots: str = _SELF_ATTN) -> Family:
+    """A family whose every sequence mixer is one attention class -> softmax_attention."""
+    module = f"transformers.models.{package or model_type}.modeling_{package or model_type}.{cls}"
+    return Family(model_type, (ModuleMap(module, "softmax_attention", config, weights, ATTENTION_STATE, returns_pair=True,
+                                         mask="causal", positions=True, dsf=SOFTMAX_DSF + (f"; {dsf}" if dsf else "")),),
+                  slots=slots, description=description)
+
+
+WINDOW_DSF = "a sliding window where the layer has one (Φ[i, j] = 0 for i - j >= window)"
+
+QWEN2 = _transformer("qwen2", "Qwen2Attention", "Qwen2 / Qwen2.5: Qwen2Attention -> seqmix 'softmax_attention' (q/k/v biases, GQA, "
+                     "sliding window on the layers layer_types marks)", dsf="biases on q, k, v; " + WINDOW_DSF)
+QWEN3 = _transformer("qwen3", "Qwen3Attention", "Qwen3: Qwen3Attention -> seqmix 'softmax_attention' (qk-norm per head, GQA)",
+                     dsf="q, k RMS-normalized per head before RoPE; " + WINDOW_DSF)
+QWEN3_MOE = _transformer("qwen3_moe", "Qwen3MoeAttention", "Qwen3-MoE: Qwen3MoeAttention -> seqmix 'softmax_attention' (qk-norm "
+                         "per head); the MoE stays transformers'", dsf="q, k RMS-normalized per head before RoPE")
+MISTRAL = _transformer("mistral", "MistralAttention", "Mistral: MistralAttention -> seqmix 'softmax_attention' (GQA, "
+                       "config.sliding_window on every layer)", dsf=WINDOW_DSF)
+MIXTRAL = _transformer("mixtral", "MixtralAttention", "Mixtral: MixtralAttention -> seqmix 'softmax_attention' (GQA, sliding "
+                       "window); the MoE stays transformers'", dsf=WINDOW_DSF)
+GEMMA = _transformer("gemma", "GemmaAttention", "Gemma: GemmaAttention -> seqmix 'softmax_attention' (MQA / GQA, head_dim of its own)")
+GEMMA2 = _transformer("gemma2", "Gemma2Attention", "Gemma 2: Gemma2Attention -> seqmix 'softmax_attention' (sliding and global "
+                      "layers alternating, logit soft-capping, scale query_pre_attn_scalar^-1/2)",
+                      dsf="scores soft-capped, c·tanh(s/c) (Φ's rows bounded: no key above e^{2c} times another); " + WINDOW_DSF)
+GEMMA3 = _transformer("gemma3_text", "Gemma3Attention", "Gemma 3 (text): Gemma3Attention -> seqmix 'softmax_attention' (5:1 "
+                      "local/global layers, qk-norm per head, a RoPE base per layer type)", weights=GEMMA3_WEIGHTS,
+                      package="gemma3", dsf="q, k RMS-normalized per head (1 + w); " + WINDOW_DSF)
+PHI3 = _transformer("phi3", "Phi3Attention", "Phi-3: Phi3Attention -> seqmix 'softmax_attention' (fused qkv_proj, LongRoPE)",
+                    config=phi3_attention_config, weights=phi3_attention_weights)
+PHI = _transformer("phi", "PhiAttention", "Phi-1 / 1.5 / 2: PhiAttention -> seqmix 'softmax_attention' (partial rotary, biases)",
+                   config=phi_attention_config, weights=PHI_WEIGHTS, dsf="RoPE on the first partial_rotary_factor of each head")
+GPT_NEOX = _transformer("gpt_neox", "GPTNeoXAttention", "GPT-NeoX (Pythia): GPTNeoXAttention -> seqmix 'softmax_attention' (fused "
+                        "per-head [q | k | v], rotary_pct, biases)", config=gpt_neox_attention_config,
+                        weights=gpt_neox_attention_weights, slots=r"(^|\.)layers\.\d+\.attention$",
+                        dsf="RoPE on the first rotary_pct of each head")
+OLMO2 = _transformer("olmo2", "Olmo2Attention", "OLMo-2: Olmo2Attention -> seqmix 'softmax_attention' (qk-norm over the whole "
+                     "projection)", dsf="q, k RMS-normalized over all heads at once before RoPE")
+SMOLLM3 = _transformer("smollm3", "SmolLM3Attention", "SmolLM3: SmolLM3Attention -> seqmix 'softmax_attention' (no RoPE on the layers "
+                       "no_rope_layers marks)", dsf="RoPE only where the layer uses it (NoPE layers: Φ from content alone)")
+GRANITE = _transformer("granite", "GraniteAttention", "Granite: GraniteAttention -> seqmix 'softmax_attention' (scale "
+                       "attention_multiplier)", dsf="scale attention_multiplier")
+
+TRANSFORMERS = (LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA, GEMMA2, GEMMA3, PHI3, PHI, GPT_NEOX, OLMO2, SMOLLM3, GRANITE, MIXTRAL,
+                QWEN3_MOE)

@@ -42,7 +42,7 @@ SCALINGS = {
 }
 
 FAMILIES = ["qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text", "phi3", "phi3_longrope", "phi",
-            "gpt_neox", "olmo2", "smollm3", "granite"] + [f"llama_{k}" for k in SCALINGS]
+            "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss"] + [f"llama_{k}" for k in SCALINGS]
 
 
 def tiny(family: str, *, attn: str = "sdpa", **overrides):
@@ -83,6 +83,10 @@ def tiny(family: str, *, attn: str = "sdpa", **overrides):
         kw = {k: v for k, v in common.items() if k != "num_key_value_heads"}
         kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}
         cfg = T.GPTNeoXConfig(**kw, attention_bias=True)
+    elif family == "gpt_oss":  # sliding, full; sinks; YaRN as the real models
+        kw = dict(common, rope_parameters=dict(SCALINGS["yarn"]), max_position_embeddings=32)
+        cfg = T.GptOssConfig(**kw, head_dim=8, sliding_window=WINDOW, num_local_experts=4, num_experts_per_tok=2,
+                             layer_types=["sliding_attention", "full_attention"], attention_bias=True)
     elif family == "olmo2":
         cfg = T.Olmo2Config(**common)
     elif family == "smollm3":  # layer 0 without RoPE
@@ -105,7 +109,7 @@ record = Recorder("interop transformers")
 
 
 def _attn(family: str) -> str:
-    return "eager" if family == "gemma2" else "sdpa"  # transformers' SDPA path has no soft-capping
+    return "eager" if family in ("gemma2", "gpt_oss") else "sdpa"  # transformers' SDPA path has no soft-capping, no sinks
 
 
 # ------------------------------------------------------------------------------------------
@@ -124,6 +128,141 @@ def test_logits_equal_the_original_in_every_mode(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_generate_equals_the_original_at_every_step(family, monkeypatch):
     """The prompt (7) and the generated tokens (10) both exceed the windows (5); prefill, then one
-    seqmix step per token."""
+    seqmix step per token. (Phi-3's generate() itself drops the cache and prefills again when the sequence
+    crosses original_max_position_embeddings under LongRoPE: its prompt starts past that length, 9 > 8;
+    Llama's LongRoPE crosses it while decoding.)"""
     m = tiny(family, attn=_attn(family))
-    assert_generate_equals(m, from_transformers(m), ids(T=7), 10, monkeypatch, family, record)
+    T = 9 if family == "phi3_longrope" else 7
+    assert_generate_equals(m, from_transformers(m), ids(T=T), 10, monkeypatch, family, record)
+
+
+# ------------------------------------------------------------------------------------------
+# each converted module alone, in float64
+# ------------------------------------------------------------------------------------------
+
+#: float64 module by module where transformers computes in float64 with default RoPE: SDPA (no float32 softmax), the
+#: RoPE cos/sin made float64 and the qk-norms' RMSNorm (float32 inside in transformers) made float64. Gemma 2 is left
+#: out (its soft-capping runs only in the eager path, whose softmax is float32), and the scaled RoPE types are tied
+#: to transformers' frequencies by test_rope_frequencies_equal_transformers (computed in float32 there)
+F64_FAMILIES = ["qwen2", "qwen3", "mistral", "gemma", "gemma3_text", "phi3", "phi", "gpt_neox", "olmo2", "smollm3", "granite"]
+
+
+def _rope64(position_ids, R: int, theta: float, dtype):
+    """transformers' default RoPE (cos, sin) over R channels (rotate_half layout), in float64."""
+    inv = 1.0 / theta ** (torch.arange(0, R, 2, dtype=torch.float64) / R)
+    freqs = position_ids[..., None].double() * inv
+    emb = torch.cat((freqs, freqs), -1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rms64(norm, zero_centred: bool):
+    w = norm.weight.detach().double()
+    w = 1 + w if zero_centred else w
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    return lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+@pytest.mark.parametrize("family", F64_FAMILIES)
+def test_each_converted_module_equals_the_original_in_float64(family, monkeypatch):
+    m = tiny(family, attn="sdpa").double()
+    c = from_transformers(m)
+    T = 13
+    h = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    pos = torch.arange(T)[None].expand(2, T)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    for path, mx in seqmix_mixers(c).items():
+        orig, adapter = m.get_submodule(path), c.get_submodule(path)
+        for name in ("q_norm", "k_norm"):
+            if getattr(orig, name, None) is not None:
+                monkeypatch.setattr(getattr(orig, name), "forward", _rms64(getattr(orig, name), family == "gemma3_text"))
+        R = mx.config.rotary_dim or mx.head_qk
+        pe = _rope64(pos, R, mx.config.rope_theta, h.dtype)
+        w = mx.config.window
+        mask = ((j <= i) & (i - j < (w or T)))[None, None]  # causal (and windowed), as SDPA's bool mask
+        with torch.no_grad():
+            y_ref = orig(h, position_embeddings=pe, attention_mask=mask)[0]
+            for mode in mx.modes:
+                mx.mode = mode
+                y, second = adapter(h, position_ids=pos, attention_mask=None)
+                assert second is None and y.dtype == torch.float64
+                err = record(f"{family} module float64 {path} {mode}", scale_err(y, y_ref))
+                assert err <= MODULE_F64_RTOL, f"{family} {path}, mode {mode}: {err:.3g}"
+
+
+# ------------------------------------------------------------------------------------------
+# RoPE scaling: seqmix's frequencies against transformers' own
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(SCALINGS))
+def test_rope_frequencies_equal_transformers(kind):
+    """seqmix.ops.rope_frequencies (float64) against transformers' ROPE_INIT_FUNCTIONS (float32) for the
+    converted mixer's own scaling, at sequence lengths below and above the switch of dynamic / longrope;
+    the attention factors equal. The frequencies differ from the default (the scaling acts)."""
+    m = tiny(f"llama_{kind}")
+    mx = seqmix_mixers(from_transformers(m))["model.layers.0.self_attn"]
+    sc, R = mx.config.rope_scaling, mx.config.rotary_dim or mx.head_qk
+    assert sc["type"] == kind
+    default, _ = rope_frequencies(R, mx.config.rope_theta, dtype=torch.float64)
+    for seq_len in (4, 21):
+        theirs, a_theirs = ROPE_INIT_FUNCTIONS[kind](m.config, torch.device("cpu"), seq_len=seq_len)
+        mine, a_mine = rope_frequencies(R, mx.config.rope_theta, sc, seq_len=seq_len, dtype=torch.float64)
+        assert mine.shape == theirs.shape == (R // 2,)
+        assert float(((mine - theirs.double()) / theirs.double()).abs().max()) < 1e-6, (kind, seq_len)
+        assert math.isclose(a_mine, float(a_theirs), rel_tol=1e-12)
+        if kind not in ("dynamic", "longrope") or seq_len == 21:
+            assert float((mine - default).abs().max()) > 1e-3, f"{kind} at {seq_len} positions does not change the frequencies"
+
+
+def test_converted_rope_scaling_keeps_its_fields():
+    """The adapter config carries transformers' fields into seqmix's scaling (YaRN's betas, LongRoPE's factors)."""
+    sc = seqmix_mixers(from_transformers(tiny("llama_yarn")))["model.layers.0.self_attn"].config.rope_scaling
+    assert (sc["factor"], sc["beta_fast"], sc["beta_slow"], sc["original_max_position_embeddings"]) == (4.0, 8.0, 1.0, 8.0)
+    sc = seqmix_mixers(from_transformers(tiny("phi3_longrope")))["model.layers.0.self_attn"].config.rope_scaling
+    assert sc["long_factor"] == tuple(SCALINGS["longrope"]["long_factor"]) and sc["factor"] == 4.0
+
+
+# ------------------------------------------------------------------------------------------
+# what each family's layers became
+# ------------------------------------------------------------------------------------------
+
+
+def test_the_layer_patterns_are_kept():
+    """Windows, RoPE bases, no-RoPE layers, qk-norm placement, soft-capping and the scale, layer by layer."""
+    def cfgs(family):
+        return [mx.config for mx in seqmix_mixers(from_transformers(tiny(family, attn=_attn(family)))).values()]
+
+    assert [c.window for c in cfgs("qwen2")] == [None, WINDOW]
+    assert [c.window for c in cfgs("mistral")] == [WINDOW, WINDOW]
+    g2 = cfgs("gemma2")
+    assert [c.window for c in g2] == [WINDOW, None] and {c.softcap for c in g2} == {1.5}
+    assert {c.scale for c in g2} == {12 ** -0.5}
+    g3 = cfgs("gemma3_text")
+    assert [(c.window, c.rope_theta, c.qk_norm) for c in g3] == [(WINDOW, 50.0, "head"), (None, 500.0, "head")]
+    assert [c.rope for c in cfgs("smollm3")] == [False, True]
+    assert {c.qk_norm for c in cfgs("olmo2")} == {"full"} and {c.qk_norm for c in cfgs("qwen3")} == {"head"}
+    assert {c.scale for c in cfgs("granite")} == {0.3}
+    assert {(c.rotary_dim, c.qkv_bias, c.out_bias) for c in cfgs("phi")} == {(4, True, True)}
+    assert {(c.rotary_dim, c.qkv_bias) for c in cfgs("gpt_neox")} == {(4, True)}
+
+
+def test_the_families_are_supported():
+    assert set(FAMILIES) - {f"llama_{k}" for k in SCALINGS} - {"phi3_longrope"} <= set(supported_families())
+
+
+# ------------------------------------------------------------------------------------------
+# bad input: the module path and the option, the model untouched
+# ------------------------------------------------------------------------------------------
+
+
+def test_an_unknown_rope_type_is_named():
+    m = tiny("qwen2")
+    m.config.rope_parameters = {"rope_type": "proportional", "rope_theta": 500.0, "factor": 2.0}
+    assert_refused(m, r"model\.layers\.0\.self_attn.*'rope_parameters\.rope_type'.*'proportional'")
+
+
+def test_phi_layernorm_qk_norm_is_refused():
+    m = tiny("phi")
+    m.config.qk_layernorm = True
+    m = transformers.AutoModelForCausalLM.from_config(m.config)
+    assert_refused(m, r"model\.layers\.0\.self_attn.*'qk_layernorm'")

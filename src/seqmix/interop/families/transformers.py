@@ -159,10 +159,10 @@ def _window(cfg, module) -> int | None:
 
 def attention_config(cfg, module) -> dict:
     """A transformers attention module with q_proj, k_proj, v_proj and o_proj (Llama, Qwen2, Qwen3, Mistral,
-    Mixtral, Gemma 1-3, OLMo-2, SmolLM3, Granite, Qwen3-MoE) -> softmax_attention. Read from the module and
+    Mixtral, GPT-OSS, Gemma 1-3, OLMo-2, SmolLM3, Granite, Qwen3-MoE) -> softmax_attention. Read from the module and
     the config: GQA sizes, the biases, the scale (Gemma 2/3's query_pre_attn_scalar, Granite's
     attention_multiplier), the sliding window of this layer, qk-norm (per head: Qwen3, Gemma 3; over the
-    whole projection: OLMo-2), soft-capping (Gemma 2), RoPE with its scaling and this layer type's
+    whole projection: OLMo-2), soft-capping (Gemma 2), sinks (GPT-OSS), RoPE with its scaling and this layer type's
     parameters, or none (SmolLM3's no-RoPE layers)."""
     out = _attention(cfg, module)
     K = out["head_dim"]
@@ -178,6 +178,8 @@ def attention_config(cfg, module) -> dict:
     cap = getattr(module, "attn_logit_softcapping", None)
     if cap is not None:
         out["softcap"] = float(cap)
+    if getattr(module, "sinks", None) is not None:  # GPT-OSS: a learned logit per head in the softmax's normalizer
+        out["sinks"] = True
     if getattr(module, "use_rope", True):
         out.update(rope_fields(cfg, module, K, _layer_type(cfg, module)))
     else:
@@ -388,6 +390,10 @@ SMOLLM3 = _transformer("smollm3", "SmolLM3Attention", "SmolLM3: SmolLM3Attention
                        "no_rope_layers marks)", dsf="RoPE only where the layer uses it (NoPE layers: Φ from content alone)")
 GRANITE = _transformer("granite", "GraniteAttention", "Granite: GraniteAttention -> seqmix 'softmax_attention' (scale "
                        "attention_multiplier)", dsf="scale attention_multiplier")
+GPT_OSS = _transformer("gpt_oss", "GptOssAttention", "GPT-OSS: GptOssAttention -> seqmix 'softmax_attention' (learned sinks, "
+                       "sliding and full layers alternating, biases, YaRN); the MoE stays transformers'",
+                       dsf="a sink logit z_h per head in each row's normalizer, Φ[i, j] = e^{s_ij} / (e^{z_h} + Σ_l e^{s_il}) "
+                           "(rows sum below 1: normalized attention's η added to the row sum); " + WINDOW_DSF)
 
 TRANSFORMERS = (LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA, GEMMA2, GEMMA3, PHI3, PHI, GPT_NEOX, OLMO2, SMOLLM3, GRANITE, MIXTRAL,
-                QWEN3_MOE)
+                QWEN3_MOE, GPT_OSS)

@@ -42,7 +42,7 @@ SCALINGS = {
 }
 
 FAMILIES = ["qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text", "phi3", "phi3_longrope", "phi",
-            "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss"] + [f"llama_{k}" for k in SCALINGS]
+            "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss", "gpt2"] + [f"llama_{k}" for k in SCALINGS]
 
 
 def tiny(family: str, *, attn: str = "sdpa", **overrides):
@@ -87,6 +87,10 @@ def tiny(family: str, *, attn: str = "sdpa", **overrides):
         kw = dict(common, rope_parameters=dict(SCALINGS["yarn"]), max_position_embeddings=32)
         cfg = T.GptOssConfig(**kw, head_dim=8, sliding_window=WINDOW, num_local_experts=4, num_experts_per_tok=2,
                              layer_types=["sliding_attention", "full_attention"], attention_bias=True)
+    elif family == "gpt2":
+        cfg = T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_head=4, n_layer=2, n_positions=64, attn_pdrop=0.0, resid_pdrop=0.0,
+                           embd_pdrop=0.0, bos_token_id=1, eos_token_id=1, pad_token_id=0, attn_implementation=attn,
+                           scale_attn_by_inverse_layer_idx=True)
     elif family == "olmo2":
         cfg = T.Olmo2Config(**common)
     elif family == "smollm3":  # layer 0 without RoPE

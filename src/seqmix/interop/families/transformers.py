@@ -317,6 +317,40 @@ def plus_one() -> Transform:
     return Transform("1 + w", lambda t: 1 + t)
 
 
+def gpt2_attention_config(cfg, module) -> dict:
+    """GPT2Attention -> softmax_attention: Conv1D weights (x W, W [in, out]), fused c_attn [q | k | v], biases,
+    no RoPE (GPT-2's positions are learned embeddings added before the blocks, transformers' own), the scale
+    1/sqrt(K) or 1 (scale_attn_weights), divided by layer + 1 (scale_attn_by_inverse_layer_idx)."""
+    if getattr(module, "is_cross_attention", False):
+        raise Unsupported("add_cross_attention", True, "a cross-attention layer reads another sequence: no causal mixer")
+    for name in ("attn_pdrop", "resid_pdrop"):
+        p = float(getattr(cfg, name, 0.0) or 0.0)
+        if p > 0:
+            raise Unsupported(name, p, "seqmix's softmax attention has no dropout on the attention weights or its output (it "
+                              "acts in training only: set it to 0.0 to convert)")
+    K, H = int(module.head_dim), int(module.num_heads)
+    d = int(module.embed_dim)
+    _heads(module, K, H * K, H * K, H * K, module.c_proj.weight.shape[0])
+    return dict(d_model=d, heads=H, head_dim=K, bias=True, scale=_scale(module, K), rope=False)
+
+
+def _conv1d_rows(start: int, stop: int) -> Transform:
+    """A Conv1D weight [in, out] (y = x W) -> rows start:stop of the nn.Linear weight Wᵀ [out, in]."""
+    return Transform(f"ᵀ[{start}:{stop}]", lambda t: t.t()[start:stop].contiguous())
+
+
+def gpt2_attention_weights(module) -> tuple[Weight, ...]:
+    d = int(module.embed_dim)
+    return (
+        Weight("c_attn.weight", "W_qk.weight", _conv1d_rows(0, 2 * d)),  # [q; k]
+        Weight("c_attn.weight", "W_v.weight", _conv1d_rows(2 * d, 3 * d)),
+        Weight("c_attn.bias", "W_qk.bias", rows(0, 2 * d)),
+        Weight("c_attn.bias", "W_v.bias", rows(2 * d, 3 * d)),
+        Weight("c_proj.weight", "W_o.weight", _conv1d_rows(0, d)),
+        Weight("c_proj.bias", "W_o.bias"),
+    )
+
+
 # ------------------------------------------------------------------------------------------
 # the transformers people start from: one Family each, every attention layer -> softmax_attention
 # ------------------------------------------------------------------------------------------
@@ -349,11 +383,11 @@ _SELF_ATTN = r"(^|\.)layers\.\d+\.self_attn$"
 
 
 def _transformer(model_type: str, cls: str, description: str, *, config=attention_config, weights=TRANSFORMER_WEIGHTS,
-                 dsf: str = "", package: str | None = None, slots: str = _SELF_ATTN) -> Family:
+                 dsf: str = "", package: str | None = None, slots: str = _SELF_ATTN, positions: bool = True) -> Family:
     """A family whose every sequence mixer is one attention class -> softmax_attention."""
     module = f"transformers.models.{package or model_type}.modeling_{package or model_type}.{cls}"
     return Family(model_type, (ModuleMap(module, "softmax_attention", config, weights, ATTENTION_STATE, returns_pair=True,
-                                         mask="causal", positions=True, dsf=SOFTMAX_DSF + (f"; {dsf}" if dsf else "")),),
+                                         mask="causal", positions=positions, dsf=SOFTMAX_DSF + (f"; {dsf}" if dsf else "")),),
                   slots=slots, description=description)
 
 
@@ -394,6 +428,10 @@ GPT_OSS = _transformer("gpt_oss", "GptOssAttention", "GPT-OSS: GptOssAttention -
                        "sliding and full layers alternating, biases, YaRN); the MoE stays transformers'",
                        dsf="a sink logit z_h per head in each row's normalizer, Φ[i, j] = e^{s_ij} / (e^{z_h} + Σ_l e^{s_il}) "
                            "(rows sum below 1: normalized attention's η added to the row sum); " + WINDOW_DSF)
+GPT2 = _transformer("gpt2", "GPT2Attention", "GPT-2: GPT2Attention -> seqmix 'softmax_attention' (Conv1D weights, fused c_attn, "
+                    "biases, no RoPE: learned absolute positions stay transformers')", config=gpt2_attention_config,
+                    weights=gpt2_attention_weights, slots=r"(^|\.)h\.\d+\.attn$", positions=False,
+                    dsf="no RoPE: Φ from content (and the learned position embeddings added to the input)")
 
 TRANSFORMERS = (LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA, GEMMA2, GEMMA3, PHI3, PHI, GPT_NEOX, OLMO2, SMOLLM3, GRANITE, MIXTRAL,
-                QWEN3_MOE, GPT_OSS)
+                QWEN3_MOE, GPT_OSS, GPT2)

@@ -42,7 +42,7 @@ SCALINGS = {
 }
 
 FAMILIES = ["qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text", "phi3", "phi3_longrope", "phi",
-            "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss", "gpt2"] + [f"llama_{k}" for k in SCALINGS]
+            "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss", "gpt2", "bloom"] + [f"llama_{k}" for k in SCALINGS]
 
 
 def tiny(family: str, *, attn: str = "sdpa", **overrides):
@@ -91,6 +91,9 @@ def tiny(family: str, *, attn: str = "sdpa", **overrides):
         cfg = T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_head=4, n_layer=2, n_positions=64, attn_pdrop=0.0, resid_pdrop=0.0,
                            embd_pdrop=0.0, bos_token_id=1, eos_token_id=1, pad_token_id=0, attn_implementation=attn,
                            scale_attn_by_inverse_layer_idx=True)
+    elif family == "bloom":
+        cfg = T.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_head=4, n_layer=2, bos_token_id=1, eos_token_id=1, pad_token_id=0,
+                            attn_implementation=attn)
     elif family == "olmo2":
         cfg = T.Olmo2Config(**common)
     elif family == "smollm3":  # layer 0 without RoPE
@@ -113,7 +116,7 @@ record = Recorder("interop transformers")
 
 
 def _attn(family: str) -> str:
-    return "eager" if family in ("gemma2", "gpt_oss") else "sdpa"  # transformers' SDPA path has no soft-capping, no sinks
+    return "eager" if family in ("gemma2", "gpt_oss", "bloom") else "sdpa"  # transformers' SDPA path: no soft-capping, sinks, ALiBi
 
 
 # ------------------------------------------------------------------------------------------

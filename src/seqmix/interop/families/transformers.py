@@ -351,6 +351,42 @@ def gpt2_attention_weights(module) -> tuple[Weight, ...]:
     )
 
 
+def bloom_attention_config(cfg, module) -> dict:
+    """BloomAttention -> softmax_attention: ALiBi (the paper's slopes, no RoPE), one fused query_key_value
+    holding [q_h | k_h | v_h] per head, biases; the module adds the residual itself (``ModuleMap.residual``)."""
+    H, K = int(module.num_heads), int(module.head_dim)
+    d = int(module.hidden_size)
+    _heads(module, K, H * K, H * K, H * K, module.dense.in_features)
+    for name in ("attention_dropout", "hidden_dropout"):
+        p = float(getattr(cfg, name, 0.0) or 0.0)
+        if p > 0:
+            raise Unsupported(name, p, "seqmix's softmax attention has no dropout (it acts in training only: set it to 0.0 to "
+                              "convert)")
+    if not math.isclose(float(module.inv_norm_factor), K ** -0.5, rel_tol=1e-12) or float(module.beta) != 1.0:
+        raise Unsupported("inv_norm_factor", float(module.inv_norm_factor), "seqmix's ALiBi adds the bias to 1/sqrt(K)·qᵀk")
+    return dict(d_model=d, heads=H, head_dim=K, bias=True, scale="sqrt", rope=False, alibi=True)
+
+
+def bloom_attention_weights(module) -> tuple[Weight, ...]:
+    """query_key_value's rows are, per head h, [q_h (K) | k_h (K) | v_h (K)] (as GPT-NeoX's)."""
+    H, K = int(module.num_heads), int(module.head_dim)
+    q, k, v = (_group_rows(H, (K, K, K), i, "query_key_value") for i in range(3))
+
+    def bias(t):
+        return Transform(f"{t} (bias)", lambda b: t(b[:, None]).flatten())
+
+    return (
+        Weight("query_key_value.weight", "W_qk.weight", q, part=0),
+        Weight("query_key_value.weight", "W_qk.weight", k, part=1),
+        Weight("query_key_value.weight", "W_v.weight", v),
+        Weight("query_key_value.bias", "W_qk.bias", bias(q), part=0),
+        Weight("query_key_value.bias", "W_qk.bias", bias(k), part=1),
+        Weight("query_key_value.bias", "W_v.bias", bias(v)),
+        Weight("dense.weight", "W_o.weight"),
+        Weight("dense.bias", "W_o.bias"),
+    )
+
+
 # ------------------------------------------------------------------------------------------
 # the transformers people start from: one Family each, every attention layer -> softmax_attention
 # ------------------------------------------------------------------------------------------
@@ -432,6 +468,17 @@ GPT2 = _transformer("gpt2", "GPT2Attention", "GPT-2: GPT2Attention -> seqmix 'so
                     "biases, no RoPE: learned absolute positions stay transformers')", config=gpt2_attention_config,
                     weights=gpt2_attention_weights, slots=r"(^|\.)h\.\d+\.attn$", positions=False,
                     dsf="no RoPE: Φ from content (and the learned position embeddings added to the input)")
+BLOOM = Family(
+    "bloom",
+    (ModuleMap("transformers.models.bloom.modeling_bloom.BloomAttention", "softmax_attention", bloom_attention_config,
+               bloom_attention_weights, ATTENTION_STATE, returns_pair=True, mask="causal", residual=True, derived_args=("alibi",),
+               dsf=SOFTMAX_DSF.replace(", q and k rotated by RoPE at their absolute positions", "") + "; ALiBi: Φ[i, j] ∝ "
+                   "e^{s·q_iᵀk_j} e^{−m_h (i − j)}, a fixed per-head decay on the map before the normalization (FoX's forget gate "
+                   "with the constant log f = −m_h)"),),
+    slots=r"(^|\.)h\.\d+\.self_attention$",
+    description="BLOOM: BloomAttention -> seqmix 'softmax_attention' (ALiBi, fused per-head qkv, biases; the residual added "
+                "in the module as in transformers)",
+)
 
 TRANSFORMERS = (LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA, GEMMA2, GEMMA3, PHI3, PHI, GPT_NEOX, OLMO2, SMOLLM3, GRANITE, MIXTRAL,
-                QWEN3_MOE, GPT_OSS, GPT2)
+                QWEN3_MOE, GPT_OSS, GPT2, BLOOM)

@@ -273,3 +273,28 @@ def test_phi_layernorm_qk_norm_is_refused():
     m.config.qk_layernorm = True
     m = transformers.AutoModelForCausalLM.from_config(m.config)
     assert_refused(m, r"model\.layers\.0\.self_attn.*'qk_layernorm'")
+
+
+# ------------------------------------------------------------------------------------------
+# the DSF view: the report's columns and `seqmix show --hf`
+# ------------------------------------------------------------------------------------------
+
+
+def test_the_report_names_alibi_sinks_and_soft_capping():
+    from seqmix.analysis.model_maps import lambda_structure, norm_and_gate
+
+    def first(family):
+        return next(iter(seqmix_mixers(from_transformers(tiny(family, attn=_attn(family)))).values()))
+
+    assert "ALiBi" in lambda_structure(first("bloom")) and "ALiBi" not in lambda_structure(first("gpt2"))
+    assert "sink" in norm_and_gate(first("gpt_oss"))[0]
+    assert "soft-capped: 1.5" in norm_and_gate(first("gemma2"))[0]
+
+
+def test_show_hf_draws_an_attention_only_model(tmp_path):
+    """No layer of an attention-only model has a decay: the layers figure says so instead of a log scale."""
+    from seqmix.cli import main
+
+    tiny("gpt2").save_pretrained(tmp_path / "gpt2")
+    rc = main(["show", "--hf", str(tmp_path / "gpt2"), "--ids", "5,6,7,8,9,10,11,12", "--out", str(tmp_path / "o"), "--dpi", "30"])
+    assert rc == 0 and (tmp_path / "o" / "layers.png").exists()

@@ -39,7 +39,7 @@ Modes:
 :func:`attention_probs` returns the matrix itself [B, H, Tq, Tk] (the reference's
 probabilities; a mixer's phi).
 
-Decoding: :class:`KVCache` holds the keys and values in preallocated buffers (issue 27):
+Decoding: :class:`KVCache` holds the keys and values in preallocated buffers:
 an append writes into free slots (amortized O(1) per token, no torch.cat per token; the
 capacity doubles when full), with a window it keeps only the last window - 1 tokens (the
 window includes the current token) in a bounded buffer of at most max(2(w - 1), w - 1 + 64)

@@ -85,20 +85,26 @@ def test_the_op_equals_the_definition_in_every_mode_and_the_decoding_step(name):
         assert max_abs(o, want[:, i]) < F64_ATOL, f"{name}: step {i}"
 
 
+MLA = dict(head_dim=6, kv_lora_rank=5, qk_rope_head_dim=2, v_head_dim=3, q_lora_rank=7, rope=True)
+
+
 def _mixer(**cfg):
     torch.manual_seed(0)
-    m = seqmix.build_mixer("softmax_attention", d_model=16, heads=4, kv_heads=2, **cfg).double()
+    kv = {} if "kv_lora_rank" in cfg else {"kv_heads": 2}
+    m = seqmix.build_mixer("softmax_attention", d_model=16, heads=4, **kv, **cfg).double()
     with torch.no_grad():
         if m.sinks is not None:
             m.sinks.normal_()
     return m
 
 
-@pytest.mark.parametrize("name", list(OPTIONS) + ["yarn", "longrope"])
+@pytest.mark.parametrize("name", list(OPTIONS) + ["yarn", "longrope", "mla", "mla_sinks_window"])
 def test_the_mixer_decodes_splits_and_keeps_its_map(name):
     cfg = dict(OPTIONS.get(name, {}))
     if name == "yarn":
         cfg.update(rope=True, rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8})
+    if name.startswith("mla"):  # MLA: the cache holds the latent pair (r + R floats per token)
+        cfg.update(MLA, **(dict(sinks=True, window=4) if name == "mla_sinks_window" else {}))
     if name == "longrope":  # one frequency set for every call (seq_len below L throughout): position-only
         cfg.update(rope=True, rope_scaling={"type": "longrope", "original_max_position_embeddings": 64,
                                             "short_factor": [1.0, 2.0], "long_factor": [3.0, 5.0]})
@@ -109,6 +115,7 @@ def test_the_mixer_decodes_splits_and_keeps_its_map(name):
         cache = Cache()
         steps = torch.cat([m(x[:, :4], cache=cache)] + [m(x[:, t:t + 1], cache=cache) for t in range(4, 11)], 1)
         assert max_abs(steps, y) < F64_ATOL, f"{name}: prefill then steps"
+        assert cache.floats() == 2 * m.state_size(11)
         values, mixed = m.core(x)
         assert max_abs(torch.einsum("bmts,bsmp->btmp", m.phi(x), values), mixed) < F64_ATOL, f"{name}: phi"
     if name in OPTIONS:
@@ -151,6 +158,19 @@ def test_rotary_with_a_scaling_equals_its_reference(scaling):
     assert max_abs(norms, torch.full_like(norms, factor)) < 1e-12
 
 
+def test_mla_is_a_softmax_over_the_latent():
+    """q^hᵀk_j^h = (W_kb^hᵀ q_nope^h)ᵀ c_j + q_pe^hᵀ k_pe,j: the scores from the latent alone equal the mixer's."""
+    m = _mixer(**MLA)
+    x = torch.randn(1, 7, 16, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    with torch.no_grad():
+        q, lat, k_pe = m._qkv(x)
+        K, R, V, H = 6, 2, 3, 4
+        W_kb = m.W_kvb.weight.view(H, K - R + V, 5)[:, : K - R]  # [H, K − R, r]
+        s = torch.einsum("thn,hnr,sr->hts", q[0, ..., : K - R], W_kb, lat[0, :, 0]) + torch.einsum("thp,sp->hts", q[0, ..., K - R:], k_pe[0, :, 0])
+        mask = torch.ones(7, 7, dtype=torch.bool).tril()
+        assert max_abs(torch.softmax(s.masked_fill(~mask, float("-inf")), -1), m.phi(x)[0]) < F64_ATOL
+
+
 def test_the_options_run_on_meta():
     m = seqmix.build_mixer("softmax_attention", d_model=16, heads=4, kv_heads=2, softcap=2.0, alibi=True, sinks=True, window=4,
                            rope=True, rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}).to(META)
@@ -161,6 +181,13 @@ def test_the_options_run_on_meta():
         y = m(x)
         assert y.device.type == "meta"
         assert all(g is None or g.device.type == "meta" for g in torch.autograd.grad(y.sum(), [x, *params], allow_unused=True))
+    cache = Cache()
+    with torch.no_grad():
+        m(torch.randn(2, 5, 16, device=META), cache=cache)
+        assert m(torch.randn(2, 1, 16, device=META), cache=cache).device.type == "meta"
+    m = seqmix.build_mixer("softmax_attention", d_model=16, heads=4, **MLA).to(META)
+    y = m(torch.randn(2, 9, 16, device=META, requires_grad=True))
+    assert y.device.type == "meta" and all(g.device.type == "meta" for g in torch.autograd.grad(y.sum(), list(m.parameters())))
     cache = Cache()
     with torch.no_grad():
         m(torch.randn(2, 5, 16, device=META), cache=cache)
@@ -186,3 +213,9 @@ def test_bad_options_are_named():
         seqmix.build_mixer("softmax_attention", d_model=16, heads=4, rope_scaling={"type": "linear", "factor": 2.0})
     with pytest.raises(ValueError, match="softcap"):
         seqmix.build_mixer("softmax_attention", d_model=16, heads=4, softcap=-1.0)
+    with pytest.raises(ValueError, match="qk_rope_head_dim"):
+        seqmix.build_mixer("softmax_attention", d_model=16, heads=4, head_dim=6, kv_lora_rank=5, qk_rope_head_dim=3)
+    with pytest.raises(ValueError, match="kv_heads.*MLA"):
+        seqmix.build_mixer("softmax_attention", d_model=16, heads=4, kv_heads=2, **MLA)
+    with pytest.raises(ValueError, match="set kv_lora_rank"):
+        seqmix.build_mixer("softmax_attention", d_model=16, heads=4, q_lora_rank=4)

@@ -42,7 +42,7 @@ SCALINGS = {
 }
 
 FAMILIES = ["qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text", "phi3", "phi3_longrope", "phi",
-            "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss", "gpt2", "bloom"] + [f"llama_{k}" for k in SCALINGS]
+            "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss", "gpt2", "bloom", "deepseek_v3", "deepseek_v3_q"] + [f"llama_{k}" for k in SCALINGS]
 
 
 def tiny(family: str, *, attn: str = "sdpa", **overrides):
@@ -94,6 +94,11 @@ def tiny(family: str, *, attn: str = "sdpa", **overrides):
     elif family == "bloom":
         cfg = T.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_head=4, n_layer=2, bos_token_id=1, eos_token_id=1, pad_token_id=0,
                             attn_implementation=attn)
+    elif family in ("deepseek_v3", "deepseek_v3_q"):  # MLA; layer 0 dense, layer 1 MoE; _q: a full-rank q_proj
+        kw = {k: v for k, v in common.items() if k != "num_key_value_heads"}
+        cfg = T.DeepseekV3Config(**kw, num_key_value_heads=4, q_lora_rank=None if family == "deepseek_v3_q" else 12,
+                                 kv_lora_rank=10, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5, n_routed_experts=4,
+                                 num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=1, n_group=1, topk_group=1)
     elif family == "olmo2":
         cfg = T.Olmo2Config(**common)
     elif family == "smollm3":  # layer 0 without RoPE
@@ -151,7 +156,8 @@ def test_generate_equals_the_original_at_every_step(family, monkeypatch):
 #: RoPE cos/sin made float64 and the qk-norms' RMSNorm (float32 inside in transformers) made float64. Gemma 2 is left
 #: out (its soft-capping runs only in the eager path, whose softmax is float32), and the scaled RoPE types are tied
 #: to transformers' frequencies by test_rope_frequencies_equal_transformers (computed in float32 there)
-F64_FAMILIES = ["qwen2", "qwen3", "mistral", "gemma", "gemma3_text", "phi3", "phi", "gpt_neox", "olmo2", "smollm3", "granite"]
+F64_FAMILIES = ["qwen2", "qwen3", "mistral", "gemma", "gemma3_text", "phi3", "phi", "gpt_neox", "olmo2", "smollm3", "granite",
+                "deepseek_v3", "deepseek_v3_q"]
 
 
 def _rope64(position_ids, R: int, theta: float, dtype):
@@ -179,10 +185,10 @@ def test_each_converted_module_equals_the_original_in_float64(family, monkeypatc
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     for path, mx in seqmix_mixers(c).items():
         orig, adapter = m.get_submodule(path), c.get_submodule(path)
-        for name in ("q_norm", "k_norm"):
+        for name in ("q_norm", "k_norm", "q_a_layernorm", "kv_a_layernorm"):
             if getattr(orig, name, None) is not None:
                 monkeypatch.setattr(getattr(orig, name), "forward", _rms64(getattr(orig, name), family == "gemma3_text"))
-        R = mx.config.rotary_dim or mx.head_qk
+        R = mx.config.qk_rope_head_dim or mx.config.rotary_dim or mx.head_qk
         pe = _rope64(pos, R, mx.config.rope_theta, h.dtype)
         w = mx.config.window
         mask = ((j <= i) & (i - j < (w or T)))[None, None]  # causal (and windowed), as SDPA's bool mask
@@ -298,3 +304,29 @@ def test_show_hf_draws_an_attention_only_model(tmp_path):
     tiny("gpt2").save_pretrained(tmp_path / "gpt2")
     rc = main(["show", "--hf", str(tmp_path / "gpt2"), "--ids", "5,6,7,8,9,10,11,12", "--out", str(tmp_path / "o"), "--dpi", "30"])
     assert rc == 0 and (tmp_path / "o" / "layers.png").exists()
+
+
+def test_mla_caches_the_latent_as_transformers_does():
+    """DeepSeek-V3's DynamicCache layers hold the latent c [B, 1, L, r] and the rotary key [B, 1, L, R] (keys / values
+    of the layer): the converted model writes seqmix's KVCache of that pair there, equal to what the original writes,
+    and a continuation through the cache equals one pass."""
+    from transformers import DynamicCache
+
+    from interop_helpers import prefill_and_step
+    from seqmix.ops import KVCache
+    from tolerances import max_abs
+
+    m = tiny("deepseek_v3")
+    c = from_transformers(m)
+    x = ids(T=16)
+    with torch.no_grad():
+        ref, mine = prefill_and_step((m, c), x, lambda model: DynamicCache(config=model.config))
+        for i in range(2):
+            layer, theirs = mine.layers[i], ref.layers[i]
+            assert isinstance(layer._seqmix_kv, KVCache) and layer.keys.shape == theirs.keys.shape == (2, 1, 12, 10)
+            assert layer.values.shape == theirs.values.shape == (2, 1, 12, 4)
+            assert max_abs(layer.keys, theirs.keys) <= 1e-5 and max_abs(layer.values, theirs.values) <= 1e-5
+        full = m(x, use_cache=False).logits
+        assert scale_err(c(x[:, 12:], cache=mine, use_cache=True).logits, full[:, 12:]) <= 2e-4
+    mx = seqmix_mixers(c)["model.layers.0.self_attn"]
+    assert mx.state_size(12) == 12 * (10 + 4)  # r + R floats per token, not heads·(K + V)

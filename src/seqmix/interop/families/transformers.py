@@ -387,6 +387,60 @@ def bloom_attention_weights(module) -> tuple[Weight, ...]:
     )
 
 
+def mla_attention_config(cfg, module) -> dict:
+    """DeepseekV3Attention (MLA) -> softmax_attention with kv_lora_rank: the latent c = RMSNorm(x W_kva[:r]) and the
+    shared rotary key, cached as transformers caches them (the compressed pair); the low-rank query (q_lora_rank) or
+    one q_proj; the scale qk_head_dim^(-1/2) times YaRN's mscale² (the module's own scaling)."""
+    H, K, R = int(module.num_heads), int(module.qk_head_dim), int(module.qk_rope_head_dim)
+    V, r = int(module.v_head_dim), int(module.kv_lora_rank)
+    rq = module.q_lora_rank
+    _no_dropout(module)
+    if int(getattr(module, "num_key_value_groups", 1)) != 1:
+        raise Unsupported("num_key_value_heads", cfg.num_key_value_heads, "MLA's keys are per head (from the shared latent)")
+    in_bias = module.kv_a_proj_with_mqa.bias is not None
+    if rq is not None and (module.q_a_proj.bias is not None) != in_bias:
+        raise Unsupported("attention_bias", "q_a_proj / kv_a_proj_with_mqa", "seqmix's qkv_bias is one switch for W_qa and W_kva")
+    eps = {float(module.kv_a_layernorm.variance_epsilon)} | ({float(module.q_a_layernorm.variance_epsilon)} if rq else set())
+    if len(eps) != 1:
+        raise Unsupported("rms_norm_eps", sorted(eps), "seqmix's MLA norms share one ε (mla_norm_eps)")
+    return dict(d_model=int(module.hidden_size), heads=H, head_dim=K, v_head_dim=V, kv_lora_rank=r,
+                q_lora_rank=None if rq is None else int(rq), qk_rope_head_dim=R, qkv_bias=in_bias,
+                out_bias=module.o_proj.bias is not None, scale=_scale(module, K), mla_norm_eps=eps.pop(),
+                **rope_fields(cfg, module, R))
+
+
+def _pe_rows(heads: int, width: int, R: int, interleaved: bool, what: str) -> Transform:
+    """Rows of a projection whose heads are [nope (width − R) | pe (R)]: with transformers' interleaved RoPE
+    (DeepSeek's rope_interleave: pairs (2j, 2j + 1), results laid out as [evens | odds]) the pe rows are put in
+    that order [0, 2, .., 1, 3, ..], so that seqmix's rotate-half RoPE gives the same channels."""
+    if not interleaved:
+        return Transform(what, lambda t: t)
+    order = torch.cat([torch.arange(width - R), width - R + torch.cat([torch.arange(0, R, 2), torch.arange(1, R, 2)])])
+
+    def fn(t):
+        return t.reshape(heads, width, *t.shape[1:])[:, order].reshape(t.shape)
+
+    return Transform(f"{what}: pe rows [evens | odds] per head", fn)
+
+
+def mla_attention_weights(module) -> tuple[Weight, ...]:
+    H, K, R, r = int(module.num_heads), int(module.qk_head_dim), int(module.qk_rope_head_dim), int(module.kv_lora_rank)
+    inter = bool(getattr(module.config, "rope_interleave", False))
+    return (
+        Weight("q_proj.weight", "W_q.weight", _pe_rows(H, K, R, inter, "q_proj")),
+        Weight("q_a_proj.weight", "W_qa.weight"),
+        Weight("q_a_proj.bias", "W_qa.bias"),
+        Weight("q_a_layernorm.weight", "q_a_norm.weight"),
+        Weight("q_b_proj.weight", "W_qb.weight", _pe_rows(H, K, R, inter, "q_b_proj")),
+        Weight("kv_a_proj_with_mqa.weight", "W_kva.weight", _pe_rows(1, r + R, R, inter, "kv_a_proj_with_mqa")),
+        Weight("kv_a_proj_with_mqa.bias", "W_kva.bias", _pe_rows(1, r + R, R, inter, "kv_a_proj_with_mqa")),
+        Weight("kv_a_layernorm.weight", "kv_a_norm.weight"),
+        Weight("kv_b_proj.weight", "W_kvb.weight"),
+        Weight("o_proj.weight", "W_o.weight"),
+        Weight("o_proj.bias", "W_o.bias"),
+    )
+
+
 # ------------------------------------------------------------------------------------------
 # the transformers people start from: one Family each, every attention layer -> softmax_attention
 # ------------------------------------------------------------------------------------------
@@ -479,6 +533,11 @@ BLOOM = Family(
     description="BLOOM: BloomAttention -> seqmix 'softmax_attention' (ALiBi, fused per-head qkv, biases; the residual added "
                 "in the module as in transformers)",
 )
+DEEPSEEK_V3 = _transformer("deepseek_v3", "DeepseekV3Attention", "DeepSeek-V3: DeepseekV3Attention (MLA) -> seqmix "
+                           "'softmax_attention' with kv_lora_rank (the latent and the shared rotary key cached, as transformers "
+                           "caches them); the MoE stays transformers'", config=mla_attention_config, weights=mla_attention_weights,
+                           dsf="MLA: q^hᵀk_j^h = (W_kb^hᵀ q_nope^h)ᵀ c_j + q_pe^hᵀ k_pe,j, a softmax over a rank-(r + R) key space "
+                               "shared by the heads (the cached latent c and the rotary key)")
 
 TRANSFORMERS = (LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA, GEMMA2, GEMMA3, PHI3, PHI, GPT_NEOX, OLMO2, SMOLLM3, GRANITE, MIXTRAL,
-                QWEN3_MOE, GPT_OSS, GPT2, BLOOM)
+                QWEN3_MOE, GPT_OSS, GPT2, BLOOM, DEEPSEEK_V3)

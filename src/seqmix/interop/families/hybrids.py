@@ -20,7 +20,8 @@ import torch
 from ..table import Family, ModuleMap, State, Transform, Unsupported, Weight, block_diag_t, drop_first, flatten, neg, pad_first, squeeze
 from .recurrent import MAMBA2_STATE, MAMBA2_WEIGHTS, MAMBA_STATE, MAMBA_WEIGHTS, S6_DSF, _dt_init, _silu, mamba_config
 from .transformers import (
-    ATTENTION_STATE, ATTENTION_WEIGHTS, SOFTMAX_DSF, _attention, _group_rows, _rope, llama_attention_config, plus_one,
+    ATTENTION_STATE, ATTENTION_WEIGHTS, SOFTMAX_DSF, _attention, _group_rows, _rope, kimi_mla_config, kimi_mla_weights,
+    llama_attention_config, plus_one,
 )
 
 
@@ -254,11 +255,15 @@ KIMI_LINEAR = Family(
                KIMI_KDA_WEIGHTS, DELTA_STATE,
                dsf="per head h: Λ_i = (I - β_i k_i k_iᵀ) Diag(α_i) (key-wise decay + rank one), log α = -exp(A_log_h) "
                    "softplus(x W_f¹ W_f² + dt_bias), β = σ(x W_β); B_i = β_i k_iᵀ, C_i = q_i/√K; q, k = l2norm(SiLU(conv(x W))); "
-                   "readout RMSNorm_h(o) ⊙ σ(x W_g¹ W_g²), o_proj"),),
+                   "readout RMSNorm_h(o) ⊙ σ(x W_g¹ W_g²), o_proj"),
+     ModuleMap("transformers.models.kimi_linear.modeling_kimi_linear.KimiLinearAttention", "softmax_attention", kimi_mla_config,
+               kimi_mla_weights, ATTENTION_STATE, returns_pair=True, mask="causal",
+               dsf=SOFTMAX_DSF.replace(", q and k rotated by RoPE at their absolute positions", "") + "; MLA without positions: "
+                   "q^hᵀk_j^h = (W_kb^hᵀ q_nope^h)ᵀ c_j + q_pe^hᵀ k_pe,j, a softmax over a rank-(r + R) key space shared by the "
+                   "heads (the cached latent)")),
     slots=r"(^|\.)layers\.\d+\.self_attn$",
-    keeps=("transformers.models.kimi_linear.modeling_kimi_linear.KimiLinearAttention",),
-    description="Kimi-Linear: KimiLinearDeltaAttention -> seqmix 'kimi_kda' (KDA); its MLA attention (KimiLinearAttention) and "
-                "MoE stay transformers' own (listed in model.seqmix_kept)",
+    description="Kimi-Linear: KimiLinearDeltaAttention -> seqmix 'kimi_kda' (KDA), KimiLinearAttention (MLA, no positions) -> "
+                "'softmax_attention' with kv_lora_rank (the latent cached as transformers caches it); MoE stays transformers'",
 )
 
 

@@ -387,10 +387,11 @@ def bloom_attention_weights(module) -> tuple[Weight, ...]:
     )
 
 
-def mla_attention_config(cfg, module) -> dict:
+def mla_attention_config(cfg, module, *, rope: bool = True) -> dict:
     """DeepseekV3Attention (MLA) -> softmax_attention with kv_lora_rank: the latent c = RMSNorm(x W_kva[:r]) and the
     shared rotary key, cached as transformers caches them (the compressed pair); the low-rank query (q_lora_rank) or
-    one q_proj; the scale qk_head_dim^(-1/2) times YaRN's mscale² (the module's own scaling)."""
+    one q_proj; the scale qk_head_dim^(-1/2) times YaRN's mscale² (the module's own scaling). ``rope=False``: the
+    "rotary" channels are not rotated (Kimi-Linear's MLA, NoPE)."""
     H, K, R = int(module.num_heads), int(module.qk_head_dim), int(module.qk_rope_head_dim)
     V, r = int(module.v_head_dim), int(module.kv_lora_rank)
     rq = module.q_lora_rank
@@ -406,7 +407,17 @@ def mla_attention_config(cfg, module) -> dict:
     return dict(d_model=int(module.hidden_size), heads=H, head_dim=K, v_head_dim=V, kv_lora_rank=r,
                 q_lora_rank=None if rq is None else int(rq), qk_rope_head_dim=R, qkv_bias=in_bias,
                 out_bias=module.o_proj.bias is not None, scale=_scale(module, K), mla_norm_eps=eps.pop(),
-                **rope_fields(cfg, module, R))
+                **(rope_fields(cfg, module, R) if rope else dict(rope=False)))
+
+
+def kimi_mla_weights(module) -> tuple[Weight, ...]:
+    return mla_attention_weights(module, rope=False)
+
+
+def kimi_mla_config(cfg, module) -> dict:
+    """KimiLinearAttention (MLA without positions: Kimi-Linear's KDA layers carry them) -> softmax_attention with
+    kv_lora_rank and rope = False."""
+    return mla_attention_config(cfg, module, rope=False)
 
 
 def _pe_rows(heads: int, width: int, R: int, interleaved: bool, what: str) -> Transform:
@@ -423,9 +434,11 @@ def _pe_rows(heads: int, width: int, R: int, interleaved: bool, what: str) -> Tr
     return Transform(f"{what}: pe rows [evens | odds] per head", fn)
 
 
-def mla_attention_weights(module) -> tuple[Weight, ...]:
+def mla_attention_weights(module, *, rope: bool = True) -> tuple[Weight, ...]:
+    """q_proj or q_a_proj / q_a_layernorm / q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj (rope: the pe
+    rows in the order of transformers' interleaved RoPE, DeepSeek's rope_interleave)."""
     H, K, R, r = int(module.num_heads), int(module.qk_head_dim), int(module.qk_rope_head_dim), int(module.kv_lora_rank)
-    inter = bool(getattr(module.config, "rope_interleave", False))
+    inter = rope and bool(getattr(module.config, "rope_interleave", False))
     return (
         Weight("q_proj.weight", "W_q.weight", _pe_rows(H, K, R, inter, "q_proj")),
         Weight("q_a_proj.weight", "W_qa.weight"),

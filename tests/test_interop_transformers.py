@@ -154,10 +154,11 @@ def test_generate_equals_the_original_at_every_step(family, monkeypatch):
 
 #: float64 module by module where transformers computes in float64 with default RoPE: SDPA (no float32 softmax), the
 #: RoPE cos/sin made float64 and the qk-norms' RMSNorm (float32 inside in transformers) made float64. Gemma 2 is left
-#: out (its soft-capping runs only in the eager path, whose softmax is float32), and the scaled RoPE types are tied
+#: out, and GPT-OSS and BLOOM (soft-capping, sinks, ALiBi run only in the eager path, whose softmax is float32); the
+#: MLA norms (float32 inside too) are made float64 like the qk-norms; the scaled RoPE types are tied
 #: to transformers' frequencies by test_rope_frequencies_equal_transformers (computed in float32 there)
 F64_FAMILIES = ["qwen2", "qwen3", "mistral", "gemma", "gemma3_text", "phi3", "phi", "gpt_neox", "olmo2", "smollm3", "granite",
-                "deepseek_v3", "deepseek_v3_q"]
+                "deepseek_v3", "deepseek_v3_q", "gpt2"]
 
 
 def _rope64(position_ids, R: int, theta: float, dtype):

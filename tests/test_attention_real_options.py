@@ -6,7 +6,6 @@ tests/test_interop_transformers.py.)"""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

@@ -1,8 +1,9 @@
-"""Forward+backward time of every mode of the thirteen mixers of issue 30, side by side, at
-T = 4096 (issue 30, "Also": chunk vs recurrent fwd+bwd for each new op).
+"""Forward+backward time of every mode of the newer mixers, side by side, at T = 4096 (issue 30,
+"Also": chunk vs recurrent fwd+bwd for each new op; issue 42 item 4: the same for its mixers).
 
 For each of rwkv6, rwkv7, hgrn2, gsa, mamba3, log_linear_mamba2, log_linear_gdn,
-gated_deltaproduct, comba, mesanet, fox, stickbreaking and path_attention, built at d_model 128
+gated_deltaproduct, comba, mesanet, fox, stickbreaking and path_attention (issue 30) and based,
+rebased, abc, lightnet, rodimus, mom and gated_deltanet2 (issue 42), built at d_model 128
 (bench/scaling.build: its defaults, else its example config with d_model 128), batch 1, float32,
 every mode of ``mixer.modes`` is timed on the same input: forward + backward of y.sum() into the
 parameters and the input (min of --repeats after a warm-up), and the table prints each mode's
@@ -21,7 +22,8 @@ reference ran the machine out of memory at its T/8 probe before).
 The per-token cost over T = 512..16k of every recurrent mixer (flat for each: linear in T) is
 bench/scaling.py's; this script does not repeat it.
 
-    python bench/new_mixers.py              # T = 4096 (minutes on 2 cores)
+    python bench/new_mixers.py              # T = 4096, both groups (minutes on 2 cores)
+    python bench/new_mixers.py --group breadth2   # issue 42's mixers only (--group issue30: the thirteen)
     python bench/new_mixers.py --quick      # T = 512: a smoke run
     python bench/new_mixers.py --mixers rwkv7,comba -T 2048
 """
@@ -37,8 +39,13 @@ from _common import base_parser, fmt, mixer_fwd_bwd, print_table, setup, timeit,
 from scaling import build, saved_bytes
 
 D_MODEL = 128
-NEW_MIXERS = ("rwkv6", "rwkv7", "hgrn2", "gsa", "mamba3", "log_linear_mamba2", "log_linear_gdn", "gated_deltaproduct",
-              "comba", "mesanet", "fox", "stickbreaking", "path_attention")
+#: the mixers of each group (--group), in the order of the table
+GROUPS = {
+    "issue30": ("rwkv6", "rwkv7", "hgrn2", "gsa", "mamba3", "log_linear_mamba2", "log_linear_gdn", "gated_deltaproduct",
+                "comba", "mesanet", "fox", "stickbreaking", "path_attention"),
+    "breadth2": ("based", "rebased", "abc", "lightnet", "rodimus", "mom", "gated_deltanet2"),
+}
+NEW_MIXERS = GROUPS["issue30"] + GROUPS["breadth2"]
 
 
 def _project(ts: dict[int, float], T: int) -> float:
@@ -106,7 +113,8 @@ def bench_mixer(name: str, T: int, args) -> list[list]:
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("-T", "--seq-len", type=int, default=None, help="sequence length (default 4096; 512 with --quick)")
-    p.add_argument("--mixers", default=",".join(NEW_MIXERS), help="comma-separated registry names (default: the thirteen)")
+    p.add_argument("--group", choices=[*GROUPS, "all"], default="all", help="which mixers (default all; --mixers overrides)")
+    p.add_argument("--mixers", default=None, help="comma-separated registry names (default: those of --group)")
     p.add_argument("--max-seconds", type=float, default=60.0, help="skip a mode projected to take longer (default 60)")
     p.add_argument("--max-gb", type=float, default=2.0, help="skip a mode projected to save more for backward (default 2)")
     args = p.parse_args()
@@ -114,7 +122,8 @@ def main() -> None:
     T = args.seq_len or (512 if args.quick else 4096)
     print(f"machine: {info}")
     rows = []
-    for name in args.mixers.split(","):
+    names = args.mixers.split(",") if args.mixers else (NEW_MIXERS if args.group == "all" else GROUPS[args.group])
+    for name in names:
         t0 = time.perf_counter()
         got = bench_mixer(name.strip(), T, args)
         rows += got

@@ -9,6 +9,17 @@ sys.path.insert(0, HERE)  # tolerances.py
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))  # this checkout's seqmix, even in a git worktree
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="the device of the contract suite's mixers and inputs (seqmix.contract.use_device): cpu, cuda, ...")
+
+
+def pytest_configure(config):
+    from seqmix import contract
+
+    contract.use_device(config.getoption("--device"))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -218,3 +218,40 @@ def test_calibrate_escape_grid_on_two_workers():
 def test_calibrate_escape_refuses_an_unknown_model():
     r = _run("calibrate.py", "escape", "dsf-fig2", "--models", "S7", "--d", "32", "--lrs", "0.01", "--steps", "10")
     assert r.returncode != 0 and "no tiny run of model 'S7'" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke(tmp_path):
+    """bench/gpu_check.py --smoke: every step of the prepared device script at its smallest on the CPU
+    (the contract suite on one mixer, the fla comparison, bench/gpu.py --smoke, the GPU slice's dry run)."""
+    r = _run("gpu_check.py", "--smoke", "--out", str(tmp_path), timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert list(report) == ["setup", "contract-fp32", "contract-bf16", "fla", "gpu-bench", "dsf-fig2"]
+    assert all(step["rc"] == 0 for step in report.values())
+    assert "passed" in report["contract-fp32"]["tail"][-1]
+    fla = json.loads((tmp_path / "fla.json").read_text())
+    assert {"key/float32", "key/bfloat16", "head/float32", "head/bfloat16"} <= set(fla)
+    if not fla["fla_installed"]:  # auto is the torch path: the same numbers
+        assert all(v["out"] == 0.0 for k, v in fla.items() if k != "fla_installed")
+    assert "40 runs" in (tmp_path / "dsf-fig2.log").read_text().replace("\n", " ")
+
+
+def test_gpu_check_refuses_an_unknown_step(tmp_path):
+    r = _run("gpu_check.py", "--smoke", "--out", str(tmp_path), "--only", "contract", timeout=120)
+    assert r.returncode == 2 and "argument --only: unknown step(s) contract" in r.stdout
+
+
+@pytest.mark.slow
+def test_host_reads_and_compile_benches_run(tmp_path):
+    """bench/host_reads.py and bench/compile.py at their smallest: both policies / both runners timed, and the
+    compiled model's first loss equal to eager's (the same function)."""
+    r = _run("host_reads.py", "--quick", "--mixers", "gla", "--repeats", "1", "--json", str(tmp_path / "h.json"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "h.json").read_text())["results"]["gla/T64"]
+    assert res["always_ms"] > 0 and res["never_ms"] > 0
+    r = _run("compile.py", "--quick", "--mixers", "gla", "--repeats", "1", "--json", str(tmp_path / "c.json"), timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "c.json").read_text())["results"]["gla"]
+    assert res["graph_breaks"] == 0
+    assert res["first_loss"]["compiled"] == pytest.approx(res["first_loss"]["eager"], rel=1e-4)

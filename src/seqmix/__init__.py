@@ -5,15 +5,23 @@
     y = mixer(x)                      # x: [batch, time, d_model]
     Phi = mixer.phi(x)                # [batch, heads, time, time]
     system = mixer.dsf(x)             # seqmix.DSF: Λ_i, B_i, C_i, D_i
+
+A mixer of one's own (docs/new_mixer.md): a ``MixerConfig`` and a ``Mixer`` subclass, one call
+into ``seqmix.ops``, ``@seqmix.register("name")``, then ``seqmix.check_mixer("name")`` runs the
+contract suite of the built-in mixers on it.
 """
 
 from .dsf import DSF
-from .mixers import Cache, Mixer, MixerConfig, build_mixer, list_mixers, mixer_entry
+from .mixers import (
+    Cache, Mixer, MixerConfig, MixOut, build_mixer, list_mixers, mixer_entry, register, register_preset, unregister,
+)
 from .ops import linear_recurrence, recurrence_map, recurrence_step
+from .contract import ContractError, check_mixer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DSF", "Cache", "Mixer", "MixerConfig", "build_mixer", "list_mixers", "mixer_entry",
+    "DSF", "Cache", "Mixer", "MixerConfig", "MixOut", "build_mixer", "list_mixers", "mixer_entry", "register",
+    "register_preset", "unregister", "check_mixer", "ContractError",
     "linear_recurrence", "recurrence_map", "recurrence_step", "__version__",
 ]

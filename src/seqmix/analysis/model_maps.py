@@ -522,6 +522,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     # linear attention without decay: Λ = I
     "linear_attention": "identity", "separable_attention": "identity", "normalized_attention": "identity",
     "generalized_linear_attention": "identity", "linformer": "identity",
+    "based": "identity", "rebased": "identity",
     # scalar per head: Λ_i = α_i·I
     "mamba2": "scalar: exp(Δ_i^h a_h) per head", "ssd": "scalar: exp(Δ_i^h a_h) per head",
     "dsf_ssd": "scalar: exp(Δ_i a) shared", "lightning_attention": "scalar: fixed per head", "retnet": "scalar: fixed per head",
@@ -534,14 +535,14 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "hgrn2": "diagonal: data-dependent", "metala": "diagonal: data-dependent", "general_form": "diagonal",
     "rg_lru": "diagonal: data-dependent", "rg_lru_block": "diagonal: data-dependent", "qlstm": "diagonal: data-dependent",
     "qlstm_block": "diagonal: data-dependent", "qlstm_rs": "diagonal: data-dependent", "qlstm_rs_block": "diagonal: data-dependent",
-    "gsa": "diagonal: per slot", "h3": "diagonal: shift SSM and diagonal SSM", "gss": "diagonal (time-invariant)",
+    "gsa": "diagonal: per slot", "rodimus": "diagonal: exp(−g_i τ_i) per key channel (one head)", "abc": "diagonal: exp(z_{i−1} − z_i) per slot, z the running log-sum-exp of the slot logits", "lightnet": "diagonal: exp(z_{i−1} − z_i), z the running log-sum-exp of the key logits", "h3": "diagonal: shift SSM and diagonal SSM", "gss": "diagonal (time-invariant)",
     # diagonal plus low rank
     "s4": "diagonal + low rank (DPLR, time-invariant)",
     # the delta rule: a product
     "deltanet": "product: I − β_i k_i k_iᵀ", "gated_deltanet": "product: α_i·(I − β_i k_i k_iᵀ)",
     "qwen3_next_gdn": "product: α_i·(I − β_i k_i k_iᵀ)", "kda": "product: (I − β_i k_i k_iᵀ)·Diag(α_i)",
     "kimi_kda": "product: (I − β_i k_i k_iᵀ)·Diag(α_i)",
-    "comba": "product: α_i·(I − β_i p_i k_iᵀ) (closed-loop key p)", "gated_deltaproduct": "product: α_i·Π_j (I − β_j k_j k_jᵀ)",
+    "comba": "product: α_i·(I − β_i p_i k_iᵀ) (closed-loop key p)", "mom": "product: α_i·(I − β_i k_i k_iᵀ) per memory, I where the token is not routed there", "gated_deltanet2": "product: (I − k_i (b_i ⊙ k_i)ᵀ)·Diag(α_i) (erase gate b)", "gated_deltaproduct": "product: α_i·Π_j (I − β_j k_j k_jᵀ)",
     "log_linear_gdn": "product: α_i·(I − β_i k_i k_iᵀ) on O(log T) Fenwick states",
     # other structures
     "log_linear_mamba2": "scalar: exp(Δ_i^h a_h) per head, on O(log T) Fenwick states",
@@ -615,7 +616,8 @@ def _general_form(c) -> tuple[list[str], list[str]]:
 #: :func:`missing_norm_gate_rule` and tests/test_mixer_table.py): "none" in the table then means checked.
 NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     # attention
-    "SeparableAttention": lambda m: (_on(m.config.normalizer != "none", _eta(m.config.normalizer)), []),
+    "SeparableAttention": lambda m: (_on(m.config.feature_norm == "layernorm", "LayerNorm on q, k per head (γ, β shared)")
+                                     + _on(m.config.normalizer != "none", _eta(m.config.normalizer)), []),
     "SoftmaxAttention": lambda m: (["softmax" + (" + a sink e^{z_h} in η (learned, per head)" if m.config.sinks else "")]
                                    + ([f"scores soft-capped: {m.config.softcap:g}·tanh(s/{m.config.softcap:g})"] if m.config.softcap else []),
                                    _on(m.config.output_gate, "σ(x W_g) output gate")),
@@ -636,9 +638,14 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     "Mamba3": lambda m: ([], ["SiLU(z) (block)"]),
     # linear attention and linear RNNs
     "GeneralForm": lambda m: _general_form(m.config),
-    "DeltaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, f"{m.config.gate_act}(x W_g)" + (" low-rank" if m.config.gate_rank else ""))),
+    "DeltaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, f"{m.config.gate_act}(x W_g)" + (" low-rank" if m.config.gate_rank else ""))
+                           + _on(m.config.channel_gates, "σ(x W_w) write gate on v")),
     "MesaNet": lambda m: (["l2(q, k)"], _on(m.config.gate, "silu(x W_g)")),
-    "GatedSlotAttention": lambda m: ([], _on(m.config.output_act == "silu", "SiLU(o) = o ⊙ σ(o) (self-gate, before the norm)")),
+    "Rodimus": lambda m: (["l2(k)"], ["g^τ input gate on k", "σ(u W_i¹ W_i²) value gate", "SiLU(x W_gate) (before the norm)"]),
+    "MoM": lambda m: (["l2(q, k)"], ["top-k router weights on the memories' outputs"] + _on(m.config.gate, "SiLU(x W_g) (after the norm)")),
+    "LightNet": lambda m: ([], ["SiLU(x W_g¹ W_g²) output gate (low rank, after the norm)"]),
+    "GatedSlotAttention": lambda m: ([], _on(m.config.output_act == "silu", "SiLU(o) = o ⊙ σ(o) (self-gate, before the norm)")
+                                     + _on(m.config.output_gate, "SiLU(x W_g) output gate (after the norm)")),
     "RWKV7": lambda m: (["l2(κ̂)"], ["σ(x G₁) G₂ output gate (low rank)"]
                         + _on(m.config.value_residual, "σ(ν) value-residual mix toward v_first")),
 }

@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cmd = " ".join(filter(None, (args.command, getattr(args, "lm_command", None))))  # "lm eval", not "lm"
     try:
+        from ._common import _import_plugins
+
+        _import_plugins(args)  # --import MODULE: mixers registered outside seqmix, before the command reads the registry
         return COMMANDS[args.command][1](args)
     except pydantic.ValidationError as e:  # a config built outside config_error: its one-line summary, not pydantic's dump
         print(f"seqmix {cmd}: error: {_short(config_error('config', e))}", file=sys.stderr)

@@ -22,16 +22,25 @@ def _parse_kv(items, where: str) -> dict:
 
 def _add_harness_common(p, *, out_default: str = "runs"):
     p.add_argument("--out", default=out_default, help=f"output directory (runs, checkpoints, results.sqlite; default {out_default}/)")
+    _add_import(p)
+    p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / workers)")
+
+
+def _add_import(p):
+    """--import MODULE: a module that registers mixers outside seqmix (docs/new_mixer.md), imported
+    before the command runs (:func:`seqmix.cli.main` does it for every command that has the option)."""
     p.add_argument("--import", dest="plugins", action="append", default=[], metavar="MODULE",
                    help="import this module first (mixers registered outside seqmix); repeatable")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / workers)")
 
 
 def _import_plugins(args):
     import importlib
 
-    for m in args.plugins:
-        importlib.import_module(m)
+    for m in getattr(args, "plugins", None) or ():
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            raise ValueError(f"argument '--import': cannot import {m!r} ({e})") from None
 
 
 def _add_parallel(p):

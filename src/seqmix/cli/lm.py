@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ._common import _add_harness_common, _add_parallel, _check_out_dir, _import_plugins, _is_rank0, _parse_kv, _with_parallel
+from ._common import _add_harness_common, _add_import, _add_parallel, _check_out_dir, _import_plugins, _is_rank0, _parse_kv, _with_parallel
 
 
 def _add_lm_train(sub):
@@ -135,6 +135,7 @@ def _run_lm_train(args) -> int:
 
 def _add_lm_eval(sub):
     p = sub.add_parser("eval", help="perplexity, bits per byte and length generalization of a trained LM run")
+    _add_import(p)
     p.add_argument("run", help="a run folder, or a run id (prefix) under --runs")
     p.add_argument("--runs", default="runs", help="where runs live (the --out of lm train; default runs/)")
     p.add_argument("--split", default="val", choices=["val", "test"])
@@ -186,6 +187,7 @@ def _run_lm_eval(args) -> int:
 
 def _add_lm_generate(sub):
     p = sub.add_parser("generate", help="generate text from a trained LM run, streaming tokens as they are made")
+    _add_import(p)
     p.add_argument("run", help="a run folder, or a run id (prefix) under --runs")
     p.add_argument("--runs", default="runs", help="where runs live (the --out of lm train; default runs/)")
     src = p.add_mutually_exclusive_group()
@@ -273,6 +275,7 @@ def _run_lm_generate(args) -> int:
 
 def _add_lm_export(sub):
     p = sub.add_parser("export", help="export a trained LM run (docs/hf.md): --hf DIR writes a HuggingFace folder")
+    _add_import(p)
     p.add_argument("run", help="a run folder, or a run id (prefix) under --runs")
     p.add_argument("--runs", default="runs", help="where runs live (the --out of lm train; default runs/)")
     p.add_argument("--hf", required=True, metavar="DIR",

@@ -3,11 +3,12 @@ Table 2, and their maps Φ side by side."""
 
 from __future__ import annotations
 
-from ._common import _check_out_dir, print_facts_table
+from ._common import _add_import, _check_out_dir, print_facts_table
 
 
 def _add_list(sub):
     p = sub.add_parser("list", help="list the registered mixers")
+    _add_import(p)
     p.add_argument("--family", help="only this family")
     p.add_argument("--format", choices=["table", "markdown", "names"], default="table")
     p.add_argument("--dsf", action="store_true", help="the DSF table of docs/mixers.md instead: structure of Λ, state, "
@@ -51,6 +52,7 @@ def _run_list(args) -> int:
 
 def _add_info(sub):
     p = sub.add_parser("info", help="show one mixer's config fields and documentation")
+    _add_import(p)
     p.add_argument("name")
 
 
@@ -99,6 +101,7 @@ def _add_show(sub):
 
     p = sub.add_parser("show", help="draw the maps Φ, decay spectra and DSF facts of mixers side by side (PNG, or --html)",
                        description="Maps, decay spectra and DSF facts of mixers on one input (docs/show.md).")
+    _add_import(p)
     p.add_argument("mixers", nargs="*", metavar="MIXER", help="registered mixer names (`seqmix list`); repeats allowed")
     p.add_argument("--input", choices=INPUT_KINDS, default="random", help="random tokens, an MQAR example, or a text (default random)")
     p.add_argument("--text", help="the text of --input text")

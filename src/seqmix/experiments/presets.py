@@ -125,6 +125,16 @@ MAIN_LRS = [LR_DSF[2], LR_DSF[1], LR_DSF[3]]
 MAIN_SWEEP_TRAIN = {**TINY_TRAIN, "epochs": 3, "max_steps": 2_500, "eval_every_steps": 500}
 MAIN_BUDGET = "≤ 10 min on 2 CPU cores (at most 90 runs: 5 models × 2 d × 3 rates × 3 seeds; fewer where a cell reaches 99% at its first rate)"
 
+#: the GPU slice of dsf-fig2 (one device call of ≤ 5 minutes, bench/gpu_check.py): the paper's task at its
+#: smaller size, MQAR (256, 16) with the paper's data (20,000 examples here, batch 64, vocabulary 8,192), d ∈ {64,
+#: 128}, n = 128, the paper's four rates, one seed; at most 1,200 steps per run, a cell stopping at the first
+#: rate that reaches 99%; 4 worker processes share the GPU
+GPU_MQAR = mqar(256, 16, train=20_000, test=1_000, batch_size=64, seed=0)
+GPU_TRAIN = {**DSF_TRAIN, "epochs": 4, "max_steps": 1_200, "eval_every_steps": 300, "device": "cuda"}
+#: the time estimate of the GPU slice: an assumed step time (not measured: no GPU has run seqmix yet), to be
+#: replaced by bench/gpu_check.py's first measurement
+GPU_STEP_MS_ASSUMED = 20.0
+
 #: why the DSF Fig. 2 claims may not hold at the main job's size (docs/harness.md, calibration)
 _PLATEAU = ("At CPU budgets S6 and SSD mostly stay on the 25% plateau of MQAR (32, 4): at the main job's size (≤ 2,500 "
             "steps, d ≤ 64) at every rate of the sweep in every seed (in the calibration 24-28% at each of "
@@ -158,6 +168,15 @@ DSF_FIG2 = Preset(
             tasks=[_task(32, 4, MAIN_MQAR)], d_models=[32, 64], ns=[TINY_N], lrs=MAIN_LRS, sweep_stop=True,
             seeds=[0, 1, 2], train=MAIN_SWEEP_TRAIN, model=TINY_MODEL, workers=2,
             budget=MAIN_BUDGET, models=TINY_ATTENTION),
+        "gpu": Scale(
+            description="MQAR (256, 16) (the paper's task at its smaller size; V = 8,192), 20,000 examples, batch 64, at most "
+                        "1,200 steps, 1,000 test examples, d ∈ {64, 128}, n = 128, the paper's 4 rates (a cell stops at the "
+                        "first that reaches 99%), seed 0, on CUDA with 4 runs sharing the GPU",
+            tasks=[_task(256, 16, GPU_MQAR)], d_models=[64, 128], ns=[128], lrs=[LR_DSF[2], LR_DSF[1], LR_DSF[3], LR_DSF[0]],
+            sweep_stop=True, seeds=[0], train=GPU_TRAIN, model=DSF_MODEL, workers=4,
+            budget=f"estimate: ≤ 40 runs × ≤ 1,200 steps on 4 workers sharing one GPU; at an assumed {GPU_STEP_MS_ASSUMED:g} ms "
+                   f"per step (not measured) ≤ {40 * 1_200 * GPU_STEP_MS_ASSUMED / 1e3 / 4 / 60:.0f} min, less where a cell "
+                   "stops at its first rate"),
         "small": Scale(
             description="MQAR (32, 4), V = 128, 48,000 examples, each seen at most twice (6,000 steps at batch 16), "
                         "1,000 test examples, d ∈ {64, 128} (the paper's two smallest), n = 8, the main job's rate sweep "

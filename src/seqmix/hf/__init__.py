@@ -4,6 +4,7 @@
     from transformers import AutoModelForCausalLM
     hf = seqmix.hf.SeqmixForCausalLM.wrap(lm)  # an existing LanguageModel, shared not copied
     hf.save_pretrained("out"); AutoModelForCausalLM.from_pretrained("out").generate(ids, max_new_tokens=20)
+    seqmix.hf.export_hf(run_dir, "out")       # a trained run folder -> a HuggingFace folder (`seqmix lm export --hf`)
 
 See docs/hf.md. An adapter at the top of the library: nothing in seqmix imports it.
 """
@@ -16,6 +17,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from .modeling import (CACHE_FIELD, SeqmixCache, SeqmixConfig, SeqmixForCausalLM, SeqmixPreTrainedModel, model_config_from_dict, output_cache,
                        register)
+from .export import export_hf
 
-__all__ = ["CACHE_FIELD", "SeqmixCache", "SeqmixConfig", "SeqmixForCausalLM", "SeqmixPreTrainedModel", "model_config_from_dict", "output_cache",
+__all__ = ["export_hf", "CACHE_FIELD", "SeqmixCache", "SeqmixConfig", "SeqmixForCausalLM", "SeqmixPreTrainedModel", "model_config_from_dict", "output_cache",
            "register"]

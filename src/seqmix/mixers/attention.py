@@ -38,6 +38,8 @@ separable attention (eq. 13-15, the corrected 15b of Appendix B), ``separable_at
     ``linear_attention``             φ = ψ = elu + 1, η = row_sum                       (eq. 16)
     ``generalized_linear_attention`` φ = ψ = identity, η = abs_row_sum                 (eq. 17)
     ``normalized_attention``         φ = ψ = identity, η = exp(W_η u + b), per head    (eq. 22)
+    ``based``                        φ = ψ = Taylor degree 2 of exp(qᵀk/√K), symmetric basis, η = row_sum  (Based)
+    ``rebased``                      φ = ψ = (γ ⊙ LN(·) + β)^{⊗2}/√K, symmetric basis, η = row_sum        (ReBased)
 
     Multi-head separable attention (Appendix G, eq. 28) is the ``heads`` option: each
     head has its own η, so Λ_i holds ``heads`` distinct scalars and the DSF is
@@ -79,7 +81,7 @@ from ..ops.features import FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_ma
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import RMSNorm, ShortConv
 
-FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor"]
+FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor", "square"]
 Normalizer = Literal["none", "row_sum", "abs_row_sum", "exp", "softplus", "sigmoid"]
 assert set(FeatureMap.__args__) == set(FEATURE_MAPS)
 
@@ -174,13 +176,13 @@ class _Attention(Mixer):
         s = self.config.scale
         return 1.0 / math.sqrt(self.head_qk) if s == "sqrt" else 1.0 if s == "none" else float(s)
 
-    def _qkv(self, x, *, qk_f32: bool = False):
-        """q (scaled), k: [B, T, H, K]; v: [B, T, H, V]. ``qk_f32``: q and k in float32 or wider
-        under autocast and with half parameters (docs/scale.md)."""
+    def _qkv(self, x, *, qk_f32: bool = False, scaled: bool = True):
+        """q (scaled unless ``scaled=False``), k: [B, T, H, K]; v: [B, T, H, V]. ``qk_f32``: q and k in
+        float32 or wider under autocast and with half parameters (docs/scale.md)."""
         B, T, _ = x.shape
         q, k = (linear_f32(self.W_qk, x) if qk_f32 else self.W_qk(x)).split([self.n, self.kv_heads * self.head_qk], dim=-1)
         q = q.view(B, T, self.heads, self.head_qk)
-        if self.qk_scale != 1.0:
+        if scaled and self.qk_scale != 1.0:
             q = q * self.qk_scale
         return q, k.view(B, T, self.heads, self.head_qk), self.W_v(x).view(B, T, self.heads, self.head_v)
 
@@ -229,6 +231,12 @@ class SeparableAttentionConfig(AttentionConfig):
     feature_map: FeatureMap = Field("elu1", description="φ applied to the queries: " + ", ".join(FEATURE_MAPS))
     key_feature_map: FeatureMap | None = Field(None, description="ψ applied to the keys (default: the same as φ)")
     taylor_order: int = Field(2, ge=0, description="degree P of the 'taylor' feature map (Lemma 1)")
+    taylor_basis: Literal["kronecker", "symmetric"] = Field(
+        "kronecker", description="how the 'taylor' features store x^{⊗p}: 'kronecker' (every ordered product) or 'symmetric' (each "
+        "monomial once, x^α/sqrt(α!): the same kernel in Σ_p C(K+p-1, p) features, Based's 1 + K + K(K+1)/2; seqmix.ops.features)")
+    feature_norm: Literal["none", "layernorm"] = Field(
+        "none", description="'layernorm': q and k normalized over each head's K channels with a learned γ, β [K] shared by q, k and "
+        "the heads, before the scale and the feature map (ReBased's learnable kernel: φ(γ ⊙ LN(q) + β))")
     normalizer: Normalizer = Field("row_sum", description="η: " + ", ".join(NORMALIZERS))
     eta_bias: bool = Field(True, description="bias b_η of W_η (input normalizers; the released code has one)")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
@@ -239,24 +247,26 @@ class SeparableAttentionConfig(AttentionConfig):
         if self.normalizer == "row_sum":
             positive = (phi in POSITIVE_FEATURE_MAPS and psi in POSITIVE_FEATURE_MAPS) or (
                 phi == psi == "taylor" and self.taylor_order % 2 == 0
-            )
+            ) or phi == psi == "square"  # (qᵀk)² >= 0
             if not positive:
                 raise ValueError(
                     f"normalizer 'row_sum' needs φ(q)ᵀψ(k) > 0: feature_map and key_feature_map in {POSITIVE_FEATURE_MAPS}, "
-                    f"or both 'taylor' with an even taylor_order; got feature_map={phi!r}, key_feature_map={psi!r}, "
+                    f"or both 'taylor' with an even taylor_order, or both 'square'; got feature_map={phi!r}, key_feature_map={psi!r}, "
                     f"taylor_order={self.taylor_order} (use 'abs_row_sum' for signed features)"
                 )
-        if (phi == "taylor") != (psi == "taylor"):
-            raise ValueError(f"feature_map and key_feature_map must both be 'taylor' or neither (φ(q)ᵀψ(k) needs equal widths), got {phi!r} and {psi!r}")
+        for wide in ("taylor", "square"):
+            if (phi == wide) != (psi == wide):
+                raise ValueError(f"feature_map and key_feature_map must both be {wide!r} or neither (φ(q)ᵀψ(k) needs equal widths), "
+                                 f"got {phi!r} and {psi!r}")
         if phi == "taylor":
             n, H = self.n or self.d_model, self.heads
             K, V = n // H, self.d_model // H
-            floats = H * taylor_feature_dim(K, self.taylor_order) * (V + 1)
+            floats = H * taylor_feature_dim(K, self.taylor_order, self.taylor_basis) * (V + 1)
             if floats > MAX_STATE_FLOATS:
                 raise ValueError(
                     f"taylor_order = {self.taylor_order} is too large for memory: the state would hold {floats:.3g} floats "
                     f"per sequence ({_bytes(4 * floats)} in float32; limit {MAX_STATE_FLOATS:.3g} floats), "
-                    f"Σ_p K^p = {taylor_feature_dim(K, self.taylor_order)} features per head for K = {K}"
+                    f"{taylor_feature_dim(K, self.taylor_order, self.taylor_basis)} features per head for K = {K}"
                 )
         return self
 
@@ -285,7 +295,10 @@ class SeparableAttention(_Attention):
         c = self.config
         self.phi_name = c.feature_map
         self.psi_name = c.key_feature_map or c.feature_map
-        self.n_features = feature_dim(self.phi_name, self.head_qk, c.taylor_order)
+        self.n_features = feature_dim(self.phi_name, self.head_qk, c.taylor_order, c.taylor_basis)
+        if c.feature_norm == "layernorm":  # ReBased: γ ⊙ LN(·) + β on q and k, one (γ, β) [K] for both and every head
+            self.feature_gamma = nn.Parameter(torch.ones(self.head_qk))
+            self.feature_beta = nn.Parameter(torch.zeros(self.head_qk))
         self.row_sum = c.normalizer in ROW_SUM_NORMALIZERS
         self.W_eta = nn.Linear(c.d_model, c.heads, bias=c.eta_bias) if c.normalizer in INPUT_NORMALIZERS else None
 
@@ -299,10 +312,14 @@ class SeparableAttention(_Attention):
         """φ(q), ψ(k): [B, T, H, n_φ]; v: [B, T, H, V]; z = W_η x: [B, T, H] or None."""
         # a signed η = 1 + |φ(q)ᵀΣψ(k)| cancels: with q, k rounded to bf16 its error grows with T
         # (relative error 0.29 at T = 512), so q and k stay in float32 there (docs/scale.md)
-        q, k, v = self._qkv(x, qk_f32=self.config.normalizer == "abs_row_sum")
-        P = self.config.taylor_order
-        fq = apply_feature_map(self.phi_name, q, P)
-        fk = apply_feature_map(self.psi_name, k, P)
+        c = self.config
+        norm = c.feature_norm == "layernorm"
+        q, k, v = self._qkv(x, qk_f32=c.normalizer == "abs_row_sum", scaled=not norm)
+        if norm:  # the norm before the scale (LN(s·q) = LN(q) would drop it)
+            q, k = (F.layer_norm(t, (self.head_qk,), self.feature_gamma.to(t.dtype), self.feature_beta.to(t.dtype)) for t in (q, k))
+            q = q * self.qk_scale
+        fq = apply_feature_map(self.phi_name, q, c.taylor_order, c.taylor_basis)
+        fk = apply_feature_map(self.psi_name, k, c.taylor_order, c.taylor_basis)
         z = self.W_eta(x) if self.W_eta is not None else None
         return fq, fk, v, z
 
@@ -373,6 +390,24 @@ register_preset(
     "normalized_attention", SeparableAttention,
     description="Normalized attention: φ = ψ = id, η = exp(W_η u + b) per head (DSF eq. 22; softplus/sigmoid eq. 29-30)",
     defaults={"feature_map": "identity", "normalizer": "exp", "eta_bias": True},
+)
+#: Based (Arora et al. 2024, "Simple linear attention language models balance the recall-throughput tradeoff"):
+#: φ(q)ᵀφ(k) = 1 + s + s²/2 with s = qᵀk/sqrt(K), the second-order Taylor expansion of exp(s), its monomials stored
+#: once (1 + K + K(K+1)/2 features per head), normalized by the row sum; by default one head of the paper's K = 16
+#: (n = 16; with H heads set n = 16·H)
+BASED = dict(feature_map="taylor", taylor_order=2, taylor_basis="symmetric", scale="sqrt", normalizer="row_sum", n=16, heads=1)
+register_preset(
+    "based", SeparableAttention,
+    description="Based (Arora et al. 2024): 2nd-order Taylor feature map 1 + s + s²/2, s = qᵀk/√K, row-sum η (with SWA layers: pattern 'based')",
+    defaults=BASED,
+)
+#: ReBased (Aksenov et al. 2024, "Linear Transformers with Learnable Kernel Functions are Better In-Context Models"):
+#: φ(q)ᵀφ(k) = (q̃ᵀk̃)²/K with q̃ = γ ⊙ LN(q) + β (k̃ alike, the same γ, β), row-sum η; one head of K = 16 by default
+REBASED = dict(feature_map="square", feature_norm="layernorm", scale="sqrt", normalizer="row_sum", n=16, heads=1)
+register_preset(
+    "rebased", SeparableAttention,
+    description="ReBased (Aksenov et al. 2024): learnable quadratic kernel (γ ⊙ LN(q) + β)ᵀ(γ ⊙ LN(k) + β))²/K, row-sum η",
+    defaults=REBASED,
 )
 
 

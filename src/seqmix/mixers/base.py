@@ -478,6 +478,14 @@ def register_preset(name: str, base: type[Mixer], *, description: str, defaults:
     _REGISTRY[name] = MixerEntry(name, base, dict(defaults), description, dict(example or {}))
 
 
+def unregister(name: str) -> MixerEntry:
+    """Removes ``name`` from the registry (a mixer or a preset) and returns its entry: for a mixer
+    registered in a script or a test that should leave the registry as it found it."""
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"unregister: argument 'name' must be a registered mixer, got {name!r}")
+    return _REGISTRY.pop(name)
+
+
 def mixer_entry(name: str) -> MixerEntry:
     if not isinstance(name, str) or name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))

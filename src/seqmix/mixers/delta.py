@@ -12,6 +12,7 @@ One class, :class:`DeltaNet`, and its presets; the core is ``seqmix.ops.delta_ru
     kda              exp(−A_h softplus(x W_f¹ W_f² + b)) per key    Kimi Delta Attention (KDA-style: a key-wise α)
     qwen3_next_gdn   as gated_deltanet                               Qwen3-Next's layer (transformers): GVA, one conv, shared norm
     kimi_kda         as kda                                          Kimi-Linear's KDA layer (transformers): σ low-rank gate
+    gated_deltanet2  as kda, with channel-wise erase and write gates  fla's GDN-2: (I − kᵀ(b ⊙ k)) Diag(α), written value w ⊙ v
 
 The last two are the options real checkpoints need (issue 26; ``seqmix.interop`` converts
 transformers' Qwen3NextGatedDeltaNet and KimiLinearDeltaAttention into them): grouped value
@@ -49,6 +50,7 @@ from torch import nn
 
 from ..dsf import DSF
 from ..ops.delta_rule import delta_product, delta_product_map, delta_rule, delta_rule_map
+from ..ops.precision import upcast
 from .base import ExpandedWidths, Mixer, MixerConfig, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv
 
@@ -106,6 +108,12 @@ class DeltaNetConfig(ExpandedWidths, MixerConfig):
     )
     output_correction: bool = Field(False, description="Comba's output correction o_t = (q_t − D_h p_t) S_t (p = k without inner_decay)")
     correction_factor: float = Field(1.0, description="initial D_h of the output correction (fla: 1, 'sometimes 0.02 works better')")
+    # -- Gated DeltaNet-2 -------------------------------------------------------------------------------
+    channel_gates: bool = Field(
+        False, description="Gated DeltaNet-2's channel-wise gates in place of the scalar β: an erase gate b_t = σ(x W_b) ∈ [0, 1]^{d_k'} "
+        "on the key axis and a write gate w_t = σ(x W_w) ∈ [0, 1]^{d_v'} on the value axis, "
+        "S_t = (I − k_tᵀ(b_t ⊙ k_t)) Diag(α_t) S_{t-1} + k_tᵀ(w_t ⊙ v_t) (b = w = β is KDA); negative_eigenvalues doubles b",
+    )
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
 
     @model_validator(mode="after")
@@ -123,6 +131,9 @@ class DeltaNetConfig(ExpandedWidths, MixerConfig):
         if self.num_householder > 1 and (self.fused_conv or (self.k_heads or self.heads) != self.heads or self.inner_decay or self.output_correction):
             raise ValueError(f"num_householder = {self.num_householder} (DeltaProduct) takes fused_conv = False, k_heads = None, "
                              "inner_decay = False and output_correction = False")
+        if self.channel_gates and (self.num_householder > 1 or self.inner_decay or self.output_correction):
+            raise ValueError("channel_gates = True (Gated DeltaNet-2) takes num_householder = 1, inner_decay = False and "
+                             "output_correction = False (its erase gate is the closed-loop key's place)")
         if self.gate_rank is not None and not self.gate:
             raise ValueError(f"gate_rank = {self.gate_rank} is the output gate's rank: needs gate = True")
         return self
@@ -166,7 +177,11 @@ class DeltaNet(Mixer):
         self.W_q = nn.Linear(d, d_k, bias=False)
         self.W_k = nn.Linear(d, n * d_k, bias=False)  # DeltaProduct: n_h keys per token, layout (n h k) as fla
         self.W_v = nn.Linear(d, n * d_v, bias=False)
-        self.W_beta = nn.Linear(d, n * H, bias=False)
+        if c.channel_gates:  # GDN-2: the erase gate on each q/k head's key axis, the write gate on the values
+            self.W_b = nn.Linear(d, d_k, bias=False)
+            self.W_w = nn.Linear(d, d_v, bias=False)
+        else:
+            self.W_beta = nn.Linear(d, n * H, bias=False)
         if c.conv_size and c.fused_conv:
             self.conv = ShortConv(2 * d_k + d_v, c.conv_size, bias=False, activation="silu")
         elif c.conv_size:
@@ -230,13 +245,21 @@ class DeltaNet(Mixer):
         if self.Hk != H:  # GVA: q/k head j serves value heads j·r .. j·r + r - 1
             q, k = q.repeat_interleave(H // self.Hk, dim=2), k.repeat_interleave(H // self.Hk, dim=2)
         v = v.view(B, T * n, H, V)
-        beta = torch.sigmoid(self.W_beta(x)).view(B, T * n, H)
         p = None
+        if c.channel_gates:  # GDN-2: β = 1, the erase key p = b ⊙ k (2b with negative eigenvalues), the written value w ⊙ v
+            erase = torch.sigmoid(self.W_b(x)).view(B, T, self.Hk, K)
+            if self.Hk != H:
+                erase = erase.repeat_interleave(H // self.Hk, dim=2)
+            p = (2 * erase if c.negative_eigenvalues else erase) * k
+            v = torch.sigmoid(self.W_w(x)).view(B, T, H, V) * v
+            beta = torch.ones(B, T, H, dtype=v.dtype, device=v.device)
+        else:
+            beta = torch.sigmoid(self.W_beta(x)).view(B, T * n, H)
         if c.inner_decay:  # Comba eq. 8: the closed-loop key p_t = σ(d) k_t (after the L2 norm: the paper's form)
             p = k * torch.sigmoid(self.p_decay).view(H, 1)
         if c.output_correction:  # Comba: o_t = (q_t − D p_t) S_t
             q = q - self.D.view(H, 1) * (p if p is not None else k)
-        if c.negative_eigenvalues:
+        if c.negative_eigenvalues and not c.channel_gates:
             beta = 2 * beta
         g = None
         if c.decay == "head":  # Gated DeltaNet: log α = −A_h softplus(x W_a + b_Δ)  (= −Δ_t A, Mamba-2)
@@ -389,6 +412,12 @@ register_preset(
     description="Gated DeltaProduct (Siems et al. 2025): n_h = 2 delta steps per token, Λ_t = α_t Π_j (I − β_j k_jᵀk_j), "
                 "β ∈ [0, 2] (negative eigenvalues), Mamba-2's gate once per token",
     defaults={"decay": "head", "num_householder": 2, "negative_eigenvalues": True},
+)
+register_preset(
+    "gated_deltanet2", DeltaNet,
+    description="Gated DeltaNet-2 (fla's GDN-2): KDA's key-wise gate with a channel-wise erase gate b on the key axis and write "
+                "gate w on the value axis, Λ_t = (I − k_tᵀ(b_t ⊙ k_t)) Diag(α_t), written value w_t ⊙ v_t",
+    defaults={"decay": "key", "channel_gates": True, "qk_l2_eps": 1e-6, "norm_shared": True, "gate_act": "sigmoid"},
 )
 register_preset(
     "comba", DeltaNet,
@@ -570,3 +599,173 @@ class RWKV7(Mixer):
 
     def state_size(self, seq_len: int | None = None) -> int:
         return self.H * self.K * self.V + self.d_model
+
+
+# ------------------------------------------------------------------------------------------
+# MoM: a mixture of memories, each a gated delta rule that sees the tokens routed to it
+# ------------------------------------------------------------------------------------------
+
+
+class MoMConfig(ExpandedWidths, MixerConfig):
+    """MoM (Du et al. 2025, "MoM: Linear Sequence Modeling with Mixture-of-Memories"; flash-linear-attention's
+    MomAttention layer, gated delta rule memories)."""
+
+    heads: int = Field(4, gt=0, description="H, the heads of every memory")
+    expand_k: float = Field(1.0, gt=0, description="d_k = expand_k·d_model (over all heads)")
+    expand_v: float = Field(1.0, gt=0, description="d_v = expand_v·d_model (over all heads)")
+    num_memories: int = Field(4, ge=1, description="E, the memories (fla: 8)")
+    topk: int = Field(2, ge=1, description="memories each token is routed to (fla: 2)")
+    shared_memory: bool = Field(False, description="one more memory that every token writes and reads with weight 1 (fla's shared_mem)")
+    conv_size: int | None = Field(4, ge=1, description="kernel of the short convs on q and on each memory's k and v (SiLU after); None: SiLU only")
+    gate: bool = Field(True, description="output gate: y = W_o(RMSNorm_h(o) ⊙ SiLU(x W_g)) (fla's use_output_gate)")
+    norm_eps: float = Field(1e-5, gt=0, description="ε of the output RMSNorm")
+    chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
+
+    @model_validator(mode="after")
+    def _check(self):
+        self._check_widths()
+        for name, w in (("expand_k", self.d_k), ("expand_v", self.d_v)):
+            if w % self.heads:
+                raise ValueError(f"{name}·d_model = {w} must be divisible by heads = {self.heads}")
+        if self.topk > self.num_memories:
+            raise ValueError(f"topk = {self.topk} must be <= num_memories = {self.num_memories}")
+        return self
+
+
+@register("mom", description="MoM (Du et al. 2025): a router sends each token to its top-k of E gated-delta-rule memories, outputs mixed by the router")
+class MoM(Mixer):
+    """Mixture of memories (Du et al. 2025, §3; fla's MomAttention). A router scores the E memories per token,
+    r_t = softmax(x_t W_r), keeps the top k and renormalizes them: w_{t,e} = r_{t,e} / Σ_{e' ∈ top_k} r_{t,e'} for
+    e ∈ top_k(t), else 0. Memory e is a Gated DeltaNet with its own k, v, β and gate projections, and writes
+    only the tokens routed to it:
+
+        S^e_t = (I − β^e_t k^e_tᵀk^e_t) α^e_t S^e_{t−1} + β^e_t k^e_tᵀ v^e_t     if e ∈ top_k(t),   S^e_t = S^e_{t−1} else
+        o_t = Σ_e w_{t,e} q_t S^e_t / sqrt(d_k')
+
+    with a shared query q_t, α^e_t = exp(−A_h softplus(x W_a^e + b_Δ)), β^e_t = σ(x W_β^e), q and k L2-normalized per
+    head. Skipping a token is the delta rule with β = 0 and α = 1 there, so the E memories run as E·H heads of
+    one ``delta_rule`` call whose β and log α are masked by the routing, and whose query for memory e is
+    w_{t,e} q_t (zero where t is not routed to e): every mode, the maps and the DSF are the op's. The readout
+    sums the memories (y = W_o(RMSNorm_h(Σ_e o^e) ⊙ SiLU(x W_g))). ``shared_memory`` adds one memory that
+    every token writes and reads with weight 1.
+
+    DSF view: maps = (memory, head), values = each memory's v^e, mixed = w_{t,e} q_t S^e_t / sqrt(d_k') (the
+    sum over e is the readout's); Λ_t per memory and head is the gated delta rule's (I − β kᵀk) α, or the
+    identity where the token is not routed there. State: (E [+1])·H·d_k'·d_v' plus the convs.
+
+    Where fla differs: its short convs run over each memory's routed tokens only (a sequence compacted per
+    memory), these over the whole sequence, before the routing (the token's own neighbourhood for every
+    memory); with ``conv_size=None`` the two coincide.
+    """
+
+    family = "linear_attention"
+    modes = ("recurrent", "chunk", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "(E [+1])·H·d_k'·d_v' + (d_k + E'·(d_k + d_v))·(conv−1)"
+    map_unit = "head"
+    diagonal_transition = False
+    Config = MoMConfig
+
+    def __init__(self, config: MoMConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        d, d_k, d_v, H = c.d_model, c.d_k, c.d_v, c.heads
+        self.E = c.num_memories + (1 if c.shared_memory else 0)  # the shared memory is the last one
+        self.H, self.K, self.V = H, d_k // H, d_v // H
+        E = self.E
+        self.W_router = nn.Linear(d, c.num_memories, bias=False)
+        self.W_q = nn.Linear(d, d_k, bias=False)
+        self.W_k = nn.Linear(d, E * d_k, bias=False)  # memory e: rows e·d_k .. (e+1)·d_k
+        self.W_v = nn.Linear(d, E * d_v, bias=False)
+        self.W_beta = nn.Linear(d, E * H, bias=False)
+        self.W_a = nn.Linear(d, E * H, bias=False)
+        if c.conv_size:
+            self.conv_q = ShortConv(d_k, c.conv_size, bias=False, activation="silu")
+            self.conv_k = ShortConv(E * d_k, c.conv_size, bias=False, activation="silu")
+            self.conv_v = ShortConv(E * d_v, c.conv_size, bias=False, activation="silu")
+        A = torch.empty(H).uniform_(A_MIN, A_MAX)
+        self.A_log = nn.Parameter(A.log())
+        dt = torch.exp(torch.rand(H) * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN)).clamp(min=1e-4)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        self.norm = RMSNorm(self.V, eps=c.norm_eps)  # per head, one weight shared by the heads (fla's o_norm)
+        self.W_g = nn.Linear(d, d_v, bias=False) if c.gate else None
+        self.W_o = nn.Linear(d_v, d, bias=False)
+        self._scale = self.K ** -0.5
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "heads": 2, "num_memories": 3, "topk": 2, "chunk_size": 8}
+
+    def routing(self, x):
+        """w [B, T, E]: the renormalized top-k router weights (zero off the top k; the shared memory: 1), and the
+        routing mask [B, T, E] (1 where the token writes the memory)."""
+        c = self.config
+        r = torch.softmax(upcast(self.W_router(x)), dim=-1)
+        top, idx = torch.topk(r, c.topk, dim=-1)
+        w = torch.zeros_like(r).scatter(-1, idx, top / top.sum(-1, keepdim=True))
+        mask = torch.zeros_like(r).scatter(-1, idx, torch.ones_like(top))
+        if c.shared_memory:
+            one = torch.ones_like(r[..., :1])
+            w, mask = torch.cat([w, one], -1), torch.cat([mask, one], -1)
+        return w, mask
+
+    def _params(self, x, state, need_state):
+        """q (router-weighted), k [B, T, E·H, K], v [B, T, E·H, V], β, log α [B, T, E·H] (masked), the new conv states."""
+        c = self.config
+        B, T, _ = x.shape
+        E, H, K, V = self.E, self.H, self.K, self.V
+        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
+        new = {}
+        if c.conv_size:
+            outs = []
+            for name, conv, t in (("conv_q", self.conv_q, q), ("conv_k", self.conv_k, k), ("conv_v", self.conv_v, v)):
+                y, s = conv(t, state.get(name) if state else None, output_final_state=need_state)
+                outs.append(y)
+                if need_state:
+                    new[name] = s
+            q, k, v = outs
+        else:
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        w, mask = self.routing(x)  # [B, T, E]
+        q = F.normalize(q.view(B, T, 1, H, K), dim=-1) * w.view(B, T, E, 1, 1).to(q.dtype)  # memory e reads w_{t,e} q_t
+        k = F.normalize(k.view(B, T, E, H, K), dim=-1)
+        m = mask.view(B, T, E, 1)
+        beta = torch.sigmoid(self.W_beta(x)).view(B, T, E, H) * m.to(x.dtype)
+        g = -self.A_log.exp() * F.softplus(upcast(self.W_a(x)).view(B, T, E, H) + self.dt_bias) * m
+        return (q.reshape(B, T, E * H, K), k.reshape(B, T, E * H, K), v.view(B, T, E * H, V),
+                beta.reshape(B, T, E * H), g.reshape(B, T, E * H), new)
+
+    def _forward(self, x, *, state, mode, need_state):
+        q, k, v, beta, g, new = self._params(x, state, need_state)
+        o, S = delta_rule(q, k, v, beta, g, scale=self._scale, initial_state=state["S"] if state else None,
+                          output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size, check_values=False)
+        B, T = x.shape[:2]
+        y = self.norm(o.view(B, T, self.E, self.H, self.V).sum(2))  # the memories summed, then RMSNorm per head
+        y = y.flatten(2)
+        if self.W_g is not None:
+            y = y * F.silu(self.W_g(x))
+        return MixOut(self.W_o(y), {"S": S, **new} if need_state else None, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, E·H, T, T]: per memory and head, w_{t,e} q_t M_t ⋯ M_{s+1} β_s k_sᵀ / sqrt(d_k') (zero columns where s is
+        not routed to e, zero rows where t is not)."""
+        self.check_input(x)
+        q, k, _, beta, g, _ = self._params(x, None, False)
+        return delta_rule_map(q, k, beta, g, scale=self._scale, check_values=False)
+
+    def dsf(self, x):
+        """The E·H gated delta rules as one block-diagonal DSF (:meth:`seqmix.DSF.from_delta_rule`): input the memories'
+        values, output their router-weighted outputs (before the sum over memories)."""
+        self.check_input(x)
+        q, k, _, beta, g, _ = self._params(x, None, False)
+        return DSF.from_delta_rule(q, k, beta, self.V, g, scale=self._scale)
+
+    def spectrum(self, x):
+        return self.dsf(x).eigenvalues()
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        c = self.config
+        size = self.E * self.H * self.K * self.V
+        if c.conv_size:
+            size += (c.d_k + self.E * (c.d_k + c.d_v)) * (c.conv_size - 1)
+        return size

@@ -103,7 +103,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import linear_recurrence, max_stabilizer, recurrence_map
+from ..ops import linear_recurrence, lse_gate, max_stabilizer, recurrence_map, rotary
 from ..ops.precision import complex_, compute_dtype, upcast
 from .base import ExpandedWidths, MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv
@@ -1161,6 +1161,16 @@ class GSAConfig(ExpandedWidths, MixerConfig):
     norm_affine: bool = Field(True, description="the norm with a learned weight")
     norm_eps: float = Field(1e-5, gt=0, description="norm epsilon")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode (both passes)")
+    # -- ABC (Peng et al. 2022), the predecessor: its slot gate, output gate and positions ------------------
+    slot_gate: Literal["sigmoid", "lse"] = Field(
+        "sigmoid", description="how the slots are written and forgotten: 'sigmoid' GSA's α_t = σ(x W_α)^{1/τ}, written with 1 − α_t; "
+        "'lse' ABC's running log-sum-exp z_t of the slot logits x W_α (clamped to ±slot_clamp): written with exp(s_t − z_t), "
+        "α_t = exp(z_{t−1} − z_t) (seqmix.ops.lse_gate; z carried in the cache)",
+    )
+    slot_clamp: float = Field(32.0, gt=0, description="'lse': the slot logits are clamped to [−slot_clamp, slot_clamp] (fla's ABC: 32)")
+    output_gate: bool = Field(False, description="y = W_O(norm(o) ⊙ SiLU(x W_g)) (ABC's gated RMSNorm; output_act then 'none')")
+    rope: bool = Field(False, description="rotary positions on q and k at their absolute positions (ABC's use_rope), in every mode and in decoding")
+    rope_theta: float = Field(10000.0, gt=1, description="RoPE base")
 
     @model_validator(mode="after")
     def _check(self):
@@ -1170,6 +1180,8 @@ class GSAConfig(ExpandedWidths, MixerConfig):
                 raise ValueError(f"{name} = {width} must be divisible by heads = {self.heads}")
         if not isinstance(self.scale, str) and not self.scale > 0:
             raise ValueError(f"scale = {self.scale} must be > 0 (or 'none', 'inv_sqrt_k')")
+        if self.rope and (self.d_k // self.heads) % 2:
+            raise ValueError(f"rope = True needs an even d_k' = d_k / heads, got {self.d_k // self.heads}")
         return self
 
 
@@ -1179,7 +1191,8 @@ class _GSAParams:
     k: torch.Tensor  # [B, T, H, K] (float32 or wider)
     v: torch.Tensor  # [B, T, H, V] (the projections' dtype)
     la: torch.Tensor  # log α_t [B, T, H, M] (float32 or wider)
-    s: torch.Tensor  # 1 - α_t [B, T, H, M]
+    s: torch.Tensor  # the slot write weights [B, T, H, M]: 1 - α_t (GSA) or exp(κ_t − z_t) (ABC)
+    state: dict = field(default_factory=dict)  # ABC: the running log-sum-exp "z" [B, H, M], the position "pos"
 
 
 @register("gsa", description="Gated Slot Attention (Zhang et al. 2024): two gated linear attentions over m slots joined by a softmax")
@@ -1235,7 +1248,8 @@ class GatedSlotAttention(Mixer):
         self.W_q = nn.Linear(d, c.d_k, bias=False)
         self.W_k = nn.Linear(d, c.d_k, bias=False)
         self.W_v = nn.Linear(d, c.d_v, bias=False)
-        self.W_f = nn.Linear(d, H * self.M, bias=False)  # the slot forget gate W_α
+        self.W_f = nn.Linear(d, H * self.M, bias=False)  # the slot forget gate W_α (ABC: the slot logits)
+        self.W_g = nn.Linear(d, c.d_v, bias=False) if c.output_gate else None
         self.norm = RMSNorm(c.d_v, eps=c.norm_eps, groups=H if c.norm_per_head else 1, affine=c.norm_affine) if c.xnorm == "rmsnorm" else None
         self.W_o = nn.Linear(c.d_v, d, bias=False)
         if c.scale == "inv_sqrt_k":
@@ -1249,15 +1263,25 @@ class GatedSlotAttention(Mixer):
     def example_config(cls) -> dict:
         return {"d_model": 16, "heads": 2, "num_slots": 4, "chunk_size": 8}
 
-    def _params(self, x) -> _GSAParams:
+    def _params(self, x, state=None) -> _GSAParams:
         c = self.config
         B, T, _ = x.shape
         H, K, V, M = self.H, self.K, self.V, self.M
         q = upcast(_act(c.feature_map, self.W_q(x))).view(B, T, H, K)  # the logits pass runs in float32 or wider
         k = upcast(_act(c.feature_map, self.W_k(x))).view(B, T, H, K)
         v = _act(c.value_act, self.W_v(x)).view(B, T, H, V)
+        new = {}
+        if c.rope:
+            pos0 = state["pos"] if state else 0
+            pos = torch.arange(pos0, pos0 + T, device=x.device)
+            q, k = rotary(q, pos, theta=c.rope_theta), rotary(k, pos, theta=c.rope_theta)
+            new["pos"] = pos0 + T
+        if c.slot_gate == "lse":  # ABC: write exp(κ − z_t), forget exp(z_{t−1} − z_t)
+            logits = upcast(self.W_f(x)).view(B, T, H, M).clamp(-c.slot_clamp, c.slot_clamp)
+            s, la, new["z"] = lse_gate(logits, state["z"] if state else None)
+            return _GSAParams(q=q, k=k, v=v, la=la, s=s, state=new)
         la = F.logsigmoid(upcast(self.W_f(x))).view(B, T, H, M) / c.tau  # log α_t <= 0, float32 or wider
-        return _GSAParams(q=q, k=k, v=v, la=la, s=-torch.expm1(la))
+        return _GSAParams(q=q, k=k, v=v, la=la, s=-torch.expm1(la), state=new)
 
     def _slot_weights(self, P: _GSAParams, Sk0, mode, need_state):
         """Pass 1: z_t = scale · q_t K̃_tᵀ over the slots, then p_t = softmax(z_t). Returns (p [B, T, H, M], K̃ᵀ)."""
@@ -1266,7 +1290,7 @@ class GatedSlotAttention(Mixer):
         return torch.softmax(z, dim=-1), Sk
 
     def _forward(self, x, *, state, mode, need_state):
-        P = self._params(x)
+        P = self._params(x, state)
         p, Sk = self._slot_weights(P, state.get("Sk") if state else None, mode, need_state)
         o, Sv = linear_recurrence(p, P.s, P.v, P.la, scale=1.0, initial_state=state.get("Sv") if state else None,
                                   output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size, check_values=False)
@@ -1276,8 +1300,10 @@ class GatedSlotAttention(Mixer):
             y = F.silu(y)
         if self.norm is not None:
             y = self.norm(y)
+        if self.W_g is not None:
+            y = y * F.silu(self.W_g(x))
         y = self.W_o(y.to(P.v.dtype))
-        return MixOut(y, {"Sk": Sk, "Sv": Sv} if need_state else None, values=P.v, mixed=o)
+        return MixOut(y, {"Sk": Sk, "Sv": Sv, **P.state} if need_state else None, values=P.v, mixed=o)
 
     # -- the DSF view --------------------------------------------------------------------------
 
@@ -1306,4 +1332,231 @@ class GatedSlotAttention(Mixer):
         return DSF.from_recurrence(P.q.detach(), P.k.detach(), self.M, gv=P.la.detach(), scale=self._scale)
 
     def state_size(self, seq_len: int | None = None) -> int:
-        return self.H * self.M * (self.K + self.V)
+        return self.H * self.M * (self.K + self.V + (1 if self.config.slot_gate == "lse" else 0))
+
+
+#: ABC (Peng et al. 2022, "ABC: Attention with Bounded-memory Control"; fla's ABCAttention): GSA's two passes with
+#: the slots written by exp(s_t − z_t) and forgotten by exp(z_{t−1} − z_t), z_t the running log-sum-exp of the slot
+#: logits; plain q, k, v projections with RoPE, scale d_k'^{-1/2}, a per-head RMSNorm gated by SiLU(x W_g)
+ABC_FLA = dict(slot_gate="lse", expand_k=0.5, feature_map="identity", value_act="identity", scale="inv_sqrt_k", output_act="none",
+               output_gate=True, norm_per_head=True, rope=True)
+register_preset(
+    "abc", GatedSlotAttention,
+    description="ABC (Peng et al. 2022): bounded-memory slots written by a running softmax exp(s_t − z_t), decayed by exp(z_{t−1} − z_t)",
+    defaults=ABC_FLA,
+)
+
+
+# ------------------------------------------------------------------------------------------
+# LightNet: a gated linear attention whose decay and key come from one running log-sum-exp
+# ------------------------------------------------------------------------------------------
+
+
+class LightNetConfig(MixerConfig):
+    """LightNet (Qin et al. 2024, "You Only Scan Once: Efficient Multi-dimension Sequential Modeling with
+    LightNet"; its code is flash-linear-attention's LightNetAttention layer)."""
+
+    head_size: int = Field(128, gt=0, description="d_k' = d_v' per head (fla's expand_ratio: 128); H = d_model / head_size, one head when d_model <= head_size")
+    gate_rank: int = Field(128, gt=0, description="rank of the output gate's projection x W_g¹ W_g² (fla's gate_low_rank_dim: 128)")
+    norm_eps: float = Field(1e-5, gt=0, description="ε of the RMSNorm on the core output")
+    chunk_size: int | None = Field(None, gt=0, description="chunk length of the chunk mode (None: the op picks it)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.d_model > self.head_size and self.d_model % self.head_size:
+            raise ValueError(f"head_size = {self.head_size} must divide d_model = {self.d_model} (or be >= it: one head)")
+        return self
+
+
+@register("lightnet", description="LightNet (Qin et al. 2024): k_t = exp(x_t − z_t), α_t = exp(z_{t−1} − z_t), z_t = logcumsumexp of the key logits")
+class LightNet(Mixer):
+    """LightNet (Qin et al. 2024, §3; fla's LightNetAttention). Per head and key channel i, the key logits
+    κ_t = x_t W_k feed one running log-sum-exp z_t = log Σ_{s<=t} exp(κ_s) (the "additive" decay of the
+    paper, carried in the cache), which sets both the key and the decay:
+
+        k_t = exp(κ_t − z_t),   α_t = exp(z_{t−1} − z_t)  (α_0 = 1; z_{-1} = −∞ from an empty state)
+        S_t = diag(α_t) S_{t−1} + k_tᵀ v_t,   o_t = q_t S_t / sqrt(d_k'),   q_t = SiLU(x_t W_q)
+        y_t = W_o (RMSNorm(o_t) ⊙ SiLU(x_t W_g¹ W_g²))
+
+    so S_t = Σ_{s<=t} exp(κ_s − z_t) v_s: per key channel, a softmax over the whole prefix of the values
+    (the weights of each channel sum to 1). It is a gated linear attention (GLA) with a key-wise decay
+    tied to the key: ``linear_recurrence`` with q, k and the log-decay z_{t−1} − z_t <= 0, in every
+    mode. The cache holds S [B, H, d_k', d_v'] and z_T [B, H, d_k'].
+
+    DSF (eq. 11): Λ_t = diag(α_t) per key channel (shared by the d_v' value channels), B_t = I ⊗ k_t,
+    C_t = I ⊗ q_tᵀ/sqrt(d_k'): ``dsf(x)`` is ``DSF.from_recurrence``. Φ[t, s] = Σ_i q_{t,i} exp(κ_{s,i} −
+    z_{t,i}) / sqrt(d_k') per head (``phi``). ``values`` = v, ``mixed`` = o before the norm and the gate.
+    """
+
+    family = "linear_attention"
+    modes = ("recurrent", "chunk", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "H·d_k'·(d_v' + 1) (S and the running log-sum-exp z)"
+    map_unit = "head"
+    Config = LightNetConfig
+
+    def __init__(self, config: LightNetConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        d = c.d_model
+        self.H = max(1, d // c.head_size)
+        self.K = self.V = d // self.H
+        self.W_q = nn.Linear(d, d, bias=False)
+        self.W_k = nn.Linear(d, d, bias=False)
+        self.W_v = nn.Linear(d, d, bias=False)
+        self.W_g = nn.Sequential(nn.Linear(d, c.gate_rank, bias=False), nn.Linear(c.gate_rank, d, bias=False))
+        self.norm = RMSNorm(d, eps=c.norm_eps)
+        self.W_o = nn.Linear(d, d, bias=False)
+        self._scale = self.K ** -0.5
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "head_size": 8, "gate_rank": 4, "chunk_size": 8}
+
+    def _params(self, x, z0=None):
+        """q, k [B, T, H, K] (float32 or wider), v [B, T, H, V], the log-decay g = z_{t−1} − z_t [B, T, H, K]
+        and z_T [B, H, K]. ``z0``: the running log-sum-exp before x (None: an empty state)."""
+        B, T, _ = x.shape
+        H, K = self.H, self.K
+        q = upcast(F.silu(self.W_q(x))).view(B, T, H, K)
+        k, g, zT = lse_gate(self.W_k(x).view(B, T, H, K), z0)  # k_t = exp(κ_t − z_t), g_t = z_{t−1} − z_t
+        v = self.W_v(x).view(B, T, H, self.V)
+        return q, k, v, g, zT
+
+    def _forward(self, x, *, state, mode, need_state):
+        q, k, v, g, zT = self._params(x, state["z"] if state else None)
+        o, S = linear_recurrence(q, k, v, g, scale=self._scale, initial_state=state["S"] if state else None,
+                                 output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size, check_values=False)
+        o = o.to(v.dtype)
+        y = self.norm(o.flatten(2)) * F.silu(self.W_g(x))
+        return MixOut(self.W_o(y), {"S": S, "z": zT} if need_state else None, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, H, T, T]: Φ[t, s] = Σ_i q_{t,i} exp(κ_{s,i} − z_{t,i}) / sqrt(d_k')."""
+        self.check_input(x)
+        q, k, _, g, _ = self._params(x)
+        return recurrence_map(q, k, g, scale=self._scale, check_values=False)
+
+    def dsf(self, x):
+        """Λ_t = diag(exp(z_{t−1} − z_t)) per key channel, B_t = I ⊗ k_t, C_t = I ⊗ q_tᵀ/sqrt(d_k') (input v,
+        heads concatenated [B, T, H·d_v']; output o)."""
+        self.check_input(x)
+        q, k, _, g, _ = self._params(x)
+        return DSF.from_recurrence(q.detach(), k.detach(), self.V, g.detach(), scale=self._scale)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        return self.H * self.K * (self.V + 1)
+
+
+# ------------------------------------------------------------------------------------------
+# Rodimus: one gated linear attention head over a wide stream, with a temperature on its gate
+# ------------------------------------------------------------------------------------------
+
+
+class RodimusConfig(MixerConfig):
+    """Rodimus (He et al. 2025, "Rodimus*: Breaking the Accuracy-Efficiency Trade-Off with Efficient Attentions",
+    ICLR; flash-linear-attention's RodimusAttention layer)."""
+
+    expand: float = Field(2.0, gt=0, description="d_inner = expand·d_model rounded up to a multiple of 8 (fla: 2)")
+    mem_size: int = Field(64, gt=0, description="n, the state's key width (fla's expand_ratio: 64); the state is n × d_inner")
+    input_gate_rank: int | None = Field(None, gt=0, description="rank of the value gate σ(u W_i¹ W_i² + b) (None: fla's max(d_model/64, 16))")
+    conv_size: int | None = Field(4, ge=1, description="kernel of the short conv (with bias, SiLU) on the stream u; None: no conv")
+    norm_eps: float = Field(1e-5, gt=0, description="ε of the gated RMSNorm on the output")
+    k_norm_eps: float = Field(1e-12, gt=0, description="ε of the L2 norm of the key")
+    chunk_size: int | None = Field(None, gt=0, description="chunk length of the chunk mode (None: the op picks it)")
+
+    @property
+    def d_inner(self) -> int:
+        n = int(self.d_model * self.expand)
+        return max(8, -(-n // 8) * 8)
+
+
+@register("rodimus", description="Rodimus (He et al. 2025): one GLA head of n keys over a 2d stream, gate g^τ in and exp(−gτ) decay, gated norm")
+class Rodimus(Mixer):
+    """Rodimus (He et al. 2025, §3; fla's RodimusAttention). From x [B, T, d]: the stream u = x W_up and the
+    output gate z = x W_gate (both of width d_inner = 2d), s = SiLU(ShortConv(u)), and per token
+
+        q = s W_q,   k̂ = s W_k   (n = mem_size wide),   v = σ(u W_i¹ W_i² + b_i) ⊙ u           (the value gate)
+        g = softplus(s W_g + b_g),   τ = σ(s W_τ + b_τ)           (per key channel; τ is the gate's temperature)
+        k = g^τ ⊙ k̂/‖k̂‖,   log α = −g·τ                        (the decay and the input gate from one g)
+        S_t = diag(α_t) S_{t−1} + k_tᵀ v_t,   o_t = q_t S_t / sqrt(n)        (one head: S ∈ R^{n × d_inner})
+        y_t = W_down RMSNorm((o_t + w ⊙ s_t) ⊙ SiLU(z_t))          (w: a learned skip on s; the gate before the norm)
+
+    It is a gated linear attention with a single head whose state is n × d_inner (n = 64 keys over a
+    stream twice the model's width), one call into ``linear_recurrence`` with the key-wise log-decay. Its
+    DSF (values v → core output o, before the skip): Λ_t = diag(α_t) per key channel, B_t = I ⊗ k_t,
+    C_t = I ⊗ q_tᵀ / sqrt(n); ``phi`` is [B, 1, T, T] (one head). The cache holds S [B, 1, n, d_inner] and
+    the conv state [B, d_inner, conv − 1].
+    """
+
+    family = "linear_attention"
+    modes = ("recurrent", "chunk", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "n·d_inner + d_inner·(conv−1)"
+    map_unit = "head"
+    Config = RodimusConfig
+
+    def __init__(self, config: RodimusConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        d, D, n = c.d_model, c.d_inner, c.mem_size
+        self.K, self.V = n, D
+        r = c.input_gate_rank or max(d // 64, 16)
+        self.W_up = nn.Linear(d, D, bias=False)
+        self.W_gate = nn.Linear(d, D, bias=False)
+        self.conv = ShortConv(D, c.conv_size, bias=True, activation="silu") if c.conv_size else None
+        self.W_q = nn.Linear(D, n, bias=False)
+        self.W_k = nn.Linear(D, n, bias=False)
+        self.W_g = nn.Linear(D, n, bias=True)
+        self.W_tau = nn.Linear(D, n, bias=True)
+        self.W_i = nn.Sequential(nn.Linear(D, r, bias=False), nn.Linear(r, D, bias=True))
+        self.skip = nn.Parameter(torch.ones(D))
+        self.norm = RMSNorm(D, eps=c.norm_eps)
+        self.W_down = nn.Linear(D, d, bias=False)
+        self._scale = n ** -0.5
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "mem_size": 8, "input_gate_rank": 4, "chunk_size": 8}
+
+    def _params(self, x, state, need_state):
+        """q, k [B, T, 1, n] (float32 or wider), v [B, T, 1, d_inner], the log-decay [B, T, 1, n], the stream s,
+        the output gate z and the new conv state."""
+        c = self.config
+        u, z = self.W_up(x), self.W_gate(x)
+        new = {}
+        if self.conv is not None:
+            s, conv_state = self.conv(u, state.get("conv") if state else None, output_final_state=need_state)
+            if need_state:
+                new["conv"] = conv_state
+        else:
+            s = u
+        q = upcast(self.W_q(s))
+        g = F.softplus(upcast(self.W_g(s)))
+        tau = torch.sigmoid(upcast(self.W_tau(s)))
+        k = F.normalize(upcast(self.W_k(s)), dim=-1, eps=c.k_norm_eps) * g.pow(tau)
+        v = torch.sigmoid(self.W_i(u)) * u
+        return q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2), (-g * tau).unsqueeze(2), s, z, new
+
+    def _forward(self, x, *, state, mode, need_state):
+        q, k, v, g, s, z, new = self._params(x, state, need_state)
+        o, S = linear_recurrence(q, k, v, g, scale=self._scale, initial_state=state["S"] if state else None,
+                                 output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size, check_values=False)
+        o = o.to(v.dtype)
+        y = self.norm(o[:, :, 0] + s * self.skip.to(s.dtype), gate=z)
+        return MixOut(self.W_down(y), {"S": S, **new} if need_state else None, values=v, mixed=o)
+
+    def phi(self, x):
+        """[B, 1, T, T]: Φ[t, s] = Σ_i q_{t,i} (Π_{r=s+1}^{t} α_{r,i}) k_{s,i} / sqrt(n)."""
+        self.check_input(x)
+        q, k, _, g, *_ = self._params(x, None, False)
+        return recurrence_map(q, k, g, scale=self._scale, check_values=False)
+
+    def dsf(self, x):
+        """Λ_t = diag(α_t) per key channel, B_t = I ⊗ k_t, C_t = I ⊗ q_tᵀ/sqrt(n) (input v [B, T, d_inner]; output o)."""
+        self.check_input(x)
+        q, k, _, g, *_ = self._params(x, None, False)
+        return DSF.from_recurrence(q.detach(), k.detach(), self.V, g.detach(), scale=self._scale)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        return self.K * self.V + (self.conv.state_size() if self.conv is not None else 0)

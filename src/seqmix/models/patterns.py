@@ -21,6 +21,11 @@ The registered patterns (B'MOJO paper §4, bmojo note §7.2-7.3):
                     paragon); kwarg ``heads``, and ``window`` for an SWA-only stack
 ``bmojo``           B'MOJO in every layer; kwargs: any B'MOJO config field
 ``bmojo_f``         B'MOJO-F in every layer; kwargs: any B'MOJO-F config field
+``based``           Based's stack (Arora et al. 2024, §4): a gated short convolution
+                    (``short_conv``, in the role of BaseConv), Based linear attention and
+                    sliding-window softmax attention, in turn; kwargs ``window`` (default 64,
+                    the paper's), ``heads``, ``feature_dim`` (the Taylor map's input width per
+                    head, default 16, the paper's: n = feature_dim·heads)
 ==================  =======================================================================
 
 ``register_pattern(name, fn, description)`` adds one: ``fn(**kwargs)`` returns the list of
@@ -74,10 +79,17 @@ def _mamba_swa(window: int = 512, heads: int = 1, **mamba) -> list[dict[str, Any
             {"mixer": "softmax_attention", "mixer_kwargs": {"window": window, "heads": heads}}]
 
 
+def _based(window: int = 64, heads: int = 1, feature_dim: int = 16) -> list[dict[str, Any]]:
+    return [{"mixer": "short_conv"},
+            {"mixer": "based", "mixer_kwargs": {"heads": heads, "n": feature_dim * heads}},
+            {"mixer": "softmax_attention", "mixer_kwargs": {"window": window, "heads": heads}}]
+
+
 register_pattern("mamba_swa", _mamba_swa, "Mamba and sliding-window attention layers, alternating (B'MOJO's Hybrid)")
 register_pattern("mamba_only", _only("mamba"), "Mamba in every layer")
 register_pattern("attention_only", _only("softmax_attention"), "softmax attention in every layer (full, or SWA with window)")
 register_pattern("bmojo", _only("bmojo"), "B'MOJO in every layer")
 register_pattern("bmojo_f", _only("bmojo_f"), "B'MOJO-F in every layer")
+register_pattern("based", _based, "Based: gated short conv, Based linear attention and sliding-window attention layers, in turn")
 
 __all__ = ["LayerPattern", "layer_pattern", "list_patterns", "register_pattern"]

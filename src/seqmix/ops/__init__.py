@@ -13,6 +13,7 @@ from .delta_rule import MODES as DELTA_RULE_MODES
 from .delta_rule import delta_product, delta_product_map, delta_rule, delta_rule_map, delta_rule_step
 from .selective_scan import selective_scan
 from .stabilizer import max_stabilizer
+from .lse_gate import lse_gate
 from .ssm import (
     cauchy, diagonal_ssm_conv, discretize, dplr_kernel, hippo_legs, krylov_kernel, nplr_legs, s4d_init, ssm_final_state,
     ssm_free_response, ssm_scan, trapezoidal_map, trapezoidal_recurrence, trapezoidal_recurrence_reference, vandermonde,
@@ -36,7 +37,7 @@ __all__ = [
     "softmax_attention", "attention_probs", "attention_step", "attention_mask", "kv_cache_trim", "ATTENTION_MODES",
     "attention_decode", "alibi_slopes", "KVCache", "repeat_kv", "rotary", "rotary_angles", "rotary_reference", "rope_frequencies", "check_rope_scaling", "ROPE_SCALINGS",
     "FEATURE_MAPS", "apply_feature_map", "taylor_features", "taylor_feature_dim",
-    "selective_scan", "max_stabilizer", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose", "vandermonde_kernel",
+    "selective_scan", "max_stabilizer", "lse_gate", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose", "vandermonde_kernel",
     "cauchy", "dplr_kernel", "hippo_legs", "nplr_legs", "s4d_init", "ssm_scan", "ssm_free_response", "ssm_final_state",
     "diagonal_ssm_conv", "delta_product", "delta_product_map",
     "trapezoidal_recurrence", "trapezoidal_recurrence_reference", "trapezoidal_map",

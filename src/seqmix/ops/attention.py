@@ -353,7 +353,7 @@ def softmax_attention(
         scale: multiplies qᵀk; None = 1/sqrt(K).
         window, prefix, offset, key_valid: as in :func:`attention_mask`.
         mode: "parallel" (explicit matrix, the reference), "sdpa" or "auto" (= "sdpa").
-        check_values: check q, k, v for NaN/Inf.
+        check_values: check q, k, v for NaN/Inf (a host read: where ``seqmix.debug`` allows it, by default on CPU tensors).
         backend: "auto", "torch" or "sdpa" (SDPA with is_causal, plain causal mask only):
             see :mod:`seqmix.ops.backends`; "torch" runs ``mode`` as documented above.
         softcap: c, scores c·tanh(s/c) (Gemma 2); None = none.

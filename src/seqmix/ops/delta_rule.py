@@ -383,7 +383,8 @@ def delta_rule(
         output_final_state: also return S_T.
         mode: "recurrent", "chunk", "parallel", "step" (T == 1) or "auto".
         chunk_size: C of the chunk mode (any T works; the tail chunk is padded).
-        check_values: also check for NaN/Inf, β ∈ [0, 2] and g <= 0.
+        check_values: also check for NaN/Inf, β ∈ [0, 2] and g <= 0 (host reads: where ``seqmix.debug`` allows
+            them, by default on CPU tensors).
         a, b: [B, T, H, K] or None: the general diagonal-plus-rank-one transition
             M_t = (I + a_tᵀ b_t) Diag(α_t) = Diag(α_t) + a_tᵀ (b_t ⊙ α_t) (b reads the decayed state).
             None means the delta rule's own half: a = −β k, b = k (both None: the tied fast path).

@@ -890,9 +890,11 @@ def linear_recurrence(
         mode: "recurrent", "scan", "chunk", "parallel", "step" (T == 1) or "auto".
         chunk_size: C of the chunk mode (any T works; the tail chunk is padded); None picks
             it from the shape by the rule measured on CPU (:func:`chunk_size_for`).
-        sub_chunk_size: upper bound on the tile c used for key/value-wise decays in chunk mode;
-            None lets the op pick the largest tile that is numerically safe for the decays given.
-        check_values: also check for NaN/Inf and positive log-decays (one read of each input).
+        sub_chunk_size: upper bound on the tile c used for key/value-wise decays in chunk mode (every tile
+            size is exact); None: one tile per chunk where a host read shows the decays allow it, else
+            tiles of 16 tokens (:func:`_tile_size`).
+        check_values: also check for NaN/Inf and positive log-decays (one host read of each input, where
+            ``seqmix.debug`` allows it: by default on CPU tensors in eager mode).
         chunk_backward: "manual" (default): the chunk mode's hand-written backward
             (:class:`_ChunkOneTile`; keeps O(T(K+V)) per head and recomputes the rest) wherever a
             chunk is one tile; "autograd": autograd through the chunk form (its graph keeps every

@@ -648,10 +648,14 @@ class SoftmaxAttention(_Attention):
         c = self.config
         B, T, _ = x.shape
         H, K, R, r = self.heads, self.head_qk, c.qk_rope_head_dim, c.kv_lora_rank
-        q = self.W_q(x) if c.q_lora_rank is None else self.W_qb(self.q_a_norm(self.W_qa(x)).to(x.dtype))
+        if c.q_lora_rank is None:
+            q = self.W_q(x)
+        else:
+            qa = self.W_qa(x)
+            q = self.W_qb(self.q_a_norm(qa).to(qa.dtype))
         q = q.view(B, T, H, K)
         lat, k_pe = self.W_kva(x).split([r, R], dim=-1)
-        lat = self.kv_a_norm(lat).to(x.dtype).view(B, T, 1, r)
+        lat = self.kv_a_norm(lat).to(lat.dtype).view(B, T, 1, r)
         k_pe = k_pe.view(B, T, 1, R)
         if c.rope:
             q = torch.cat([q[..., : K - R], self._rope(q[..., K - R:], start)], dim=-1)

@@ -2,7 +2,14 @@
 ``softmax_attention`` (one :class:`~seqmix.interop.table.Family` entry each), and the attention
 helpers the hybrid families share (RoPE parameters, sizes, the weight and state tables).
 
-transformers' module classes read here (5.x): ``LlamaAttention`` (llama).
+transformers' module classes read here (5.x): ``LlamaAttention`` (llama), ``Qwen2Attention``, ``Qwen3Attention``,
+``Qwen3MoeAttention``, ``MistralAttention``, ``MixtralAttention``, ``GemmaAttention``, ``Gemma2Attention``,
+``Gemma3Attention`` (gemma3_text), ``Phi3Attention``, ``PhiAttention``, ``GPTNeoXAttention``, ``Olmo2Attention``,
+``SmolLM3Attention``, ``GraniteAttention``, ``GptOssAttention``, ``GPT2Attention``, ``BloomAttention`` and
+``DeepseekV3Attention`` (MLA). What a family's attention does beyond Llama's is an option of the one
+``softmax_attention`` (windows per layer, qk-norm placement, soft-capping, sinks, ALiBi, the scale, partial and
+scaled RoPE, no-RoPE layers, MLA), read per layer by :func:`attention_config` (Phi, Phi-3, GPT-NeoX, GPT-2, BLOOM
+and MLA have their own for their projection layouts).
 """
 
 from __future__ import annotations
@@ -15,8 +22,7 @@ from ..table import Family, ModuleMap, State, Transform, Unsupported, Weight, ro
 
 
 # ------------------------------------------------------------------------------------------
-# softmax attention -> seqmix "softmax_attention": Llama (the softmax baseline) and
-# RecurrentGemma's local attention; RecurrentGemma's recurrent block -> "rg_lru_block"
+# the attention helpers (RoPE parameters, sizes, the weight and state tables), shared with the hybrids
 # ------------------------------------------------------------------------------------------
 
 

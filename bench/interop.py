@@ -1,4 +1,4 @@
-"""Converted vs original transformers models on CPU (issue 25, item 8): conversion time, and
+"""Converted vs original transformers models on CPU: conversion time, and
 forward, prefill and decode tokens/s per family, side by side in one run, with the ratio.
 
     python bench/interop.py            # d = 256, 4 layers, vocab 256; T = 512 forward / prefill, 64 decode steps
@@ -37,6 +37,8 @@ D, LAYERS, VOCAB = 256, 4, 256
 
 H, KV, HD = 4, 2, 64  # attention heads, key-value heads, head width (d = H·HD)
 MOE = dict(num_experts_per_tok=2)
+#: the attention-only families: GQA 4/2 heads of 64, an MLP of 4·d
+ATT = dict(intermediate_size=4 * D, num_attention_heads=H, num_key_value_heads=KV)
 #: Mamba-2 layers of the hybrids: 8 heads of 64 over the inner width 2·d, one group, N = 64
 HYB = dict(mamba_n_heads=8, mamba_n_groups=1, mamba_d_state=64, mamba_chunk_size=64)
 
@@ -81,6 +83,30 @@ CONFIGS: dict[str, tuple[str, str, dict]] = {
     "zamba2": ("Zamba2Config", "Zamba2ForCausalLM", dict(
         intermediate_size=2 * D, num_attention_heads=H, num_key_value_heads=H, layers_block_type=["mamba", "hybrid"] * 2,
         mamba_d_state=64, n_mamba_heads=8, mamba_ngroups=1, chunk_size=64)),
+    # the transformers (tests/test_interop_transformers.py): every attention layer -> softmax_attention
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(ATT, use_sliding_window=True, sliding_window=128, max_window_layers=2)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(ATT, head_dim=HD)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(ATT, head_dim=HD, num_experts=4, **MOE, moe_intermediate_size=D)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(ATT, sliding_window=128)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(ATT, sliding_window=128, num_local_experts=4, **MOE)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(ATT, head_dim=HD)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(ATT, head_dim=HD, sliding_window=128, attn_implementation="eager")),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(ATT, head_dim=HD, sliding_window=128)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(ATT)),
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(ATT)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(intermediate_size=4 * D, num_attention_heads=H)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(ATT)),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(ATT)),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", dict(ATT, attention_multiplier=HD ** -0.5)),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(ATT, head_dim=HD, sliding_window=128, num_local_experts=4, **MOE,
+                                                            attn_implementation="eager")),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(num_attention_heads=H, n_positions=2048, attn_pdrop=0.0, resid_pdrop=0.0,
+                                                   embd_pdrop=0.0)),
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(num_attention_heads=H, attn_implementation="eager")),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        intermediate_size=2 * D, num_attention_heads=H, num_key_value_heads=H, kv_lora_rank=64, q_lora_rank=128,
+        qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=HD, n_routed_experts=4, **MOE, moe_intermediate_size=D,
+        first_k_dense_replace=1, n_group=1, topk_group=1)),
 }
 
 

@@ -233,12 +233,12 @@ def test_converted_mixer_keeps_its_dsf_view():
 
 
 def test_unsupported_family():
-    from transformers import GPT2Config, GPT2LMHeadModel  # (Llama is supported: tests/test_interop_attention.py)
+    from transformers import OPTConfig, OPTForCausalLM  # (the transformers seqmix converts: tests/test_interop_transformers.py)
 
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64, bos_token_id=1,
-                                       eos_token_id=1))
-    with pytest.raises(ValueError, match=r"unsupported family 'gpt2'.*mamba"):
-        from_transformers(gpt2)
+    opt = OPTForCausalLM(OPTConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, ffn_dim=64, num_attention_heads=2,
+                                   max_position_embeddings=64, word_embed_proj_dim=32, bos_token_id=1, eos_token_id=1))
+    with pytest.raises(ValueError, match=r"unsupported family 'opt'.*mamba"):
+        from_transformers(opt)
     with pytest.raises(ValueError, match="unsupported family"):
         from_transformers(nn.Linear(2, 2))
     assert {"mamba", "falcon_mamba", "mamba2", "rwkv", "xlstm"} <= set(supported_families())

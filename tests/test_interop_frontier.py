@@ -1,6 +1,6 @@
 """seqmix.interop for the frontier hybrids (issue 26 items 1, 2, 5): Qwen3-Next (Gated DeltaNet layers
 -> ``qwen3_next_gdn``, gated attention -> ``softmax_attention``), Kimi-Linear (KDA -> ``kimi_kda``; its MLA
-attention stays transformers' own and is recorded in ``model.seqmix_kept``), MiniMax (lightning attention
+attention -> ``softmax_attention`` with ``kv_lora_rank``, no positions), MiniMax (lightning attention
 -> ``lightning_attention``, attention -> ``softmax_attention``) and LFM2 (gated short conv ->
 ``short_conv``, GQA attention with qk-norm -> ``softmax_attention``), exactly, in the style of
 tests/test_interop_attention.py. MoE and MLPs stay transformers'. Nothing is downloaded: tiny random
@@ -38,7 +38,8 @@ LAYERS = {
     "qwen3_next": {"model.layers.0.linear_attn": "qwen3_next_gdn", "model.layers.1.self_attn": "softmax_attention",
                    "model.layers.2.linear_attn": "qwen3_next_gdn", "model.layers.3.self_attn": "softmax_attention"},
     "qwen3_next_mha": {"model.layers.0.self_attn": "softmax_attention", "model.layers.1.linear_attn": "qwen3_next_gdn"},
-    "kimi_linear": {"model.layers.0.self_attn": "kimi_kda", "model.layers.1.self_attn": None, "model.layers.2.self_attn": "kimi_kda"},
+    "kimi_linear": {"model.layers.0.self_attn": "kimi_kda", "model.layers.1.self_attn": "softmax_attention",
+                    "model.layers.2.self_attn": "kimi_kda"},
     "minimax": {"model.layers.0.self_attn": "softmax_attention", "model.layers.1.self_attn": "lightning_attention",
                 "model.layers.2.self_attn": "lightning_attention"},
     "lfm2": {"model.layers.0.conv": "short_conv", "model.layers.1.self_attn": "softmax_attention", "model.layers.2.conv": "short_conv"},
@@ -281,7 +282,7 @@ def test_a_cache_without_the_lightning_slots_is_refused():
 
 
 def test_an_unknown_module_in_a_kimi_slot_is_named():
-    """Only KimiLinearAttention is kept as transformers' own; anything else in a mixer slot is refused."""
+    """Anything but KimiLinearDeltaAttention and KimiLinearAttention in a mixer slot is refused."""
     m = tiny("kimi_linear")
     m.model.layers[1].self_attn = nn.Identity()
     with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn.*Identity.*KimiLinearDeltaAttention"):

@@ -2,8 +2,9 @@
 model — every layer's transformers class, seqmix mixer (or "kept"), state size, Λ structure, norms
 and gates, decay range and 90% mass lag of Φ on the text — checked against values computed
 directly: the mixers' own state_size, decays(x) and phi(x), the lag measure on hand-made maps.
-Tiny random transformers models (nothing downloaded): Mamba, Llama, Qwen3-Next, LFM2, Kimi-Linear
-(its MLA kept as transformers' own)."""
+Tiny random transformers models (nothing downloaded): Mamba, Llama, Qwen3-Next, LFM2, Kimi-Linear (its
+MLA converted; and, for a family that keeps a module as transformers' own, the same model with its MLA
+kept: ``Family.keeps``)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,22 @@ def test_mass_lag_on_hand_made_maps():
     assert mass_lag(batch).tolist() == pytest.approx([1.0, want])
 
 
-def _converted(case: str):
+def _kept_family(monkeypatch):
+    """Kimi-Linear as a family that keeps its MLA as transformers' own (``Family.keeps``)."""
+    import dataclasses
+
+    from seqmix.interop import FAMILIES
+
+    fam = FAMILIES["kimi_linear"]
+    mla = next(mm for mm in fam.modules if mm.class_name == "KimiLinearAttention")
+    kept = dataclasses.replace(fam, modules=tuple(mm for mm in fam.modules if mm is not mla), keeps=(mla.module,))
+    monkeypatch.setitem(FAMILIES, "kimi_linear", kept)
+
+
+def _converted(case: str, monkeypatch=None):
+    if case == "kimi_linear_kept":
+        _kept_family(monkeypatch)
+        return from_transformers(FRONT.tiny("kimi_linear"))
     if case == "mamba":
         return from_transformers(SHOW.tiny("mamba", vocab=64))
     if case == "llama":
@@ -114,14 +130,17 @@ EXPECTED = {
              ("model.layers.1.self_attn", "Lfm2Attention", "softmax_attention", "none"),
              ("model.layers.2.conv", "Lfm2ShortConv", "short_conv", "shift")],
     "kimi_linear": [("model.layers.0.self_attn", "KimiLinearDeltaAttention", "kimi_kda", "product"),
-                    ("model.layers.1.self_attn", "KimiLinearAttention", None, None),
+                    ("model.layers.1.self_attn", "KimiLinearAttention", "softmax_attention", "none"),
                     ("model.layers.2.self_attn", "KimiLinearDeltaAttention", "kimi_kda", "product")],
+    "kimi_linear_kept": [("model.layers.0.self_attn", "KimiLinearDeltaAttention", "kimi_kda", "product"),
+                         ("model.layers.1.self_attn", "KimiLinearAttention", None, None),
+                         ("model.layers.2.self_attn", "KimiLinearDeltaAttention", "kimi_kda", "product")],
 }
 
 
 @pytest.mark.parametrize("case", list(EXPECTED))
-def test_the_report_lists_every_layer_with_values_computed_directly(case):
-    conv = _converted(case)
+def test_the_report_lists_every_layer_with_values_computed_directly(case, monkeypatch):
+    conv = _converted(case, monkeypatch)
     vocab = int(conv.config.vocab_size)
     T = 18
     ids = torch.randint(2, vocab, (T,), generator=torch.Generator().manual_seed(2))
@@ -145,7 +164,8 @@ def test_the_report_lists_every_layer_with_values_computed_directly(case):
         if name == "softmax_attention":
             c = m.config
             kv = c.kv_heads or c.heads
-            assert r["per_token"] == 2 * kv * (c.head_dim or c.d_model // c.heads)  # keys and values per token
+            per_token = c.kv_lora_rank + c.qk_rope_head_dim if c.kv_lora_rank else 2 * kv * (c.head_dim or c.d_model // c.heads)
+            assert r["per_token"] == per_token  # keys and values per token (MLA: its latent and rotary key)
             assert r["decay"] is None
         else:
             assert r["per_token"] == 0
@@ -178,7 +198,7 @@ def test_cli_report_writes_markdown_and_html(tmp_path, capsys):
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     for text in (md, page):
         assert "KimiLinearDeltaAttention" in text and "kimi_kda" in text
-        assert "kept: transformers" in text and "KimiLinearAttention" in text
+        assert "KimiLinearAttention" in text and "softmax_attention" in text
         assert "90% mass lag" in text
     assert md.count("\n| ") == 1 + 3  # heading row and one row per layer
     assert "wrote" in capsys.readouterr().out

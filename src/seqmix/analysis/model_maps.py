@@ -488,7 +488,10 @@ def layers_figure(models: list[ModelMaps], *, dpi: int = 100) -> Figure:
         (line,) = ax1.plot(idx, med, marker="o", ms=3, label=mm.label)
         ax1.fill_between(idx, lo, hi, color=line.get_color(), alpha=0.2)
         ax2.plot(idx, [s.state_size for s in mm.layers], marker="o", ms=3, color=line.get_color(), label=mm.label)
-    ax1.set_yscale("log")
+    if any(math.isfinite(s.memory) and s.memory > 0 for mm in models for s in mm.layers):
+        ax1.set_yscale("log")
+    else:  # attention only: no layer has a decay (its memory is nan), nothing to put on a log scale
+        ax1.text(0.5, 0.5, "no decay in any layer (attention only)", ha="center", va="center", fontsize=7, transform=ax1.transAxes)
     ax1.set_title("decay memory (e-fold steps): median, 25–75%", fontsize=8)
     ax2.set_title(f"state size (floats per sequence, T = {models[0].T})", fontsize=8)
     for ax in (ax1, ax2):
@@ -499,7 +502,7 @@ def layers_figure(models: list[ModelMaps], *, dpi: int = 100) -> Figure:
 
 
 # ------------------------------------------------------------------------------------------
-# the layer report (`seqmix show --hf X --report`, issue 26 item 3): one row per layer
+# the layer report (`seqmix show --hf X --report`): one row per layer
 # ------------------------------------------------------------------------------------------
 
 #: the structure of the transition Λ_i of each registered mixer (registry name -> one of "scalar" (a
@@ -562,6 +565,8 @@ def lambda_structure(mixer: Mixer) -> str:
     it, read from the class: no finite state -> "none", ``diagonal_transition`` False -> "diagonal +
     low rank", else "diagonal")."""
     s = LAMBDA_STRUCTURE.get(mixer.registry_name)
+    if s is not None and getattr(mixer.config, "alibi", False):  # ALiBi: a fixed decay on the map, not a finite state
+        return s.replace("softmax attention", "softmax attention with a fixed decay e^{−m_h} per head on the map (ALiBi)")
     if s is not None:
         return s
     cls = type(mixer)
@@ -620,7 +625,9 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     # attention
     "SeparableAttention": lambda m: (_on(m.config.feature_norm == "layernorm", "LayerNorm on q, k per head (γ, β shared)")
                                      + _on(m.config.normalizer != "none", _eta(m.config.normalizer)), []),
-    "SoftmaxAttention": lambda m: (["softmax"], _on(m.config.output_gate, "σ(x W_g) output gate")),
+    "SoftmaxAttention": lambda m: (["softmax" + (" + a sink e^{z_h} in η (learned, per head)" if m.config.sinks else "")]
+                                   + ([f"scores soft-capped: {m.config.softcap:g}·tanh(s/{m.config.softcap:g})"] if m.config.softcap else []),
+                                   _on(m.config.output_gate, "σ(x W_g) output gate")),
     "ForgettingAttention": lambda m: (["softmax"], _on(m.config.output_gate, "σ(x W_g) output gate")),
     "PathAttention": lambda m: (["softmax", "l2(w)"], []),
     "StickBreakingAttention": lambda m: ([], []),

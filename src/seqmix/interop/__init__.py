@@ -1,4 +1,4 @@
-"""Real models in: transformers' families converted to seqmix mixers, exactly (issue 25; docs/interop.md).
+"""Real models in: transformers' families converted to seqmix mixers, exactly (docs/interop.md).
 
     from seqmix.interop import from_transformers, seqmix_mixers
 
@@ -9,7 +9,7 @@
 
 One mechanism for every family: ``InteropMixer`` (adapter.py), a module with the transformers
 module's call signature and cache handling that holds a seqmix mixer, and per family a
-``Family`` entry of tables (table.py, families.py) read by one converter (convert.py).
+``Family`` entry of tables (table.py, the families/ package) read by one converter (convert.py).
 
 How to add a family (e.g. RWKV-4, RecurrentGemma, Llama attention):
 
@@ -17,7 +17,7 @@ How to add a family (e.g. RWKV-4, RecurrentGemma, Llama attention):
    (a norm, a bias, a clamp, RoPE, grouped KV heads) becomes an option of the existing mixer's
    config, documented in its docstring and tested by the mode contract (a registered preset
    gets the whole contract suite: see ``falcon_mamba`` in mixers/ssm.py) — never a copy of it.
-2. In families.py write the adapter config, ``config(hf_config, module) -> dict`` of the
+2. In the group's module of families/ (recurrent, transformers, hybrids) write the adapter config, ``config(hf_config, module) -> dict`` of the
    mixer's config fields, raising ``Unsupported(option, value, why)`` for every option it
    cannot express; the weight table (``Weight(hf_name, seqmix_name, transform)`` rows covering
    every parameter and persistent buffer of the module, transforms from table.py); and the

@@ -46,11 +46,14 @@ class InteropMixer(nn.Module):
     returns_pair: return ``(output, None)`` as an attention module returns (output, weights)
     mask:      what ``attention_mask`` is: "padding" (2D), "causal" (4D attention mask), "ignored"
     positions: check ``position_ids`` against the positions the seqmix state implies
+    residual:  the second positional argument is the residual stream, added to the output (BLOOM)
+    derived_args: call arguments accepted and not read: the mixer recomputes them (BLOOM's ``alibi``)
     """
 
     def __init__(self, mixer: Mixer, *, layer_idx: int | None, state: tuple[State, ...], where: str, source: str,
                  returns_state: bool = False, aliases: tuple[tuple[str, str], ...] = (), returns_pair: bool = False,
-                 mask: str = "padding", positions: bool = False, layer_arg: str | None = None):
+                 mask: str = "padding", positions: bool = False, layer_arg: str | None = None, residual: bool = False,
+                 derived_args: tuple[str, ...] = ()):
         super().__init__()
         self.mixer = mixer
         self.layer_idx = layer_idx
@@ -63,6 +66,8 @@ class InteropMixer(nn.Module):
         self.mask_kind = mask
         self.positions = bool(positions)
         self.layer_arg = layer_arg
+        self.residual = bool(residual)
+        self.derived_args = tuple(derived_args)
 
     def __getattr__(self, name: str):
         try:
@@ -79,8 +84,15 @@ class InteropMixer(nn.Module):
     # -- the call ---------------------------------------------------------------------------
 
     def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None, *,
-                state=None, cache_params=None, past_key_values=None, **kwargs):
+                state=None, cache_params=None, past_key_values=None, layer_past=None, **kwargs):
         where = f"{self.where} ({self.source} -> seqmix {self.mixer.registry_name!r})"
+        if past_key_values is None:  # GPT-NeoX's and BLOOM's attention take their cache as layer_past
+            past_key_values = layer_past
+        residual = None
+        if self.residual:  # BLOOM: the second positional argument is the residual stream
+            residual, cache = cache, None
+        for name in self.derived_args:  # recomputed by the mixer (ModuleMap.derived_args)
+            kwargs.pop(name, None)
         if state is not None and cache is not None and state is not cache:
             raise ValueError(f"{where}: pass the decoding state once (got both 'cache' and 'state')")
         # RWKV-4 passes its state list as ``state=``, xLSTM its layer tuple as the second argument
@@ -97,11 +109,13 @@ class InteropMixer(nn.Module):
             self._check_positions(kwargs.get("position_ids"), hidden_states, seqmix_state, where, hf_cache)
         if hf_cache is None:
             y = self.mixer(hidden_states)
+            y = y if residual is None else y + residual
             return (y, None) if (self.returns_state or self.returns_pair) else y
         view = Cache()
         if seqmix_state is not None:
             view.set(self.mixer, seqmix_state)
         y = self.mixer(hidden_states, cache=view)
+        y = y if residual is None else y + residual
         new = self.write_state(hf_cache, view.get(self.mixer), where, tokens=hidden_states.shape[1])
         if self.returns_pair:
             return y, None

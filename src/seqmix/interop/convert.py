@@ -271,7 +271,7 @@ def _convert(path: str, module: nn.Module, mm: ModuleMap, hf_config) -> InteropM
         layer_idx = int(found.group(1)) if found else None
     adapter = InteropMixer(mixer, layer_idx=layer_idx, state=mm.state, where=path, source=cls,
                            returns_state=mm.returns_state, aliases=mm.aliases, returns_pair=mm.returns_pair, mask=mm.mask,
-                           positions=mm.positions, layer_arg=mm.layer_arg)
+                           positions=mm.positions, layer_arg=mm.layer_arg, residual=mm.residual, derived_args=mm.derived_args)
     adapter.train(module.training)
     return adapter
 

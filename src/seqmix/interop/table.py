@@ -243,6 +243,11 @@ class ModuleMap:
              (Zamba2's shared attention: ``self_attn(..., layer_idx=N)``, its own ``layer_idx`` is -1);
              the adapter's index is the N of ``layers.N.`` in its path (set ``layer_attr=""``) and the
              argument is checked to be that N
+    residual: the module's second positional argument is the residual stream, which it adds to its
+             output (BLOOM's attention: ``dropout_add(dense(o), residual)``); the adapter adds it too
+    derived_args: call arguments the module reads that the seqmix mixer recomputes from its config and
+             state (BLOOM's ``alibi``: slopes times the key positions of the padding mask, which the mask
+             check already holds to be the causal rule); accepted and not read
     """
 
     module: str
@@ -258,6 +263,8 @@ class ModuleMap:
     mask: Literal["padding", "causal", "ignored"] = "padding"
     positions: bool = False
     layer_arg: str | None = None
+    residual: bool = False
+    derived_args: tuple[str, ...] = ()
 
     @property
     def class_name(self) -> str:

@@ -69,7 +69,10 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import KVCache, attention_decode, attention_probs, linear_recurrence, recurrence_map, repeat_kv, rotary, softmax_attention
+from ..ops import (
+    KVCache, alibi_slopes, attention_decode, attention_probs, check_rope_scaling, linear_recurrence, recurrence_map, repeat_kv, rotary,
+    softmax_attention,
+)
 from ..ops.precision import compute_dtype, linear_f32, upcast
 from ..ops.forgetting import forgetting_attention, forgetting_decode, forgetting_keys, forgetting_probs
 from ..ops.path import path_attention, path_probs, path_scores
@@ -447,7 +450,7 @@ register_preset(
 
 class SoftmaxAttentionConfig(AttentionConfig):
     """Softmax attention's config. Beyond the DSF paper's parametrization, the options that real
-    pretrained models need (issue 25; docs/attention.md, "Options of real models"), each off by
+    pretrained models need (docs/attention.md, "Options of real models"), each off by
     default: grouped kv heads, a head width of its own, RoPE, qk-norm, an output gate, biases per
     projection and the scale."""
 
@@ -478,6 +481,34 @@ class SoftmaxAttentionConfig(AttentionConfig):
         False, description="RoPE pairs channels (2j, 2j+1) (GPT-J, the RoFormer paper) instead of (j, j + R/2) "
         "(GPT-NeoX, Llama's rotate_half: the default)"
     )
+    rope_scaling: dict | None = Field(
+        None, description="RoPE's frequency scaling, a dict with 'type' in linear, dynamic, yarn, llama3, longrope and its "
+        "fields (seqmix.ops.rotary: position interpolation, NTK, YaRN, Llama 3.1, LongRoPE); None = theta^(-2j/R)"
+    )
+    softcap: float | None = Field(
+        None, gt=0, description="attention-logit soft-capping c (Gemma 2): scores c·tanh(s/c), bounded in (-c, c); None = none"
+    )
+    alibi: bool = Field(
+        False, description="ALiBi (Press et al. 2022; BLOOM): scores s_ij - m_h (i - j), the fixed per-head decay "
+        "e^{-m_h (i-j)} on the map, m the paper's geometric slopes (seqmix.ops.alibi_slopes); use with rope = False"
+    )
+    sinks: bool = Field(
+        False, description="learned attention sinks (GPT-OSS): one logit z_h per head in every row's softmax normalizer, "
+        "Φ[i, j] = e^{s_ij} / (e^{z_h} + Σ_l e^{s_il}); a parameter 'sinks' [heads]"
+    )
+    kv_lora_rank: int | None = Field(
+        None, gt=0, description="multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi): keys and values from one latent "
+        "c = RMSNorm(x W_kva) of this rank per token (W_kvb: c -> per head [k_nope | v]), a shared rotary key k_pe of "
+        "qk_rope_head_dim channels; the KV cache holds (c, k_pe) only. head_dim = qk_nope + qk_rope; None = no MLA"
+    )
+    q_lora_rank: int | None = Field(
+        None, gt=0, description="MLA's low-rank query q = W_qb RMSNorm(x W_qa) of this rank; None = one projection W_q"
+    )
+    qk_rope_head_dim: int | None = Field(
+        None, gt=0, description="MLA: the rotated channels of each head, the last ones of q and k (k's shared by the heads)"
+    )
+    v_head_dim: int | None = Field(None, gt=0, description="MLA: the width of each head's value (None = head_dim)")
+    mla_norm_eps: float = Field(1e-6, gt=0, description="ε of MLA's RMSNorms on the latents")
     qk_norm: Literal["none", "head", "full"] = Field(
         "none", description="RMSNorm with a learned weight on q and k, before RoPE (qk-norm: Dehghani et al. 2023, "
         "ViT-22B; OLMo-2; Qwen3): 'head' over each head's K channels, one weight [K] shared by the heads (Qwen3, Gemma 3); "
@@ -511,6 +542,24 @@ class SoftmaxAttentionConfig(AttentionConfig):
         K = n // H
         if self.rotary_dim is not None and not self.rope:
             raise ValueError(f"rotary_dim = {self.rotary_dim} is set but rope = False")
+        mla = self.kv_lora_rank is not None
+        if not mla and (self.q_lora_rank or self.qk_rope_head_dim or self.v_head_dim):
+            raise ValueError("q_lora_rank, qk_rope_head_dim and v_head_dim are options of MLA: set kv_lora_rank")
+        if mla:
+            R = self.qk_rope_head_dim
+            if self.head_dim is None or R is None or R % 2 or R >= self.head_dim:
+                raise ValueError(f"kv_lora_rank (MLA) needs head_dim = qk_nope + qk_rope and an even qk_rope_head_dim < head_dim, got "
+                                 f"head_dim = {self.head_dim}, qk_rope_head_dim = {R}")
+            for name in ("kv_heads", "rotary_dim"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} = {getattr(self, name)} is not an option of MLA (every head reads the shared latent; "
+                                     "RoPE turns the last qk_rope_head_dim channels)")
+            if self.qk_norm != "none" or self.output_gate or self.d_out is not None or not self.output_projection:
+                raise ValueError("kv_lora_rank (MLA) is not combined with qk_norm, output_gate, d_out or output_projection = False")
+        if self.rope_scaling is not None:
+            if not self.rope:
+                raise ValueError(f"rope_scaling = {self.rope_scaling!r} is set but rope = False")
+            check_rope_scaling(self.rope_scaling, self.qk_rope_head_dim if mla else (self.rotary_dim or K), where="rope_scaling")
         if self.rope:
             R = self.rotary_dim or K
             if R % 2 or R > K:
@@ -540,9 +589,25 @@ class SoftmaxAttention(_Attention):
 
         [q | k] = W_qk x,  v = W_v x               q: heads, k and v: kv_heads heads (GQA / MQA)
         q, k    = RMSNorm(q), RMSNorm(k)           qk_norm ("head" or "full")
-        q, k    = RoPE(q, p), RoPE(k, p)           rope, rotary_dim, rope_theta, rope_interleaved (p: absolute position)
-        o       = softmax(s · q kᵀ + mask) v       scale s, window
+        q, k    = RoPE(q, p), RoPE(k, p)           rope, rotary_dim, rope_theta, rope_interleaved, rope_scaling (p: absolute position)
+        s_ij    = cap(s · q_iᵀk_j) − m_h (i − j)   scale s, softcap (cap(z) = c·tanh(z/c)), alibi (slopes m)
+        o       = softmax(s + mask; sink z_h) v    window; sinks (a logit z_h in each row's normalizer)
         y       = W_o (σ(W_g x) ⊙ o)               output_gate; biases: qkv_bias, out_bias
+
+    Multi-head latent attention (MLA; DeepSeek-V2/V3, Kimi), ``kv_lora_rank`` = r::
+
+        c = RMSNorm(x W_kva[:r]),  k_pe = RoPE(x W_kva[r:])      the cached pair: r + R floats per token
+        [k_nope^h | v^h] = W_kvb^h c,  k^h = [k_nope^h | k_pe]   q^h = [q_nope^h | RoPE(q_pe^h)], q = W_q x or W_qb RMSNorm(x W_qa)
+
+    so q^hᵀk_j^h = (W_kb^hᵀ q_nope^h)ᵀ c_j + q_pe^hᵀ k_pe,j: Φ is a softmax over a rank-(r + R) key space
+    shared by the heads (the latent), each head reading it through its own W_kb^h.
+
+    In the DSF (docs/attention.md): soft-capping bounds the scores, so a row of Φ never puts more
+    than e^{2c} times one key's weight on another; ALiBi multiplies Φ[i, j] by a fixed per-head decay
+    e^{−m_h (i − j)} before the normalization (FoX's forget gate with a constant log f = −m_h: the
+    scalar decay of a linear-attention DSF on the softmax map); a sink is a constant term e^{z_h} in
+    the normalizer η_i = e^{z_h} + Σ_j e^{s_ij} (normalized attention's input-independent η added to
+    the row sum), so Φ's rows sum to less than 1.
 
     finite_state = False: the DSF of softmax attention has an infinite state (Lemma 1);
     dsf(x, taylor_order=P) is the degree-P Taylor approximation.
@@ -565,11 +630,35 @@ class SoftmaxAttention(_Attention):
             self.q_norm = RMSNorm(self.heads * self.head_qk, eps=c.qk_norm_eps)
             self.k_norm = RMSNorm(self.kv_heads * self.head_qk, eps=c.qk_norm_eps)
         self.W_g = self._output_gate()
+        self.sinks = nn.Parameter(torch.zeros(self.heads)) if c.sinks else None
+        self.mla = c.kv_lora_rank is not None
+        if self.mla:  # the latent projections replace W_qk and W_v
+            H, K, V, R, r = self.heads, self.head_qk, self.head_v, c.qk_rope_head_dim, c.kv_lora_rank
+            qkv_bias = c.bias if c.qkv_bias is None else c.qkv_bias
+            self.W_qk = self.W_v = None
+            if c.q_lora_rank is None:
+                self.W_q = nn.Linear(c.d_model, H * K, bias=False)
+            else:
+                self.W_qa = nn.Linear(c.d_model, c.q_lora_rank, bias=qkv_bias)
+                self.q_a_norm = RMSNorm(c.q_lora_rank, eps=c.mla_norm_eps)
+                self.W_qb = nn.Linear(c.q_lora_rank, H * K, bias=False)
+            self.W_kva = nn.Linear(c.d_model, r + R, bias=qkv_bias)
+            self.kv_a_norm = RMSNorm(r, eps=c.mla_norm_eps)
+            self.W_kvb = nn.Linear(r, H * (K - R + V), bias=False)
+            self.has_bias = qkv_bias or self.W_o.bias is not None
+        if c.alibi:  # fixed, not trained: a buffer that follows the mixer's device
+            self.register_buffer("alibi_slopes", alibi_slopes(self.heads), persistent=False)
+        else:
+            self.alibi_slopes = None
+
+    def _score_options(self) -> dict:
+        """softcap, alibi, sinks of ops.softmax_attention / attention_decode / attention_probs."""
+        return dict(softcap=self.config.softcap, alibi=self.alibi_slopes, sinks=self.sinks)
 
     @staticmethod
     def _sizes(c) -> tuple[int, int, int, int]:
         n = c.n or (c.heads * c.head_dim if c.head_dim else c.d_model)
-        return c.heads, c.kv_heads or c.heads, n // c.heads, c.head_dim or c.d_model // c.heads
+        return c.heads, c.kv_heads or c.heads, n // c.heads, c.v_head_dim or c.head_dim or c.d_model // c.heads
 
     @classmethod
     def example_config(cls) -> dict:
@@ -577,9 +666,56 @@ class SoftmaxAttention(_Attention):
 
     # -- parametrization -------------------------------------------------------------------
 
+    def _rope(self, t, start: int):
+        """RoPE (with its scaling) at positions start .. start + T - 1 on t [B, T, H, ·]."""
+        c = self.config
+        T = t.shape[1]
+        pos = torch.arange(start, start + T, device=t.device)
+        return rotary(t, pos, rotary_dim=None if self.mla else c.rotary_dim, theta=c.rope_theta, interleaved=c.rope_interleaved,
+                      scaling=c.rope_scaling, seq_len=start + T)
+
+    def _mla_qkv(self, x, start: int):
+        """MLA: q [B, T, heads, K] = [q_nope | RoPE(q_pe)] (scaled); the cached pair: the latent c = RMSNorm(x W_kva[:r])
+        [B, T, 1, r] and the shared rotary key RoPE(x W_kva[r:]) [B, T, 1, R]."""
+        c = self.config
+        B, T, _ = x.shape
+        H, K, R, r = self.heads, self.head_qk, c.qk_rope_head_dim, c.kv_lora_rank
+        if c.q_lora_rank is None:
+            q = self.W_q(x)
+        else:
+            qa = self.W_qa(x)
+            q = self.W_qb(self.q_a_norm(qa).to(qa.dtype))
+        q = q.view(B, T, H, K)
+        lat, k_pe = self.W_kva(x).split([r, R], dim=-1)
+        lat = self.kv_a_norm(lat).to(lat.dtype).view(B, T, 1, r)
+        k_pe = k_pe.view(B, T, 1, R)
+        if c.rope:
+            q = torch.cat([q[..., : K - R], self._rope(q[..., K - R:], start)], dim=-1)
+            k_pe = self._rope(k_pe, start)
+        if self.qk_scale != 1.0:
+            q = q * self.qk_scale
+        return q, lat, k_pe
+
+    def _mla_expand(self, lat, k_pe):
+        """MLA's keys [B, L, heads, K] = [k_nope^h | k_pe] and values [B, L, heads, V] from the cached pair:
+        [k_nope^h | v^h] = W_kvb^h c (every head reads the same rank-r latent)."""
+        B, L = lat.shape[:2]
+        H, K, V, R = self.heads, self.head_qk, self.head_v, self.config.qk_rope_head_dim
+        kv = self.W_kvb(lat.view(B, L, -1)).view(B, L, H, K - R + V)
+        k_nope, v = kv.split([K - R, V], dim=-1)
+        return torch.cat([k_nope, k_pe.expand(B, L, H, R)], dim=-1), v
+
+    def _qk(self, x):
+        """q [B, T, heads, K] and the keys every head reads [B, T, kv_heads (MLA: heads), K] (phi, the Taylor DSF)."""
+        q, k, v = self._qkv(x)
+        return (q, self._mla_expand(k, v)[0]) if self.mla else (q, k)
+
     def _qkv(self, x, *, start: int = 0):
         """q [B, T, heads, K] (normed, rotated, scaled), k [B, T, kv_heads, K] (normed, rotated),
-        v [B, T, kv_heads, V], for tokens at absolute positions start .. start + T - 1."""
+        v [B, T, kv_heads, V], for tokens at absolute positions start .. start + T - 1; MLA: (q, the latent
+        c [B, T, 1, r], the rotary key k_pe [B, T, 1, R]), the pair its KV cache holds."""
+        if self.mla:
+            return self._mla_qkv(x, start)
         c = self.config
         B, T, _ = x.shape
         H, Hkv, K = self.heads, self.kv_heads, self.head_qk
@@ -590,9 +726,7 @@ class SoftmaxAttention(_Attention):
         if c.qk_norm == "head":
             q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
         if c.rope:
-            pos = torch.arange(start, start + T, device=x.device)
-            rope = dict(rotary_dim=c.rotary_dim, theta=c.rope_theta, interleaved=c.rope_interleaved)
-            q, k = rotary(q, pos, **rope), rotary(k, pos, **rope)
+            q, k = self._rope(q, start), self._rope(k, start)
         if self.qk_scale != 1.0:
             q = q * self.qk_scale
         return q, k, self.W_v(x).view(B, T, Hkv, self.head_v)
@@ -606,13 +740,16 @@ class SoftmaxAttention(_Attention):
         if need_state and kv is None:
             kv = KVCache(window=self.config.window)
         q, k, v = self._qkv(x, start=kv.seen if kv is not None else 0)
+        keys, vals = kv.append(k, v) if kv is not None else (k, v)  # every key the queries see: the cached ones and their own
+        if self.mla:  # the cache holds the latent pair: every head's keys and values from it
+            keys, vals = self._mla_expand(keys, vals)
         if mode == "step":
-            keys, vals = kv.append(k, v)  # every key the query sees: the cached ones (<= window - 1) and its own
-            o = attention_decode(q[:, 0], keys, vals, scale=1.0).unsqueeze(1)
+            o = attention_decode(q[:, 0], keys, vals, scale=1.0, **self._score_options()).unsqueeze(1)
         else:
-            keys, vals = kv.append(k, v) if kv is not None else (k, v)
-            o = softmax_attention(q, keys, vals, scale=1.0, window=self.config.window, mode=mode, check_values=False)
-        values = repeat_kv(v, self.heads // self.kv_heads)  # the core's input per map (query head)
+            o = softmax_attention(q, keys, vals, scale=1.0, window=self.config.window, mode=mode, check_values=False,
+                                  **self._score_options())
+        T = x.shape[1]
+        values = vals[:, -T:] if self.mla else repeat_kv(v, self.heads // self.kv_heads)  # the core's input per map (query head)
         return MixOut(self._gated_readout(o, x), {"kv": kv} if need_state else None, values=values, mixed=o)
 
     # -- DSF view --------------------------------------------------------------------------
@@ -621,8 +758,8 @@ class SoftmaxAttention(_Attention):
         """[B, heads, T, T]: the (windowed) causal softmax attention matrices (with RoPE, qk-norm,
         grouped kv heads as the forward pass computes them)."""
         self.check_input(x)
-        q, k, _ = self._qkv(x)
-        return attention_probs(q, k, scale=1.0, window=self.config.window, check_values=False)
+        q, k = self._qk(x)
+        return attention_probs(q, k, scale=1.0, window=self.config.window, check_values=False, **self._score_options())
 
     def _check_taylor_order(self, taylor_order):
         if isinstance(taylor_order, bool) or not isinstance(taylor_order, int) or taylor_order < 0:
@@ -633,8 +770,8 @@ class SoftmaxAttention(_Attention):
         (Kronecker features) and η_i = φ_P(q_i)ᵀ Σ_{j<=i} φ_P(k_j); shapes [B, T, H, Σ_p K^p] and [B, T, H]."""
         self.check_input(x)
         self._check_taylor_order(taylor_order)
-        q, k, _ = self._qkv(x)
-        k = repeat_kv(k, self.heads // self.kv_heads)
+        q, k = self._qk(x)
+        k = repeat_kv(k, self.heads // k.shape[2])
         fq = apply_feature_map("taylor", q, taylor_order)
         fk = apply_feature_map("taylor", k, taylor_order)
         return fq, fk, (fq * fk.cumsum(1)).sum(-1)
@@ -659,6 +796,12 @@ class SoftmaxAttention(_Attention):
         self._check_taylor_order(taylor_order)
         if self.config.window is not None:
             raise ValueError(f"{type(self).__name__}.dsf: the Taylor DSF is defined without a window; got window = {self.config.window}")
+        for opt in ("softcap", "alibi", "sinks"):
+            if getattr(self.config, opt):
+                raise ValueError(f"{type(self).__name__}.dsf: the Taylor DSF is the plain softmax's; got {opt} = {getattr(self.config, opt)!r}")
+        if projections and self.mla:
+            raise ValueError(f"{type(self).__name__}.dsf: projections=True needs W_v (MLA's values come from the latent: kv_lora_rank "
+                             f"= {self.config.kv_lora_rank})")
         if projections and self.W_g is not None:
             raise ValueError(f"{type(self).__name__}.dsf: projections=True needs output_gate = False (σ(W_g x) ⊙ o is not linear in x)")
         need = self.taylor_dsf_bytes(x.shape[0], x.shape[1], taylor_order)
@@ -672,6 +815,8 @@ class SoftmaxAttention(_Attention):
         return self._compose(DSF.from_separable(fq, fk, eta, value_dim=self.head_v), projections)
 
     def state_size(self, seq_len: int | None = None) -> int:
+        if self.mla:  # the latent c and the shared rotary key per token
+            return (self.config.kv_lora_rank + self.config.qk_rope_head_dim) * self._cached_tokens(seq_len)
         return self.kv_heads * (self.head_qk + self.head_v) * self._cached_tokens(seq_len)
 
 

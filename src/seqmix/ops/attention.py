@@ -39,7 +39,7 @@ Modes:
 :func:`attention_probs` returns the matrix itself [B, H, Tq, Tk] (the reference's
 probabilities; a mixer's phi).
 
-Decoding: :class:`KVCache` holds the keys and values in preallocated buffers (issue 27):
+Decoding: :class:`KVCache` holds the keys and values in preallocated buffers:
 an append writes into free slots (amortized O(1) per token, no torch.cat per token; the
 capacity doubles when full), with a window it keeps only the last window - 1 tokens (the
 window includes the current token) in a bounded buffer of at most max(2(w - 1), w - 1 + 64)
@@ -49,6 +49,22 @@ the reference the cache is tested against.
 
 The scale defaults to 1/sqrt(K) (Vaswani et al.; torch's default); the DSF paper drops it
 in its derivations (dsf note §1), pass ``scale=1.0`` for that.
+
+Options of real models on the scores s_ij = scale·q_iᵀk_j (all off by default), each a statement
+about the map Φ[i, j] = softmax_j(s_ij) of the DSF:
+
+* ``softcap`` c (Gemma 2's attention-logit soft-capping): s_ij -> c·tanh(s_ij / c), scores
+  bounded in (−c, c), so no row of Φ can put more than e^{2c} times the weight of another key on
+  one key. Both modes compute the explicit matrix (SDPA has no soft-capping).
+* ``alibi`` m [H] (ALiBi, Press et al. 2022; BLOOM): s_ij -> s_ij − m_h (i − j): Φ[i, j] is
+  multiplied by a fixed per-head decay e^{−m_h (i − j)} before the normalization — the data-
+  independent special case of FoX's forget gate (log f_t = −m_h for every t), i.e. the scalar
+  decay Λ = e^{−m_h} of a linear-attention DSF put on the softmax map. :func:`alibi_slopes` gives
+  the paper's geometric slopes. Memory-token columns (``prefix``) get no bias.
+* ``sinks`` z [H] (GPT-OSS's learned attention sinks): a constant term in every row's normalizer,
+  Φ[i, j] = e^{s_ij} / (e^{z_h} + Σ_{l visible} e^{s_il}): the rows sum to less than 1 (the rest
+  goes to no value) — softmax attention with an input-independent η of normalized attention
+  (DSF eq. 22) added to its row sum. SDPA reads it as a zero key and value with logit z_h.
 """
 
 from __future__ import annotations
@@ -223,12 +239,68 @@ def _visible(Tq, Tk, window, prefix, offset, key_valid, device, plain):
     return mask | no_key, no_key
 
 
-def _probs(qh, kh, scale, mask, empty):
+def alibi_slopes(heads: int, *, device=None, dtype=torch.float32) -> torch.Tensor:
+    """ALiBi's per-head slopes m [heads] (Press et al. 2022): for n = 2^⌊log2 heads⌋, the geometric
+    sequence m_h = 2^{−8h/n}, h = 1 .. n; the heads beyond n take every other slope of the sequence
+    for 2n (m = 2^{−4(2i−1)/n}, i = 1 ..), as BLOOM builds them."""
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+        raise ValueError(f"alibi_slopes: argument 'heads' must be an integer >= 1, got {heads!r}")
+    n = 2 ** int(math.floor(math.log2(heads)))
+    exps = [8.0 * h / n for h in range(1, n + 1)]
+    exps += [4.0 * (2 * i - 1) / n for i in range(1, min(n, heads - n) + 1)]
+    return torch.tensor([2.0 ** -e for e in exps], device=device, dtype=torch.float64).to(dtype)
+
+
+def _lags(Tq, Tk, prefix, offset, device, dtype):
+    """i − j of every (query, key) pair [Tq, Tk] (the positions of :func:`attention_mask`; 0 in the
+    memory-token columns)."""
+    n_seq = Tk - prefix
+    offset = n_seq - Tq if offset is None else offset
+    lag = (torch.arange(Tq, device=device, dtype=dtype).unsqueeze(1) + offset) - torch.arange(n_seq, device=device, dtype=dtype)
+    return torch.cat([torch.zeros(Tq, prefix, device=device, dtype=dtype), lag], dim=1)
+
+
+def _scores(qh, kh, scale, softcap, bias):
+    """s = scale·q kᵀ, soft-capped, plus the bias [.., Tq, Tk] (ALiBi): [B, H, Tq, Tk] in qh's dtype."""
+    scores = (qh @ kh.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    return scores if bias is None else scores + bias
+
+
+def _softmax_rows(scores, sinks):
+    """softmax over the last dimension, with a sink logit z_h [H] in each row's normalizer (dropped
+    from the result): scores [B, H, Tq, Tk]."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    z = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, z], dim=-1), dim=-1)[..., :-1]
+
+
+def _alibi_bias(alibi, Tq, Tk, prefix, offset, device, dtype):
+    """−m_h (i − j): [1, H, Tq, Tk], or None."""
+    if alibi is None:
+        return None
+    return -alibi.to(dtype).view(1, -1, 1, 1) * _lags(Tq, Tk, prefix, offset, device, dtype)
+
+
+def _check_extras(softcap, alibi, sinks, H, where):
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap)
+                                or softcap <= 0):
+        raise ValueError(f"{where}: argument 'softcap' must be None or a finite number > 0, got {softcap!r}")
+    for name, t in (("alibi", alibi), ("sinks", sinks)):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != H or not t.is_floating_point()):
+            got = f"{fmt_shape(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{where}: argument '{name}' must be None or a float tensor [H] = [{H}] (one per query head), got {got}")
+
+
+def _probs(qh, kh, scale, mask, empty, *, softcap=None, alibi=None, sinks=None, prefix=0, offset=None):
     """The reference: softmax of the masked score matrix. qh [B, H, Tq, K], kh [B, H, Tk, K] -> [B, H, Tq, Tk]."""
     dt = torch.float32 if qh.dtype in (torch.float16, torch.bfloat16) else qh.dtype
     with autocast_off(qh.device.type):  # scores and softmax in float32 (docs/scale.md)
-        scores = (qh.to(dt) @ kh.to(dt).transpose(-1, -2)) * scale
-        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        bias = _alibi_bias(alibi, qh.shape[2], kh.shape[2], prefix, offset, qh.device, dt)
+        scores = _scores(qh.to(dt), kh.to(dt), scale, softcap, bias)
+        probs = _softmax_rows(scores.masked_fill(~mask, float("-inf")), sinks)
     return probs.masked_fill(empty, 0.0) if empty is not None else probs
 
 
@@ -242,14 +314,19 @@ def attention_probs(
     offset: int | None = None,
     key_valid: torch.Tensor | None = None,
     check_values: bool = True,
+    softcap: float | None = None,
+    alibi: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The attention matrix [B, H, Tq, Tk] (rows sum to 1, or 0 for a query that sees no key):
-    q [B, Tq, H, K], k [B, Tk, H, K]; the other arguments as in :func:`softmax_attention`."""
+    """The attention matrix [B, H, Tq, Tk] (rows sum to 1, less with sinks, 0 for a query that sees
+    no key): q [B, Tq, H, K], k [B, Tk, H, K]; the other arguments as in :func:`softmax_attention`."""
     where = "attention_probs"
     scale, plain = _prepare(q, k, None, scale, window, prefix, offset, key_valid, check_values, where)
+    _check_extras(softcap, alibi, sinks, q.shape[2], where)
     mask, empty = _visible(q.shape[1], k.shape[1], window, prefix, offset, key_valid, q.device, plain)
     k = repeat_kv(k, q.shape[2] // k.shape[2])
-    return _probs(q.transpose(1, 2), k.transpose(1, 2), scale, mask, empty)
+    return _probs(q.transpose(1, 2), k.transpose(1, 2), scale, mask, empty, softcap=softcap, alibi=alibi, sinks=sinks,
+                  prefix=prefix, offset=offset)
 
 
 def softmax_attention(
@@ -265,8 +342,11 @@ def softmax_attention(
     mode: str = "auto",
     check_values: bool = True,
     backend: str = "auto",
+    softcap: float | None = None,
+    alibi: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Masked softmax attention; see the module docstring for the mask rules and modes.
+    """Masked softmax attention; see the module docstring for the mask rules, modes and options.
 
     Args:
         q [B, Tq, H, K], k [B, Tk, Hkv, K], v [B, Tk, Hkv, V] (H % Hkv == 0: grouped kv heads).
@@ -276,13 +356,19 @@ def softmax_attention(
         check_values: check q, k, v for NaN/Inf (a host read: where ``seqmix.debug`` allows it, by default on CPU tensors).
         backend: "auto", "torch" or "sdpa" (SDPA with is_causal, plain causal mask only):
             see :mod:`seqmix.ops.backends`; "torch" runs ``mode`` as documented above.
+        softcap: c, scores c·tanh(s/c) (Gemma 2); None = none.
+        alibi: slopes m [H], scores s_ij − m_h (i − j) (ALiBi); None = none.
+        sinks: logits z [H] added to each row's normalizer (GPT-OSS); None = none.
 
     Returns:
         o [B, Tq, H, V] (the matrix itself: :func:`attention_probs`)
     """
     check_choice("mode", mode, MODES + ("auto",), _WHERE)
     scale, plain = _prepare(q, k, v, scale, window, prefix, offset, key_valid, check_values, _WHERE)
+    _check_extras(softcap, alibi, sinks, q.shape[2], _WHERE)
     groups = q.shape[2] // k.shape[2]
+    if softcap is not None or alibi is not None or sinks is not None:
+        return _attention_with_extras(q, k, v, scale, window, prefix, offset, key_valid, mode, softcap, alibi, sinks)
     if backend != "torch":
         be = _backends.resolve(_WHERE, backend, _backends.Call(_WHERE, q.device.type, q.dtype, mode, dict(plain_causal=plain)))
         if be.name != "torch":
@@ -306,6 +392,36 @@ def softmax_attention(
     return o.transpose(1, 2)
 
 
+def _attention_with_extras(q, k, v, scale, window, prefix, offset, key_valid, mode, softcap, alibi, sinks):
+    """softmax_attention with soft-capping, ALiBi or sinks: the explicit matrix ("parallel", and
+    any mode with soft-capping), or SDPA with a float bias (ALiBi; a sink as a zero key and value
+    whose logit is z_h)."""
+    Tq, Tk = q.shape[1], k.shape[1]
+    groups = q.shape[2] // k.shape[2]
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    mask, empty = _visible(Tq, Tk, window, prefix, offset, key_valid, q.device, False)
+    if mode == "parallel" or softcap is not None:
+        kh, vh = repeat_kv(kh, groups, 1), repeat_kv(vh, groups, 1)
+        probs = _probs(qh, kh, scale, mask, empty, softcap=softcap, alibi=alibi, sinks=sinks, prefix=prefix, offset=offset)
+        with autocast_off(q.device.type):
+            o = (probs @ vh.to(probs.dtype)).to(v.dtype)
+        return o.transpose(1, 2)
+    H = q.shape[2]
+    bias = _alibi_bias(alibi, Tq, Tk, prefix, offset, q.device, q.dtype)
+    bias = torch.zeros(1, H, Tq, Tk, device=q.device, dtype=q.dtype) if bias is None else bias
+    bias = bias.masked_fill(~mask, float("-inf"))
+    if sinks is not None:  # one more key: k = 0, v = 0, logit z_h
+        B = q.shape[0]
+        kh = torch.cat([kh, kh.new_zeros(B, kh.shape[1], 1, kh.shape[-1])], dim=2)
+        vh = torch.cat([vh, vh.new_zeros(B, vh.shape[1], 1, vh.shape[-1])], dim=2)
+        z = sinks.to(q.dtype).view(1, H, 1, 1).expand(bias.shape[0], H, Tq, 1)
+        bias = torch.cat([bias.expand(bias.shape[0], H, Tq, Tk), z], dim=-1)
+    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, scale=scale, enable_gqa=groups > 1)
+    if empty is not None:
+        o = o.masked_fill(empty, 0.0)
+    return o.transpose(1, 2)
+
+
 def kv_cache_trim(k: torch.Tensor, v: torch.Tensor, window: int | None):
     """What a KV cache must keep to continue: every token (window None) or the last
     window - 1 tokens (the next query's window is those plus itself). k [B, L, H, K], v [B, L, H, V]."""
@@ -316,20 +432,32 @@ def kv_cache_trim(k: torch.Tensor, v: torch.Tensor, window: int | None):
     return k[:, start:], v[:, start:]
 
 
-def attention_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
+def attention_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, scale: float | None = None,
+                     softcap: float | None = None, alibi: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One query per sequence over the keys it sees (every one of them): a decoding step's read.
 
     q [B, H, K]; keys [B, L, Hkv, K], values [B, L, Hkv, V] (any strides: views of a
-    :class:`KVCache`'s buffers). Returns o [B, H, V]. Scores and softmax in float32 or wider.
+    :class:`KVCache`'s buffers), the last key the query's own (ALiBi's lags: L − 1 − l).
+    ``softcap``, ``alibi``, ``sinks`` as in :func:`softmax_attention`. Returns o [B, H, V].
+    Scores and softmax in float32 or wider.
     """
     B, H, K = q.shape
-    Hkv = keys.shape[2]
+    Hkv, L = keys.shape[2], keys.shape[1]
     scale = _scale(scale, K, "attention_decode")
     dt = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     with autocast_off(q.device.type):
         qg = q.to(dt).view(B, Hkv, H // Hkv, K)  # query heads grouped by the kv head they read
         kh, vh = keys.to(dt).transpose(1, 2), values.to(dt).transpose(1, 2)  # [B, Hkv, L, ·]
-        p = torch.softmax((qg @ kh.transpose(-1, -2)) * scale, dim=-1)  # [B, Hkv, G, L]
+        bias = None
+        if alibi is not None:
+            lag = torch.arange(L - 1, -1, -1, device=q.device, dtype=dt)
+            bias = -alibi.to(dt).view(1, Hkv, H // Hkv, 1) * lag
+        s = _scores(qg, kh, scale, softcap, bias)  # [B, Hkv, G, L]
+        if sinks is not None:
+            z = sinks.to(dt).view(1, Hkv, H // Hkv, 1).expand(B, Hkv, H // Hkv, 1)
+            p = torch.softmax(torch.cat([s, z], dim=-1), dim=-1)[..., :-1]
+        else:
+            p = torch.softmax(s, dim=-1)
         o = p @ vh  # [B, Hkv, G, V]
     return o.reshape(B, H, -1).to(values.dtype)
 

@@ -18,6 +18,28 @@ Which channels form a pair (``interleaved``):
 The two are the same rotation up to a fixed permutation of the channels, so a checkpoint
 trained with one needs its q and k projection rows permuted to run with the other.
 
+Frequency scaling (``scaling``, a dict with a ``type``): the context-extension variants of RoPE
+change the frequencies θ_j (and some multiply the rotated channels by a constant a, the
+*attention factor*: the rotated part of qᵀk is then scaled by a²). With f = ``factor``, L =
+``original_max_position_embeddings``, θ_j = theta^(-2j/R) the default frequencies:
+
+* ``linear`` (position interpolation, Chen et al. 2023): θ_j / f — positions divided by f.
+* ``dynamic`` (NTK-aware, dynamic): the base grows with the sequence, theta' = theta·(f·n/M −
+  (f − 1))^(R/(R−2)) for n = max(seq_len, M) tokens, M = ``max_position_embeddings``; n is the
+  length of the call's positions (its last position + 1), so short sequences keep the default.
+* ``yarn`` (Peng et al. 2023): per pair a blend γ_j θ_j + (1 − γ_j) θ_j / f, γ_j a linear ramp
+  over the pairs between the correction dimensions of ``beta_fast`` and ``beta_slow`` rotations
+  in L tokens (``truncate``: rounded out); a = ``attention_factor`` or 0.1·ln f + 1 (with
+  ``mscale`` / ``mscale_all_dim``: their ratio of that form).
+* ``llama3`` (Llama 3.1): wavelengths 2π/θ_j above L/``low_freq_factor`` get θ_j / f, below
+  L/``high_freq_factor`` keep θ_j, between a smooth blend ((L/λ − l)/(h − l)).
+* ``longrope`` (Phi-3, Ding et al. 2024): θ_j / e_j with e = ``short_factor`` (R/2 numbers) while
+  the sequence has at most L tokens and e = ``long_factor`` beyond; a = ``attention_factor`` or
+  sqrt(1 + ln f / ln L) (1 for f <= 1).
+
+:func:`rope_frequencies` returns (θ [R/2], a); tests tie each type to transformers' own
+``ROPE_INIT_FUNCTIONS``.
+
 Angles are computed in float32 (float64 for float64 inputs), the rotation too; the result is
 cast back to x's dtype. Shapes: x [B, T, H, K]; positions [T] or [B, T] (integers).
 
@@ -26,6 +48,8 @@ cast back to x's dtype. Shapes: x [B, T, H, K]; positions [T] or [B, T] (integer
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -49,10 +73,111 @@ def _check(x, positions, rotary_dim, theta, where):
     return R
 
 
-def rotary_angles(positions: torch.Tensor, rotary_dim: int, theta: float = 10000.0, dtype=torch.float32) -> torch.Tensor:
-    """p·θ_j: [..., R/2] for positions [...] (θ_j = theta^(-2j/R), j = 0 .. R/2 − 1)."""
-    j = torch.arange(0, rotary_dim, 2, device=positions.device, dtype=dtype)
-    inv_freq = 1.0 / (theta ** (j / rotary_dim))
+#: the frequency scalings and the fields each reads (required, then optional with its default)
+ROPE_SCALINGS: dict[str, tuple[tuple[str, ...], dict]] = {
+    "linear": (("factor",), {}),
+    "dynamic": (("factor", "max_position_embeddings"), {}),
+    "yarn": (("factor", "original_max_position_embeddings"),
+             dict(beta_fast=32.0, beta_slow=1.0, attention_factor=None, mscale=None, mscale_all_dim=None, truncate=True)),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), {}),
+    "longrope": (("long_factor", "short_factor", "original_max_position_embeddings"), dict(factor=None, attention_factor=None)),
+}
+
+
+def check_rope_scaling(scaling: dict | None, rotary_dim: int | None = None, where: str = _WHERE) -> dict | None:
+    """``scaling`` with its defaults filled in (a new dict), or None; ValueError naming 'scaling' and
+    the field for an unknown type, a missing or unknown field, or a value out of range."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict) or scaling.get("type") not in ROPE_SCALINGS:
+        got = scaling.get("type") if isinstance(scaling, dict) else type(scaling).__name__
+        raise ValueError(f"{where}: argument 'scaling' must be None or a dict with 'type' in {sorted(ROPE_SCALINGS)}, got {got!r}")
+    kind = scaling["type"]
+    required, optional = ROPE_SCALINGS[kind]
+    missing = [k for k in required if scaling.get(k) is None]
+    unknown = sorted(set(scaling) - {"type", *required, *optional})
+    if missing or unknown:
+        raise ValueError(f"{where}: argument 'scaling' of type {kind!r} needs the fields {list(required)} (optional: "
+                         f"{sorted(optional)}); missing {missing}, unknown {unknown}")
+    out = {**optional, **scaling}
+    for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", "max_position_embeddings",
+              "beta_fast", "beta_slow", "attention_factor"):
+        v = out.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+            raise ValueError(f"{where}: argument 'scaling' field {k!r} must be a finite number > 0, got {v!r}")
+    if kind == "llama3" and not out["high_freq_factor"] > out["low_freq_factor"]:
+        raise ValueError(f"{where}: argument 'scaling' field 'high_freq_factor' must exceed 'low_freq_factor', got "
+                         f"{out['high_freq_factor']} and {out['low_freq_factor']}")
+    if kind == "longrope":
+        for k in ("long_factor", "short_factor"):
+            v = out[k] = tuple(float(e) for e in out[k])
+            if (rotary_dim is not None and len(v) != rotary_dim // 2) or not all(math.isfinite(e) and e > 0 for e in v):
+                raise ValueError(f"{where}: argument 'scaling' field {k!r} must hold R/2 = {None if rotary_dim is None else rotary_dim // 2} "
+                                 f"finite numbers > 0 (one per rotated pair), got {len(v)}")
+    return out
+
+
+def rope_frequencies(rotary_dim: int, theta: float = 10000.0, scaling: dict | None = None, *, seq_len: int | None = None,
+                     device=None, dtype=torch.float32) -> tuple[torch.Tensor, float]:
+    """(θ [R/2], a): the frequencies of the R/2 rotated pairs and the attention factor of ``scaling``
+    (module docstring; None: θ_j = theta^(-2j/R), a = 1). ``seq_len``: the number of positions of the
+    call (their last + 1), read by ``dynamic`` and ``longrope`` only."""
+    R = rotary_dim
+    sc = check_rope_scaling(scaling, R)
+    kind = None if sc is None else sc["type"]
+    base = float(theta)
+    if kind == "dynamic":
+        M, f = sc["max_position_embeddings"], sc["factor"]
+        n = M if seq_len is None else max(int(seq_len), M)
+        base = base * (f * n / M - (f - 1)) ** (R / (R - 2))
+    j = torch.arange(0, R, 2, device=device, dtype=dtype if kind is None else torch.float64)
+    inv_freq = 1.0 / (base ** (j / R))
+    a = 1.0
+    if kind == "linear":
+        inv_freq = inv_freq / sc["factor"]
+    elif kind == "llama3":
+        f, lo, hi, L = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"], sc["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (L / wavelen - lo) / (hi - lo)  # 0 at wavelength L/lo, 1 at L/hi
+        blended = (1 - smooth) * inv_freq / f + smooth * inv_freq
+        inv_freq = torch.where(wavelen > L / lo, inv_freq / f, torch.where(wavelen < L / hi, inv_freq, blended))
+    elif kind == "yarn":
+        f, L = sc["factor"], sc["original_max_position_embeddings"]
+
+        def dim_of(rotations):  # the pair index (in channels) that turns `rotations` times in L tokens
+            return R * math.log(L / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        lo, hi = dim_of(sc["beta_fast"]), dim_of(sc["beta_slow"])
+        if sc["truncate"]:
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, R - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = ((torch.arange(R // 2, device=device, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+        inv_freq = inv_freq / f * ramp + inv_freq * (1 - ramp)  # γ_j = 1 - ramp: high frequencies kept
+
+        def mscale(s, m=1.0):
+            return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+        a = sc["attention_factor"]
+        if a is None:
+            a = mscale(f, sc["mscale"]) / mscale(f, sc["mscale_all_dim"]) if sc["mscale"] and sc["mscale_all_dim"] else mscale(f)
+    elif kind == "longrope":
+        L = sc["original_max_position_embeddings"]
+        e = sc["long_factor"] if seq_len is not None and seq_len > L else sc["short_factor"]
+        inv_freq = inv_freq / torch.tensor(e, device=device, dtype=torch.float64)
+        a = sc["attention_factor"]
+        if a is None:
+            f = sc["factor"]
+            a = 1.0 if f is None or f <= 1 else math.sqrt(1 + math.log(f) / math.log(L))
+    return inv_freq.to(dtype), float(a)
+
+
+def rotary_angles(positions: torch.Tensor, rotary_dim: int, theta: float = 10000.0, dtype=torch.float32, *,
+                  scaling: dict | None = None, seq_len: int | None = None) -> torch.Tensor:
+    """p·θ_j: [..., R/2] for positions [...] (θ_j = theta^(-2j/R), j = 0 .. R/2 − 1, or the
+    frequencies of ``scaling``: :func:`rope_frequencies`)."""
+    inv_freq, _ = rope_frequencies(rotary_dim, theta, scaling, seq_len=seq_len, device=positions.device, dtype=dtype)
     return positions.to(dtype).unsqueeze(-1) * inv_freq
 
 
@@ -63,6 +188,8 @@ def rotary(
     rotary_dim: int | None = None,
     theta: float = 10000.0,
     interleaved: bool = False,
+    scaling: dict | None = None,
+    seq_len: int | None = None,
 ) -> torch.Tensor:
     """Rotates the first ``rotary_dim`` channels of every head of x by its token's position.
 
@@ -72,13 +199,17 @@ def rotary(
         rotary_dim: R, even, ≤ K (default K: full rotary).
         theta: the base of the frequencies θ_j = theta^(-2j/R).
         interleaved: pairs (2j, 2j+1) (GPT-J) instead of (j, j + R/2) (GPT-NeoX / Llama).
+        scaling: a frequency scaling (module docstring) or None.
+        seq_len: the number of positions the call covers (``dynamic`` / ``longrope``; default the
+            largest position + 1 is not read from the tensor: pass it).
 
     Returns:
-        [B, T, H, K], x's dtype.
+        [B, T, H, K], x's dtype (the rotated channels times the attention factor of ``scaling``).
     """
     R = _check(x, positions, rotary_dim, theta, _WHERE)
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    ang = rotary_angles(positions, R, theta, dt)  # [T, R/2] or [B, T, R/2]
+    inv_freq, att = rope_frequencies(R, theta, scaling, seq_len=seq_len, device=x.device, dtype=dt)
+    ang = positions.to(dt).unsqueeze(-1) * inv_freq  # [T, R/2] or [B, T, R/2]
     if ang.dim() == 2:
         ang = ang.unsqueeze(0)
     cos, sin = ang.cos().unsqueeze(2), ang.sin().unsqueeze(2)  # [B|1, T, 1, R/2]
@@ -89,21 +220,24 @@ def rotary(
     else:
         a, b = xr[..., : R // 2], xr[..., R // 2 :]
         rot = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    if att != 1.0:
+        rot = rot * att
     rot = rot.to(x.dtype)
     return rot if R == x.shape[-1] else torch.cat((rot, x[..., R:]), dim=-1)
 
 
-def rotary_reference(x, positions, *, rotary_dim=None, theta=10000.0, interleaved=False):
+def rotary_reference(x, positions, *, rotary_dim=None, theta=10000.0, interleaved=False, scaling=None, seq_len=None):
     """The reference: a loop over the R/2 channel pairs, each rotated as a complex number
-    (a + ib)·e^{ipθ_j}, in float64."""
+    (a + ib)·e^{ipθ_j}, in float64 (θ_j and the attention factor from :func:`rope_frequencies`)."""
     R = _check(x, positions, rotary_dim, theta, "rotary_reference")
+    inv_freq, att = rope_frequencies(R, theta, scaling, seq_len=seq_len, dtype=torch.float64)
     pos = positions.to(torch.float64)
     if pos.dim() == 1:
         pos = pos.unsqueeze(0)
     out = x.to(torch.float64).clone()
     for j in range(R // 2):
         ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + R // 2)
-        theta_j = theta ** (-2.0 * j / R)
-        z = torch.complex(out[..., ia], out[..., ib]) * torch.polar(torch.ones_like(pos), pos * theta_j).unsqueeze(-1)
+        theta_j = inv_freq[j].item()
+        z = torch.complex(out[..., ia], out[..., ib]) * torch.polar(torch.full_like(pos, att), pos * theta_j).unsqueeze(-1)
         out[..., ia], out[..., ib] = z.real, z.imag
     return out.to(x.dtype)

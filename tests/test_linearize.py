@@ -376,3 +376,38 @@ def test_teacher_weights_refuses_a_non_attention_mixer():
     assert not torch.equal(s.W_q.weight, t.q)
     assert attention_layers(teacher()) == {0: "model.layers.0.self_attn", 1: "model.layers.1.self_attn",
                                            2: "model.layers.2.self_attn"}
+
+
+def test_the_trainer_adds_a_models_auxiliary_loss():
+    """Trainer.fit adds model.auxiliary_loss() to each training step's loss: an L2 pull on the
+    embedding shrinks it compared with the same run without it (the hook is used, not only defined)."""
+    from seqmix.data import CorpusConfig
+    from seqmix.models import LanguageModel, ModelConfig
+    from seqmix.train import Trainer
+    from seqmix.train.config import TrainConfig, make_run_config
+
+    class Pulled(LanguageModel):
+        weight = 0.0
+
+        def auxiliary_loss(self):
+            return self.weight * self.embed.weight.pow(2).sum() if self.weight else None
+
+    norms = {}
+    for w in (0.0, 10.0):
+        run = make_run_config(data=CorpusConfig(seq_len=16, batch_size=2),
+                              model=ModelConfig(mixer="gla", d_model=16, n_layers=1, mixer_kwargs={"heads": 2}),
+                              train=TrainConfig(max_steps=3, lr=1e-2, weight_decay=0.0, early_stop=None, eval_batches=1))
+
+        def build(cfg, w=w):
+            torch.manual_seed(0)
+            m = Pulled(cfg.model)
+            m.weight = w
+            return m
+
+        trainer = Trainer(run, progress=False, model_builder=build)
+        models = []
+        orig = trainer.build_model
+        trainer.build_model = lambda: models.append(orig()) or models[-1]
+        trainer.fit()
+        norms[w] = float(models[0].embed.weight.norm())
+    assert norms[10.0] < norms[0.0] - 1e-3, norms

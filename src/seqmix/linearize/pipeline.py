@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import shutil
 import time
 from pathlib import Path
@@ -356,7 +355,3 @@ def _finetune(cfg: LinearizeConfig, source: Path, teacher, corpus, folder: Path,
             "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     (folder / "done.json").write_text(json.dumps(done, indent=1, default=float))
     return done
-
-
-def bits(loss_nats: float) -> float:
-    return loss_nats / math.log(2)

@@ -157,9 +157,7 @@ def transfer(model: nn.Module, teacher: nn.Module, batch: Callable[[int], torch.
     studs = students(model)
     if not studs:
         raise ValueError("linearize: argument 'model' holds no student (linearize it first)")
-    teacher.eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
+    teacher.eval()  # frozen: its forwards run under no_grad
     tmix = _teacher_mixers(teacher, studs) if match in ("phi", "both") else None
     holder = nn.ModuleList([a.mixer for a in studs.values()])
     for p in holder.parameters():

@@ -184,7 +184,7 @@ def test_show_hf_uses_the_checkpoints_tokenizer(folders, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("case,needle", [
-    ("gpt2", "is a 'gpt2' model (GPT2LMHeadModel): an unsupported family; seqmix converts: "),
+    ("opt", "is a 'opt' model (OPTForCausalLM): an unsupported family; seqmix converts: "),
     ("hub", "hf download nobody/not-cached"),
     ("nofolder", "no such folder"),
     ("noconfig", "without config.json"),
@@ -195,11 +195,12 @@ def test_show_hf_uses_the_checkpoints_tokenizer(folders, tmp_path, capsys):
 def test_show_hf_errors_are_one_line(case, needle, folders, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty_cache"))
     argv = ["show", "--out", str(tmp_path / "o"), "--text", TEXT]
-    if case == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
+    if case == "opt":
+        from transformers import OPTConfig, OPTForCausalLM
 
-        folder = tmp_path / "gpt2"
-        GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=16, n_layer=1, n_head=2)).save_pretrained(folder)
+        folder = tmp_path / "opt"
+        OPTForCausalLM(OPTConfig(vocab_size=300, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2,
+                                 word_embed_proj_dim=16)).save_pretrained(folder)
         argv += ["--hf", str(folder)]
     elif case == "hub":
         argv += ["--hf", "nobody/not-cached"]

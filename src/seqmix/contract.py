@@ -46,7 +46,7 @@ F64_ATOL = 1e-9
 F32_RTOL = 1e-4
 #: mixed precision: relative error max|y - y32| / max|y32| of a mixer's output under autocast (or
 #: with half parameters) against float32. bf16 keeps 8 significant bits (2⁻⁹ ≈ 2e-3 per rounding):
-#: 3e-2 is issue 15's bound at T = 512 with the default config (measured worst: 0.017, metala with
+#: 3e-2 is the bound at T = 512 with the default config (measured worst: 0.017, metala with
 #: bf16 parameters). fp16 keeps 11 bits, 8x finer.
 MP_RTOL = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
 #: the same for the gradients (w.r.t. x and every parameter), relative to each gradient's max:

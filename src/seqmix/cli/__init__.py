@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-#: the most lines an error message of the command may take (issue 24), and the most characters
+#: the most lines an error message of the command may take, and the most characters
 #: of the last line when the lines past it are folded into it
 MAX_ERROR_LINES = 3
 MAX_FOLDED_CHARS = 800

@@ -44,7 +44,7 @@ def _import_plugins(args):
 
 
 def _add_parallel(p):
-    """--parallel / --dist-timeout (issue 15, docs/scale.md): for a run launched by torchrun or srun."""
+    """--parallel / --dist-timeout (docs/scale.md): for a run launched by torchrun or srun."""
     g = p.add_argument_group("torch.distributed (launch with torchrun --nproc_per_node N)")
     g.add_argument("--parallel", choices=["none", "ddp", "fsdp"], default=None,
                    help="DDP or FSDP2 over the ranks of torchrun, each on its slice of the global batch (default: the config's, none)")

@@ -105,7 +105,7 @@ def _add_sweep(sub):
 
 
 def _add_launcher(p):
-    """--launcher and the job resources (issue 15, docs/scale.md; seqmix.cluster)."""
+    """--launcher and the job resources (docs/scale.md; seqmix.cluster)."""
     g = p.add_argument_group("cluster (each run as one job; needs the 'cluster' extra)")
     g.add_argument("--launcher", choices=["local", "submitit"], default="local",
                    help="local: worker processes on this machine (default); submitit: one Slurm job per run")

@@ -1,4 +1,4 @@
-"""seqmix models as HuggingFace transformers models (issue 14; docs/hf.md).
+"""seqmix models as HuggingFace transformers models (docs/hf.md).
 
     SeqmixConfig(PreTrainedConfig)      the whole seqmix ModelConfig, as a dict in ``config.seqmix``
     SeqmixForCausalLM(PreTrainedModel, GenerationMixin)

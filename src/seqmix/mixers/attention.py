@@ -821,7 +821,7 @@ class SoftmaxAttention(_Attention):
 
 
 # ------------------------------------------------------------------------------------------
-# gated and position-encoding variants of softmax attention (issue 30): FoX, stick-breaking, PaTH
+# gated and position-encoding variants of softmax attention: FoX, stick-breaking, PaTH
 # ------------------------------------------------------------------------------------------
 
 

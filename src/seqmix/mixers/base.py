@@ -57,7 +57,7 @@ class MixerConfig(BaseModel):
     )
 
 
-#: the segment length of ``segment_len=None`` for a finite-state mixer (issue 27, ``python bench/scaling.py
+#: the segment length of ``segment_len=None`` for a finite-state mixer (``python bench/scaling.py
 #: --mixers M --segment-len L``, d_model 128, batch 1): forward+backward per token at T = 16384 over
 #: T = 512, whole-sequence pass / segments of 4096 / 2048 / 1024: Mamba-2 1.37 / 1.01-1.03 / 1.03-1.31 /
 #: 1.22-1.25, KDA 2.37 / 1.27-1.31 / 0.96-1.11 / 1.00, RWKV-4 (not run) / - / 1.76 / 1.15. A segment's

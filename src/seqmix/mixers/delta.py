@@ -15,7 +15,7 @@ One class, :class:`DeltaNet`, and its presets; the core is ``seqmix.ops.delta_ru
     gated_deltanet2  as kda, with channel-wise erase and write gates  fla's GDN-2: (I − kᵀ(b ⊙ k)) Diag(α), written value w ⊙ v
     precond_gated_deltanet, precond_kda   gated_deltanet / kda with the ATK preconditioned write key k ⊙ M_t (fla)
 
-The last two are the options real checkpoints need (issue 26; ``seqmix.interop`` converts
+The last two are the options real checkpoints need (``seqmix.interop`` converts
 transformers' Qwen3NextGatedDeltaNet and KimiLinearDeltaAttention into them): grouped value
 heads ``k_heads`` (each q/k head serves heads/k_heads value heads), one ``fused_conv`` over
 [q; k; v] (one conv state), FLA's ``qk_l2_eps`` form of the L2 norm, an output RMSNorm whose
@@ -77,7 +77,7 @@ class DeltaNetConfig(ExpandedWidths, MixerConfig):
     norm_eps: float = Field(1e-5, gt=0, description="epsilon of the output RMSNorm")
     low_rank: int | None = Field(None, gt=0, description="rank of the key-wise gate's projection W_f¹ W_f² (decay = 'key'; None: d_k' = d_k/H)")
     scale: Literal["inv_sqrt_k", "none"] = Field("inv_sqrt_k", description="scale of q_t S_t: d_k'^{-1/2} (the released code) or 1")
-    # -- options of real models (transformers' Qwen3-Next and Kimi-Linear; issue 26) -----------------
+    # -- options of real models (transformers' Qwen3-Next and Kimi-Linear) -----------------------
     k_heads: int | None = Field(
         None, gt=0, description="query/key heads, dividing heads (grouped value attention, GVA: Qwen3-Next's linear_num_key_heads): "
         "q/k head j serves the heads/k_heads consecutive value heads j·r .. j·r + r - 1 (repeat_interleave); d_k' = d_k/k_heads. "

@@ -143,7 +143,7 @@ class Bmojo(_Attention):
     map_unit = "head × stream (raw values, fading values)"
     finite_state = False
     #: its cache is bounded (window, memory slots, SSM) although its DSF is not finite, so a long forward
-    #: runs in segments like a finite-state mixer's (issue 27: whole-sequence fwd+bwd per token grew 1.8× from
+    #: runs in segments like a finite-state mixer's (whole-sequence fwd+bwd per token grew 1.8× from
     #: 512 to 16k, in the selective scan's backward over the whole sequence)
     auto_segment_len = AUTO_SEGMENT_LEN
     Config = BmojoConfig

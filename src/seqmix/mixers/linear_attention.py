@@ -13,7 +13,7 @@ the sizes d_k, d_v, H:
 :class:`GeneralForm` is that equation, built once on ``seqmix.ops.linear_recurrence``:
 each parameter function is chosen from a small vocabulary of named options (the config
 fields ``query``, ``key``, ``value``, ``decay``, ``gate``; the sizes ``heads``,
-``expand_k``, ``expand_v``, ``d_state``; ``xnorm``). Every model of the issue is a
+``expand_k``, ``expand_v``, ``d_state``; ``xnorm``). Every model of MetaLA's general form is a
 registered preset of it (:func:`register_preset`), never a copy:
 
     preset        parameter group   f_q        f_k                 f_α                          f_g

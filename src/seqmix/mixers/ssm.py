@@ -603,7 +603,7 @@ class S6(Mixer):
 
     def _forward(self, u, *, state, mode, need_state):
         # the selective scan applies Δ = softplus(pre + b_Δ) itself (Mamba's delta_bias / delta_softplus: the
-        # "cpp" kernel fuses it, sparing torch's softplus forward and backward, issue 27); the chunk mode takes Δ
+        # "cpp" kernel fuses it, sparing torch's softplus forward and backward); the chunk mode takes Δ
         x, z, delta, b, c, conv = self._inputs(u, state.get("conv") if state else None, need_state,
                                                pre_activation=mode != "chunk")
         S0 = state["S"] if state else None  # [B, D, n, 1], the linear_recurrence layout

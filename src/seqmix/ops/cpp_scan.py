@@ -20,14 +20,14 @@ recomputed from its boundary state into a buffer of L·N·32, then the adjoint r
 in time producing dΔ, dA, dx, dB, dC, dD and dh0 in the same pass (sums over channels and over
 the batch go through per-unit partial buffers reduced here). A small scan (every state and decay
 of the call, 2·B·T·Dp·N floats with D padded to whole blocks, within ``keep_all_floats()``) keeps
-them all instead, and its backward reads them rather than recomputing them (issue 27: the
+them all instead, and its backward reads them rather than recomputing them (the
 recompute was a third of the backward's time at the main job's B 16, T 32, d 64, n 8). The kept
 values are the recomputed ones bit for bit (the same arithmetic), so the gradients do not depend
 on which way was taken. Against the per-channel kernel (one channel at a time, the loop over n
 vectorized) that this replaced, the decays and states are the same bits and the sums (y, dΔ, dx,
 dB, dC) differ by rounding only; the kernel alone (1 thread) ran 1.6x faster forward and 1.7x
 forward+backward at the main job's size with S6's A, 3.9x and 2.6x with a scalar A, about 1.45x
-both at (8, 512, 512, 16) and (1, 4096, 512, 16) (issue 27).
+both at (8, 512, 512, 16) and (1, 4096, 512, 16).
 
 Mamba's ``delta_bias`` and ``delta_softplus`` (its ``selective_scan_fn``'s arguments) are computed
 in the kernel: Δ = softplus(delta + delta_bias) (or delta + delta_bias), softplus with PyTorch's
@@ -37,7 +37,7 @@ std::log1p; for groups of 16 steps ahead of their use, so that the evaluations o
 step, softplus's dependency chain lengthened the step's own). The backward evaluates Δ and σ =
 softplus' once more (per chunk, before the recompute) and returns the gradients w.r.t. delta (the
 pre-activation: dΔ · σ(delta + delta_bias)) and delta_bias (summed over the batch and time). This
-spares the caller torch's softplus and its backward: issue 27, 1 thread, AVX-512, forward + backward
+spares the caller torch's softplus and its backward: 1 thread, AVX-512, forward + backward
 through the op with S6's A, torch's ``F.softplus(pre + bias)`` forward + backward alone took about
 130 µs at (B, T, D, N) = (16, 32, 64, 8), and the fused op ran in 0.91x the time of softplus + op
 (forward alone 0.78x); at (8, 512, 512, 16) 0.94-0.96x (forward 0.90-0.95x; a noisy machine).
@@ -52,7 +52,7 @@ it compiles. It needs a C++ compiler (``c++``, or ``$CXX``) and the ``ninja`` ex
 PATH. ``SEQMIX_CPP=0`` switches the backend off. It is built for the widest vectors the CPU has
 (``isa``: AVX-512 with 512-bit vectors, else AVX2 + FMA, else the compiler's default; the flags
 are part of the build's name): on this project's Xeon, AVX-512 ran the forward 1.7x faster than
-AVX2 at the main job's size and forward + backward 7-28% faster (issue 27).
+AVX2 at the main job's size and forward + backward 7-28% faster.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _isa_flags() -> list[str]:
 def keep_all_floats() -> int:
     """``KEEP_ALL_FLOATS`` if set, else by the build: 2^21 floats (8 MiB of float32) for an AVX2 or
     generic build, 0 (always recompute the chunks) for an AVX-512 one. Measured at the main job's
-    sizes (B 16, T 32, d 32-128, n 8; forward + backward through the op, 1 thread; issue 27): with
+    sizes (B 16, T 32, d 32-128, n 8; forward + backward through the op, 1 thread): with
     AVX2 keeping everything was 1-9% faster than recomputing, with AVX-512 (exp twice as wide)
     recomputing was 0-7% faster (no large allocation to fault in)."""
     if KEEP_ALL_FLOATS is not None:
@@ -195,7 +195,7 @@ def load():
 def _sum_blocks(part: torch.Tensor) -> torch.Tensor:
     """Σ over the blocks of channels of a per-block partial gradient [B, T, blocks, N] -> [B, T, N]. One
     or two blocks (d_inner <= 64): the block itself or one add, the value ``sum(2)`` gives (a + b in either
-    order) at a fraction of a reduction's fixed cost (issue 27: 14 µs per call at B 16, T 32)."""
+    order) at a fraction of a reduction's fixed cost (14 µs per call at B 16, T 32)."""
     blocks = part.shape[2]
     if blocks == 1:
         return part.squeeze(2)

@@ -925,7 +925,7 @@ def linear_recurrence(
     if mode == "step":
         if T != 1:
             raise ValueError(f"{_WHERE}: mode 'step' takes one token (T == 1), got T = {T}; use 'recurrent' or 'chunk'")
-        o, S = _recurrence_step(  # the inputs were checked above: the step itself (issue 27: decoding's overhead)
+        o, S = _recurrence_step(  # the inputs were checked above: the step itself (decoding's overhead)
             q[:, 0], k[:, 0], v[:, 0],
             gk[:, 0] if gk is not None else None,
             gv[:, 0] if gv is not None else None,

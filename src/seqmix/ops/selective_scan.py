@@ -20,7 +20,7 @@ v = x, gk = ΔA); this op exists because, for S6's shapes on CPU, autograd throu
 loop of small steps is slow (bench/ssm.py times the three side by side). Modes:
 
 * ``reference``: the loop over time (``unbind``, never ``x[:, t]``), differentiated by autograd.
-* ``chunked`` (default): time in chunks of L = ``chunk_size`` steps (issue 27). Per chunk, the
+* ``chunked`` (default): time in chunks of L = ``chunk_size`` steps. Per chunk, the
   decays a = exp(ΔA) and inputs b = Δx ⊗ B are formed for those L steps only, in buffers
   allocated once per call and reused by every chunk (about 8 MiB each: cache-resident, no
   allocation per step), the states h_t = a_t h_(t-1) + b_t overwrite b in place (one ``addcmul_`` per
@@ -32,7 +32,7 @@ loop of small steps is slow (bench/ssm.py times the three side by side). Modes:
   ops (the formulas of ``fused`` below). Without a gradient it is the forward alone (no
   states kept); one step without a gradient (decoding) is the plain step of ``reference``.
   ``chunk_size=None`` picks L from the shape (:func:`scan_chunk_size`).
-* ``fused``: the previous default (issue 4), kept to be timed beside ``chunked``: a
+* ``fused``: the previous default, kept to be timed beside ``chunked``: a
   ``torch.autograd.Function``, time-major (when a gradient is needed; otherwise the
   reference loop). Forward: a = exp(ΔA) and b = Δx ⊗ B as whole-sequence [T, B, D, N] ops,
   h_t = a_t h_(t-1) + b_t as one ``addcmul`` per step, y_t = C_t·h_t as one batched matmul;

@@ -11,7 +11,7 @@ holds anything else (a pickled object, whose loading could run its code) is refu
 ValueError, and so is an empty, truncated, corrupt or foreign file: never an unpickling
 traceback.
 
-Format 1 (seqmix before issue 24) stored numpy's RNG state as a numpy array. Such files are
+Format 1 (older seqmix) stored numpy's RNG state as a numpy array. Such files are
 still read: the only globals allowed for them are numpy's array reconstruction
 (``numpy.core.multiarray._reconstruct``, ``numpy.ndarray``, ``numpy.dtype``), which build
 arrays of plain numbers and run nothing else — checked on the file's pickle opcodes before

@@ -155,6 +155,23 @@ class DeltaNetConfig(ExpandedWidths, MixerConfig):
         return self
 
 
+def _short_conv_qkv(m, x, state, need_state):
+    """q, k, v = W_q x, W_k x, W_v x through the mixer's short convs ``conv_q``, ``conv_k``, ``conv_v`` (with
+    SiLU; their states read from and written to ``state`` / the returned dict), or SiLU alone without
+    convs (``conv_size`` 0): the input side shared by the delta-rule mixers."""
+    q, k, v = m.W_q(x), m.W_k(x), m.W_v(x)
+    new = {}
+    if not m.config.conv_size:
+        return F.silu(q), F.silu(k), F.silu(v), new
+    outs = []
+    for name, conv, t in (("conv_q", m.conv_q, q), ("conv_k", m.conv_k, k), ("conv_v", m.conv_v, v)):
+        y, s = conv(t, state.get(name) if state else None, output_final_state=need_state)
+        outs.append(y)
+        if need_state:
+            new[name] = s
+    return (*outs, new)
+
+
 @dataclass
 class _Params:
     q: torch.Tensor  # [B, T, H, K] (L2-normalized)
@@ -246,23 +263,14 @@ class DeltaNet(Mixer):
         c = self.config
         B, T, _ = x.shape
         H, K, V = self.H, self.K, self.V
-        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
-        new = {}
         if c.conv_size and c.fused_conv:
+            q, k, v, new = self.W_q(x), self.W_k(x), self.W_v(x), {}
             qkv, s = self.conv(torch.cat([q, k, v], dim=-1), state.get("conv") if state else None, output_final_state=need_state)
             if need_state:
                 new["conv"] = s
             q, k, v = qkv.split([c.d_k, c.d_k, c.d_v], dim=-1)
-        elif c.conv_size:
-            outs = []
-            for name, conv, t in (("conv_q", self.conv_q, q), ("conv_k", self.conv_k, k), ("conv_v", self.conv_v, v)):
-                y, s = conv(t, state.get(name) if state else None, output_final_state=need_state)
-                outs.append(y)
-                if need_state:
-                    new[name] = s
-            q, k, v = outs
         else:
-            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+            q, k, v, new = _short_conv_qkv(self, x, state, need_state)
         n = self.n  # DeltaProduct: micro-step j of token t at t·n + j (fla's '... t (n h d) -> ... (t n) h d')
         q, k = self._l2(q.view(B, T, self.Hk, K)), self._l2(k.view(B, T * n, self.Hk, K))
         if self.Hk != H:  # GVA: q/k head j serves value heads j·r .. j·r + r - 1
@@ -770,18 +778,7 @@ class MoM(Mixer):
         c = self.config
         B, T, _ = x.shape
         E, H, K, V = self.E, self.H, self.K, self.V
-        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
-        new = {}
-        if c.conv_size:
-            outs = []
-            for name, conv, t in (("conv_q", self.conv_q, q), ("conv_k", self.conv_k, k), ("conv_v", self.conv_v, v)):
-                y, s = conv(t, state.get(name) if state else None, output_final_state=need_state)
-                outs.append(y)
-                if need_state:
-                    new[name] = s
-            q, k, v = outs
-        else:
-            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        q, k, v, new = _short_conv_qkv(self, x, state, need_state)
         w, mask = self.routing(x)  # [B, T, E]
         q = F.normalize(q.view(B, T, 1, H, K), dim=-1) * w.view(B, T, E, 1, 1).to(q.dtype)  # memory e reads w_{t,e} q_t
         k = F.normalize(k.view(B, T, E, H, K), dim=-1)
@@ -926,18 +923,7 @@ class MomentumDeltaNet(Mixer):
         c = self.config
         B, T, _ = x.shape
         H, K, V = self.H, self.K, self.V
-        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
-        new = {}
-        if c.conv_size:
-            outs = []
-            for name, conv, t in (("conv_q", self.conv_q, q), ("conv_k", self.conv_k, k), ("conv_v", self.conv_v, v)):
-                y, s = conv(t, state.get(name) if state else None, output_final_state=need_state)
-                outs.append(y)
-                if need_state:
-                    new[name] = s
-            q, k, v = outs
-        else:
-            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        q, k, v, new = _short_conv_qkv(self, x, state, need_state)
         q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, V)
         if c.output_correction:
             q = q - self.D_log.exp().view(H, 1).to(q.dtype) * k

@@ -1171,10 +1171,9 @@ class PathAttention(_Attention):
 # ------------------------------------------------------------------------------------------
 
 
-class MoBAConfig(AttentionConfig):
-    scale: float | Literal["sqrt", "none"] = Field("sqrt", description="multiplies qᵀk: 'sqrt' = 1/sqrt(K) (fla's default), 'none' or a number")
-    chunk_size: int = Field(256, gt=0, description="C, the key block size (fla's moba_chunk_size: 256)")
-    topk: int = Field(4, gt=0, description="blocks each query reads, its own included (fla's moba_topk: 4)")
+class _RopeConfig(AttentionConfig):
+    """An attention config with fla's rotary positions on q and k (MoBA, DeltaFormer)."""
+
     rope: bool = Field(True, description="rotary positions on q and k at their absolute positions (fla's layer)")
     rope_theta: float = Field(10000.0, gt=1, description="RoPE base")
 
@@ -1184,6 +1183,12 @@ class MoBAConfig(AttentionConfig):
         if self.rope and K % 2:
             raise ValueError(f"rope = True needs an even head width K = n / heads, got {K}")
         return self
+
+
+class MoBAConfig(_RopeConfig):
+    scale: float | Literal["sqrt", "none"] = Field("sqrt", description="multiplies qᵀk: 'sqrt' = 1/sqrt(K) (fla's default), 'none' or a number")
+    chunk_size: int = Field(256, gt=0, description="C, the key block size (fla's moba_chunk_size: 256)")
+    topk: int = Field(4, gt=0, description="blocks each query reads, its own included (fla's moba_topk: 4)")
 
 
 @register("moba", description="MoBA (Lu et al. 2025): each query reads its own block and the top-k − 1 past key blocks by q·mean(k); map only")
@@ -1343,17 +1348,8 @@ class NSA(Mixer):
 # ------------------------------------------------------------------------------------------
 
 
-class DeltaFormerConfig(AttentionConfig):
+class DeltaFormerConfig(_RopeConfig):
     scale: float | Literal["sqrt", "none"] = Field("sqrt", description="multiplies qᵀk in both passes: 'sqrt' = 1/sqrt(K) (fla), 'none' or a number")
-    rope: bool = Field(True, description="rotary positions on q and k at their absolute positions (fla's layer)")
-    rope_theta: float = Field(10000.0, gt=1, description="RoPE base")
-
-    @model_validator(mode="after")
-    def _rope(self):
-        K = (self.n or self.d_model) // self.heads
-        if self.rope and K % 2:
-            raise ValueError(f"rope = True needs an even head width K = n / heads, got {K}")
-        return self
 
 
 @register("deltaformer", description="DeltaFormer: u_t = v_t − β_t Σ_{s<t} softmax(q·k) u_s, o = causal softmax attention over u; map only")

@@ -36,7 +36,7 @@ def test_every_preset_names_canonical_mixers_and_builds_its_data():
                             "bmojo-fig2", "bmojo-fig2-me", "dsf-table1-lm", "dsf-table3", "metala-lra", "lra-tiny"}
     for p in PRESETS.values():
         assert set(p.mixers()) <= CANONICAL, p.name
-        assert set(p.scales) == ({"tiny", "small", "paper"} if p.name == "dsf-fig2" else {"tiny", "paper"})
+        assert set(p.scales) == ({"tiny", "small", "gpu", "paper"} if p.name == "dsf-fig2" else {"tiny", "paper"})
         labels = [m.label for m in p.models]
         for c in p.claims:
             assert c.a in labels and (c.b is None or c.b in labels), (p.name, c.text)

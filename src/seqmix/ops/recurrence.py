@@ -34,12 +34,12 @@ Modes (all return the same numbers; tests tie each to ``recurrent``):
   masked matmul; chunks are linked by passing the state, written and read with
   decays relative to the chunk's start and end (exponents <= 0). Inside a chunk,
   a per-head decay enters as an explicit masked [C, C] factor; key- or value-wise
-  decays are taken relative to the start of tiles of c tokens (exponents <= 0 for the
-  keys before a tile, pairwise factors inside it: exact at any decay). A chunk runs as
-  one tile, one matmul, where its decays are known to span less than _MAX_LOG_GROWTH
-  (one reduction over the decays, read on the host only where that costs no
-  synchronisation: CPU tensors in eager mode), else in tiles of _TILE tokens: on an
-  accelerator no value is read and nothing overflows. Cumulative log-decays are local to a chunk and kept in
+  decays are taken relative to the start of tiles of c tokens. Where a host read costs no
+  synchronisation (CPU tensors in eager mode), c is the largest tile whose decays span less
+  than _MAX_LOG_GROWTH (one reduction per candidate): weak decays run as one matmul per
+  chunk, strong ones as smaller tiles. Where none is allowed (an accelerator, ``meta``,
+  torch.compile: ``seqmix.debug``), chunks with decays run in tiles of _TILE tokens whose
+  own scores are formed pairwise: nothing is read and nothing overflows at any decay. Cumulative log-decays are local to a chunk and kept in
   float32 or wider. Memory is linear in T. Where every chunk is one tile (the usual
   case), the backward is written by hand (:class:`_ChunkOneTile`: 9 matmuls of the
   forward's operands, O(T(K+V)) kept per head); strong decays that need smaller tiles
@@ -454,23 +454,25 @@ def _tile_span(c: int, Gs) -> float:
 def _tile_size(C: int, requested: int | None, *Gs) -> int:
     """The tile c of a block of C tokens (a divisor of C, at most ``requested``).
 
-    The tiled form (:func:`_tile_parts`) is exact at any decay for any c; only one tile per chunk
-    (c = C) takes the decays relative to the chunk's first token, and is used only where its span is
-    known to stay below _MAX_LOG_GROWTH: without decays, or where a host read is allowed
-    (:func:`seqmix._checks.reads_values`: CPU tensors in eager mode) and one reduction shows it. On an
-    accelerator, on ``meta`` and under torch.compile nothing is read: chunks with decays run in tiles
-    of at most _TILE tokens."""
+    Where a host read is allowed (:func:`seqmix._checks.reads_values`: CPU tensors in eager mode), c is the
+    largest tile whose decays span less than _MAX_LOG_GROWTH in every tile (one read per candidate), and
+    :func:`_tile_parts` forms a tile's own scores with one matmul (factors taken relative to the tile's
+    first token, none above e^_MAX_LOG_GROWTH). Where none is (an accelerator, ``meta``, torch.compile),
+    nothing is read: chunks with decays run in tiles of at most _TILE tokens whose own scores are formed
+    pairwise, exact at any decay."""
     c = _largest_divisor(C, requested or C)
     Gs = [G for G in Gs if G is not None]
-    if c < C or not Gs or C == 1:
+    if not Gs or C == 1:
         return c
-    if reads_values(Gs[0]) and _tile_span(C, Gs) <= _MAX_LOG_GROWTH:
-        return C
-    return _largest_divisor(C, min(_TILE, C // 2))
+    if reads_values(Gs[0]):
+        while c > 1 and _tile_span(c, Gs) > _MAX_LOG_GROWTH:
+            c = _largest_divisor(C, c // 2)
+        return c
+    return c if c < C else _largest_divisor(C, min(_TILE, C // 2))
 
 
 def _tile_parts(q, k, Gk, c):
-    """The decayed causal scores of a block in tiles of c tokens, as two parts that are exact at any decay.
+    """The decayed causal scores of a block in tiles of c tokens, as two parts.
 
     q,k [.., C, K]; Gk [.., C, K|1] cumulative log-decay (from the start of the block) or None.
     Returns (before [.., s, c, C], inside [.., s, c, c]), s = C/c tiles: for query i of tile a,
@@ -479,9 +481,10 @@ def _tile_parts(q, k, Gk, c):
 
     Before the tile, exp(G_i − G_j) = exp(G_i − G_r) · exp(G_r − G_j) with r the tile's first position:
     both factors are <= 1 (the decays accumulate), so one matmul per tile against all earlier keys
-    neither overflows nor loses the small terms' relative precision. Inside the tile the factors are
-    formed pairwise, exp(G_i − G_j) for j <= i ([.., s, c, c, K] for key-wise decays): no exponent
-    is positive.
+    neither overflows nor loses the small terms' relative precision. Inside the tile: one matmul of the
+    same factors, exp(G_r − G_j) <= e^_MAX_LOG_GROWTH, where :func:`_tile_size` read the decays and chose
+    c so; without that read, the factors exp(G_i − G_j), j <= i, formed pairwise ([.., s, c, c, K] for
+    key-wise decays): no exponent is positive, at any decay.
     """
     *lead, C, K = q.shape
     s = C // c
@@ -500,6 +503,9 @@ def _tile_parts(q, k, Gk, c):
     qr = q_t * torch.exp(G_t - R).to(q.dtype)  # exponents <= 0
     kr = k.unsqueeze(-3) * _exp_where(R - Gk.unsqueeze(-3), before.unsqueeze(-1)).to(k.dtype)  # [.., s, C, K]: <= 0
     A_out = qr @ kr.transpose(-1, -2)
+    if reads_values(Gk):  # c was read to be safe: the tile's own keys by one matmul
+        A_in = (qr @ (k_t * torch.exp(R - G_t).to(k.dtype)).transpose(-1, -2)).masked_fill(~tril, 0)
+        return A_out, A_in
     pair = G_t.unsqueeze(-2) - G_t.unsqueeze(-3)  # [.., s, c, c, K|1]: G_i − G_j
     D = _exp_where(pair, tril.unsqueeze(-1))
     if Gk.shape[-1] == 1:
@@ -528,12 +534,12 @@ def _tiles(x, c):  # [.., C, X] -> [.., C/c, c, X]
 
 
 def _intra_tiled(q, k, v, Gk, Gv, c):
-    """Intra-chunk output for key-wise and/or value-wise decays, in tiles of c tokens (exact at any decay).
+    """Intra-chunk output for key-wise and/or value-wise decays, in tiles of c tokens (:func:`_tile_parts`).
 
     q,k [B,H,n,C,K]; v [B,H,n,C,V]; Gk [B,H,n,C,K|1] or None; Gv [B,H,n,C,V] or None
     (local cumulative log-decays). The value-side decay is split at the same tile references as the
-    key side (:func:`_tile_parts`): exp(W_i − W_r) · exp(W_r − W_j) for keys before the tile, pairwise
-    exp(W_i − W_j) inside it.
+    key side (:func:`_tile_parts`): exp(W_i − W_r) · exp(W_r − W_j) for keys before the tile, and inside
+    it too where c was read to be safe, else pairwise exp(W_i − W_j).
     """
     *lead, C, _ = q.shape
     V = v.shape[-1]
@@ -549,9 +555,12 @@ def _intra_tiled(q, k, v, Gk, Gv, c):
         Rv = Gv[..., ::c, :].unsqueeze(-2)  # [.., s, 1, V]
         v_r = v.unsqueeze(-3) * _exp_where(Rv - Gv.unsqueeze(-3), before)  # [.., s, C, V]: exponents <= 0
         o = (A_out @ v_r) * torch.exp(W_t - Rv)
-        tril = torch.ones(c, c, dtype=torch.bool, device=q.device).tril().unsqueeze(-1)
-        Dv = _exp_where(W_t.unsqueeze(-2) - W_t.unsqueeze(-3), tril)  # [.., s, c, c, V]: exp(W_i − W_j), j <= i
-        o = o + torch.einsum("...ij,...ijv,...jv->...iv", A_in, Dv, v_t)
+        if reads_values(Gv):  # c was read to be safe: exp(W_i − W_r) · exp(W_r − W_j) inside the tile too
+            o = o + (A_in @ (v_t * torch.exp(Rv - W_t))) * torch.exp(W_t - Rv)
+        else:
+            tril = torch.ones(c, c, dtype=torch.bool, device=q.device).tril().unsqueeze(-1)
+            Dv = _exp_where(W_t.unsqueeze(-2) - W_t.unsqueeze(-3), tril)  # [.., s, c, c, V]: exp(W_i − W_j), j <= i
+            o = o + torch.einsum("...ij,...ijv,...jv->...iv", A_in, Dv, v_t)
     return o.reshape(*lead, C, V)
 
 

@@ -158,6 +158,12 @@ class _Attention(Mixer):
     family = "attention"
     map_unit = "head"
 
+    def _rotate(self, start: int, *ts):
+        """Each of ts [B, T, H, K] rotated by RoPE (theta = config.rope_theta) at the absolute positions
+        start .. start + T − 1: the rotary positions of the attentions with a ``rope`` option."""
+        pos = torch.arange(start, start + ts[0].shape[1], device=ts[0].device)
+        return tuple(rotary(t, pos, theta=self.config.rope_theta) for t in ts)
+
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
         c = self.config
@@ -342,8 +348,7 @@ class SeparableAttention(_Attention):
             q, k = (F.layer_norm(t, (self.head_qk,), self.feature_gamma.to(t.dtype), self.feature_beta.to(t.dtype)) for t in (q, k))
             q = q * self.qk_scale
         if c.rope:
-            pos = torch.arange(start, start + x.shape[1], device=x.device)
-            q, k = rotary(q, pos, theta=c.rope_theta), rotary(k, pos, theta=c.rope_theta)
+            q, k = self._rotate(start, q, k)
         if self.phi_name == "hedgehog":  # φ(q) = [softmax(q W_h + b_h), softmax(-q W_h - b_h)] per head h
             fq = hedgehog_features(torch.einsum("bthk,hkf->bthf", q, self.fm_q_weight.to(q.dtype)) + self.fm_q_bias.to(q.dtype))
             fk = hedgehog_features(torch.einsum("bthk,hkf->bthf", k, self.fm_k_weight.to(k.dtype)) + self.fm_k_bias.to(k.dtype))
@@ -915,9 +920,7 @@ class ForgettingAttention(_Attention):
         if self.q_norm is not None:
             q, k = _heads_rms(q, self.q_norm), _heads_rms(k, self.k_norm)
         if c.rope:
-            start = state["kv"].seen if state and "kv" in state else 0
-            pos = torch.arange(start, start + T, device=x.device)
-            q, k = rotary(q, pos, theta=c.rope_theta), rotary(k, pos, theta=c.rope_theta)
+            q, k = self._rotate(state["kv"].seen if state and "kv" in state else 0, q, k)
         log_f = F.logsigmoid(linear_f32(self.W_f, x))  # [B, T, H]
         return q, k, v, log_f, raw_k, raw_v
 
@@ -1215,8 +1218,7 @@ class MoBA(_Attention):
     def _qkv_at(self, x, start: int):
         q, k, v = self._qkv(x)  # q scaled
         if self.config.rope:
-            pos = torch.arange(start, start + x.shape[1], device=x.device)
-            q, k = rotary(q, pos, theta=self.config.rope_theta), rotary(k, pos, theta=self.config.rope_theta)
+            q, k = self._rotate(start, q, k)
         return q, k, v
 
     def _forward(self, x, *, state, mode, need_state):
@@ -1378,8 +1380,7 @@ class DeltaFormer(_Attention):
     def _params(self, x, start: int):
         q, k, v = self._qkv(x)  # q scaled
         if self.config.rope:
-            pos = torch.arange(start, start + x.shape[1], device=x.device)
-            q, k = rotary(q, pos, theta=self.config.rope_theta), rotary(k, pos, theta=self.config.rope_theta)
+            q, k = self._rotate(start, q, k)
         return q, k, v, torch.sigmoid(self.W_beta(x))
 
     def _forward(self, x, *, state, mode, need_state):
@@ -1440,8 +1441,7 @@ class Parallax(_Attention):
         B, T, _ = x.shape
         r = self.W_r(x).view(B, T, self.heads, self.head_qk)
         if self.config.rope:
-            pos = torch.arange(start, start + T, device=x.device)
-            q, k, r = (rotary(t, pos, theta=self.config.rope_theta) for t in (q, k, r))
+            q, k, r = self._rotate(start, q, k, r)
         return q, r, k, v
 
     def _forward(self, x, *, state, mode, need_state):

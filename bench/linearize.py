@@ -76,6 +76,74 @@ def _uniform_layers(n: int, K: int) -> list[int]:
     return sorted({int((i + 0.5) * n / K) for i in range(K)})
 
 
+def _scratch_lrs(spec: str) -> list[float]:
+    try:
+        lrs = sorted({float(v) for v in spec.split(",") if v.strip()})
+    except ValueError:
+        lrs = []
+    if not lrs or lrs[0] <= 0:
+        raise SystemExit(f"bench/linearize.py: argument --scratch-lrs: expected comma-separated learning rates > 0, got {spec!r}")
+    return lrs
+
+
+def scratch_loss(label: str, kept: list[int], n_layers: int, budget: int, common: dict, a, teacher_dir: Path, out: Path) -> dict:
+    """L_scratch: the same architecture (softmax kept where the linearized one kept it) from a random init
+    on the same tokens, next-token loss only, at the best learning rate of a sweep — one rule for every
+    scratch run: each lr of ``--scratch-lrs``, and while the best is the grid's lowest (or highest) lr the
+    grid grows by a factor 3 on that side (at most twice). Returns {"loss", "lr", "sweep": {lr: loss}}."""
+    from seqmix.linearize.pipeline import LinearizeConfig, run
+
+    scratch_layers = ",".join(str(i) for i in range(n_layers) if i not in kept) if kept else "all"
+    scratch_dir = Path(a.scratch_dir) if a.scratch_dir else out / "runs"
+    base = _scratch_base(teacher_dir, scratch_dir.parent)
+    name = _slug(label) + (f"_softmax{'-'.join(map(str, kept))}" if kept else "") + "_scratch"
+    sweep: dict[float, float] = {}
+
+    def one(lr: float) -> None:
+        if lr in sweep:
+            return
+        res = run(LinearizeConfig(hf=str(base), layers=scratch_layers, init="random", stages=("finetune",), transfer_tokens=0,
+                                  finetune_tokens=budget, out=str(scratch_dir / f"{name}_lr{lr:g}"),
+                                  **{**common, "finetune_lr": lr, "kd": 0.0, "lora_rank": 0}), progress=False)
+        sweep[lr] = res["stages"]["finetune"]["eval"]["loss"]
+        print(f"  scratch {name} lr {lr:g}: {sweep[lr]:.4f}", flush=True)
+
+    for lr in _scratch_lrs(a.scratch_lrs):
+        one(lr)
+    for _ in range(2):
+        best = min(sweep, key=sweep.get)
+        if best == min(sweep):
+            one(float(f"{best / 3:.3g}"))
+        elif best == max(sweep):
+            one(float(f"{best * 3:.3g}"))
+        else:
+            break
+    best = min(sweep, key=sweep.get)
+    return {"loss": sweep[best], "lr": best, "sweep": {f"{k:g}": v for k, v in sorted(sweep.items())}}
+
+
+def _common(a, label: str) -> dict:
+    """The LinearizeConfig fields every run of a case shares."""
+    mixer, mcfg = STUDENTS[label]
+    return dict(mixer=mixer, mixer_config=mcfg, corpus="tinyshakespeare", tokenizer="byte", seq_len=a.seq_len,
+                batch_size=a.batch_size, eval_batches=a.eval_batches, threads=a.threads, transfer_lr=a.transfer_lr,
+                finetune_lr=a.finetune_lr, kd=a.kd, lora_rank=a.lora_rank, transfer_trainable=a.transfer_trainable)
+
+
+SETTINGS = ("budget_frac", "transfer_frac", "seq_len", "batch_size", "eval_batches", "transfer_lr", "finetune_lr", "kd", "lora_rank",
+            "transfer_trainable")
+
+
+def rescore(r: dict, a, teacher_dir: Path, out: Path) -> dict:
+    """A stored case's result with L_scratch (and G) measured again under this run's --scratch-lrs rule (the
+    student's runs are not repeated)."""
+    n_layers = json.loads((teacher_dir / "model" / "config.json").read_text())["num_hidden_layers"]
+    scratch = scratch_loss(r["student"], r["kept_softmax"], n_layers, r["tokens"], _common(a, r["student"]), a, teacher_dir, out)
+    return {**r, "L_scratch": scratch["loss"], "scratch_lr": scratch["lr"], "scratch_sweep": scratch["sweep"],
+            "G": (scratch["loss"] - r["L_student"]) / (scratch["loss"] - r["L_teacher"]),
+            "settings": {**r["settings"], "scratch_lrs": a.scratch_lrs}}
+
+
 def run_case(case: str, a, teacher_dir: Path, out: Path) -> dict:
     from seqmix.linearize.pipeline import LinearizeConfig, run
 
@@ -84,9 +152,7 @@ def run_case(case: str, a, teacher_dir: Path, out: Path) -> dict:
     budget = int(a.budget_frac * _teacher_info(teacher_dir)["tokens"])
     transfer = int(a.transfer_frac * budget)
     n_layers = json.loads((teacher_dir / "model" / "config.json").read_text())["num_hidden_layers"]
-    common = dict(mixer=mixer, mixer_config=mcfg, corpus="tinyshakespeare", tokenizer="byte", seq_len=a.seq_len,
-                  batch_size=a.batch_size, eval_batches=a.eval_batches, threads=a.threads, transfer_lr=a.transfer_lr,
-                  finetune_lr=a.finetune_lr, kd=a.kd, lora_rank=a.lora_rank)
+    common = _common(a, label)
     layers, stages, init, match = "all", ("transfer", "finetune"), "attention", "output"
     t_tok, f_tok = transfer, budget - transfer
     if kind == "hybrid":
@@ -111,24 +177,16 @@ def run_case(case: str, a, teacher_dir: Path, out: Path) -> dict:
     kept = lin["stages"].get("transfer", {}).get("kept_softmax", [])
     if kind == "uniform1":
         kept = _uniform_layers(n_layers, 1)
-    # the same architecture from scratch, the same tokens (softmax kept where the linearized one kept it)
-    scratch_layers = ",".join(str(i) for i in range(n_layers) if i not in kept) if kept else "all"
-    scratch_dir = Path(a.scratch_dir) if a.scratch_dir else out / "runs"
-    base = _scratch_base(teacher_dir, scratch_dir.parent)
-    scratch_name = _slug(label) + (f"_softmax{'-'.join(map(str, kept))}" if kept else "") + "_scratch"
-    scr = run(LinearizeConfig(hf=str(base), layers=scratch_layers, init="random", stages=("finetune",), transfer_tokens=0,
-                              finetune_tokens=budget, out=str(scratch_dir / scratch_name),
-                              **{**common, "finetune_lr": a.scratch_lr, "kd": 0.0, "lora_rank": 0}), progress=False)
-    L_scratch = scr["stages"]["finetune"]["eval"]["loss"]
+    scratch = scratch_loss(label, kept, n_layers, budget, common, a, teacher_dir, out)
     L_teacher = lin["teacher"]["loss"]
     res = {"case": case, "kind": kind, "student": label, "mixer": mixer, "mixer_config": mcfg, "layers": layers,
            "kept_softmax": kept, "tokens": budget, "transfer_tokens": t_tok, "finetune_tokens": f_tok,
-           "L_teacher": L_teacher, "L_scratch": L_scratch, "L_student": L_student,
+           "L_teacher": L_teacher, "L_scratch": scratch["loss"], "scratch_lr": scratch["lr"], "scratch_sweep": scratch["sweep"],
+           "L_student": L_student,
            "L_after_transfer": lin["stages"].get("transfer", {}).get("eval", {}).get("loss"),
-           "G": (L_scratch - L_student) / (L_scratch - L_teacher), "bpb_student": last["eval"]["bpb"],
+           "G": (scratch["loss"] - L_student) / (scratch["loss"] - L_teacher), "bpb_student": last["eval"]["bpb"],
            "state_floats": last["state"], "teacher_state": lin["teacher"]["state"], "seconds": time.perf_counter() - t0,
-           "settings": {k: getattr(a, k) for k in ("budget_frac", "transfer_frac", "seq_len", "batch_size", "eval_batches",
-                                                   "transfer_lr", "finetune_lr", "scratch_lr", "kd", "lora_rank")}}
+           "settings": {k: getattr(a, k) for k in SETTINGS + ("scratch_lrs",)}}
     return res
 
 
@@ -174,9 +232,12 @@ def main(argv=None) -> int:
     p.add_argument("--eval-batches", type=int, default=16)
     p.add_argument("--transfer-lr", type=float, default=3e-3)
     p.add_argument("--finetune-lr", type=float, default=1e-3)
-    p.add_argument("--scratch-lr", type=float, default=3e-3, help="the from-scratch runs' lr (the teacher's)")
+    p.add_argument("--scratch-lrs", default="1e-3,3e-3", help="the from-scratch runs' lr sweep: L_scratch is the best of "
+                   "these, the grid grown by x3 on the side of the best while the best is at its edge (scratch_loss)")
     p.add_argument("--kd", type=float, default=0.0)
     p.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning")
+    p.add_argument("--transfer-trainable", choices=["all", "new"], default="all",
+                   help="stage 1's trainable set: every student parameter, or only those not copied from the teacher")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--scratch-dir", default=None, help="where the from-scratch runs live (default OUT/runs): another "
                    "bench's folder reuses its finished scratch runs (same architecture, tokens and settings: skipped)")
@@ -189,9 +250,18 @@ def main(argv=None) -> int:
             _case(case)
             f = out / "results" / (_slug(case) + ".json")
             if f.is_file():
-                print(f"{case}: finished before, skipped", flush=True)
-                continue
-            res = run_case(case, a, teacher_dir, out)
+                prior = json.loads(f.read_text())
+                same = all(prior["settings"].get(k, "all" if k == "transfer_trainable" else None) == getattr(a, k)
+                           for k in SETTINGS)
+                if not same:
+                    raise SystemExit(f"bench/linearize.py: {f} was measured with other settings ({prior['settings']}): "
+                                     "use another --out")
+                if prior["settings"].get("scratch_lrs") == a.scratch_lrs:
+                    print(f"{case}: finished before, skipped", flush=True)
+                    continue
+                res = rescore(prior, a, teacher_dir, out)
+            else:
+                res = run_case(case, a, teacher_dir, out)
             f.write_text(json.dumps(res, indent=1))
             print(f"{case}: L_teacher {res['L_teacher']:.4f}, L_scratch {res['L_scratch']:.4f}, L_student {res['L_student']:.4f}, "
                   f"G = {res['G']:.3f} ({res['seconds']:.0f} s)", flush=True)

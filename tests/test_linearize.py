@@ -299,6 +299,7 @@ def test_cli_end_to_end_auto_k_resume_and_report(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "per-layer transfer residual" in report and f"{metrics['teacher']['loss']:.4f}" in report
     assert (out / "maps.png").stat().st_size > 1000 and "maps.png" in report
+    _check_html(out, metrics)
     assert metrics["teacher"]["decode_tokens_per_s"] > 0 and metrics["stages"]["finetune"]["decode_tokens_per_s"] > 0
     assert metrics["stages"]["finetune"]["state"]["recurrent_floats"] > 0
     back, _ = load_converted(str(out))
@@ -322,7 +323,10 @@ def test_cli_bad_input_is_one_line_naming_the_argument(tmp_path, capsys):
     m.save_pretrained(tmp_path / "teacher")
     base = ["linearize", "--hf", str(tmp_path / "teacher"), "--out", str(tmp_path / "o"), "--no-progress"]
     cases = [(["--layers", "5"], "layers"), (["--mixer", "s4"], "mixer"), (["--tokenizer", "byte"], "--tokenizer"),
-             (["--stages", "finetune,transfer"], "stages")]
+             (["--stages", "finetune,transfer"], "stages"), (["--device", "nodevice"], "--device"),
+             (["--transfer-trainable", "new", "--init", "random"], "transfer_trainable")]
+    if not torch.cuda.is_available():
+        cases.append((["--device", "cuda"], "--device"))
     for extra, name in cases:
         capsys.readouterr()
         assert main(base + extra) == 2
@@ -411,3 +415,128 @@ def test_the_trainer_adds_a_models_auxiliary_loss():
         trainer.fit()
         norms[w] = float(models[0].embed.weight.norm())
     assert norms[10.0] < norms[0.0] - 1e-3, norms
+
+
+def _check_html(out, metrics):
+    """report.html: well-formed markup (parsed as XML after the doctype), the run's computed numbers in
+    its table cells, and maps.png embedded byte for byte."""
+    import base64
+    import xml.etree.ElementTree as ET
+
+    text = (out / "report.html").read_text()
+    assert text.startswith("<!DOCTYPE html>")
+    root = ET.fromstring(text.split("\n", 1)[1])
+    cells = [td.text for td in root.iter("td")]
+    tr, ft = metrics["stages"]["transfer"], metrics["stages"]["finetune"]
+    for want in (f"{metrics['teacher']['loss']:.4f}", f"{metrics['teacher']['bpb']:.4f}", f"{ft['eval']['loss']:.4f}",
+                 f"{ft['eval']['bpb']:.4f}", f"{tr['eval']['loss']:.4f}", str(ft["state"]["recurrent_floats"]),
+                 str(metrics["teacher"]["state"]["kv_floats_per_token"]), f"{ft['decode_tokens_per_s']:.0f}",
+                 f"{metrics['teacher']['decode_tokens_per_s']:.0f}"):
+        assert want in cells, (want, cells)
+    for layer, before in tr["residual_before"].items():
+        assert f"{before:.4g}" in cells and f"{tr['residual_after'][layer]:.4g}" in cells
+    img = [i for i in root.iter("img")]
+    assert len(img) == 1 and img[0].get("src").startswith("data:image/png;base64,")
+    assert base64.b64decode(img[0].get("src").split(",", 1)[1]) == (out / "maps.png").read_bytes()
+
+
+def test_stage1_resumes_after_a_kill_without_losing_finished_steps(tmp_path):
+    """A stage 1 killed after its save at step 4 resumes there: the second call runs steps 5-6 only, and
+    the students end exactly as an uninterrupted run's."""
+    m = teacher()
+    data = [ids(2, 16, seed=s) for s in range(6)]
+
+    def students_after(run):
+        torch.manual_seed(3)
+        lin = linearize(m, mixer="gla")
+        run(lin)
+        return {k: v.clone() for k, v in lin.state_dict().items()}
+
+    kw = dict(steps=6, lr=1e-2, log_every=1, save_every=2)
+    ref = students_after(lambda lin: transfer(lin, m, lambda i: data[i], **kw))
+
+    class Killed(Exception):
+        pass
+
+    def kill(step, rec):
+        if step == 5:
+            raise Killed
+
+    ckpt = tmp_path / "progress.pt"
+    with pytest.raises(Killed):
+        students_after(lambda lin: transfer(lin, m, lambda i: data[i], checkpoint=ckpt, key="k", on_step=kill, **kw))
+    assert torch.load(ckpt, weights_only=False)["step"] == 4  # saved at step 4; step 5 was lost with the kill
+    seen = []
+
+    def batch(i):
+        seen.append(i)
+        return data[i]
+
+    hist = []
+    got = students_after(lambda lin: hist.extend(transfer(lin, m, batch, checkpoint=ckpt, key="k", **kw)))
+    assert seen == [4, 5] and [h["step"] for h in hist] == [1, 2, 3, 4, 5, 6]
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6)
+    # another key (other settings): the progress is not used
+    seen.clear()
+    students_after(lambda lin: transfer(lin, m, batch, checkpoint=ckpt, key="other", **kw))
+    assert seen == list(range(6))
+
+
+@pytest.mark.parametrize("name", ["gla", "mamba2"])
+def test_stage1_trainable_new_keeps_the_copied_weights(name):
+    """trainable="new": the rows the init table copied from the teacher stay the teacher's (whole tensors,
+    and Mamba-2's x/B/C row blocks of its packed in_proj), every other student parameter trains."""
+    from seqmix.linearize.init import copied_rows
+
+    m = teacher()
+    lin = linearize(m, mixer=name)
+    before = {l: {k: v.clone() for k, v in a.mixer.named_parameters()} for l, a in students(lin).items()}
+    transfer(lin, m, lambda i: ids(2, 16, seed=i), steps=4, lr=1e-2, trainable="new")
+    tmix = _teacher_mixers(m, students(lin))
+    for l, a in students(lin).items():
+        rows = copied_rows(a.mixer, teacher_weights(tmix[l]))
+        assert rows
+        frozen = torch.zeros(0)
+        for k, p in a.mixer.named_parameters():
+            assert p.requires_grad  # the flags are restored
+            mask = torch.zeros_like(p, dtype=torch.bool)
+            for b in rows.get(k, []):
+                mask[slice(*b) if b else slice(None)] = True
+            assert torch.equal(p.detach()[mask], before[l][k][mask]), (l, k)  # copied: untouched
+            frozen = torch.cat([frozen, (p.detach()[~mask] - before[l][k][~mask]).abs().flatten()])
+        assert frozen.max() > 0  # the new parameters moved
+    if name == "mamba2":  # the gate z rows of in_proj (not copied) trained
+        z = students(lin)[0].mixer.in_proj.weight[: 4 * 8]
+        assert not torch.equal(z, before[0]["in_proj.weight"][: 4 * 8])
+
+
+def test_pipeline_stage1_resumes_and_passes_device_precision_trainable(tmp_path):
+    """run(): a stage 1 interrupted after its save at step 10 resumes there (steps 11.. only), with
+    device, bf16 precision and trainable="new" passed to both stages."""
+    from seqmix.linearize.pipeline import LinearizeConfig, run
+
+    m = teacher(layers=2, vocab=256)
+    m.save_pretrained(tmp_path / "teacher")
+    cfg = LinearizeConfig(hf=str(tmp_path / "teacher"), mixer="gla", seq_len=16, batch_size=2, transfer_tokens=32 * 25,
+                          finetune_tokens=64, eval_batches=1, transfer_save_every=5, transfer_trainable="new", device="cpu",
+                          precision="bf16", out=str(tmp_path / "o"))
+
+    class Killed(Exception):
+        pass
+
+    def kill(step, rec):
+        if step == 10:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run(cfg, progress=False, on_transfer_step=kill)
+    progress = tmp_path / "o" / "stages" / "transfer_run" / "progress.pt"
+    assert torch.load(progress, weights_only=False)["step"] == 10
+    seen = []
+    metrics = run(cfg, progress=False, on_transfer_step=lambda s, r: seen.append(s))
+    assert seen == [20, 25] and not progress.exists()
+    tr, ft = metrics["stages"]["transfer"], metrics["stages"]["finetune"]
+    assert tr["steps"] == 25 and tr["trainable"] == "new" and tr["history"][-1]["step"] == 25
+    assert ft["precision"] == "bf16" and ft["steps"] == 2
+    assert metrics["config"]["device"] == "cpu" and (tmp_path / "o" / "report.html").is_file()

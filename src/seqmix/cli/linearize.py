@@ -21,6 +21,11 @@ def _add_linearize(sub):
     p.add_argument("--batch-size", type=int, default=16, help="windows per batch (default 16)")
     p.add_argument("--transfer-tokens", type=int, default=100_000, help="stage 1's tokens (default 100000)")
     p.add_argument("--transfer-lr", type=float, default=1e-3, help="stage 1's peak learning rate (default 1e-3)")
+    p.add_argument("--transfer-trainable", choices=["all", "new"], default="all",
+                   help="stage 1 trains every student parameter (all), or only those not copied from the teacher (new: "
+                   "feature maps, decays, gates, norms, convolutions; LoLCATs' stage 1)")
+    p.add_argument("--transfer-save-every", type=int, default=50,
+                   help="stage 1 saves its progress every this many steps: a killed run resumes there (default 50)")
     p.add_argument("--finetune-tokens", type=int, default=200_000, help="stage 2's tokens (default 200000)")
     p.add_argument("--finetune-lr", type=float, default=1e-3, help="stage 2's peak learning rate (default 1e-3)")
     g = p.add_mutually_exclusive_group()
@@ -30,6 +35,10 @@ def _add_linearize(sub):
     p.add_argument("--eval-batches", type=int, default=8, help="validation batches per evaluation (default 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--device", default="cpu", help="torch device of both stages and the evaluations (cpu, cuda, cuda:0)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="autocast dtype of both stages (default fp32)")
+    p.add_argument("--parallel", choices=["none", "ddp"], default="none",
+                   help="stage 2 under torchrun: DDP (rank 0 runs stage 1 and the evaluations; default none)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--out", required=True, help="the output folder (a re-run resumes there: finished stages are skipped)")
 
@@ -49,10 +58,14 @@ def _run_linearize(args) -> int:
         match=args.match, stages=stages, corpus=args.corpus, tokenizer=args.tokenizer, seq_len=args.seq_len,
         batch_size=args.batch_size, transfer_tokens=args.transfer_tokens, transfer_lr=args.transfer_lr,
         finetune_tokens=args.finetune_tokens, finetune_lr=args.finetune_lr, lora_rank=args.lora_rank or 0, kd=args.kd,
-        eval_batches=args.eval_batches, seed=args.seed, threads=args.threads, out=args.out)
+        eval_batches=args.eval_batches, seed=args.seed, threads=args.threads, out=args.out, device=args.device,
+        precision=args.precision, parallel=args.parallel, transfer_trainable=args.transfer_trainable,
+        transfer_save_every=args.transfer_save_every)
     console = Console()
     metrics = run(cfg, console=console, progress=not args.no_progress)
-    console.print(f"wrote {args.out}: the linearized model (seqmix.interop.load.load_converted), metrics.json, report.md "
+    if not metrics:  # a DDP rank > 0: rank 0 writes the folder
+        return 0
+    console.print(f"wrote {args.out}: the linearized model (seqmix.interop.load.load_converted), metrics.json, report.md, report.html "
                   f"(final stage: {metrics['final_stage']})", markup=False, highlight=False)
     return 0
 

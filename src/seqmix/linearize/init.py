@@ -35,7 +35,8 @@ import torch
 from ..mixers.base import Mixer, build_mixer, mixer_entry
 from ..ops import repeat_kv
 
-__all__ = ["Take", "StudentInit", "STUDENTS", "Teacher", "teacher_weights", "student_init", "build_student", "valid_students"]
+__all__ = ["Take", "StudentInit", "STUDENTS", "Teacher", "teacher_weights", "student_init", "build_student", "valid_students",
+           "copied_rows"]
 
 
 @dataclass(frozen=True)
@@ -216,3 +217,16 @@ def build_student(mixer: str, teacher: Teacher, *, init: str = "attention", **ov
                                  "changed the widths the table fills?)")
             dst.copy_(src.to(dst.dtype))
     return student
+
+
+def copied_rows(mixer: Mixer, teacher: Teacher) -> dict[str, list[tuple[int, int] | None]]:
+    """{student parameter name: the row blocks (start, stop) of it that ``init="attention"`` copies
+    from the teacher's q/k/v/o (None: the whole tensor)} of the student ``mixer`` — the init table's
+    rows; everything else in the student (feature maps, decays, gates, norms, the convolutions set to
+    the identity) is new. Stage 1's ``trainable="new"`` freezes exactly these rows."""
+    entry = student_init(mixer.registry_name)
+    out: dict[str, list[tuple[int, int] | None]] = {}
+    for row in entry.rows:
+        if row.teacher in ("q", "k", "v", "o"):
+            out.setdefault(row.student, []).append(row.rows(teacher) if row.rows else None)
+    return out

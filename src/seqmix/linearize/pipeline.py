@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 import torch
 
@@ -54,6 +56,10 @@ class LinearizeConfig(BaseModel):
     batch_size: int = Field(16, gt=0, description="windows per batch")
     transfer_tokens: int = Field(100_000, ge=0, description="stage 1's token budget")
     transfer_lr: float = Field(1e-3, gt=0, description="stage 1's peak learning rate")
+    transfer_trainable: Literal["all", "new"] = Field(
+        "all", description="stage 1's trainable set: every student parameter, or 'new': only what the init table did not copy "
+        "from the teacher (feature maps, decays, gates, norms, convolutions; LoLCATs' stage 1)")
+    transfer_save_every: int = Field(50, gt=0, description="stage 1 saves its progress every this many steps (a killed run resumes)")
     phi_len: int = Field(512, gt=0, description="chunk length of the Φ loss")
     finetune_tokens: int = Field(200_000, ge=0, description="stage 2's token budget")
     finetune_lr: float = Field(1e-3, gt=0, description="stage 2's peak learning rate")
@@ -62,7 +68,19 @@ class LinearizeConfig(BaseModel):
     eval_batches: int = Field(8, gt=0, description="validation batches per evaluation")
     seed: int = Field(0, ge=0)
     threads: int | None = Field(None, gt=0, description="torch CPU threads")
+    device: str = Field("cpu", description="torch device of both stages and the evaluations (cpu, cuda, cuda:0, ...)")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="autocast dtype of the forwards of both stages")
+    parallel: Literal["none", "ddp"] = Field("none", description="stage 2 under torchrun: DDP over the ranks (the Trainer's)")
     out: str = Field(description="the output folder")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        try:
+            torch.device(v)
+        except (RuntimeError, ValueError, TypeError):
+            raise ValueError(f"argument --device: expected a torch device such as cpu, cuda or cuda:0, got {v!r}") from None
+        return v
 
     @model_validator(mode="after")
     def _check(self):
@@ -71,6 +89,9 @@ class LinearizeConfig(BaseModel):
             raise ValueError(f"stages: expected a subset of {','.join(STAGES)} in that order, got {','.join(self.stages)}")
         if self.layers.startswith("auto:") and "transfer" not in self.stages:
             raise ValueError(f"layers: {self.layers!r} ranks the layers by stage 1's residual: include the transfer stage")
+        if self.transfer_trainable == "new" and self.init == "random":
+            raise ValueError("transfer_trainable: 'new' freezes the weights copied from the teacher, and init='random' copies none: "
+                             "use 'all' (or init='attention')")
         return self
 
     def stage_key(self, stage: str) -> str:
@@ -79,7 +100,12 @@ class LinearizeConfig(BaseModel):
                   "transfer_tokens", "transfer_lr", "phi_len", "seed", "stages"]
         if stage == "finetune":
             common += ["finetune_tokens", "finetune_lr", "lora_rank", "kd"]
-        blob = json.dumps({k: getattr(self, k) for k in common}, sort_keys=True, default=list)
+        fields = {k: getattr(self, k) for k in common}
+        # settings added later enter the key only away from their default (finished runs keep their keys)
+        for k, default in (("transfer_trainable", "all"), ("precision", "fp32")):
+            if getattr(self, k) != default:
+                fields[k] = getattr(self, k)
+        blob = json.dumps(fields, sort_keys=True, default=list)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -112,7 +138,7 @@ def decode_tokens_per_s(model, *, prompt: int = 16, new: int = 64, vocab: int | 
     """Greedy ``generate()`` speed of ``model`` (new tokens per second, batch 1, after one warm-up call):
     the students decode through their recurrent state, the softmax layers through their KV cache."""
     vocab = vocab or int(model.config.vocab_size)
-    ids = torch.arange(1, prompt + 1)[None] % vocab
+    ids = (torch.arange(1, prompt + 1)[None] % vocab).to(next(model.parameters()).device)
     kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, attention_mask=torch.ones_like(ids))
     with torch.no_grad():
         model.generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
@@ -121,18 +147,18 @@ def decode_tokens_per_s(model, *, prompt: int = 16, new: int = 64, vocab: int | 
     return new / (time.perf_counter() - t0)
 
 
-def evaluate_lm(model, test, eval_batches: int, trainer=None) -> dict:
+def evaluate_lm(model, test, eval_batches: int, trainer=None, *, device: str = "cpu", precision: str = "fp32") -> dict:
     """Validation loss (nats / token), bits per byte and perplexity of a transformers causal LM on the
     evaluation windows ``test``: the trainer's evaluation (``trainer``: a :class:`seqmix.train.Trainer`,
-    by default one for a corpus run on the CPU), through :class:`~seqmix.interop.train.HFCausalLM`."""
+    by default one for a corpus run on ``device`` at ``precision``), through :class:`~seqmix.interop.train.HFCausalLM`."""
     from ..interop.train import HFCausalLM
 
-    trainer = trainer or _evaluator(model, test)
+    trainer = trainer or _evaluator(model, test, device, precision)
     ev = trainer.evaluate(HFCausalLM(model, None), test, max_batches=eval_batches)
     return {"loss": ev["loss"], "bpb": ev.get("bpb"), "ppl": ev.get("ppl")}
 
 
-def _evaluator(model, test):
+def _evaluator(model, test, device: str = "cpu", precision: str = "fp32"):
     """A Trainer for evaluation only (a corpus run config with the model's sizes)."""
     from ..data import CorpusConfig
     from ..models import ModelConfig
@@ -143,7 +169,7 @@ def _evaluator(model, test):
     run = make_run_config(data=CorpusConfig(seq_len=test.seq_len, batch_size=test.batch_size),
                           model=ModelConfig(mixer="softmax_attention", d_model=int(c.hidden_size), n_layers=int(c.num_hidden_layers),
                                             vocab_size=max(int(c.vocab_size), 256), positions="none"),
-                          train=TrainConfig(max_steps=1))
+                          train=TrainConfig(max_steps=1, device=device, precision=precision))
     return Trainer(run, progress=False)
 
 
@@ -188,10 +214,28 @@ def _save(model, folder: Path) -> None:
     save(model, folder)
 
 
-def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
-    """Runs the stages of ``cfg`` (module docstring); returns metrics.json's content."""
+def _rank() -> int:
+    """This process's rank under torchrun (0 otherwise)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def _wait_for(folder: Path, key: str, what: str, timeout: float = 24 * 3600.0) -> None:
+    """A rank > 0 of a DDP run waits for rank 0 to finish ``folder`` (stage 1 runs on rank 0 alone)."""
+    t0 = time.monotonic()
+    while _done(folder, key) is None:
+        if time.monotonic() - t0 > timeout:
+            raise ValueError(f"parallel: rank {_rank()} waited {timeout:.0f} s for rank 0 to finish {what} ({folder})")
+        time.sleep(2.0)
+
+
+def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
+        on_transfer_step: Callable[[int, dict], None] | None = None) -> dict:
+    """Runs the stages of ``cfg`` (module docstring); returns metrics.json's content. ``on_transfer_step(step,
+    record)``: called as stage 1 logs (every 10 steps; stage 1 saves its progress every
+    ``cfg.transfer_save_every`` steps, so an interrupted run resumes there). Under torchrun with
+    ``parallel="ddp"``, rank 0 runs everything and the other ranks join stage 2 only (they return {})."""
     from ..data import build_data
-    from ..interop.load import load_transformers
+    from ..interop.load import load_converted, load_transformers
     from .api import attention_layers, keep_softmax, linearize, parse_layers, students
     from .report import write_report
     from .transfer import residuals, transfer
@@ -207,23 +251,48 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
     from .init import student_init
 
     student_init(cfg.mixer)
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(f"argument --device: {cfg.device!r} is not available here ({torch.cuda.device_count()} CUDA devices)")
+    if cfg.precision != "fp32":
+        from ..train.distributed import check_precision
+
+        try:
+            check_precision(cfg.precision, device)
+        except ValueError as e:
+            raise ValueError(f"argument --precision: {e}") from None
     corpus = _corpus(cfg, int(teacher.config.vocab_size))
     train, test = build_data(corpus)
     out = output_dir(cfg.out, "--out")  # after the checks: bad input leaves no folder
+    stage_dir = out / "stages"
+    source = stage_dir / ("transfer" if "transfer" in cfg.stages else "init")
+    if cfg.parallel == "ddp" and _rank() != 0:  # the other ranks: stage 2's data-parallel workers only
+        _wait_for(source, cfg.stage_key(source.name), "stage 1" if source.name == "transfer" else "the initial model")
+        if "finetune" in cfg.stages and _done(stage_dir / "finetune", cfg.stage_key("finetune")) is None:
+            _finetune(cfg, source, teacher.to(device), corpus, stage_dir / "finetune", cfg.stage_key("finetune"), None, False)
+        return {}
+    teacher.to(device)
+
+    def evaluate(model):
+        return evaluate_lm(model, test, cfg.eval_batches, device=cfg.device, precision=cfg.precision)
+
+    def reload(folder: Path):
+        model, _ = load_converted(str(folder), argument="--out")
+        return model.to(device).eval()
+
     metrics: dict[str, Any] = {"config": cfg.model_dump(mode="json"), "stages": {}}
-    t_eval = evaluate_lm(teacher, test, cfg.eval_batches)
+    t_eval = evaluate(teacher)
     metrics["teacher"] = {**t_eval, "state": state_floats_per_token(teacher, cfg.seq_len),
                           "decode_tokens_per_s": decode_tokens_per_s(teacher)}
     _say(console, f"teacher: val loss {t_eval['loss']:.4f} nats, {t_eval['bpb']:.4f} bits/byte")
 
-    stage_dir = out / "stages"
     current = None  # the folder of the last finished stage's model
     # -- stage 0: the linearized model at init ------------------------------------------------
     torch.manual_seed(cfg.seed)
-    lin = linearize(teacher, mixer=cfg.mixer, layers=cfg.layers, init=cfg.init, **cfg.mixer_config)
+    lin = linearize(teacher, mixer=cfg.mixer, layers=cfg.layers, init=cfg.init, **cfg.mixer_config).to(device)
     auto = lin.seqmix_linearize["auto"]
-    held_out = [b.inputs for _, b in zip(range(2), test.batches())]
-    metrics["init"] = evaluate_lm(lin, test, cfg.eval_batches)
+    held_out = [b.inputs.to(device) for _, b in zip(range(2), test.batches())]
+    metrics["init"] = evaluate(lin)
     res_before = residuals(lin, teacher, held_out, match=cfg.match, phi_len=cfg.phi_len)
     _say(console, f"init ({cfg.mixer}, {cfg.init}): val loss {metrics['init']['loss']:.4f} nats")
 
@@ -236,11 +305,23 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
             steps = max(1, -(-cfg.transfer_tokens // (cfg.batch_size * cfg.seq_len))) if cfg.transfer_tokens else 0
             t0 = time.perf_counter()
             bar = _bar(progress, console, "stage 1 transfer", steps)
-            hist = transfer(lin, teacher, lambda m: train.batch(m, seed=cfg.seed).inputs, steps=steps, match=cfg.match,
-                            lr=cfg.transfer_lr, phi_len=cfg.phi_len,
-                            on_step=(lambda s, r: bar[0].update(bar[1], completed=s, info=f"loss {r['loss']:.4g}")) if bar else None)
-            if bar:
-                bar[0].stop()
+
+            def on_step(step, rec):
+                if bar:
+                    bar[0].update(bar[1], completed=step, info=f"loss {rec['loss']:.4g}")
+                if on_transfer_step is not None:
+                    on_transfer_step(step, rec)
+
+            progress_file = stage_dir / "transfer_run" / "progress.pt"
+            try:
+                hist = transfer(lin, teacher, lambda m: train.batch(m, seed=cfg.seed).inputs, steps=steps, match=cfg.match,
+                                lr=cfg.transfer_lr, phi_len=cfg.phi_len, trainable=cfg.transfer_trainable,
+                                precision=cfg.precision, on_step=on_step, checkpoint=progress_file,
+                                save_every=cfg.transfer_save_every, key=key)
+            finally:
+                if bar:
+                    bar[0].stop()
+            resumed = hist[0]["step"] > 1 if hist else False
             res_after = residuals(lin, teacher, held_out, match=cfg.match, phi_len=cfg.phi_len)
             kept = []
             if auto:
@@ -249,17 +330,17 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
             _save(lin, folder)
             done = {"key": key, "steps": steps, "seconds": time.perf_counter() - t0, "history": hist[-1:] if hist else [],
                     "residual_before": res_before, "residual_after": res_after, "kept_softmax": kept,
-                    "tokens": steps * cfg.batch_size * cfg.seq_len}
+                    "tokens": steps * cfg.batch_size * cfg.seq_len, "trainable": cfg.transfer_trainable}
             (folder / "done.json").write_text(json.dumps(done, indent=1))
-            _say(console, f"stage 1: {steps} steps in {done['seconds']:.0f} s" + (f"; softmax kept in layers {kept}" if auto else ""))
+            progress_file.unlink(missing_ok=True)
+            _say(console, f"stage 1: {steps} steps in {done['seconds']:.0f} s" + (" (resumed)" if resumed else "")
+                 + (f"; softmax kept in layers {kept}" if auto else ""))
         else:
             _say(console, f"stage 1: finished before ({folder}), skipped")
         current = folder
         stage = dict(done)
-        from ..interop.load import load_converted
-
-        model1, _ = load_converted(str(folder), argument="--out")
-        stage["eval"] = evaluate_lm(model1, test, cfg.eval_batches)
+        model1 = reload(folder)
+        stage["eval"] = evaluate(model1)
         stage["state"] = state_floats_per_token(model1, cfg.seq_len)
         stage["decode_tokens_per_s"] = decode_tokens_per_s(model1)
         metrics["stages"]["transfer"] = stage
@@ -272,6 +353,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
             (folder / "done.json").write_text(json.dumps({"key": cfg.stage_key("init")}))
         current = folder
     metrics["residual_before"] = {str(k): v for k, v in res_before.items()}
+    del lin
 
     # -- stage 2: fine-tuning through the one Trainer -----------------------------------------
     if "finetune" in cfg.stages:
@@ -282,11 +364,9 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
             done = _finetune(cfg, current, teacher, corpus, folder, key, console, progress)
         else:
             _say(console, f"stage 2: finished before ({folder}), skipped")
-        from ..interop.load import load_converted
-
-        model2, _ = load_converted(str(folder), argument="--out")
+        model2 = reload(folder)
         stage = dict(done)
-        stage["eval"] = evaluate_lm(model2, test, cfg.eval_batches)
+        stage["eval"] = evaluate(model2)
         stage["state"] = state_floats_per_token(model2, cfg.seq_len)
         stage["decode_tokens_per_s"] = decode_tokens_per_s(model2)
         metrics["stages"]["finetune"] = stage
@@ -298,15 +378,15 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True) -> dict:
         if f.name != "done.json" and f.is_file():
             shutil.copy2(f, out / f.name)
     metrics["final_stage"] = current.name
-    from ..interop.load import load_converted
-    from .report import write_maps
+    from .report import write_html, write_maps
 
-    final, _ = load_converted(str(out), argument="--out")
+    final = reload(out)
     if students(final):
-        ids = next(iter(test.batches())).inputs[:1, :64]
+        ids = next(iter(test.batches())).inputs[:1, :64].to(device)
         metrics["maps"] = write_maps(final, teacher, ids, out / "maps.png").name
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=float))
     write_report(metrics, out / "report.md")
+    write_html(metrics, out / "report.html", maps=out / metrics["maps"] if metrics.get("maps") else None)
     return metrics
 
 
@@ -337,7 +417,8 @@ def _finetune(cfg: LinearizeConfig, source: Path, teacher, corpus, folder: Path,
         model=ModelConfig(mixer=cfg.mixer, d_model=int(hcfg.hidden_size), n_layers=int(hcfg.num_hidden_layers),
                           vocab_size=int(hcfg.vocab_size), positions="none"),
         train=TrainConfig(lr=cfg.finetune_lr, max_steps=steps, weight_decay=0.0, early_stop=None, seed=cfg.seed,
-                          eval_batches=cfg.eval_batches, eval_every_steps=max(1, steps // 4), threads=cfg.threads),
+                          eval_batches=cfg.eval_batches, eval_every_steps=max(1, steps // 4), threads=cfg.threads,
+                          device=cfg.device, precision=cfg.precision, parallel=cfg.parallel),
     )
     builder = finetune_builder(source, teacher=teacher if cfg.kd > 0 else None, kd=cfg.kd, lora_rank=cfg.lora_rank)
     run_dir = folder.parent / "finetune_run"
@@ -345,13 +426,15 @@ def _finetune(cfg: LinearizeConfig, source: Path, teacher, corpus, folder: Path,
     trainer = Trainer(run_cfg, run_dir=run_dir, model_builder=builder, progress=progress, console=console, maps=False,
                       tensorboard=False)
     result = trainer.fit()
+    if cfg.parallel == "ddp" and _rank() != 0:  # rank 0 saves the model
+        return {}
     model = builder(run_cfg)
     blob = read_checkpoint(run_dir / "checkpoint.pt", keys=("run_id", "model"))
     model.load_state_dict(blob["model"])
     final = merged(model.hf)
     _save(final, folder)
     done = {"key": key, "steps": result.steps, "tokens": result.tokens, "seconds": time.perf_counter() - t0,
-            "history": result.history, "lora_rank": cfg.lora_rank, "kd": cfg.kd,
+            "history": result.history, "lora_rank": cfg.lora_rank, "kd": cfg.kd, "precision": cfg.precision,
             "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     (folder / "done.json").write_text(json.dumps(done, indent=1, default=float))
     return done

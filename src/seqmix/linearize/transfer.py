@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,7 @@ from ..interop import InteropMixer, convert_module
 from ..train.optim import lr_at, param_groups
 from .api import attention_layers, students
 
-__all__ = ["MATCHES", "capture", "phi_loss", "transfer", "residuals"]
+__all__ = ["MATCHES", "TRAINABLE", "capture", "phi_loss", "transfer", "residuals"]
 
 MATCHES = ("output", "phi", "both")
 
@@ -140,34 +141,97 @@ def residuals(model: nn.Module, teacher: nn.Module, batches: list[torch.Tensor],
     return {l: num[l] / max(den[l], 1e-30) for l in studs}
 
 
+TRAINABLE = ("all", "new")
+
+
+def _freeze_copied(studs, teacher: nn.Module) -> list:
+    """Stage 1 with ``trainable="new"``: the student weights the init table copied from the teacher are
+    frozen — whole tensors by ``requires_grad = False``, row blocks of a packed projection (Mamba-2's
+    in_proj) by a gradient mask — so only the new parameters train (LoLCATs' stage 1). Returns the hook
+    handles (removed after stage 1)."""
+    from .init import copied_rows, teacher_weights
+
+    tmix = _teacher_mixers(teacher, studs)
+    handles = []
+    for l, adapter in studs.items():
+        params = dict(adapter.mixer.named_parameters())
+        for name, blocks in copied_rows(adapter.mixer, teacher_weights(tmix[l])).items():
+            p = params[name]
+            if any(b is None for b in blocks):
+                p.requires_grad_(False)
+                continue
+            mask = torch.ones_like(p)
+            for a, b in blocks:
+                mask[a:b] = 0
+            handles.append(p.register_hook(lambda g, mask=mask: g * mask.to(g.dtype)))
+    return handles
+
+
+def _save_progress(path: Path, blob: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(blob, tmp)
+    tmp.replace(path)  # atomic: a run killed while saving keeps the previous file
+
+
 def transfer(model: nn.Module, teacher: nn.Module, batch: Callable[[int], torch.Tensor], *, steps: int, match: str = "output",
              lr: float = 1e-3, warmup: float = 0.1, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
-             phi_len: int = 512, on_step: Callable[[int, dict], None] | None = None, log_every: int = 10) -> list[dict]:
+             phi_len: int = 512, trainable: str = "all", precision: str = "fp32",
+             on_step: Callable[[int, dict], None] | None = None, log_every: int = 10,
+             checkpoint: str | Path | None = None, save_every: int = 50, key: str = "") -> list[dict]:
     """Trains the students of the linearized ``model`` to match ``teacher`` for ``steps`` steps.
-    ``batch(m)`` returns the token ids [B, T] of step m. Only the students' parameters change
-    (the teacher is frozen; the rest of ``model`` is not touched). Returns the history, one record
-    per step ({"step", "loss", "layers": {l: loss}, "lr", "seconds"}); ``on_step(step, record)`` is called
-    every ``log_every`` steps (the losses are read on the host only then)."""
+    ``batch(m)`` returns the token ids [B, T] of step m (moved to the students' device). Only the
+    students' parameters change (the teacher is frozen; the rest of ``model`` is not touched):
+    all of them (``trainable="all"``) or only those the init table did not copy from the teacher
+    (``"new"``: feature maps, decays, gates, norms, convolutions — LoLCATs' stage 1). ``precision``:
+    the autocast dtype of the forwards ("fp32", "bf16", "fp16"; the losses are float32).
+
+    ``checkpoint``: a file where the progress (the students, the optimizer, the history) is saved
+    every ``save_every`` steps and at the end; a call that finds it (with the same ``key``) resumes
+    after its last saved step, so a killed run loses at most ``save_every`` steps. Returns the history,
+    one record per step ({"step", "loss", "layers": {l: loss}, "lr", "seconds"}); ``on_step(step,
+    record)`` is called every ``log_every`` steps (the losses are read on the host only then)."""
+    from ..train.distributed import check_precision
+    from ..train.trainer import autocast
+
     if match not in MATCHES:
         raise ValueError(f"linearize: argument 'match' must be one of {', '.join(MATCHES)}, got {match!r}")
+    if trainable not in TRAINABLE:
+        raise ValueError(f"linearize: argument 'trainable' must be one of {', '.join(TRAINABLE)}, got {trainable!r}")
     if steps < 0:
         raise ValueError(f"linearize: argument 'steps' must be >= 0, got {steps}")
     if phi_len < 1:
         raise ValueError(f"linearize: argument 'phi_len' must be >= 1, got {phi_len}")
+    if save_every < 1:
+        raise ValueError(f"linearize: argument 'save_every' must be >= 1, got {save_every}")
     studs = students(model)
     if not studs:
         raise ValueError("linearize: argument 'model' holds no student (linearize it first)")
+    holder = nn.ModuleList([a.mixer for a in studs.values()])
+    device = next(holder.parameters()).device
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"linearize: argument 'precision' of stage 1 must be fp32 or bf16 (fp16 would need gradient scaling), "
+                         f"got {precision!r}")
+    check_precision(precision, device)
     teacher.eval()  # frozen: its forwards run under no_grad
     tmix = _teacher_mixers(teacher, studs) if match in ("phi", "both") else None
-    holder = nn.ModuleList([a.mixer for a in studs.values()])
     for p in holder.parameters():
         p.requires_grad_(True)
         p.grad = None
+    handles = _freeze_copied(studs, teacher) if trainable == "new" else []
     for a in studs.values():
         a.train()
     opt = torch.optim.AdamW(param_groups(holder, weight_decay), lr=lr)
     history, pending = [], []
     layers = list(studs)
+    start = 0
+    ckpt = Path(checkpoint) if checkpoint is not None else None
+    if ckpt is not None and ckpt.is_file():
+        blob = torch.load(ckpt, map_location=device, weights_only=False)
+        if blob.get("key") == key and blob.get("steps") == steps:
+            holder.load_state_dict(blob["students"])
+            opt.load_state_dict(blob["optimizer"])
+            start, history = int(blob["step"]), list(blob["history"])
 
     def flush():  # the host reads the losses only here (every log_every steps), not in every step
         for m1, t, cur, secs in pending:
@@ -177,26 +241,41 @@ def transfer(model: nn.Module, teacher: nn.Module, batch: Callable[[int], torch.
                 raise ValueError(f"linearize: stage 1 diverged at step {m1} (loss {rec['loss']}): lower the transfer lr ({lr})")
             history.append(rec)
         pending.clear()
-        if on_step is not None and history:
-            on_step(history[-1]["step"], history[-1])
 
-    for m in range(steps):
-        t0 = time.perf_counter()
-        cur = lr_at(m, total=steps, lr=lr, warmup=warmup)
-        for g in opt.param_groups:
-            g["lr"] = cur
-        ids = batch(m)
-        with torch.no_grad():
-            with capture(teacher, studs) as cap:
-                teacher(input_ids=ids, use_cache=False)
-        opt.zero_grad(set_to_none=True)
-        losses = _layer_losses(studs, tmix, cap, match, phi_len, backward=True)
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_(holder.parameters(), grad_clip)
-        opt.step()
-        pending.append((m + 1, torch.stack([losses[l] for l in layers]), cur, time.perf_counter() - t0))
-        if (m + 1) % log_every == 0 or m + 1 == steps:
-            flush()
+    def save(step: int):
+        _save_progress(ckpt, {"key": key, "steps": steps, "step": step, "students": holder.state_dict(),
+                              "optimizer": opt.state_dict(), "history": history})
+
+    try:
+        for m in range(start, steps):
+            t0 = time.perf_counter()
+            cur = lr_at(m, total=steps, lr=lr, warmup=warmup)
+            for g in opt.param_groups:
+                g["lr"] = cur
+            ids = batch(m).to(device)
+            with torch.no_grad(), autocast(precision, device):
+                with capture(teacher, studs) as cap:
+                    teacher(input_ids=ids, use_cache=False)
+            opt.zero_grad(set_to_none=True)
+            with autocast(precision, device):
+                losses = _layer_losses(studs, tmix, cap, match, phi_len, backward=True)
+            if grad_clip:
+                torch.nn.utils.clip_grad_norm_(holder.parameters(), grad_clip)
+            opt.step()
+            pending.append((m + 1, torch.stack([losses[l] for l in layers]), cur, time.perf_counter() - t0))
+            logged = (m + 1) % log_every == 0 or m + 1 == steps
+            saved = ckpt is not None and ((m + 1) % save_every == 0 or m + 1 == steps)
+            if logged or saved:
+                flush()
+            if saved:
+                save(m + 1)
+            if logged and on_step is not None and history:
+                on_step(history[-1]["step"], history[-1])
+    finally:
+        for h in handles:
+            h.remove()
+        for p in holder.parameters():  # the frozen copies ("new") are trainable again for stage 2
+            p.requires_grad_(True)
     for a in studs.values():
         a.eval()
     return history

@@ -540,3 +540,28 @@ def test_pipeline_stage1_resumes_and_passes_device_precision_trainable(tmp_path)
     assert tr["steps"] == 25 and tr["trainable"] == "new" and tr["history"][-1]["step"] == 25
     assert ft["precision"] == "bf16" and ft["steps"] == 2
     assert metrics["config"]["device"] == "cpu" and (tmp_path / "o" / "report.html").is_file()
+
+
+def test_qwen3_teacher_folds_its_qk_norm_weights_into_the_copied_rows():
+    """A Qwen3 teacher (per-head RMSNorm of q and k, weights γ): the students take γ_q ⊙ q and γ_k ⊙ k
+    per head (kv heads repeated); gla and gated_deltanet students are built and run."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=128, attention_bias=False)
+    m = Qwen3ForCausalLM(cfg).eval()
+    att = m.model.layers[1].self_attn
+    with torch.no_grad():
+        att.q_norm.weight.uniform_(0.5, 2.0)
+        att.k_norm.weight.uniform_(0.5, 2.0)
+    H, Hkv, K = 4, 2, 8
+    q = (att.q_proj.weight.view(H, K, -1) * att.q_norm.weight.view(1, K, 1)).reshape(H * K, -1)
+    k = (att.k_proj.weight.view(Hkv, K, -1) * att.k_norm.weight.view(1, K, 1)).repeat_interleave(H // Hkv, 0).reshape(H * K, -1)
+    for name in ("gla", "gated_deltanet"):
+        lin = linearize(m, mixer=name, layers=[1])
+        s = lin.model.layers[1].self_attn.mixer
+        torch.testing.assert_close(s.W_q.weight, q, rtol=0, atol=0)
+        torch.testing.assert_close(s.W_k.weight, k, rtol=0, atol=0)
+        out = lin(input_ids=ids(2, 12), use_cache=False).logits
+        assert out.shape == (2, 12, VOCAB) and torch.isfinite(out).all()

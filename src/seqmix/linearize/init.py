@@ -128,22 +128,29 @@ STUDENTS: dict[str, StudentInit] = {
 
 
 def teacher_weights(attention: Mixer) -> Teacher:
-    """The :class:`Teacher` of a converted softmax attention mixer (``seqmix.interop``'s Llama
-    attention: W_qk = [q; k], W_v, W_o), kv heads repeated to the query heads."""
+    """The :class:`Teacher` of a converted softmax attention mixer (``seqmix.interop``'s Llama, Qwen3, ...
+    attention: W_qk = [q; k], W_v, W_o), kv heads repeated to the query heads. A per-head qk-norm
+    (Qwen3: q_h ← RMSNorm(q_h)·γ_q) folds its weights γ into the q and k rows; its division by each
+    token's RMS has no student row (Gated DeltaNet's L2 norm of q, k removes the scale again; the other
+    students see γ ⊙ q unnormalised and stage 1 trains them to do without it)."""
     if attention.registry_name != "softmax_attention":
         raise ValueError(f"linearize: the teacher layer is a seqmix {attention.registry_name!r}, expected 'softmax_attention'")
     c = attention.config
     if getattr(attention, "has_bias", False):
         raise ValueError("linearize: argument 'model' has attention biases (attention_bias = True): the init table copies "
                          "weights only")
-    if c.qk_norm != "none" or c.output_gate:
-        raise ValueError("linearize: argument 'model': attention with qk-norm or an output gate has no student row in the init table")
+    if c.qk_norm == "full" or c.output_gate:
+        raise ValueError("linearize: argument 'model': attention with a qk-norm over the whole projection (OLMo-2) or an output "
+                         "gate has no student row in the init table")
     H, Hkv, K, V = attention.heads, attention.kv_heads, attention.head_qk, attention.head_v
     if K != V:
         raise ValueError(f"linearize: argument 'model': query/key width {K} != value width {V} per head")
     d = c.d_model
     W = attention.W_qk.weight.detach()
     q, k = W[: H * K], W[H * K:]
+    if c.qk_norm == "head":  # Qwen3: RMSNorm(q_h)·γ_q per head; γ folds into the rows, the RMS division has no row (below)
+        q = (q.view(H, K, d) * attention.q_norm.weight.detach().view(1, K, 1)).reshape(H * K, d)
+        k = (k.view(Hkv, K, d) * attention.k_norm.weight.detach().view(1, K, 1)).reshape(Hkv * K, d)
     k = repeat_kv(k.view(Hkv, K, d), H // Hkv, dim=0).reshape(H * K, d)
     v = repeat_kv(attention.W_v.weight.detach().view(Hkv, V, d), H // Hkv, dim=0).reshape(H * V, d)
     if c.rope and (c.rotary_dim not in (None, K) or c.rope_interleaved):

@@ -565,3 +565,46 @@ def test_qwen3_teacher_folds_its_qk_norm_weights_into_the_copied_rows():
         torch.testing.assert_close(s.W_k.weight, k, rtol=0, atol=0)
         out = lin(input_ids=ids(2, 12), use_cache=False).logits
         assert out.shape == (2, 12, VOCAB) and torch.isfinite(out).all()
+
+
+def test_cli_parallel_ddp_two_ranks(tmp_path):
+    """--parallel ddp under two ranks as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT; gloo on
+    the CPU): rank 0 runs stage 1 and the evaluations, rank 1 waits for it and joins stage 2; the folder
+    is rank 0's, and stage 2 ran its steps on both ranks (its result records the world size)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import seqmix
+
+    m = teacher(layers=2, vocab=256)
+    m.save_pretrained(tmp_path / "teacher")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    src = str(Path(seqmix.__file__).resolve().parents[1])
+    argv = [sys.executable, "-c", "import sys; from seqmix.cli import main; sys.exit(main(sys.argv[1:]))", "linearize", "--hf", str(tmp_path / "teacher"), "--mixer", "gla",
+            "--seq-len", "16", "--batch-size", "4", "--transfer-tokens", "128", "--finetune-tokens", "128",
+            "--eval-batches", "1", "--no-progress", "--parallel", "ddp", "--out", str(tmp_path / "o")]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "PYTHONPATH": src, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=600)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert metrics["config"]["parallel"] == "ddp" and metrics["stages"]["finetune"]["steps"] == 2
+    ckpt = torch.load(tmp_path / "o" / "stages" / "finetune_run" / "checkpoint.pt", weights_only=False)
+    assert ckpt["world_size"] == 2
+    back, _ = load_converted(str(tmp_path / "o"))
+    assert set(students(back)) == {0, 1}

@@ -198,7 +198,8 @@ def table(out: Path, teacher_dir: Path) -> str:
     lines = [f"teacher: {t['tokens']} tokens, val loss {rows[0]['L_teacher']:.4f} nats (this bench's eval windows); "
              f"student budget {rows[0]['tokens']} tokens ({rows[0]['settings']['budget_frac']:.0%} of the teacher's), "
              f"settings {rows[0]['settings']}", "",
-             "| case | softmax kept | L_teacher | L_scratch | L after stage 1 | L_student | G | state floats (recurrent + per token) | target |",
+             "| case | softmax kept | L_teacher | L_scratch (best lr of the sweep) | L after stage 1 | L_student | G | "
+             "state floats (recurrent + per token) | target |",
              "|---|---|---|---|---|---|---|---|---|"]
     students = [r for r in rows if r["kind"] == "student"]
     for r in rows:
@@ -210,7 +211,9 @@ def table(out: Path, teacher_dir: Path) -> str:
             target = "(ablation)"
         la = "—" if r["L_after_transfer"] is None else f"{r['L_after_transfer']:.4f}"
         s = r["state_floats"]
-        lines.append(f"| {r['case']} | {r['kept_softmax'] or '—'} | {r['L_teacher']:.4f} | {r['L_scratch']:.4f} | {la} | "
+        sweep = ", ".join(f"{lr}: {v:.4f}" for lr, v in r.get("scratch_sweep", {}).items())
+        lines.append(f"| {r['case']} | {r['kept_softmax'] or '—'} | {r['L_teacher']:.4f} | {r['L_scratch']:.4f} "
+                     f"(lr {r.get('scratch_lr', r['settings'].get('scratch_lr'))}; {sweep or 'no sweep'}) | {la} | "
                      f"{r['L_student']:.4f} | {r['G']:.3f} | {s['recurrent_floats']} + {s['kv_floats_per_token']} | {target} |")
     if students:
         best = max(students, key=lambda r: r["G"])

@@ -608,3 +608,18 @@ def test_cli_parallel_ddp_two_ranks(tmp_path):
     assert ckpt["world_size"] == 2
     back, _ = load_converted(str(tmp_path / "o"))
     assert set(students(back)) == {0, 1}
+
+
+def test_scaled_rope_teacher_refuses_separable_students_and_takes_decay_students():
+    """A Llama-3 teacher (its "llama3" RoPE scaling): a linear attention student would take the teacher's RoPE
+    without the scaling, so it is refused naming 'mixer'; gla (no RoPE, a decay) is built and runs."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    m = LlamaForCausalLM(cfg).eval()
+    with pytest.raises(ValueError, match="argument 'mixer'.*rope_scaling"):
+        linearize(m, mixer="linear_attention", feature_map="hedgehog")
+    lin = linearize(m, mixer="gla")
+    assert torch.isfinite(lin(input_ids=ids(1, 8), use_cache=False).logits).all()

@@ -54,6 +54,7 @@ class Teacher:
     k: torch.Tensor = field(repr=False)
     v: torch.Tensor = field(repr=False)
     o: torch.Tensor = field(repr=False)
+    rope_scaling: dict | None = None  # the teacher's RoPE scaling (Llama 3's "llama3", ...), None: plain RoPE
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,15 @@ def _heads(t: Teacher) -> dict:
     return {"heads": t.heads}
 
 
+def _separable(t: Teacher) -> dict:
+    if t.rope_scaling is not None:
+        raise ValueError(f"linearize: argument 'mixer': a separable (linear) attention student takes the teacher's RoPE, and "
+                         f"its RoPE has no scaling (the teacher's rope_scaling = {t.rope_scaling}): use a student with a "
+                         "decay (gla, retnet, gated_deltanet, mamba2), which runs without RoPE")
+    return {"heads": t.heads, "n": t.heads * t.head_dim, "scale": "sqrt",
+            **({"rope": True, "rope_theta": t.rope_theta} if t.rope_theta else {})}
+
+
 def _ssd_rows(t: Teacher, which: str) -> tuple[int, int]:
     """Mamba-2's in_proj = [z (D); x (D); B (G·N); C (G·N); dt (H)], D = H·V, G = H, N = K."""
     D, GN = t.heads * t.head_dim, t.heads * t.head_dim
@@ -92,8 +102,7 @@ def _ssd_rows(t: Teacher, which: str) -> tuple[int, int]:
 STUDENTS: dict[str, StudentInit] = {
     # separable (linear) attention, DSF eq. 13-15: [q; k] -> W_qk, v -> W_v, o -> W_o
     "SeparableAttention": StudentInit(
-        lambda t: {"heads": t.heads, "n": t.heads * t.head_dim, "scale": "sqrt",
-                   **({"rope": True, "rope_theta": t.rope_theta} if t.rope_theta else {})},
+        _separable,
         (Take("W_qk.weight", "q", lambda t: (0, t.heads * t.head_dim)),
          Take("W_qk.weight", "k", lambda t: (t.heads * t.head_dim, 2 * t.heads * t.head_dim)),
          Take("W_v.weight", "v"), Take("W_o.weight", "o")),
@@ -156,7 +165,8 @@ def teacher_weights(attention: Mixer) -> Teacher:
     if c.rope and (c.rotary_dim not in (None, K) or c.rope_interleaved):
         raise ValueError("linearize: argument 'model': partial or interleaved RoPE has no student row in the init table")
     theta = float(c.rope_theta) if c.rope else None
-    return Teacher(d, H, Hkv, K, theta, q.clone(), k.clone(), v.clone(), attention.W_o.weight.detach().clone())
+    return Teacher(d, H, Hkv, K, theta, q.clone(), k.clone(), v.clone(), attention.W_o.weight.detach().clone(),
+                   rope_scaling=dict(c.rope_scaling) if c.rope and c.rope_scaling else None)
 
 
 def valid_students() -> dict[str, str]:

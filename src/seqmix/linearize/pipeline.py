@@ -8,12 +8,17 @@ OUT holds, when done:
     config.json, model.safetensors   the linearized model (``seqmix.interop.load.load_converted(OUT)``)
     metrics.json                     per stage: validation loss (nats, bits per byte) of teacher and
                                      student, per-layer transfer residuals, state floats per token
-    report.md                        the same as tables
-    stages/transfer/                 stage 1's model and transfer.json (kept: a re-run skips the stage)
+    report.md, report.html           the same as tables (the HTML with maps.png embedded)
+    maps.png                         the teacher's and the students' maps on one validation text
+    stages/transfer/                 stage 1's model and done.json (kept: a re-run skips the stage)
+    stages/transfer_run/progress.pt  while stage 1 runs: its progress every ``transfer_save_every``
+                                     steps (an interrupted stage 1 resumes there; removed when done)
     stages/finetune/                 stage 2's model; stages/finetune_run/ the trainer's run folder
                                      (its checkpoint: an interrupted stage 2 resumes there)
 
-A stage whose folder holds ``done.json`` for the same settings is not run again.
+A stage whose folder holds ``done.json`` for the same settings is not run again. ``device`` and
+``precision`` apply to both stages and the evaluations; ``parallel="ddp"`` (under torchrun) makes
+the ranks > 0 wait for rank 0's stage 1 and join stage 2 (the Trainer's DDP).
 """
 
 from __future__ import annotations
@@ -313,6 +318,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
                     on_transfer_step(step, rec)
 
             progress_file = stage_dir / "transfer_run" / "progress.pt"
+            resumed = progress_file.is_file()  # (a file of other settings is not used: transfer checks its key)
             try:
                 hist = transfer(lin, teacher, lambda m: train.batch(m, seed=cfg.seed).inputs, steps=steps, match=cfg.match,
                                 lr=cfg.transfer_lr, phi_len=cfg.phi_len, trainable=cfg.transfer_trainable,
@@ -321,7 +327,6 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
             finally:
                 if bar:
                     bar[0].stop()
-            resumed = hist[0]["step"] > 1 if hist else False
             res_after = residuals(lin, teacher, held_out, match=cfg.match, phi_len=cfg.phi_len)
             kept = []
             if auto:
@@ -333,7 +338,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
                     "tokens": steps * cfg.batch_size * cfg.seq_len, "trainable": cfg.transfer_trainable}
             (folder / "done.json").write_text(json.dumps(done, indent=1))
             progress_file.unlink(missing_ok=True)
-            _say(console, f"stage 1: {steps} steps in {done['seconds']:.0f} s" + (" (resumed)" if resumed else "")
+            _say(console, f"stage 1: {steps} steps in {done['seconds']:.0f} s" + (" (resumed from its saved progress)" if resumed else "")
                  + (f"; softmax kept in layers {kept}" if auto else ""))
         else:
             _say(console, f"stage 1: finished before ({folder}), skipped")

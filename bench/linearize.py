@@ -88,38 +88,48 @@ def _scratch_lrs(spec: str) -> list[float]:
 
 def scratch_loss(label: str, kept: list[int], n_layers: int, budget: int, common: dict, a, teacher_dir: Path, out: Path) -> dict:
     """L_scratch: the same architecture (softmax kept where the linearized one kept it) from a random init
-    on the same tokens, next-token loss only, at the best learning rate of a sweep — one rule for every
-    scratch run: each lr of ``--scratch-lrs``, and while the best is the grid's lowest (or highest) lr the
-    grid grows by a factor 3 on that side (at most twice). Returns {"loss", "lr", "sweep": {lr: loss}}."""
+    on the same tokens, next-token loss only, the best of a sweep — one rule for every scratch run: for
+    each init of ``--scratch-inits`` ("random": the students' own init; "random_hf": their Linear weights
+    drawn as transformers draws the host model's, normal(0, 0.02)), each lr of ``--scratch-lrs``, the lr grid
+    grown by a factor 3 on the side of the best while the best is at its edge (at most twice).
+    Returns {"loss", "lr", "init", "sweep": {"init lr": loss}}."""
     from seqmix.linearize.pipeline import LinearizeConfig, run
 
     scratch_layers = ",".join(str(i) for i in range(n_layers) if i not in kept) if kept else "all"
     scratch_dir = Path(a.scratch_dir) if a.scratch_dir else out / "runs"
     base = _scratch_base(teacher_dir, scratch_dir.parent)
     name = _slug(label) + (f"_softmax{'-'.join(map(str, kept))}" if kept else "") + "_scratch"
-    sweep: dict[float, float] = {}
+    sweep: dict[tuple[str, float], float] = {}
 
-    def one(lr: float) -> None:
-        if lr in sweep:
+    def one(init: str, lr: float) -> None:
+        if (init, lr) in sweep:
             return
-        res = run(LinearizeConfig(hf=str(base), layers=scratch_layers, init="random", stages=("finetune",), transfer_tokens=0,
-                                  finetune_tokens=budget, out=str(scratch_dir / f"{name}_lr{lr:g}"),
-                                  **{**common, "finetune_lr": lr, "kd": 0.0, "lora_rank": 0}), progress=False)
-        sweep[lr] = res["stages"]["finetune"]["eval"]["loss"]
-        print(f"  scratch {name} lr {lr:g}: {sweep[lr]:.4f}", flush=True)
+        cfg = LinearizeConfig(hf=str(base), layers=scratch_layers, init=init, stages=("finetune",), transfer_tokens=0,
+                              finetune_tokens=budget, out=str(scratch_dir / f"{name}{'_hfinit' if init == 'random_hf' else ''}_lr{lr:g}"),
+                              **{**common, "finetune_lr": lr, "kd": 0.0, "lora_rank": 0, "transfer_trainable": "all"})
+        stored = Path(cfg.out) / "metrics.json"  # a finished run of the same settings: its measured loss, not run again
+        blob = json.loads(stored.read_text()) if stored.is_file() else None
+        same = blob is not None and {k: v for k, v in blob["config"].items() if k != "threads"} == {
+            k: v for k, v in cfg.model_dump(mode="json").items() if k != "threads"}
+        res = blob if same else run(cfg, progress=False)
+        sweep[init, lr] = res["stages"]["finetune"]["eval"]["loss"]
+        print(f"  scratch {name} init {init} lr {lr:g}: {sweep[init, lr]:.4f}", flush=True)
 
-    for lr in _scratch_lrs(a.scratch_lrs):
-        one(lr)
-    for _ in range(2):
-        best = min(sweep, key=sweep.get)
-        if best == min(sweep):
-            one(float(f"{best / 3:.3g}"))
-        elif best == max(sweep):
-            one(float(f"{best * 3:.3g}"))
-        else:
-            break
-    best = min(sweep, key=sweep.get)
-    return {"loss": sweep[best], "lr": best, "sweep": {f"{k:g}": v for k, v in sorted(sweep.items())}}
+    for init in [v.strip() for v in a.scratch_inits.split(",") if v.strip()]:
+        for lr in _scratch_lrs(a.scratch_lrs):
+            one(init, lr)
+        for _ in range(2):
+            lrs = {lr: v for (i, lr), v in sweep.items() if i == init}
+            best = min(lrs, key=lrs.get)
+            if best == min(lrs):
+                one(init, float(f"{best / 3:.3g}"))
+            elif best == max(lrs):
+                one(init, float(f"{best * 3:.3g}"))
+            else:
+                break
+    init, lr = min(sweep, key=sweep.get)
+    return {"loss": sweep[init, lr], "lr": lr, "init": init,
+            "sweep": {f"{i} {l:g}": v for (i, l), v in sorted(sweep.items())}}
 
 
 def _common(a, label: str) -> dict:
@@ -139,9 +149,9 @@ def rescore(r: dict, a, teacher_dir: Path, out: Path) -> dict:
     student's runs are not repeated)."""
     n_layers = json.loads((teacher_dir / "model" / "config.json").read_text())["num_hidden_layers"]
     scratch = scratch_loss(r["student"], r["kept_softmax"], n_layers, r["tokens"], _common(a, r["student"]), a, teacher_dir, out)
-    return {**r, "L_scratch": scratch["loss"], "scratch_lr": scratch["lr"], "scratch_sweep": scratch["sweep"],
-            "G": (scratch["loss"] - r["L_student"]) / (scratch["loss"] - r["L_teacher"]),
-            "settings": {**r["settings"], "scratch_lrs": a.scratch_lrs}}
+    return {**r, "L_scratch": scratch["loss"], "scratch_lr": scratch["lr"], "scratch_init": scratch["init"],
+            "scratch_sweep": scratch["sweep"], "G": (scratch["loss"] - r["L_student"]) / (scratch["loss"] - r["L_teacher"]),
+            "settings": {**r["settings"], "scratch_lrs": a.scratch_lrs, "scratch_inits": a.scratch_inits}}
 
 
 def run_case(case: str, a, teacher_dir: Path, out: Path) -> dict:
@@ -181,12 +191,12 @@ def run_case(case: str, a, teacher_dir: Path, out: Path) -> dict:
     L_teacher = lin["teacher"]["loss"]
     res = {"case": case, "kind": kind, "student": label, "mixer": mixer, "mixer_config": mcfg, "layers": layers,
            "kept_softmax": kept, "tokens": budget, "transfer_tokens": t_tok, "finetune_tokens": f_tok,
-           "L_teacher": L_teacher, "L_scratch": scratch["loss"], "scratch_lr": scratch["lr"], "scratch_sweep": scratch["sweep"],
-           "L_student": L_student,
+           "L_teacher": L_teacher, "L_scratch": scratch["loss"], "scratch_lr": scratch["lr"], "scratch_init": scratch["init"],
+           "scratch_sweep": scratch["sweep"], "L_student": L_student,
            "L_after_transfer": lin["stages"].get("transfer", {}).get("eval", {}).get("loss"),
            "G": (scratch["loss"] - L_student) / (scratch["loss"] - L_teacher), "bpb_student": last["eval"]["bpb"],
            "state_floats": last["state"], "teacher_state": lin["teacher"]["state"], "seconds": time.perf_counter() - t0,
-           "settings": {k: getattr(a, k) for k in SETTINGS + ("scratch_lrs",)}}
+           "settings": {k: getattr(a, k) for k in SETTINGS + ("scratch_lrs", "scratch_inits")}}
     return res
 
 
@@ -211,9 +221,9 @@ def table(out: Path, teacher_dir: Path) -> str:
             target = "(ablation)"
         la = "—" if r["L_after_transfer"] is None else f"{r['L_after_transfer']:.4f}"
         s = r["state_floats"]
-        sweep = ", ".join(f"{lr}: {v:.4f}" for lr, v in r.get("scratch_sweep", {}).items())
+        sweep = ", ".join(f"{k}: {v:.4f}" for k, v in r.get("scratch_sweep", {}).items())
         lines.append(f"| {r['case']} | {r['kept_softmax'] or '—'} | {r['L_teacher']:.4f} | {r['L_scratch']:.4f} "
-                     f"(lr {r.get('scratch_lr', r['settings'].get('scratch_lr'))}; {sweep or 'no sweep'}) | {la} | "
+                     f"({r.get('scratch_init', 'random')}, lr {r.get('scratch_lr', r['settings'].get('scratch_lr'))}; sweep {sweep or '—'}) | {la} | "
                      f"{r['L_student']:.4f} | {r['G']:.3f} | {s['recurrent_floats']} + {s['kv_floats_per_token']} | {target} |")
     if students:
         best = max(students, key=lambda r: r["G"])
@@ -237,6 +247,8 @@ def main(argv=None) -> int:
     p.add_argument("--finetune-lr", type=float, default=1e-3)
     p.add_argument("--scratch-lrs", default="1e-3,3e-3", help="the from-scratch runs' lr sweep: L_scratch is the best of "
                    "these, the grid grown by x3 on the side of the best while the best is at its edge (scratch_loss)")
+    p.add_argument("--scratch-inits", default="random,random_hf", help="the from-scratch runs' student inits swept "
+                   "(random: the students' own; random_hf: their Linear weights as transformers draws the model's)")
     p.add_argument("--kd", type=float, default=0.0)
     p.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning")
     p.add_argument("--transfer-trainable", choices=["all", "new"], default="all",
@@ -259,7 +271,8 @@ def main(argv=None) -> int:
                 if not same:
                     raise SystemExit(f"bench/linearize.py: {f} was measured with other settings ({prior['settings']}): "
                                      "use another --out")
-                if prior["settings"].get("scratch_lrs") == a.scratch_lrs:
+                if (prior["settings"].get("scratch_lrs"), prior["settings"].get("scratch_inits", "random")) == (
+                        a.scratch_lrs, a.scratch_inits):
                     print(f"{case}: finished before, skipped", flush=True)
                     continue
                 res = rescore(prior, a, teacher_dir, out)

@@ -12,7 +12,8 @@ def _add_linearize(sub):
                    help="a field of the student's config (e.g. feature_map=hedgehog, window=64); repeatable")
     p.add_argument("--layers", default="all", help="'all', 'auto:K' (keep K softmax layers: the largest stage-1 residuals) "
                    "or comma-separated layer indices")
-    p.add_argument("--init", choices=["attention", "random"], default="attention", help="student init (default attention)")
+    p.add_argument("--init", choices=["attention", "random", "random_hf"], default="attention",
+                   help="student init: from the attention weights (default), its own, or its own with transformers' Linear init")
     p.add_argument("--match", choices=["output", "phi", "both"], default="output", help="stage 1's loss (default output)")
     p.add_argument("--stages", default="transfer,finetune", help="stages to run, in order (default transfer,finetune)")
     p.add_argument("--corpus", default="tinyshakespeare", help="a built-in corpus name or a text file / folder")

@@ -83,7 +83,10 @@ def linearize(model: nn.Module, mixer: str = "gla", layers="all", init: str = "a
     """The transformers ``model`` with the attention of ``layers`` replaced by the seqmix ``mixer``
     (module docstring), each student inside :class:`~seqmix.interop.InteropMixer`; the other layers
     stay transformers' own. ``init="attention"``: q/k/v/o copied by the init table
-    (:mod:`seqmix.linearize.init`); ``"random"``: the student's own init. ``mixer_config``: the
+    (:mod:`seqmix.linearize.init`); ``"random"``: the student's own init; ``"random_hf"``: its own init
+    with every Linear weight drawn as transformers draws the host model's (normal(0,
+    ``config.initializer_range``): what a from-scratch run of the same architecture as one transformers
+    model would start from). ``mixer_config``: the
     student's config fields (e.g. ``feature_map="hedgehog"``, ``window=64``). A copy unless
     ``inplace``. ``model.seqmix_linearize`` records the call (``auto`` holds K of "auto:K")."""
     paths = attention_layers(model)
@@ -99,7 +102,8 @@ def linearize(model: nn.Module, mixer: str = "gla", layers="all", init: str = "a
                              f"{module.mixer.registry_name!r} student")
         attention = module.mixer if isinstance(module, InteropMixer) else convert_module(module, out.config, path=path).mixer
         teacher = teacher_weights(attention)
-        student = build_student(mixer, teacher, init=init, **mixer_config)
+        student = build_student(mixer, teacher, init=init, init_std=float(getattr(out.config, "initializer_range", 0.02)),
+                                **mixer_config)
         place_mixer(out, path, student)
     out.seqmix_linearize = {"mixer": mixer, "layers": [order[i] for i in idx], "init": init, "auto": auto,
                             "mixer_config": dict(mixer_config)}

@@ -36,7 +36,7 @@ from ..mixers.base import Mixer, build_mixer, mixer_entry
 from ..ops import repeat_kv
 
 __all__ = ["Take", "StudentInit", "STUDENTS", "Teacher", "teacher_weights", "student_init", "build_student", "valid_students",
-           "copied_rows"]
+           "copied_rows", "INITS"]
 
 
 @dataclass(frozen=True)
@@ -197,11 +197,18 @@ def student_init(mixer: str) -> StudentInit:
     return init
 
 
-def build_student(mixer: str, teacher: Teacher, *, init: str = "attention", **overrides) -> Mixer:
+#: the student inits: from the attention weights, the student's own, the host model's Linear init
+INITS = ("attention", "random", "random_hf")
+
+
+def build_student(mixer: str, teacher: Teacher, *, init: str = "attention", init_std: float = 0.02, **overrides) -> Mixer:
     """The student mixer ``mixer`` sized from ``teacher`` (``overrides``: the user's config fields),
-    its q/k/v/o rows copied from the teacher when ``init == "attention"`` (its own init otherwise)."""
-    if init not in ("attention", "random"):
-        raise ValueError(f"linearize: argument 'init' must be 'attention' or 'random', got {init!r}")
+    its q/k/v/o rows copied from the teacher when ``init == "attention"``; ``"random"``: its own init;
+    ``"random_hf"``: its own init with every Linear weight redrawn as transformers initialises the host
+    model's (normal(0, ``initializer_range``), zero biases; :func:`seqmix.linearize.linearize` passes
+    the host's ``initializer_range`` as ``init_std``)."""
+    if init not in INITS:
+        raise ValueError(f"linearize: argument 'init' must be one of {', '.join(INITS)}, got {init!r}")
     entry = student_init(mixer)
     cfg = {**entry.config(teacher), **overrides, "d_model": teacher.d_model}
     try:
@@ -214,7 +221,14 @@ def build_student(mixer: str, teacher: Teacher, *, init: str = "attention", **ov
     if missing:
         raise ValueError(f"linearize: argument 'mixer' = {mixer!r} cannot take attention's q/k/v: it has no "
                          f"{', '.join(missing)} (a preset without those projections)")
-    if init == "random":
+    if init == "random_hf":
+        with torch.no_grad():
+            for sub in student.modules():
+                if isinstance(sub, torch.nn.Linear):
+                    sub.weight.normal_(0.0, init_std)
+                    if sub.bias is not None:
+                        sub.bias.zero_()
+    if init != "attention":
         return student
     with torch.no_grad():
         for row in entry.rows:

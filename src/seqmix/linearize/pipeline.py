@@ -52,7 +52,9 @@ class LinearizeConfig(BaseModel):
     mixer: str = Field("gla", description="the student: a registered mixer the init table covers")
     mixer_config: dict[str, Any] = Field(default_factory=dict, description="the student's config fields")
     layers: str = Field("all", description="'all', 'auto:K' or comma-separated layer indices")
-    init: Literal["attention", "random"] = Field("attention", description="student init: from the attention weights or its own")
+    init: Literal["attention", "random", "random_hf"] = Field(
+        "attention", description="student init: from the attention weights, its own, or its own with the Linear weights drawn "
+        "as transformers draws the host model's (normal(0, initializer_range))")
     match: Literal["output", "phi", "both"] = Field("output", description="stage 1's loss")
     stages: tuple[str, ...] = Field(STAGES, description="the stages to run, in order: transfer, finetune")
     corpus: str = Field("tinyshakespeare", description="the text: a built-in corpus name or a path")
@@ -94,9 +96,9 @@ class LinearizeConfig(BaseModel):
             raise ValueError(f"stages: expected a subset of {','.join(STAGES)} in that order, got {','.join(self.stages)}")
         if self.layers.startswith("auto:") and "transfer" not in self.stages:
             raise ValueError(f"layers: {self.layers!r} ranks the layers by stage 1's residual: include the transfer stage")
-        if self.transfer_trainable == "new" and self.init == "random":
-            raise ValueError("transfer_trainable: 'new' freezes the weights copied from the teacher, and init='random' copies none: "
-                             "use 'all' (or init='attention')")
+        if self.transfer_trainable == "new" and self.init != "attention":
+            raise ValueError(f"transfer_trainable: 'new' freezes the weights copied from the teacher, and init={self.init!r} copies "
+                             "none: use 'all' (or init='attention')")
         return self
 
     def stage_key(self, stage: str) -> str:

@@ -623,3 +623,21 @@ def test_scaled_rope_teacher_refuses_separable_students_and_takes_decay_students
         linearize(m, mixer="linear_attention", feature_map="hedgehog")
     lin = linearize(m, mixer="gla")
     assert torch.isfinite(lin(input_ids=ids(1, 8), use_cache=False).logits).all()
+
+
+def test_random_hf_init_draws_the_students_linears_as_the_host_model():
+    """init="random_hf": every Linear weight of the student ~ normal(0, initializer_range) (the std measured on
+    its entries), biases zero; the parameters outside Linears (the Hedgehog feature maps) as with init="random"."""
+    m = teacher()
+    m.config.initializer_range = 0.05
+    torch.manual_seed(0)
+    own = linearize(m, mixer="linear_attention", init="random", feature_map="hedgehog").model.layers[0].self_attn.mixer
+    torch.manual_seed(0)
+    hf = linearize(m, mixer="linear_attention", init="random_hf", feature_map="hedgehog").model.layers[0].self_attn.mixer
+    linears = [n for n, mod in hf.named_modules() if isinstance(mod, torch.nn.Linear)]
+    assert linears
+    for n in linears:
+        w = hf.get_submodule(n).weight
+        assert abs(float(w.std()) - 0.05) < 0.1 * 0.05, (n, float(w.std()))
+        assert not torch.equal(w, own.get_submodule(n).weight)
+    torch.testing.assert_close(hf.fm_q_weight, own.fm_q_weight, rtol=0, atol=0)

@@ -109,8 +109,7 @@ def scratch_loss(label: str, kept: list[int], n_layers: int, budget: int, common
                               **{**common, "finetune_lr": lr, "kd": 0.0, "lora_rank": 0, "transfer_trainable": "all"})
         stored = Path(cfg.out) / "metrics.json"  # a finished run of the same settings: its measured loss, not run again
         blob = json.loads(stored.read_text()) if stored.is_file() else None
-        same = blob is not None and {k: v for k, v in blob["config"].items() if k != "threads"} == {
-            k: v for k, v in cfg.model_dump(mode="json").items() if k != "threads"}
+        same = blob is not None and LinearizeConfig(**blob["config"]).stage_key("finetune") == cfg.stage_key("finetune")
         res = blob if same else run(cfg, progress=False)
         sweep[init, lr] = res["stages"]["finetune"]["eval"]["loss"]
         print(f"  scratch {name} init {init} lr {lr:g}: {sweep[init, lr]:.4f}", flush=True)

@@ -557,6 +557,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "mamba3": "diagonal (complex, rotary): data-dependent",
     # convolution with a finite state
     "short_conv": "shift: nilpotent (W taps)",
+    "rwkv_channel_mix": "shift: nilpotent (2 taps: the token shift μ x_i + (1 − μ) x_(i−1))",
 }
 
 
@@ -639,6 +640,7 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     "Bmojo": lambda m: (["softmax"], []),  # its Mamba block is a sub-mixer (read as "ssm: ...")
     # convolution
     "GatedShortConv": lambda m: ([], ["b ⊙ x in, c ⊙ conv out"]),
+    "RWKVChannelMix": lambda m: ([], ["σ(x_r W_r) receptance gate on W_v relu(x_k W_k)²"]),
     "Hyena": lambda m: ([], _hyena_gates(m.config)),
     "H3": lambda m: ([], ["k̃ ⊙ v in, q ⊙ SSM out" if m.config.head_dim == 1 else "k̃ ⊗ v in, q · SSM out (per head)"]),
     "GSS": lambda m: ([], [f"{m.config.activation}(x W_u) ⊙ SSM out" if m.config.activation != "none" else "x W_u ⊙ SSM out"]),

@@ -568,6 +568,11 @@ def lambda_structure(mixer: Mixer) -> str:
     s = LAMBDA_STRUCTURE.get(mixer.registry_name)
     if s is not None and getattr(mixer.config, "alibi", False):  # ALiBi: a fixed decay on the map, not a finite state
         return s.replace("softmax attention", "softmax attention with a fixed decay e^{−m_h} per head on the map (ALiBi)")
+    r = getattr(mixer.config, "kv_lora_rank", None)
+    if s is not None and r:  # MLA: a softmax over a rank-limited key space, the KV cache holds the latent
+        R = mixer.config.qk_rope_head_dim
+        return s.replace("softmax attention (KV cache)", f"softmax attention over a rank-{r + R} latent key space (MLA: "
+                         f"the KV cache holds the latent, {r} + {R} floats per token)")
     if s is not None:
         return s
     cls = type(mixer)

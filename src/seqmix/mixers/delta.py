@@ -844,6 +844,7 @@ class MomentumDeltaNetConfig(ExpandedWidths, MixerConfig):
     negative_eigenvalues: bool = Field(False, description="β doubled (fla's allow_neg_eigval)")
     tau_factor: float = Field(1.0, gt=0, description="η_t = 1 + tanh(x W_e / τ), τ = sqrt(d_model / tau_factor)")
     norm_eps: float = Field(1e-5, gt=0, description="ε of the output RMSNorm")
+    chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
 
     @model_validator(mode="after")
     def _check(self):
@@ -871,11 +872,11 @@ class MomentumDeltaNet(Mixer):
     a non-diagonal Λ_t = [[α I − β η kᵀp, −β μ I], [η kᵀp, μ I]] with eigenvalues that may be complex (the
     momentum's oscillation); ``decays(x)`` is its diagonal part [α, μ] (per key channel, S then M),
     ``spectrum(x)`` its eigenvalues. maps = heads, values = v, mixed = the core's o (before the norm).
-    Modes: recurrent and parallel (the op has no chunk mode).
+    Modes: recurrent, chunk (the op's WY form with the coupled scalar kernel Γ = Ā Diag(β) M̄) and parallel.
     """
 
     family = "linear_attention"
-    modes = ("recurrent", "parallel")
+    modes = ("recurrent", "chunk", "parallel")
     reference_mode = "recurrent"
     state_formula = "2·H·d_k'·d_v' (S and M) + (2·d_k + d_v)·(conv−1)"
     map_unit = "head"
@@ -916,7 +917,7 @@ class MomentumDeltaNet(Mixer):
 
     @classmethod
     def example_config(cls) -> dict:
-        return {"d_model": 16, "heads": 2, "expand_v": 1.0}
+        return {"d_model": 16, "heads": 2, "expand_v": 1.0, "chunk_size": 8}
 
     def _params(self, x, state, need_state):
         """q, k, p [B, T, H, K]; v [B, T, H, V]; log α, log μ, β, η [B, T, H] (float32 or wider); the new conv states."""
@@ -944,7 +945,7 @@ class MomentumDeltaNet(Mixer):
         q, k, p, v, la, lm, beta, eta, new = self._params(x, state, need_state)
         S0 = (state["S"], state["M"]) if state else None
         o, SM = momentum_delta_rule(q, k, v, p, la, lm, beta, eta, scale=self._scale, initial_state=S0,
-                                    output_final_state=need_state, mode=mode, check_values=False)
+                                    output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size, check_values=False)
         o = o.to(v.dtype)
         y = self.norm(o).flatten(2)
         if self.W_g is not None:

@@ -1226,6 +1226,7 @@ class _GSAParams:
     s: torch.Tensor  # the slot write weights [B, T, H, M]: 1 - α_t (GSA), exp(κ_t − z_t) (ABC) or β_t a(λ_t) (CyFA)
     state: dict = field(default_factory=dict)  # ABC: "z" [B, H, M], "pos"; CyFA: the clock "lam" [B, H]; the conv states
     lam: torch.Tensor | None = None  # CyFA's clock λ_t [B, T, H] (float32 or wider)
+    la_head: torch.Tensor | None = None  # log α_t [B, T, H] where one decay per head is shared by every slot (the passes' fast path)
 
 
 @register("gsa", description="Gated Slot Attention (Zhang et al. 2024): two gated linear attentions over m slots joined by a softmax")
@@ -1360,13 +1361,16 @@ class GatedSlotAttention(Mixer):
                 lam = lam + state["lam"].unsqueeze(1).to(lam.dtype)
             new["lam"] = lam[:, -1]
             s = torch.sigmoid(upcast(self.W_beta(x))).unsqueeze(-1) * clock_atom(lam, M).to(la.dtype)
-            return _GSAParams(q=q, k=k, v=v, la=la, s=s, state=new, lam=lam)
+            la_head = la[..., 0] if c.slot_gate == "mamba2" else None
+            return _GSAParams(q=q, k=k, v=v, la=la, s=s, state=new, lam=lam, la_head=la_head)
         return _GSAParams(q=q, k=k, v=v, la=la, s=-torch.expm1(la), state=new)
 
     def _slot_weights(self, P: _GSAParams, Sk0, mode, need_state):
         """Pass 1: z_t = scale · q_t K̃_tᵀ over the slots, then p_t = softmax(z_t) (CyFA: the cyclic readout).
         Returns (p [B, T, H, M], K̃ᵀ)."""
-        z, Sk = linear_recurrence(P.q, P.k, P.s, None, P.la, scale=self._scale, initial_state=Sk0, output_final_state=need_state,
+        # a decay shared by the slots is one per head, on the key side of both passes: the op's scalar fast path
+        gk, gv = (P.la_head, None) if P.la_head is not None else (None, P.la)
+        z, Sk = linear_recurrence(P.q, P.k, P.s, gk, gv, scale=self._scale, initial_state=Sk0, output_final_state=need_state,
                                   mode=mode, chunk_size=self.config.chunk_size, check_values=False)
         if P.lam is not None:
             return cyclic_readout(z, P.lam, self.readout), Sk
@@ -1375,7 +1379,7 @@ class GatedSlotAttention(Mixer):
     def _forward(self, x, *, state, mode, need_state):
         P = self._params(x, state, need_state)
         p, Sk = self._slot_weights(P, state.get("Sk") if state else None, mode, need_state)
-        o, Sv = linear_recurrence(p, P.s, P.v, P.la, scale=1.0, initial_state=state.get("Sv") if state else None,
+        o, Sv = linear_recurrence(p, P.s, P.v, P.la_head if P.la_head is not None else P.la, scale=1.0, initial_state=state.get("Sv") if state else None,
                                   output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size, check_values=False)
         o = o.to(P.v.dtype)
         y = o.flatten(2)

@@ -1289,7 +1289,8 @@ class GatedSlotAttention(Mixer):
         self.W_q = nn.Linear(d, c.d_k, bias=False)
         self.W_k = nn.Linear(d, c.d_k, bias=False)
         self.W_v = nn.Linear(d, c.d_v, bias=False)
-        self.W_f = nn.Linear(d, H * self.M, bias=False)  # the slot forget gate W_α (ABC: the slot logits)
+        # the slot forget gate W_α (ABC: the slot logits); 'mamba2' decays by W_a instead
+        self.W_f = nn.Linear(d, H * self.M, bias=False) if c.slot_gate != "mamba2" else None
         if c.output_gate and c.gate_rank is not None:  # CyFA: a low-rank gate, x W_g¹ W_g² + b
             r = self.V if c.gate_rank == "head" else c.gate_rank
             self.W_g = nn.Sequential(nn.Linear(d, r, bias=False), nn.Linear(r, c.d_v, bias=True))

@@ -541,7 +541,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "hgrn2": "diagonal: data-dependent", "metala": "diagonal: data-dependent", "general_form": "diagonal",
     "rg_lru": "diagonal: data-dependent", "rg_lru_block": "diagonal: data-dependent", "qlstm": "diagonal: data-dependent",
     "qlstm_block": "diagonal: data-dependent", "qlstm_rs": "diagonal: data-dependent", "qlstm_rs_block": "diagonal: data-dependent",
-    "gsa": "diagonal: per slot", "raven": "diagonal: per slot, exp(−w_i A_h softplus(·)) on the routed slots, 1 on the others", "rodimus": "diagonal: exp(−g_i τ_i) per key channel (one head)", "abc": "diagonal: exp(z_{i−1} − z_i) per slot, z the running log-sum-exp of the slot logits", "lightnet": "diagonal: exp(z_{i−1} − z_i), z the running log-sum-exp of the key logits", "h3": "diagonal: shift SSM and diagonal SSM", "gss": "diagonal (time-invariant)",
+    "gsa": "diagonal: per slot", "raven": "diagonal: per slot, exp(−w_i A_h softplus(·)) on the routed slots, 1 on the others", "cyclic_flow_attention": "scalar: exp(−A_h softplus(·)) per head, shared by the m slots (Fourier coordinates of relative time)", "rodimus": "diagonal: exp(−g_i τ_i) per key channel (one head)", "abc": "diagonal: exp(z_{i−1} − z_i) per slot, z the running log-sum-exp of the slot logits", "lightnet": "diagonal: exp(z_{i−1} − z_i), z the running log-sum-exp of the key logits", "h3": "diagonal: shift SSM and diagonal SSM", "gss": "diagonal (time-invariant)",
     # diagonal plus low rank
     "s4": "diagonal + low rank (DPLR, time-invariant)",
     # the delta rule: a product
@@ -666,7 +666,10 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     "MoM": lambda m: (["l2(q, k)"], ["top-k router weights on the memories' outputs"] + _on(m.config.gate, "SiLU(x W_g) (after the norm)")),
     "LightNet": lambda m: ([], ["SiLU(x W_g¹ W_g²) output gate (low rank, after the norm)"]),
     "GatedSlotAttention": lambda m: ([], _on(m.config.output_act == "silu", "SiLU(o) = o ⊙ σ(o) (self-gate, before the norm)")
-                                     + _on(m.config.output_gate, "SiLU(x W_g) output gate (after the norm)")
+                                     + _on(m.config.output_gate, ("σ" if m.config.gate_act == "sigmoid" else "SiLU")
+                                           + ("(x W_g¹ W_g² + b)" if m.config.gate_rank is not None else "(x W_g)")
+                                           + " output gate (after the norm)")
+                                     + _on(m.config.slots == "cyclic", "σ(x W_β + b) write strength on the clock's atom")
                                      + _on(m.config.slot_router is not None, "top-k σ router on the slots' writes")),
     "RWKV7": lambda m: (["l2(κ̂)"], ["σ(x G₁) G₂ output gate (low rank)"]
                         + _on(m.config.value_residual, "σ(ν) value-residual mix toward v_first")),

@@ -1,5 +1,6 @@
 """The worked example of docs/interop.md: small transformers models — MambaForCausalLM and
-LlamaForCausalLM, and (``--models qwen3``) Qwen3ForCausalLM — trained on Tiny Shakespeare here (no hub is reachable), saved as ordinary
+LlamaForCausalLM, and (``--models qwen3``) Qwen3ForCausalLM — trained on Tiny Shakespeare here
+(no hub is reachable), saved as ordinary
 transformers checkpoints, then converted and drawn side by side with `seqmix show --hf` on one
 paragraph.
 

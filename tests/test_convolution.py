@@ -467,7 +467,8 @@ def test_rwkv_channel_mix_is_rwkvs_feed_forward():
     assert max_abs(steps, want) < F64_ATOL and max_abs(cache.get(m)["x_prev"], x[:, -1]) == 0
     phi = m.phi(x)[0]
     mu = torch.cat([m.mu_k, m.mu_r])
-    assert max_abs(phi, torch.diag_embed(mu[:, None].expand(16, 11)) + torch.diag_embed((1 - mu)[:, None].expand(16, 10), -1)) == 0
+    bidiagonal = torch.diag_embed(mu[:, None].expand(16, 11)) + torch.diag_embed((1 - mu)[:, None].expand(16, 10), -1)
+    assert max_abs(phi, bidiagonal) == 0
     values, mixed = m.core(x)
     assert max_abs(m.dsf(x).evaluate(values.reshape(2, 11, 16)), mixed.reshape(2, 11, 16)) < F64_ATOL
     assert m.state_size() == 8 and float(m.spectrum(x).abs().max()) == 0

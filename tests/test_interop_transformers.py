@@ -19,8 +19,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from seqmix.interop import from_transformers, seqmix_mixers, supported_families  # noqa: E402
 from seqmix.ops import rope_frequencies  # noqa: E402
 from interop_helpers import (  # noqa: E402
-    INTEROP_RTOL, VOCAB, Recorder, assert_generate_equals, assert_logits_equal_in_every_mode, assert_refused, converted, ids, randomize,
-    scale_err,
+    INTEROP_RTOL, VOCAB, Recorder, assert_generate_equals, assert_logits_equal_in_every_mode, assert_refused, converted, ids,
+    randomize, scale_err,
 )
 
 #: the sliding windows of the tiny models: shorter than the prompts (7) and the tests' lengths (21)
@@ -42,7 +42,8 @@ SCALINGS = {
 }
 
 FAMILIES = ["qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text", "phi3", "phi3_longrope", "phi",
-            "phi_qkln", "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss", "gpt2", "bloom", "deepseek_v3", "deepseek_v3_q"] + [f"llama_{k}" for k in SCALINGS]
+            "phi_qkln", "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss", "gpt2", "bloom", "deepseek_v3", "deepseek_v3_q"]
+FAMILIES += [f"llama_{k}" for k in SCALINGS]
 
 
 def tiny(family: str, *, attn: str = "sdpa", **overrides):
@@ -78,8 +79,8 @@ def tiny(family: str, *, attn: str = "sdpa", **overrides):
             kw.update(rope_parameters=dict(SCALINGS["longrope"]), max_position_embeddings=32, original_max_position_embeddings=8)
         cfg = T.Phi3Config(**kw)
     elif family in ("phi", "phi_qkln"):  # _qkln: Phi's LayerNorm qk-norm (qk_layernorm), weights and biases random
-        cfg = T.PhiConfig(**dict(common, rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}),
-                          qk_layernorm=family == "phi_qkln")
+        rp = {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}
+        cfg = T.PhiConfig(**dict(common, rope_parameters=rp), qk_layernorm=family == "phi_qkln")
     elif family == "gpt_neox":
         kw = {k: v for k, v in common.items() if k != "num_key_value_heads"}
         kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}
@@ -158,8 +159,8 @@ def test_generate_equals_the_original_at_every_step(family, monkeypatch):
 #: out, and GPT-OSS and BLOOM (soft-capping, sinks, ALiBi run only in the eager path, whose softmax is float32); the
 #: MLA norms (float32 inside too) are made float64 like the qk-norms; the scaled RoPE types are tied
 #: to transformers' frequencies by test_rope_frequencies_equal_transformers (computed in float32 there)
-F64_FAMILIES = ["qwen2", "qwen3", "mistral", "gemma", "gemma3_text", "phi3", "phi", "phi_qkln", "gpt_neox", "olmo2", "smollm3", "granite",
-                "deepseek_v3", "deepseek_v3_q", "gpt2"]
+F64_FAMILIES = ["qwen2", "qwen3", "mistral", "gemma", "gemma3_text", "phi3", "phi", "phi_qkln", "gpt_neox", "olmo2", "smollm3",
+                "granite", "deepseek_v3", "deepseek_v3_q", "gpt2"]
 
 
 def _rope64(position_ids, R: int, theta: float, dtype):
@@ -262,7 +263,8 @@ def test_the_layer_patterns_are_kept():
 
 
 def test_the_families_are_supported():
-    assert set(FAMILIES) - {f"llama_{k}" for k in SCALINGS} - {"phi3_longrope", "deepseek_v3_q", "phi_qkln"} <= set(supported_families())
+    variants = {f"llama_{k}" for k in SCALINGS} | {"phi3_longrope", "deepseek_v3_q", "phi_qkln"}
+    assert set(FAMILIES) - variants <= set(supported_families())
 
 
 # ------------------------------------------------------------------------------------------

@@ -697,7 +697,8 @@ class RWKVChannelMixConfig(MixerConfig):
     d_ff: int | None = Field(None, gt=0, description="width of the squared-ReLU key (RWKV's intermediate_size; None: 4·d_model)")
 
 
-@register("rwkv_channel_mix", description="RWKV's channel-mix: σ(W_r x_r) ⊙ W_v relu(W_k x_k)², x_□ = μ_□ ⊙ x_t + (1 - μ_□) ⊙ x_(t-1)")
+@register("rwkv_channel_mix",
+          description="RWKV's channel-mix: σ(W_r x_r) ⊙ W_v relu(W_k x_k)², x_□ = μ_□ ⊙ x_t + (1 - μ_□) ⊙ x_(t-1)")
 class RWKVChannelMix(Mixer):
     """RWKV's channel-mix (the feed-forward block of RWKV-4, Peng et al. 2023, eqs. 17-19; transformers'
     ``RwkvFeedForward``):

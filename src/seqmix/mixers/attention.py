@@ -70,7 +70,8 @@ from torch import nn
 
 from ..dsf import DSF
 from ..ops import (
-    KVCache, alibi_slopes, attention_decode, attention_probs, check_rope_scaling, linear_recurrence, recurrence_map, repeat_kv, rotary,
+    KVCache, RotaryTable, alibi_slopes, apply_rotary, attention_decode, attention_probs, check_rope_scaling, linear_recurrence,
+    recurrence_map, repeat_kv, rotary,
     softmax_attention,
 )
 from ..ops.precision import compute_dtype, linear_f32, upcast
@@ -158,11 +159,25 @@ class _Attention(Mixer):
     family = "attention"
     map_unit = "head"
 
-    def _rotate(self, start: int, *ts):
-        """Each of ts [B, T, H, K] rotated by RoPE (theta = config.rope_theta) at the absolute positions
-        start .. start + T − 1: the rotary positions of the attentions with a ``rope`` option."""
-        pos = torch.arange(start, start + ts[0].shape[1], device=ts[0].device)
-        return tuple(rotary(t, pos, theta=self.config.rope_theta) for t in ts)
+    @property
+    def rope_table(self) -> RotaryTable:
+        """This layer's RoPE cos / sin at positions 0 .. N − 1 (``seqmix.ops.RotaryTable``, built on first
+        use from ``config.rope_theta`` and ``config.rope_scaling``): a call slices it."""
+        table = self.__dict__.get("_rope_table")
+        if table is None:
+            c = self.config
+            table = self.__dict__["_rope_table"] = RotaryTable(c.rope_theta, getattr(c, "rope_scaling", None))
+        return table
+
+    def _rotate(self, start: int, *ts, rotary_dim: int | None = None, interleaved: bool = False):
+        """Each of ts [B, T, H, K] rotated by RoPE (theta = config.rope_theta; the first ``rotary_dim``
+        channels, default K) at the absolute positions start .. start + T − 1, one cos / sin for all:
+        the rotary positions of the attentions with a ``rope`` option."""
+        t0 = ts[0]
+        T, R = t0.shape[1], rotary_dim or t0.shape[-1]
+        dt = torch.float64 if t0.dtype == torch.float64 else torch.float32  # as ops.rotary
+        cos, sin = self.rope_table(start, T, R, device=t0.device, dtype=dt, seq_len=start + T)
+        return tuple(apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts)
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
@@ -671,13 +686,10 @@ class SoftmaxAttention(_Attention):
 
     # -- parametrization -------------------------------------------------------------------
 
-    def _rope(self, t, start: int):
-        """RoPE (with its scaling) at positions start .. start + T - 1 on t [B, T, H, ·]."""
+    def _rope(self, start: int, *ts):
+        """RoPE (with its scaling, rotary_dim and pairing) at positions start .. start + T - 1 on each of ts [B, T, H, ·]."""
         c = self.config
-        T = t.shape[1]
-        pos = torch.arange(start, start + T, device=t.device)
-        return rotary(t, pos, rotary_dim=None if self.mla else c.rotary_dim, theta=c.rope_theta, interleaved=c.rope_interleaved,
-                      scaling=c.rope_scaling, seq_len=start + T)
+        return self._rotate(start, *ts, rotary_dim=None if self.mla else c.rotary_dim, interleaved=c.rope_interleaved)
 
     def _mla_qkv(self, x, start: int):
         """MLA: q [B, T, heads, K] = [q_nope | RoPE(q_pe)] (scaled); the cached pair: the latent c = RMSNorm(x W_kva[:r])
@@ -695,8 +707,8 @@ class SoftmaxAttention(_Attention):
         lat = self.kv_a_norm(lat).to(lat.dtype).view(B, T, 1, r)
         k_pe = k_pe.view(B, T, 1, R)
         if c.rope:
-            q = torch.cat([q[..., : K - R], self._rope(q[..., K - R:], start)], dim=-1)
-            k_pe = self._rope(k_pe, start)
+            q_pe, k_pe = self._rope(start, q[..., K - R:], k_pe)
+            q = torch.cat([q[..., : K - R], q_pe], dim=-1)
         if self.qk_scale != 1.0:
             q = q * self.qk_scale
         return q, lat, k_pe
@@ -731,7 +743,7 @@ class SoftmaxAttention(_Attention):
         if c.qk_norm == "head":
             q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
         if c.rope:
-            q, k = self._rope(q, start), self._rope(k, start)
+            q, k = self._rope(start, q, k)
         if self.qk_scale != 1.0:
             q = q * self.qk_scale
         return q, k, self.W_v(x).view(B, T, Hkv, self.head_v)

@@ -181,6 +181,33 @@ def rotary_angles(positions: torch.Tensor, rotary_dim: int, theta: float = 10000
     return positions.to(dtype).unsqueeze(-1) * inv_freq
 
 
+def rotary_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float = 10000.0, dtype=torch.float32, *,
+                   scaling: dict | None = None, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a·cos pθ_j, a·sin pθ_j): [..., R/2] each for positions [...] (θ_j and the attention factor a
+    of ``scaling``: :func:`rope_frequencies`), in ``dtype``: the rotation of :func:`apply_rotary`."""
+    inv_freq, att = rope_frequencies(rotary_dim, theta, scaling, seq_len=seq_len, device=positions.device, dtype=dtype)
+    ang = positions.to(dtype).unsqueeze(-1) * inv_freq
+    cos, sin = ang.cos(), ang.sin()
+    return (cos, sin) if att == 1.0 else (cos * att, sin * att)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False) -> torch.Tensor:
+    """x [B, T, H, K] with its first R = 2·cos.shape[-1] channels rotated pair by pair: (a, b) ->
+    (a cos − b sin, a sin + b cos) in cos's dtype, cast back to x's. cos, sin broadcast against
+    [B, T, 1, R/2] (from :func:`rotary_cos_sin` or a :class:`RotaryTable`)."""
+    R = 2 * cos.shape[-1]
+    dt = cos.dtype
+    xr = x[..., :R].to(dt)
+    if interleaved:
+        a, b = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    else:
+        a, b = xr[..., : R // 2], xr[..., R // 2 :]
+        rot = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    rot = rot.to(x.dtype)
+    return rot if R == x.shape[-1] else torch.cat((rot, x[..., R:]), dim=-1)
+
+
 def rotary(
     x: torch.Tensor,
     positions: torch.Tensor,
@@ -208,22 +235,50 @@ def rotary(
     """
     R = _check(x, positions, rotary_dim, theta, _WHERE)
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    inv_freq, att = rope_frequencies(R, theta, scaling, seq_len=seq_len, device=x.device, dtype=dt)
-    ang = positions.to(dt).unsqueeze(-1) * inv_freq  # [T, R/2] or [B, T, R/2]
-    if ang.dim() == 2:
-        ang = ang.unsqueeze(0)
-    cos, sin = ang.cos().unsqueeze(2), ang.sin().unsqueeze(2)  # [B|1, T, 1, R/2]
-    xr = x[..., :R].to(dt)
-    if interleaved:
-        a, b = xr[..., 0::2], xr[..., 1::2]
-        rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-    else:
-        a, b = xr[..., : R // 2], xr[..., R // 2 :]
-        rot = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
-    if att != 1.0:
-        rot = rot * att
-    rot = rot.to(x.dtype)
-    return rot if R == x.shape[-1] else torch.cat((rot, x[..., R:]), dim=-1)
+    cos, sin = rotary_cos_sin(positions, R, theta, dt, scaling=scaling, seq_len=seq_len)  # [T, R/2] or [B, T, R/2]
+    if cos.dim() == 2:
+        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    return apply_rotary(x, cos.unsqueeze(2), sin.unsqueeze(2), interleaved=interleaved)
+
+
+class RotaryTable:
+    """cos and sin of :func:`rotary_cos_sin` at the positions 0 .. N − 1, kept between calls: a layer
+    that rotates T tokens at positions start .. start + T − 1 (a decoding step: one) slices them
+    instead of computing R/2 frequencies, angles, cosines and sines per call. The table grows by
+    doubling; it is the same arithmetic as :func:`rotary`, elementwise, so the slices equal a fresh
+    computation bit for bit.
+
+    Not tabulated (computed per call): the scalings whose frequencies depend on the call's length
+    (``dynamic``, ``longrope``), the ``meta`` device, and calls while torch.compile traces (the
+    table is Python state). One table per (R, device, dtype); a table built in inference mode is
+    rebuilt for a call outside it (an inference tensor cannot be saved for a backward pass).
+    """
+
+    MIN_POSITIONS = 256
+
+    def __init__(self, theta: float = 10000.0, scaling: dict | None = None):
+        self.theta = theta
+        self.scaling = scaling
+        self.static = scaling is None or scaling.get("type") not in ("dynamic", "longrope")
+        self._tables: dict = {}
+
+    def __call__(self, start: int, T: int, rotary_dim: int, *, device, dtype, seq_len: int | None = None):
+        """(cos, sin) [1, T, 1, R/2] at the positions start .. start + T − 1."""
+        end = start + T
+        if not self.static or torch.compiler.is_compiling() or torch.device(device).type == "meta":
+            pos = torch.arange(start, end, device=device)
+            cos, sin = rotary_cos_sin(pos, rotary_dim, self.theta, dtype, scaling=self.scaling, seq_len=seq_len)
+            return cos[None, :, None], sin[None, :, None]
+        key = (rotary_dim, str(device), dtype)
+        table = self._tables.get(key)
+        if table is None or table[0].shape[0] < end or (table[0].is_inference() and not torch.is_inference_mode_enabled()):
+            n = max(end, self.MIN_POSITIONS, 2 * table[0].shape[0] if table is not None else 0)
+            cos, sin = rotary_cos_sin(torch.arange(n, device=device), rotary_dim, self.theta, dtype, scaling=self.scaling)
+            table = self._tables[key] = (cos, sin)
+        return table[0][None, start:end, None], table[1][None, start:end, None]
+
+    def __getstate__(self):  # copies and pickles carry the settings, not the tables
+        return {**self.__dict__, "_tables": {}}
 
 
 def rotary_reference(x, positions, *, rotary_dim=None, theta=10000.0, interleaved=False, scaling=None, seq_len=None):

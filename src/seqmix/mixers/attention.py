@@ -176,7 +176,7 @@ class _Attention(Mixer):
         t0 = ts[0]
         T, R = t0.shape[1], rotary_dim or t0.shape[-1]
         dt = torch.float64 if t0.dtype == torch.float64 else torch.float32  # as ops.rotary
-        cos, sin = self.rope_table(start, T, R, device=t0.device, dtype=dt, seq_len=start + T)
+        cos, sin = self.rope_table(start, T, R, device=t0.device, dtype=dt, seq_len=start + T, interleaved=interleaved)
         return tuple(apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts)
 
     def __init__(self, config=None, **kwargs):
@@ -766,7 +766,7 @@ class SoftmaxAttention(_Attention):
             o = softmax_attention(q, keys, vals, scale=1.0, window=self.config.window, mode=mode, check_values=False,
                                   **self._score_options())
         T = x.shape[1]
-        values = vals[:, -T:] if self.mla else repeat_kv(v, self.heads // self.kv_heads)  # the core's input per map (query head)
+        values = (lambda: vals[:, -T:]) if self.mla else (lambda: repeat_kv(v, self.heads // self.kv_heads))  # the core's input per map
         return MixOut(self._gated_readout(o, x), {"kv": kv} if need_state else None, values=values, mixed=o)
 
     # -- DSF view --------------------------------------------------------------------------

@@ -14,9 +14,9 @@ eval mode, batch 1, transformers on its torch paths (no mamba_ssm / causal_conv1
 * conversion: ``from_transformers(model)`` (a copy; the original is kept for the comparison);
 * forward: ``model(ids, use_cache=False)`` on T tokens;
 * prefill: ``model(ids, use_cache=True)`` (the cache filled);
-* decode: ``generate`` of ``--decode-tokens`` greedy tokens after a T-token prompt, minus the
-  prefill time: tokens / second of decoding through the cache (the converted model: the
-  seqmix mixers' step mode).
+* decode: ``generate`` of ``--decode-tokens`` greedy tokens after a T-token prompt, timed per token
+  (the interval between two tokens: one decoding step through the cache, with generate's own work;
+  the converted model: the seqmix mixers' step mode), each step's min over the repeats.
 
 The two models run interleaved (each repeat times the original, then the converted model), min over
 ``--repeats`` runs; each row prints MET where the converted model is at least as fast (ratio >= 1.0) and
@@ -127,30 +127,53 @@ def build(family: str):
     return getattr(tf, model_cls)(getattr(tf, cfg_cls)(**{**common, **extra}))
 
 
+def _step_clock():
+    """A StoppingCriteria that stops nothing and records the time after each generated token."""
+    from transformers import StoppingCriteria
+
+    class StepClock(StoppingCriteria):
+        def __init__(self):
+            self.times: list[float] = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return StepClock()
+
+
 def measure(orig, conv, T: int, steps: int, repeats: int) -> tuple[dict, dict]:
     """forward, prefill and decode tokens/s of the original and the converted model, interleaved: every
     repeat times the original, then the converted model, for each of forward, prefill and generate, so that
-    a change in the machine's load hits both alike. Min over ``repeats`` (after one warm-up call each)."""
+    a change in the machine's load hits both alike. Forward and prefill: the min over ``repeats`` (after a
+    warm-up call each). Decode: ``generate`` records the time after every token (a stopping criterion that
+    stops nothing); decoding step i (i >= 1: the first token comes from the prefill) takes the min over the
+    repeats of its interval, and the decode rate is (steps - 1) / the sum of those minima."""
+    from transformers import StoppingCriteriaList
+
     ids = torch.randint(2, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
-    calls = {
-        "forward": lambda m: m(input_ids=ids, use_cache=False),
-        "prefill": lambda m: m(input_ids=ids, use_cache=True),
-        "generate": lambda m: m.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0),
-    }
-    best = {(who, k): float("inf") for who in ("original", "converted") for k in calls}
+    best = {(who, k): float("inf") for who in ("original", "converted") for k in ("forward", "prefill")}
+    step_min = {who: [float("inf")] * (steps - 1) for who in ("original", "converted")}
     with torch.no_grad():
         for rep in range(repeats + 1):  # the first round warms up
-            for k, call in calls.items():
+            for k, kw in (("forward", dict(use_cache=False)), ("prefill", dict(use_cache=True))):
                 for who, m in (("original", orig), ("converted", conv)):
                     t0 = time.perf_counter()
-                    call(m)
+                    m(input_ids=ids, **kw)
                     if rep:
                         best[who, k] = min(best[who, k], time.perf_counter() - t0)
+            for who, m in (("original", orig), ("converted", conv)):
+                clock = _step_clock()
+                m.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0,
+                           stopping_criteria=StoppingCriteriaList([clock]))
+                if rep:
+                    for i, (a, b) in enumerate(zip(clock.times, clock.times[1:])):
+                        step_min[who][i] = min(step_min[who][i], b - a)
     out = []
     for who in ("original", "converted"):
-        fwd, pre, gen = (best[who, k] for k in calls)
-        dec = gen - pre  # a prefill slower than the whole generate (noise under load): not measured
-        out.append({"forward_tok_s": T / fwd, "prefill_tok_s": T / pre, "decode_tok_s": steps / dec if dec > 0.02 * gen else None})
+        dec = sum(step_min[who])
+        out.append({"forward_tok_s": T / best[who, "forward"], "prefill_tok_s": T / best[who, "prefill"],
+                    "decode_tok_s": (steps - 1) / dec if steps > 1 else None})
     return out[0], out[1]
 
 

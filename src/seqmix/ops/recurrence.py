@@ -163,15 +163,19 @@ def _exp_where(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 
 
-def _step(S, q_t, k_t, v_t, ak_t, av_t, scale):
+def _step(S, q_t, k_t, v_t, ak_t, av_t, scale, delayed=False):
     """One update of the recurrence. S [B,H,K,V]; q_t,k_t [B,H,K]; v_t [B,H,V];
-    ak_t [B,H,K] or [B,H,1] (decay, not log) or None; av_t [B,H,V] or None."""
+    ak_t [B,H,K] or [B,H,1] (decay, not log) or None; av_t [B,H,V] or None.
+    ``delayed``: the output reads the state before the update (o_t = scale·q_t S_{t-1})."""
+    if delayed:
+        o_t = (q_t.unsqueeze(-2) @ S).squeeze(-2)
     if ak_t is not None:
         S = S * ak_t.unsqueeze(-1)
     if av_t is not None:
         S = S * av_t.unsqueeze(-2)
     S = S + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
-    o_t = (q_t.unsqueeze(-2) @ S).squeeze(-2)
+    if not delayed:
+        o_t = (q_t.unsqueeze(-2) @ S).squeeze(-2)
     if scale != 1.0:
         o_t = o_t * scale
     return o_t, S
@@ -857,13 +861,18 @@ def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex
       elementwise updates beats the tiled chunk form, whose matmuls are too thin to pay off,
       and the scan's hand-written backward beats autograd through the loop (forward+backward
       1.8x at bench/recurrence.py's S6-like shape).
+    * value-wise decays with K == 1 (a diagonal state: every value channel its own scalar
+      recurrence, as RWKV-4, the RG-LRU and the LinRNNs run, their heads folded into one of
+      H·V channels): ``scan`` too, however wide V. The chunk form forms a [C, C] decay matrix per
+      channel and chunk, C elementwise terms per token and channel where the scan has a few
+      (``python bench/recurrence.py --cases diagonal``: docs/performance.md).
     * otherwise ``chunk``.
     """
     if T == 1:
         return "recurrent"
     if T <= chunk_size:
         return "parallel"
-    if (keywise or valuewise) and K * V <= 64:
+    if ((keywise or valuewise) and K * V <= 64) or (valuewise and K == 1):
         return "recurrent" if complex_ else "scan"
     return "chunk"
 
@@ -984,14 +993,18 @@ def recurrence_step(
     *,
     scale: float = 1.0,
     check_values: bool = True,
+    delayed: bool = False,
 ):
     """One decoding step. q, k [B, H, K]; v [B, H, V]; gk [B, H, K] or [B, H]; gv [B, H, V];
-    state [B, H, K, V] or None (zeros). Returns (o [B, H, V], new state [B, H, K, V])."""
+    state [B, H, K, V] or None (zeros). Returns (o [B, H, V], new state [B, H, K, V]).
+    ``delayed``: o = scale·q S_{t-1}, the state before this token's write (RWKV's bonus form, where the
+    current token enters through a term of its own; the full-sequence modes get it by shifting k, v
+    and the decay one step later)."""
     _check_inputs(q, k, v, gk, gv, state, check_values=check_values, where="recurrence_step", step=True)
-    return _recurrence_step(q, k, v, gk, gv, state, scale)
+    return _recurrence_step(q, k, v, gk, gv, state, scale, delayed)
 
 
-def _recurrence_step(q, k, v, gk, gv, state, scale):
+def _recurrence_step(q, k, v, gk, gv, state, scale, delayed=False):
     """:func:`recurrence_step` after its checks (shapes as there; autocast already off)."""
     B, H, K = q.shape
     V = v.shape[-1]
@@ -1003,7 +1016,7 @@ def _recurrence_step(q, k, v, gk, gv, state, scale):
     if gk is not None:
         ak = (gk.unsqueeze(-1) if gk.dim() == 2 else gk).to(dt).exp()
     av = gv.to(dt).exp() if gv is not None else None
-    o, S = _step(state.to(dt), q.to(dt), k.to(dt), v.to(dt), ak, av, scale)
+    o, S = _step(state.to(dt), q.to(dt), k.to(dt), v.to(dt), ak, av, scale, delayed)
     return o.to(out_dtype), S
 
 

@@ -114,7 +114,8 @@ class InteropMixer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None, *,
                 state=None, cache_params=None, past_key_values=None, layer_past=None, **kwargs):
-        where = f"{self.where} ({self.source} -> seqmix {self.mixer.registry_name!r})"
+        mixer = self._modules["mixer"]  # (one lookup: nn.Module's __getattr__ and this class's cost a call each)
+        where = f"{self.where} ({self.source} -> seqmix {mixer.registry_name!r})"
         if past_key_values is None:  # GPT-NeoX's and BLOOM's attention take their cache as layer_past
             past_key_values = layer_past
         residual = None
@@ -137,15 +138,15 @@ class InteropMixer(nn.Module):
         if self.positions:
             self._check_positions(kwargs.get("position_ids"), hidden_states, seqmix_state, where, hf_cache)
         if hf_cache is None:
-            y = self.mixer(hidden_states)
+            y = mixer(hidden_states)
             y = y if residual is None else y + residual
             return (y, None) if (self.returns_state or self.returns_pair) else y
         view = Cache()
         if seqmix_state is not None:
-            view.set(self.mixer, seqmix_state)
-        y = self.mixer(hidden_states, cache=view)
+            view.set(mixer, seqmix_state)
+        y = mixer(hidden_states, cache=view)
         y = y if residual is None else y + residual
-        new = self.write_state(hf_cache, view.get(self.mixer), where, tokens=hidden_states.shape[1])
+        new = self.write_state(hf_cache, view.get(mixer), where, tokens=hidden_states.shape[1])
         if self.returns_pair:
             return y, None
         return (y, new) if self.returns_state else y

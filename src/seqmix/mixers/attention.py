@@ -691,7 +691,7 @@ class SoftmaxAttention(_Attention):
         c = self.config
         return self._rotate(start, *ts, rotary_dim=None if self.mla else c.rotary_dim, interleaved=c.rope_interleaved)
 
-    def _mla_qkv(self, x, start: int):
+    def _mla_qkv(self, x, start: int, scaled: bool = True):
         """MLA: q [B, T, heads, K] = [q_nope | RoPE(q_pe)] (scaled); the cached pair: the latent c = RMSNorm(x W_kva[:r])
         [B, T, 1, r] and the shared rotary key RoPE(x W_kva[r:]) [B, T, 1, R]."""
         c = self.config
@@ -709,7 +709,7 @@ class SoftmaxAttention(_Attention):
         if c.rope:
             q_pe, k_pe = self._rope(start, q[..., K - R:], k_pe)
             q = torch.cat([q[..., : K - R], q_pe], dim=-1)
-        if self.qk_scale != 1.0:
+        if scaled and self.qk_scale != 1.0:
             q = q * self.qk_scale
         return q, lat, k_pe
 
@@ -727,12 +727,13 @@ class SoftmaxAttention(_Attention):
         q, k, v = self._qkv(x)
         return (q, self._mla_expand(k, v)[0]) if self.mla else (q, k)
 
-    def _qkv(self, x, *, start: int = 0):
-        """q [B, T, heads, K] (normed, rotated, scaled), k [B, T, kv_heads, K] (normed, rotated),
-        v [B, T, kv_heads, V], for tokens at absolute positions start .. start + T - 1; MLA: (q, the latent
-        c [B, T, 1, r], the rotary key k_pe [B, T, 1, R]), the pair its KV cache holds."""
+    def _qkv(self, x, *, start: int = 0, scaled: bool = True):
+        """q [B, T, heads, K] (normed, rotated, scaled unless ``scaled=False``: the forward pass hands the scale
+        to the attention op), k [B, T, kv_heads, K] (normed, rotated), v [B, T, kv_heads, V], for tokens at
+        absolute positions start .. start + T - 1; MLA: (q, the latent c [B, T, 1, r], the rotary key k_pe
+        [B, T, 1, R]), the pair its KV cache holds."""
         if self.mla:
-            return self._mla_qkv(x, start)
+            return self._mla_qkv(x, start, scaled)
         c = self.config
         B, T, _ = x.shape
         H, Hkv, K = self.heads, self.kv_heads, self.head_qk
@@ -744,7 +745,7 @@ class SoftmaxAttention(_Attention):
             q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
         if c.rope:
             q, k = self._rope(start, q, k)
-        if self.qk_scale != 1.0:
+        if scaled and self.qk_scale != 1.0:
             q = q * self.qk_scale
         return q, k, self.W_v(x).view(B, T, Hkv, self.head_v)
 
@@ -756,14 +757,14 @@ class SoftmaxAttention(_Attention):
         kv = state["kv"] if state else None
         if need_state and kv is None:
             kv = KVCache(window=self.config.window)
-        q, k, v = self._qkv(x, start=kv.seen if kv is not None else 0)
+        q, k, v = self._qkv(x, start=kv.seen if kv is not None else 0, scaled=False)  # the op scales qᵀk
         keys, vals = kv.append(k, v) if kv is not None else (k, v)  # every key the queries see: the cached ones and their own
         if self.mla:  # the cache holds the latent pair: every head's keys and values from it
             keys, vals = self._mla_expand(keys, vals)
         if mode == "step":
-            o = attention_decode(q[:, 0], keys, vals, scale=1.0, **self._score_options()).unsqueeze(1)
+            o = attention_decode(q[:, 0], keys, vals, scale=self.qk_scale, **self._score_options()).unsqueeze(1)
         else:
-            o = softmax_attention(q, keys, vals, scale=1.0, window=self.config.window, mode=mode, check_values=False,
+            o = softmax_attention(q, keys, vals, scale=self.qk_scale, window=self.config.window, mode=mode, check_values=False,
                                   **self._score_options())
         T = x.shape[1]
         values = (lambda: vals[:, -T:]) if self.mla else (lambda: repeat_kv(v, self.heads // self.kv_heads))  # the core's input per map

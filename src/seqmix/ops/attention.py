@@ -619,14 +619,18 @@ class KVCache:
         views of the buffers, valid until the next append. The cache then keeps the last
         window - 1 of them (all without a window)."""
         where = "KVCache.append"
-        check_tensor("k", k, rank=4, layout="[B, T, Hkv, K]", where=where)
-        check_tensor("v", v, rank=4, layout="[B, T, Hkv, V]", where=where)
-        check_shape("v", v, (*k.shape[:3], None), "[B, T, Hkv, V]", where)
+        fits = self.k is not None and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == v.dim() == 4 \
+            and k.shape[1] == v.shape[1] > 0 and (k.shape[0], k.shape[2], k.shape[3]) == (self.k.shape[0], self.k.shape[1], self.k.shape[3]) \
+            and (v.shape[0], v.shape[2], v.shape[3]) == (self.v.shape[0], self.v.shape[1], self.v.shape[3])
+        if not fits:  # the full checks (the first append, or a shape that is not the buffers'): each names what is wrong
+            check_tensor("k", k, rank=4, layout="[B, T, Hkv, K]", where=where)
+            check_tensor("v", v, rank=4, layout="[B, T, Hkv, V]", where=where)
+            check_shape("v", v, (*k.shape[:3], None), "[B, T, Hkv, V]", where)
+            if self.k is not None:
+                B, H, _, K = self.k.shape
+                check_shape("k", k, (B, None, H, K), "[B, T, Hkv, K] (the cache's B, Hkv, K)", where)
+                check_shape("v", v, (B, None, H, self.v.shape[-1]), "[B, T, Hkv, V] (the cache's B, Hkv, V)", where)
         T = k.shape[1]
-        if self.k is not None:
-            B, H, _, K = self.k.shape
-            check_shape("k", k, (B, None, H, K), "[B, T, Hkv, K] (the cache's B, Hkv, K)", where)
-            check_shape("v", v, (B, None, H, self.v.shape[-1]), "[B, T, Hkv, V] (the cache's B, Hkv, V)", where)
         self.seen += T
         L = len(self)
         if self._functional(k, v) or (self.window is not None and T > 1) or (self.k is not None and self.k.dtype != k.dtype):

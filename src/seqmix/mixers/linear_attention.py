@@ -652,7 +652,7 @@ class GeneralForm(Mixer):
         m = li = None
         if c.input_gate == "exp":  # xLSTM: i_t = exp(ĩ_t); the max-stabilizer turns (f_t, i_t) into gates <= 1 (seqmix.ops.stabilizer)
             li_raw = self._soft_cap(upcast(self.W_i(u_k)))  # [B, T, H]
-            la, li, m = max_stabilizer(la, li_raw, state.get("m") if state else None)
+            la, li, m = max_stabilizer(la, li_raw, state.get("m") if state else None, mode="recurrent" if T == 1 else "parallel")
             if need_state:
                 new["m"] = m[:, -1]
         # f_q
@@ -722,13 +722,14 @@ class GeneralForm(Mixer):
         """linear_recurrence on [B, T, H, K] inputs. With K == 1 (a vector state per head) the H
         heads run as one head of H·V value channels with value-wise decays (k folded into v, q
         applied to the output): the same numbers, one wide matmul per chunk instead of H thin ones.
-        ``delayed`` (a decoding step, T == 1): the output reads the state before this token's write."""
+        A decoding step (mode "step", T == 1) is the step op on the heads as they are; ``delayed`` (a
+        decoding step): the output reads the state before this token's write."""
         c = self.config
         B, T, H, K = q.shape
         V = v.shape[-1]
-        if delayed:
+        if mode == "step" or delayed:  # one token: the step on the heads as they are (nothing to fold)
             o, S = recurrence_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0] if gk is not None else None, None, S0, scale=self._scale,
-                                   check_values=False, delayed=True)
+                                   check_values=False, delayed=delayed)
             return o.unsqueeze(1), S
         kw = dict(scale=self._scale, output_final_state=need_state, mode=mode, chunk_size=c.chunk_size, check_values=False)
         if K > 1:

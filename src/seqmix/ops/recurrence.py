@@ -1010,14 +1010,17 @@ def _recurrence_step(q, k, v, gk, gv, state, scale, delayed=False):
     V = v.shape[-1]
     dt = _compute_dtype(q, k, v, gk, gv, state)
     out_dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) and not dt.is_complex else dt
+    def as_dt(t):  # (a cast to the dtype a tensor has costs a call per step)
+        return t if t.dtype == dt else t.to(dt)
+
     if state is None:
         state = torch.zeros(B, H, K, V, dtype=dt, device=q.device)
     ak = None
     if gk is not None:
-        ak = (gk.unsqueeze(-1) if gk.dim() == 2 else gk).to(dt).exp()
-    av = gv.to(dt).exp() if gv is not None else None
-    o, S = _step(state.to(dt), q.to(dt), k.to(dt), v.to(dt), ak, av, scale, delayed)
-    return o.to(out_dtype), S
+        ak = as_dt(gk.unsqueeze(-1) if gk.dim() == 2 else gk).exp()
+    av = as_dt(gv).exp() if gv is not None else None
+    o, S = _step(as_dt(state), as_dt(q), as_dt(k), as_dt(v), ak, av, scale, delayed)
+    return as_dt(o) if out_dtype == dt else o.to(out_dtype), S
 
 
 @full_precision

@@ -851,7 +851,8 @@ def chunk_size_for(T: int, K: int, V: int, *, keywise: bool = True, valuewise: b
     return min(min(128, max(32, pow2_at_least(max(K, V)))), pow2_at_least(T))
 
 
-def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex_: bool, chunk_size: int) -> str:
+def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex_: bool, chunk_size: int,
+              strong_decays: bool = False) -> str:
     """The mode ``mode="auto"`` runs, from rules measured by ``bench/recurrence.py`` on CPU.
 
     * T == 1: ``recurrent`` (a single step).
@@ -863,8 +864,10 @@ def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex
       1.8x at bench/recurrence.py's S6-like shape).
     * value-wise decays with K == 1 (a diagonal state: every value channel its own scalar
       recurrence, as RWKV-4, the RG-LRU and the LinRNNs run, their heads folded into one of
-      H·V channels): ``scan`` too, however wide V. The chunk form forms a [C, C] decay matrix per
-      channel and chunk, C elementwise terms per token and channel where the scan has a few
+      H·V channels) whose decays are too strong for one tile per chunk (``strong_decays``: some
+      chunk's decays span more than _MAX_LOG_GROWTH, a host read by :func:`linear_recurrence`):
+      ``scan`` too, however wide V. The chunk form then runs in sub-chunk tiles, each a [c, c]
+      decay matrix per channel; with weak decays (one tile per chunk) it beats the scan
       (``python bench/recurrence.py --cases diagonal``: docs/performance.md).
     * otherwise ``chunk``.
     """
@@ -872,7 +875,7 @@ def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex
         return "recurrent"
     if T <= chunk_size:
         return "parallel"
-    if ((keywise or valuewise) and K * V <= 64) or (valuewise and K == 1):
+    if ((keywise or valuewise) and K * V <= 64) or (valuewise and K == 1 and strong_decays):
         return "recurrent" if complex_ else "scan"
     return "chunk"
 
@@ -962,12 +965,16 @@ def linear_recurrence(
     S0 = initial_state.to(dt) if initial_state is not None else None
 
     if mode == "auto":
+        # a diagonal state's decays: whether one tile per chunk holds them (the bound C·max|log α| of the span)
+        strong = gv is not None and K == 1 and T > chunk_size and reads_values(gv) \
+            and float((gv.real if gv.is_complex() else gv).min()) * chunk_size < -_MAX_LOG_GROWTH
         mode = auto_mode(
             T, K, V,
             keywise=gk is not None and gk.shape[-1] > 1,
             valuewise=gv is not None,
             complex_=dt.is_complex,
             chunk_size=chunk_size,
+            strong_decays=strong,
         )
     if mode == "scan" and dt.is_complex:
         mode = "recurrent"  # the scan's hand-written backward is for real inputs: the reference loop

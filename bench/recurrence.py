@@ -14,7 +14,8 @@ chunk size that chunk_size=None picks (recurrence.chunk_size_for), shown when it
 Shapes: (B=2, H=4, T in {1024, 4096}, K=V=64) with key-wise decay and with one decay
 per head, an S6-like shape (B=2, H=256 channels, K=16, V=1, T=2048) and a diagonal state
 (B=1, H=1, K=1, V=512 value channels with value-wise decays, T=1024: RWKV-4's and the
-LinRNNs' folded heads). For each mode:
+LinRNNs' folded heads), with weak decays (log α in [-0.2, 0]: one tile per chunk) and strong ones
+([-4, 0]: tiles of fewer than 16 tokens; RWKV-4's decays reach e^{-20} per step). For each mode:
 forward and forward+backward time (min over --repeats), GFLOP/s and % of the float32
 matmul peak measured in the same run, speedup over ``recurrent``, and the peak memory
 of forward+backward (a forked process per measurement).
@@ -51,8 +52,8 @@ def make_inputs(B, T, H, K, V, decay, device, requires_grad=False):
         gk = (-torch.rand(B, T, H, K, generator=g) * 0.2).to(device).requires_grad_(requires_grad)
     elif decay == "head":
         gk = (-torch.rand(B, T, H, generator=g) * 0.2).to(device).requires_grad_(requires_grad)
-    elif decay == "value":  # returned in gk's place, passed as gv (:func:`decays`)
-        gk = (-torch.rand(B, T, H, V, generator=g) * 0.2).to(device).requires_grad_(requires_grad)
+    elif decay in ("value", "value-strong"):  # returned in gk's place, passed as gv (:func:`decays`); strong: log α in [-4, 0]
+        gk = (-torch.rand(B, T, H, V, generator=g) * (4.0 if decay == "value-strong" else 0.2)).to(device).requires_grad_(requires_grad)
     else:
         gk = None
     return q, k, v, gk
@@ -60,7 +61,7 @@ def make_inputs(B, T, H, K, V, decay, device, requires_grad=False):
 
 def decays(decay, g) -> dict:
     """The decay of make_inputs as linear_recurrence's keyword: gk, or gv for value-wise decays."""
-    return {"gv": g} if decay == "value" else {"gk": g}
+    return {"gv": g} if decay.startswith("value") else {"gk": g}
 
 
 def impl_kwargs(impl, T, K, V, decay):
@@ -105,7 +106,7 @@ def parallel_bytes(B, T, H, K, decay, V=1):
 def run_case(name, B, T, H, K, V, decay, args, peak):
     dev = args.device
     rows = []
-    C_rule = chunk_size_for(T, K, V, keywise=decay == "key", valuewise=decay == "value")
+    C_rule = chunk_size_for(T, K, V, keywise=decay == "key", valuewise=decay.startswith("value"))
     modes = ["recurrent", "scan", "chunk-autograd", "chunk"] + ([f"chunk-C{C_rule}"] if C_rule != CHUNK else []) + ["parallel"]
     if args.modes:
         modes = [m for m in modes if m in args.modes or (m.startswith("chunk-C") and "chunk-C" in args.modes)]
@@ -144,12 +145,13 @@ def run_case(name, B, T, H, K, V, decay, args, peak):
     def step():
         with torch.no_grad():
             g = gk[:, 0] if gk is not None else None
-            recurrence_step(q[:, 0], k[:, 0], v[:, 0], *((None, g) if decay == "value" else (g, None)), S, check_values=False)
+            recurrence_step(q[:, 0], k[:, 0], v[:, 0], *((None, g) if decay.startswith("value") else (g, None)), S, check_values=False)
 
     t_s = timeit(step, repeats=20, device=dev)["min_ms"]
     results["step"] = dict(ms_per_token=t_s)
     rows.append([name, 1, "step", t_s, None, None, flops("step", B, 1, H, K, V) / (t_s * 1e-3) / 1e9, None, None, None, None, "per token"])
-    results["auto"] = auto_mode(T, K, V, keywise=decay == "key", valuewise=decay == "value", complex_=False, chunk_size=C_rule)
+    results["auto"] = auto_mode(T, K, V, keywise=decay == "key", valuewise=decay.startswith("value"), complex_=False,
+                                chunk_size=C_rule, strong_decays=decay == "value-strong")
     results["chunk_size_rule"] = C_rule
     if args.chunk_sweep:
         results["sweep"] = chunk_sweep(B, T, H, K, V, decay, args)
@@ -202,6 +204,7 @@ def main():
     cases.append(("S6-like H=256 K=16 V=1", 2, 512 if args.quick else 2048, 256, 16, 1, "key"))
     # a diagonal state: RWKV-4's / the LinRNNs' channels folded into one head of V value channels
     cases.append(("diagonal H=1 K=1 V=512", 1, 512 if args.quick else 1024, 1, 1, 512, "value"))
+    cases.append(("diagonal strong H=1 K=1 V=512", 1, 512 if args.quick else 1024, 1, 1, 512, "value-strong"))
     if args.cases:
         kind = {"key": "key-wise", "head": "head-wise", "s6": "S6-like", "diagonal": "diagonal"}
         unknown = [x for x in args.cases if x not in kind]

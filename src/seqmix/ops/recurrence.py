@@ -864,10 +864,10 @@ def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex
       1.8x at bench/recurrence.py's S6-like shape).
     * value-wise decays with K == 1 (a diagonal state: every value channel its own scalar
       recurrence, as RWKV-4, the RG-LRU and the LinRNNs run, their heads folded into one of
-      H·V channels) whose decays are too strong for one tile per chunk (``strong_decays``: some
-      chunk's decays span more than _MAX_LOG_GROWTH, a host read by :func:`linear_recurrence`):
-      ``scan`` too, however wide V. The chunk form then runs in sub-chunk tiles, each a [c, c]
-      decay matrix per channel; with weak decays (one tile per chunk) it beats the scan
+      H·V channels) whose decays are too strong for tiles of _TILE tokens (``strong_decays``:
+      max|log α| > _MAX_LOG_GROWTH / _TILE, a host read by :func:`linear_recurrence`): ``scan``
+      too, however wide V. The chunk form would run in tiles of fewer tokens, down to one (RWKV-4's
+      decays reach e^{-20} per step); with weaker decays it beats the scan
       (``python bench/recurrence.py --cases diagonal``: docs/performance.md).
     * otherwise ``chunk``.
     """
@@ -965,9 +965,10 @@ def linear_recurrence(
     S0 = initial_state.to(dt) if initial_state is not None else None
 
     if mode == "auto":
-        # a diagonal state's decays: whether one tile per chunk holds them (the bound C·max|log α| of the span)
+        # a diagonal state's decays: whether the chunk form's tiles would be shorter than _TILE tokens (a tile of
+        # c tokens spans at most c·max|log α|, which _tile_size keeps below _MAX_LOG_GROWTH)
         strong = gv is not None and K == 1 and T > chunk_size and reads_values(gv) \
-            and float((gv.real if gv.is_complex() else gv).min()) * chunk_size < -_MAX_LOG_GROWTH
+            and float((gv.real if gv.is_complex() else gv).min()) * _TILE < -_MAX_LOG_GROWTH
         mode = auto_mode(
             T, K, V,
             keywise=gk is not None and gk.shape[-1] > 1,

@@ -968,7 +968,7 @@ def linear_recurrence(
         # a diagonal state's decays: whether the chunk form's tiles would be shorter than _TILE tokens (a tile of
         # c tokens spans at most c·max|log α|, which _tile_size keeps below _MAX_LOG_GROWTH)
         strong = gv is not None and K == 1 and T > chunk_size and reads_values(gv) \
-            and float((gv.real if gv.is_complex() else gv).min()) * _TILE < -_MAX_LOG_GROWTH
+            and float((gv.real if gv.is_complex() else gv).detach().min()) * _TILE < -_MAX_LOG_GROWTH
         mode = auto_mode(
             T, K, V,
             keywise=gk is not None and gk.shape[-1] > 1,

@@ -1,11 +1,13 @@
-"""The worked example of docs/interop.md: two small transformers models — MambaForCausalLM and
-LlamaForCausalLM — trained on Tiny Shakespeare here (no hub is reachable), saved as ordinary
+"""The worked example of docs/interop.md: small transformers models — MambaForCausalLM and
+LlamaForCausalLM, and (``--models qwen3``) Qwen3ForCausalLM — trained on Tiny Shakespeare here
+(no hub is reachable), saved as ordinary
 transformers checkpoints, then converted and drawn side by side with `seqmix show --hf` on one
 paragraph.
 
     python bench/interop_example.py                         # d 128, 2 layers each, byte vocabulary, ~3 minutes each
     python bench/interop_example.py --minutes 10 --layers 4 --out runs/interop_example
     python bench/interop_example.py --models mamba          # one of them
+    python bench/interop_example.py --models qwen3          # the Qwen3-architecture teacher (GQA, qk-norm)
     seqmix show --hf runs/interop_example/mamba-small --hf runs/interop_example/llama-small \
         --text-file runs/interop_example/paragraph.txt --layers all [--report]
 
@@ -82,7 +84,7 @@ def write_back(conv, orig) -> None:
 
 def build(name: str, args):
     """transformers' own model of ``name`` (random init, byte vocabulary), its class and its folder name."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MambaConfig, MambaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     ids = dict(vocab_size=256, pad_token_id=0, bos_token_id=0, eos_token_id=0)
     if name == "mamba":
@@ -93,7 +95,12 @@ def build(name: str, args):
                                                               num_hidden_layers=args.layers, num_attention_heads=4,
                                                               num_key_value_heads=4, max_position_embeddings=1024,
                                                               tie_word_embeddings=False, **ids))
-    raise ValueError(f"--models: unknown model {name!r} (mamba, llama)")
+    if name == "qwen3":  # Qwen3's attention: GQA (2 kv heads), qk-norm per head (RMSNorm before RoPE), θ = 10^6
+        return Qwen3ForCausalLM, Qwen3ForCausalLM(Qwen3Config(hidden_size=args.d_model, intermediate_size=3 * args.d_model,
+                                                              num_hidden_layers=args.layers, num_attention_heads=4,
+                                                              num_key_value_heads=2, head_dim=args.d_model // 4,
+                                                              max_position_embeddings=1024, tie_word_embeddings=False, **ids))
+    raise ValueError(f"--models: unknown model {name!r} (mamba, llama, qwen3)")
 
 
 def train_one(name: str, args, train, held, out: Path) -> dict:
@@ -162,7 +169,7 @@ def train_one(name: str, args, train, held, out: Path) -> dict:
     ids = held[:256].unsqueeze(0)
     with torch.no_grad():
         a, b = conv(input_ids=ids, use_cache=False).logits, again(input_ids=ids, use_cache=False).logits
-        c = orig.eval()(input_ids=ids, use_cache=False).logits if name == "llama" else None
+        c = orig.eval()(input_ids=ids, use_cache=False).logits if name in ("llama", "qwen3") else None
     err = float((a - b).abs().max() / a.abs().max())
     msg = f"saved {folder} ({cls.__name__}); reloaded and converted: max logit error {err:.1e} of the scale"
     if c is not None:  # transformers' own SDPA path on the written-back weights, too (cheap for attention)
@@ -174,7 +181,7 @@ def train_one(name: str, args, train, held, out: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/interop_example", help="output folder (default runs/interop_example)")
-    p.add_argument("--models", default="mamba,llama", help="comma-separated: mamba, llama (default both)")
+    p.add_argument("--models", default="mamba,llama", help="comma-separated: mamba, llama, qwen3 (default mamba,llama)")
     p.add_argument("--minutes", type=float, default=3.0, help="training time per model (default 3)")
     p.add_argument("--steps", type=int, default=None, help="stop after this many steps per model (default: --minutes)")
     p.add_argument("--d-model", type=int, default=128)

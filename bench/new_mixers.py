@@ -4,7 +4,7 @@
 For each of rwkv6, rwkv7, hgrn2, gsa, mamba3, log_linear_mamba2, log_linear_gdn,
 gated_deltaproduct, comba, mesanet, fox, stickbreaking and path_attention (issue 30) and based,
 rebased, abc, raven, lightnet, rodimus, mom, gated_deltanet2, momentum_deltanet, precond_gated_deltanet and
-precond_kda, moba, nsa, deltaformer, parallax and wall_attention (issue 42), built at d_model 128
+precond_kda, moba, nsa, deltaformer, parallax, wall_attention and cyclic_flow_attention (issue 42), built at d_model 128
 (bench/scaling.build: its defaults, else its example config with d_model 128), batch 1, float32,
 every mode of ``mixer.modes`` is timed on the same input: forward + backward of y.sum() into the
 parameters and the input (min of --repeats after a warm-up), and the table prints each mode's
@@ -46,7 +46,7 @@ GROUPS = {
                 "comba", "mesanet", "fox", "stickbreaking", "path_attention"),
     "breadth2": ("based", "rebased", "abc", "raven", "lightnet", "rodimus", "mom", "gated_deltanet2", "momentum_deltanet",
                  "precond_gated_deltanet", "precond_kda", "moba", "nsa", "deltaformer", "parallax",
-                 "wall_attention"),
+                 "wall_attention", "cyclic_flow_attention"),
 }
 NEW_MIXERS = GROUPS["issue30"] + GROUPS["breadth2"]
 

@@ -27,3 +27,49 @@ def fla_naive(path: str, fn: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return getattr(mod, fn)
+
+
+def fla_naive_package(directory: str, module: str, fn: str, *, stub_triton: bool = False):
+    """The function ``fn`` of fla's module ``module`` in ``directory`` (relative to the fla package, e.g.
+    ``"ops/cyfa"``, ``"naive"``), loaded with that directory as a package, so that its relative imports
+    (``from .utils import ...``) resolve to fla's own sibling files. ``stub_triton``: where triton is not
+    installed, those siblings' ``import triton`` gets a stand-in whose ``triton.jit`` returns the function
+    unchanged (fla's kernels are defined, never run): the naive code then runs, unchanged, on the CPU.
+    Skips the test without fla or the file."""
+    import sys
+    import types
+
+    spec = importlib.util.find_spec("fla")
+    if spec is None or spec.origin is None:
+        pytest.skip("flash-linear-attention is not installed (optional extra: pip install 'seqmix[reference]')")
+    folder = Path(spec.origin).parent / directory
+    if not (folder / f"{module}.py").exists():
+        pytest.skip(f"the installed fla has no {directory}/{module}.py")
+    pkg = f"_fla_pkg_{Path(directory).name}"
+    added = {}
+    if stub_triton and importlib.util.find_spec("triton") is None:
+        def jit(fn=None, **_):
+            return fn if fn is not None else (lambda f: f)
+        triton = types.ModuleType("triton")
+        triton.jit = jit
+        language = types.ModuleType("triton.language")
+        extra = types.ModuleType("triton.language.extra")
+        extra.libdevice = types.ModuleType("triton.language.extra.libdevice")
+        language.extra = extra
+        triton.language = language
+        added = {"triton": triton, "triton.language": language, "triton.language.extra": extra,
+                 "triton.language.extra.libdevice": extra.libdevice}
+    package = types.ModuleType(pkg)
+    package.__path__ = [str(folder)]
+    added[pkg] = package
+    saved = {name: sys.modules.get(name) for name in added}
+    sys.modules.update(added)
+    try:
+        mod = importlib.import_module(f"{pkg}.{module}")
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+    return getattr(mod, fn)

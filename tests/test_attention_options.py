@@ -48,6 +48,14 @@ def _rms(z, w, eps):
     return z / torch.sqrt((z * z).mean(-1, keepdim=True) + eps) * w
 
 
+def _qk_norm(z, norm, c):
+    """The qk-norm written out: RMSNorm (kind "rms") or LayerNorm with a weight and a bias (kind "layer")."""
+    if c.qk_norm_kind == "rms":
+        return _rms(z, norm.weight, c.qk_norm_eps)
+    zc = z - z.mean(-1, keepdim=True)
+    return zc / torch.sqrt((zc * zc).mean(-1, keepdim=True) + c.qk_norm_eps) * norm.weight + norm.bias
+
+
 def _rope(z, R, theta, interleaved):
     """z [B, T, heads, K]: pair j of the token at position t turned by t·theta^(-2j/R), pair by pair."""
     out = z.clone()
@@ -70,10 +78,10 @@ def reference(m, x):
     qk = _linear(x, m.W_qk)
     q, k, v = qk[..., : H * K], qk[..., H * K :], _linear(x, m.W_v)
     if c.qk_norm == "full":
-        q, k = _rms(q, m.q_norm.weight, c.qk_norm_eps), _rms(k, m.k_norm.weight, c.qk_norm_eps)
+        q, k = _qk_norm(q, m.q_norm, c), _qk_norm(k, m.k_norm, c)
     q, k, v = q.reshape(B, T, H, K), k.reshape(B, T, Hkv, K), v.reshape(B, T, Hkv, V)
     if c.qk_norm == "head":
-        q, k = _rms(q, m.q_norm.weight, c.qk_norm_eps), _rms(k, m.k_norm.weight, c.qk_norm_eps)
+        q, k = _qk_norm(q, m.q_norm, c), _qk_norm(k, m.k_norm, c)
     if c.rope:
         R = c.rotary_dim or K
         q, k = _rope(q, R, c.rope_theta, c.rope_interleaved), _rope(k, R, c.rope_theta, c.rope_interleaved)
@@ -99,6 +107,8 @@ OPTIONS = {
     "mqa": dict(kv_heads=1),
     "qk_norm_head": dict(qk_norm="head"),
     "qk_norm_full": dict(qk_norm="full", qk_norm_eps=1e-3),
+    "qk_layernorm_head": dict(qk_norm="head", qk_norm_kind="layer"),  # Phi's qk_layernorm
+    "qk_layernorm_full": dict(qk_norm="full", qk_norm_kind="layer", qk_norm_eps=1e-3),
     "output_gate": dict(output_gate=True),
     "qkv_bias": dict(qkv_bias=True),
     "out_bias": dict(out_bias=True),
@@ -227,6 +237,7 @@ def test_dsf_with_grouped_heads_and_rope():
         ({"rope": True, "n": 12}, "rotary_dim"),  # head dim 3: odd
         ({"rope": True, "rope_theta": 1.0}, "rope_theta"),
         ({"qk_norm": "layer"}, "qk_norm"),
+        ({"qk_norm": "head", "qk_norm_kind": "group"}, "qk_norm_kind"),
         ({"qk_norm_eps": 0.0}, "qk_norm_eps"),
         ({"head_dim": 6, "n": 16}, "head_dim"),
         ({"head_dim": 6, "output_projection": False}, "output_projection"),

@@ -447,3 +447,28 @@ def test_short_conv_is_lfm2s_gated_conv():
     steps = torch.cat([m(x[:, t : t + 1], cache=cache) for t in range(11)], 1)
     assert float((steps - want).abs().max()) < 1e-12 and cache.get(m)["conv"].shape == (2, 8, 2)
     assert m.state_size() == 16 and float(m.spectrum(x).abs().max()) == 0
+
+
+def test_rwkv_channel_mix_is_rwkvs_feed_forward():
+    """rwkv_channel_mix: y = σ(W_r x_r) ⊙ W_v relu(W_k x_k)², x_□ = μ_□ x_t + (1 - μ_□) x_(t-1), written out
+    with an explicit shift; decoding carries x_(t-1) only; Φ is bidiagonal, its DSF the 2-state shift register."""
+    torch.manual_seed(0)
+    m = seqmix.build_mixer("rwkv_channel_mix", d_model=8, d_ff=12).double().requires_grad_(False)
+    with torch.no_grad():
+        m.mu_k.copy_(torch.rand(8, dtype=torch.float64))
+        m.mu_r.copy_(torch.rand(8, dtype=torch.float64))
+    x = torch.randn(2, 11, 8, dtype=torch.float64)
+    prev = F.pad(x, (0, 0, 1, 0))[:, :-1]
+    xk, xr = m.mu_k * x + (1 - m.mu_k) * prev, m.mu_r * x + (1 - m.mu_r) * prev
+    want = torch.sigmoid(xr @ m.W_r.weight.T) * (torch.relu(xk @ m.W_k.weight.T) ** 2 @ m.W_v.weight.T)
+    assert max_abs(m(x), want) < F64_ATOL
+    cache = Cache()
+    steps = torch.cat([m(x[:, t : t + 1], cache=cache) for t in range(11)], 1)
+    assert max_abs(steps, want) < F64_ATOL and max_abs(cache.get(m)["x_prev"], x[:, -1]) == 0
+    phi = m.phi(x)[0]
+    mu = torch.cat([m.mu_k, m.mu_r])
+    bidiagonal = torch.diag_embed(mu[:, None].expand(16, 11)) + torch.diag_embed((1 - mu)[:, None].expand(16, 10), -1)
+    assert max_abs(phi, bidiagonal) == 0
+    values, mixed = m.core(x)
+    assert max_abs(m.dsf(x).evaluate(values.reshape(2, 11, 16)), mixed.reshape(2, 11, 16)) < F64_ATOL
+    assert m.state_size() == 8 and float(m.spectrum(x).abs().max()) == 0

@@ -2,8 +2,9 @@
 docs/interop.md). Nothing is downloaded: tiny random models are built from transformers' config
 classes (transformers runs its torch paths: no RWKV CUDA kernel, no `xlstm` package).
 
-RWKV-4: every ``RwkvSelfAttention`` becomes seqmix ``rwkv4`` (RWKV4_FULL); the channel-mix FFN stays
-transformers'. transformers' state is a list of five [B, d, layers] tensors passed as ``state=``.
+RWKV-4: every ``RwkvSelfAttention`` becomes seqmix ``rwkv4`` (RWKV4_FULL), every channel-mix
+``RwkvFeedForward`` seqmix ``rwkv_channel_mix`` (its token shift is a width-2 conv). transformers' state is
+a list of five [B, d, layers] tensors passed as ``state=``.
 xLSTM: every ``xLSTMLayer`` (the mLSTM) becomes seqmix ``mlstm``; its state is the layer's tuple
 (C, n, m) inside an ``xLSTMCache``. Both return ``(output, state)``: the state table kinds
 ``stacked`` and ``tuple`` (seqmix/interop/table.py)."""
@@ -18,7 +19,6 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 from transformers import RwkvConfig, RwkvForCausalLM, xLSTMConfig, xLSTMForCausalLM  # noqa: E402
-from transformers.models.rwkv.modeling_rwkv import RwkvFeedForward  # noqa: E402
 from transformers.models.xlstm import modeling_xlstm  # noqa: E402
 
 from seqmix.interop import from_transformers, seqmix_mixers, supported_families  # noqa: E402
@@ -68,6 +68,7 @@ def tiny(family: str, dtype=torch.float32, **overrides) -> nn.Module:
 
 FAMILIES = ["rwkv", "rwkv_rescale", "xlstm", "xlstm_bias", "xlstm_fused"]
 SLOT = {"rwkv": "rwkv.blocks.{}.attention", "xlstm": "backbone.blocks.{}.mlstm_layer"}
+FFN = "rwkv.blocks.{}.feed_forward"
 
 
 def slot(family, i):
@@ -80,15 +81,19 @@ def slot(family, i):
 
 
 @pytest.mark.parametrize("family", ["rwkv", "xlstm"])
-def test_converted_is_the_same_class_and_the_ffn_stays_transformers(family):
+def test_converted_is_the_same_class_and_its_mixers(family):
+    """RWKV: the time-mix and the channel-mix (its token shift) of every block; xLSTM: the mLSTM layers, the
+    FFN (no token mixing) stays transformers'."""
     m = tiny(family)
     c = converted(m)
     mixers = seqmix_mixers(c)
-    assert sorted(mixers) == [slot(family, i) for i in range(2)]
-    assert {mx.registry_name for mx in mixers.values()} == {"rwkv4" if family == "rwkv" else "mlstm"}
-    blk = (c.rwkv if family == "rwkv" else c.backbone).blocks[0]
-    ffn = blk.feed_forward if family == "rwkv" else blk.ffn
-    assert type(ffn) is (RwkvFeedForward if family == "rwkv" else modeling_xlstm.xLSTMFeedForward)
+    if family == "rwkv":
+        want = {slot(family, i): "rwkv4" for i in range(2)} | {FFN.format(i): "rwkv_channel_mix" for i in range(2)}
+        assert {p: mx.registry_name for p, mx in mixers.items()} == want
+    else:
+        assert sorted(mixers) == [slot(family, i) for i in range(2)]
+        assert {mx.registry_name for mx in mixers.values()} == {"mlstm"}
+        assert type(c.backbone.blocks[0].ffn) is modeling_xlstm.xLSTMFeedForward
     assert {"rwkv", "xlstm"} <= set(supported_families())
 
 
@@ -143,9 +148,33 @@ def test_rwkv_float64_is_held_to_the_float32_bound():
 def test_generate_equals_the_original_at_every_step(family, monkeypatch):
     m = tiny(family)
     # RWKV at batch 1: transformers 5.24's one-token step broadcasts its shift state to [B, B, d] for B > 1
+    # (the converted model decodes a batch: test_rwkv_generate_decodes_a_batch_as_each_row_alone)
     prompt = ids(batch=1 if family.startswith("rwkv") else 2, T=7)
     # the prefill starts from the model's empty state (transformers builds it filled with zeros)
     assert_generate_equals(m, convert(m), prompt, 6, monkeypatch, family, fresh_prefill=False)
+
+
+@pytest.mark.parametrize("family", ["rwkv", "rwkv_rescale"])
+def test_rwkv_generate_decodes_a_batch_as_each_row_alone(family):
+    """generate() on a batch of two prompts: the converted model's tokens and scores at every step equal
+    those of each prompt decoded alone, by the converted model and by the original (at batch 1, where
+    transformers 5.24's own one-token step is right)."""
+    m = tiny(family)
+    c = convert(m)
+    prompt, new = ids(batch=2, T=7, seed=5), 8
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        both = c.generate(prompt, attention_mask=torch.ones_like(prompt), **kw)
+        assert both.sequences.shape == (2, 7 + new)
+        for b in range(2):
+            row = prompt[b : b + 1]
+            for model in (c, m):  # each row alone: the converted model and the original
+                alone = model.generate(row, attention_mask=torch.ones_like(row), **kw)
+                assert torch.equal(both.sequences[b : b + 1], alone.sequences), (b, type(model).__name__)
+                for t, (a, r) in enumerate(zip(both.scores, alone.scores, strict=True)):
+                    err = scale_err(a[b : b + 1], r)
+                    assert err <= INTEROP_RTOL, f"row {b}, step {t}: {err:.3g}"
+    assert not torch.equal(both.sequences[0], both.sequences[1])  # two different continuations: rows not mixed up
 
 
 def test_rwkv_state_layout_and_continuation():
@@ -173,8 +202,7 @@ def test_rwkv_state_layout_and_continuation():
 def test_rwkv_converted_attention_decodes_at_batch_2():
     """transformers 5.24's RwkvSelfAttention returns [B, B, d] for a one-token step at B > 1 (its [B, d] shift
     state broadcast against [B, 1, d]); the converted mixer returns [B, 1, d], each row equal to the original
-    run on that row alone (batch 1). (RwkvFeedForward, which stays transformers', has the same bug: see
-    docs/interop.md.)"""
+    run on that row alone (batch 1). The same for RwkvFeedForward (the same bug) -> rwkv_channel_mix."""
     m = tiny("rwkv")
     c = convert(m)
     x = ids(batch=2, T=9)
@@ -192,6 +220,13 @@ def test_rwkv_converted_attention_decodes_at_batch_2():
             assert y.shape == (2, 1, 32)
             assert scale_err(y, torch.cat(rows, 0)) <= INTEROP_RTOL
             assert max_abs(st2[1][:, :, i], xt[:, 0]) == 0  # the shift state is this token
+            ffn, ref_ffn = c.rwkv.blocks[i].feed_forward, m.rwkv.blocks[i].feed_forward
+            rows = [ref_ffn(xt[b : b + 1], state=[s[b : b + 1].clone() for s in st])[0] for b in range(2)]
+            st2 = [s.clone() for s in st]
+            y, st2 = ffn(xt, state=st2)
+            assert y.shape == (2, 1, 32)
+            assert scale_err(y, torch.cat(rows, 0)) <= INTEROP_RTOL
+            assert max_abs(st2[0][:, :, i], xt[:, 0]) == 0
 
 
 def test_xlstm_cache_state_layout_and_continuation():
@@ -236,17 +271,18 @@ def test_rwkv_rescale_every_is_matched_in_training_and_inference():
     m = tiny("rwkv_rescale")
     x = ids()
     c = convert(m)
-    attn = c.rwkv.blocks[1].attention
-    assert attn.output is seqmix_mixers(c)["rwkv.blocks.1.attention"].W_o  # the alias RwkvModel rescales
-    w = attn.output.weight.detach().clone()
+    attn, ffn = c.rwkv.blocks[1].attention, c.rwkv.blocks[1].feed_forward
+    assert attn.output is seqmix_mixers(c)["rwkv.blocks.1.attention"].W_o  # the aliases RwkvModel rescales
+    assert ffn.value is seqmix_mixers(c)["rwkv.blocks.1.feed_forward"].W_v
+    w, wv = attn.output.weight.detach().clone(), ffn.value.weight.detach().clone()
     with torch.no_grad():
         assert scale_err(c(x).logits, m(x).logits) <= INTEROP_RTOL  # inference: weights / 2^(i // N), hidden / 2
-    assert c.rwkv.layers_are_rescaled and torch.equal(attn.output.weight, w / 2)
+    assert c.rwkv.layers_are_rescaled and torch.equal(attn.output.weight, w / 2) and torch.equal(ffn.value.weight, wv / 2)
     c.train()
     m.train()
     with torch.no_grad():
         assert scale_err(c(x).logits, m(x).logits) <= INTEROP_RTOL  # training: the weights scaled back
-    assert torch.equal(attn.output.weight, w)
+    assert torch.equal(attn.output.weight, w) and torch.equal(ffn.value.weight, wv)
     # converting a model that has already rescaled its weights (it ran in inference mode)
     m2 = tiny("rwkv_rescale")
     with torch.no_grad():
@@ -269,7 +305,7 @@ def test_rwkv_rescale_every_is_matched_in_training_and_inference():
 def test_fine_tuning_lowers_the_loss(family, monkeypatch):
     m = tiny(family)
     losses, modes = fine_tune(convert(m, mode="chunk").train(), monkeypatch)
-    assert modes == {"chunk"}
+    assert modes == ({"chunk", "auto"} if family == "rwkv" else {"chunk"})  # RWKV's channel-mix: one mode, "auto"
     assert losses[-1] < 0.7 * losses[0], losses
     assert unchanged(tiny(family), m)
 
@@ -293,6 +329,27 @@ def test_converted_mixer_keeps_its_dsf_view(family):
     if family == "xlstm":
         assert max_abs(system.evaluate(values.reshape(B, T, M * P)), mixed.reshape(B, T, M * P)) < 1e-9
     assert system.lam.shape[1] == T
+
+
+def test_rwkv_channel_mix_keeps_its_dsf_view():
+    """The converted channel-mix's token shift: phi(x) and dsf(x) reproduce its core output (the shifted
+    streams), and phi is the bidiagonal map (μ on the diagonal, 1 - μ below it) of the original's μ."""
+    m = tiny("rwkv")
+    c = convert(m)
+    mx = seqmix_mixers(c)[FFN.format(1)].double()
+    h = torch.randn(1, 10, 32, dtype=torch.float64)
+    with torch.no_grad():
+        values, mixed = mx.core(h)
+        phi = mx.phi(h)
+        system = mx.dsf(h)
+    assert phi.shape == (1, 64, 10, 10)
+    assert max_abs(torch.einsum("bmts,bsmp->btmp", phi, values), mixed) < 1e-12
+    assert max_abs(system.evaluate(values.reshape(1, 10, 64)), mixed.reshape(1, 10, 64)) < 1e-12
+    mu = torch.cat([m.rwkv.blocks[1].feed_forward.time_mix_key, m.rwkv.blocks[1].feed_forward.time_mix_receptance], -1)
+    mu = mu.reshape(-1).double()
+    assert max_abs(phi[0].diagonal(0, -2, -1), mu[:, None].expand(64, 10)) == 0
+    assert max_abs(phi[0].diagonal(-1, -2, -1), (1 - mu)[:, None].expand(64, 9)) == 0
+    assert max_abs(phi[0].tril(-2), torch.zeros(64, 10, 10, dtype=torch.float64)) == 0
 
 
 # ------------------------------------------------------------------------------------------

@@ -482,8 +482,6 @@ def test_the_families_are_supported():
     ("nemotron_h", {"mamba_hidden_act": "relu"}, "hidden_act", r"model\.layers\.0\.mixer"),
     ("zamba2", {"use_shared_attention_adapter": True}, "use_shared_attention_adapter",
      r"model\.layers\.1\.shared_transformer\.self_attn"),
-    ("granitemoehybrid_rope", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
-     "rope_parameters.rope_type", r"model\.layers\.0\.self_attn"),
 ])
 def test_an_option_seqmix_cannot_express_is_named(case, overrides, option, path):
     m = tiny(case, **overrides)
@@ -514,3 +512,70 @@ def test_a_static_cache_is_refused():
     x = ids(T=5)
     with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn.*'cache'"):
         c.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=2, cache_implementation="static")
+
+
+# ------------------------------------------------------------------------------------------
+# scaled RoPE in the hybrids' attention layers (ops.rotary's scalings, as for the transformers)
+# ------------------------------------------------------------------------------------------
+
+import test_interop_frontier as FRONT  # noqa: E402
+
+#: a hybrid family whose attention applies RoPE, with a scaling type of transformers' rope_parameters (each type
+#: once; lengths chosen so that it acts within the prompt + generated tokens: dynamic's base grows past 8
+#: positions, longrope switches to its long factors past 8; longrope's factors: one per rotated pair, head_dim 8)
+SCALED_ROPE = {
+    "bamba": {"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 8.0,
+              "beta_slow": 1.0},
+    "granitemoehybrid_rope": {"rope_type": "linear", "rope_theta": 500.0, "factor": 3.0},
+    "falcon_h1": {"rope_type": "dynamic", "rope_theta": 500.0, "factor": 2.0},
+    "zamba2_rope": {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 4},
+    "qwen3_next": {"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "original_max_position_embeddings": 8,
+                   "partial_rotary_factor": 0.25},
+    "lfm2": {"rope_type": "longrope", "rope_theta": 500.0, "original_max_position_embeddings": 8,
+             "short_factor": [1.0, 1.3, 1.9, 2.5], "long_factor": [1.1, 2.0, 4.0, 7.5]},
+    "minimax": {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.5},
+}
+
+
+def tiny_scaled(case: str) -> nn.Module:
+    rp = dict(SCALED_ROPE[case])
+    mpe = {"falcon_h1": 8, "lfm2": 32, "bamba": 32, "qwen3_next": 32}.get(case, 64)
+    if case in FRONT.FAMILIES:
+        return FRONT.tiny(case, rope_parameters=rp, max_position_embeddings=mpe)
+    return tiny(case, rope_parameters=rp, max_position_embeddings=mpe)
+
+
+@pytest.mark.parametrize("case", list(SCALED_ROPE))
+def test_scaled_rope_in_a_hybrid_converts_exactly(case, monkeypatch):
+    """The attention layers of a hybrid with a scaled RoPE carry the scaling (softmax_attention's rope_scaling):
+    logits equal to the original's, and generate() equal at every step through seqmix's cache."""
+    m = tiny_scaled(case)
+    c = convert(m)
+    att = [mx for mx in seqmix_mixers(c).values() if mx.registry_name == "softmax_attention"]
+    assert att and all((mx.config.rope_scaling or {}).get("type") == SCALED_ROPE[case]["rope_type"] for mx in att)
+    x = ids()
+    kw = {"position_ids": torch.arange(x.shape[1])[None]} if case in CASES else {}
+    with torch.no_grad():
+        err = record(f"{case} scaled RoPE logits", scale_err(c(x, **kw).logits, m(x, **kw).logits))
+    assert err <= INTEROP_RTOL, err
+    assert_generate_equals(m, c, ids(T=7), 8, monkeypatch, f"{case} scaled RoPE", record)
+
+
+@pytest.mark.parametrize("case, path", [("granitemoehybrid_rope", r"model\.layers\.0\.self_attn"),
+                                        ("lfm2", r"model\.layers\.1\.self_attn")])
+def test_an_unknown_rope_type_in_a_hybrid_is_named(case, path):
+    """A rope_type ops.rotary does not have (set after the model was built: transformers would not build it)."""
+    m = FRONT.tiny(case) if case in FRONT.FAMILIES else tiny(case)
+    m.config.rope_parameters = {"rope_type": "proportional", "rope_theta": 1e4, "factor": 2.0}
+    assert_refused(m, rf"{path}.*'rope_parameters\.rope_type'.*'proportional'")
+
+
+def test_recurrent_gemma_refuses_a_scaled_rope_as_transformers_does():
+    """RecurrentGemma's rotary embedding takes the default RoPE only (transformers refuses the others when it
+    builds the model); a config changed afterwards is refused by the converter, naming the option."""
+    import test_interop_attention as ATT
+
+    m = ATT.tiny("recurrent_gemma")
+    m.config.rope_parameters = dict(m.config.rope_parameters, rope_type="linear", factor=2.0)
+    assert_refused(m, r"model\.layers\.\d+\.temporal_block.*'rope_parameters\.rope_type'.*'linear'")

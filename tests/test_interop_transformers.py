@@ -19,8 +19,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from seqmix.interop import from_transformers, seqmix_mixers, supported_families  # noqa: E402
 from seqmix.ops import rope_frequencies  # noqa: E402
 from interop_helpers import (  # noqa: E402
-    VOCAB, Recorder, assert_generate_equals, assert_logits_equal_in_every_mode, assert_refused, converted, ids, randomize,
-    scale_err,
+    INTEROP_RTOL, VOCAB, Recorder, assert_generate_equals, assert_logits_equal_in_every_mode, assert_refused, converted, ids,
+    randomize, scale_err,
 )
 
 #: the sliding windows of the tiny models: shorter than the prompts (7) and the tests' lengths (21)
@@ -42,7 +42,8 @@ SCALINGS = {
 }
 
 FAMILIES = ["qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text", "phi3", "phi3_longrope", "phi",
-            "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss", "gpt2", "bloom", "deepseek_v3", "deepseek_v3_q"] + [f"llama_{k}" for k in SCALINGS]
+            "phi_qkln", "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss", "gpt2", "bloom", "deepseek_v3", "deepseek_v3_q"]
+FAMILIES += [f"llama_{k}" for k in SCALINGS]
 
 
 def tiny(family: str, *, attn: str = "sdpa", **overrides):
@@ -77,8 +78,9 @@ def tiny(family: str, *, attn: str = "sdpa", **overrides):
         if family == "phi3_longrope":
             kw.update(rope_parameters=dict(SCALINGS["longrope"]), max_position_embeddings=32, original_max_position_embeddings=8)
         cfg = T.Phi3Config(**kw)
-    elif family == "phi":
-        cfg = T.PhiConfig(**dict(common, rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}))
+    elif family in ("phi", "phi_qkln"):  # _qkln: Phi's LayerNorm qk-norm (qk_layernorm), weights and biases random
+        rp = {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}
+        cfg = T.PhiConfig(**dict(common, rope_parameters=rp), qk_layernorm=family == "phi_qkln")
     elif family == "gpt_neox":
         kw = {k: v for k, v in common.items() if k != "num_key_value_heads"}
         kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}
@@ -157,8 +159,8 @@ def test_generate_equals_the_original_at_every_step(family, monkeypatch):
 #: out, and GPT-OSS and BLOOM (soft-capping, sinks, ALiBi run only in the eager path, whose softmax is float32); the
 #: MLA norms (float32 inside too) are made float64 like the qk-norms; the scaled RoPE types are tied
 #: to transformers' frequencies by test_rope_frequencies_equal_transformers (computed in float32 there)
-F64_FAMILIES = ["qwen2", "qwen3", "mistral", "gemma", "gemma3_text", "phi3", "phi", "gpt_neox", "olmo2", "smollm3", "granite",
-                "deepseek_v3", "deepseek_v3_q", "gpt2"]
+F64_FAMILIES = ["qwen2", "qwen3", "mistral", "gemma", "gemma3_text", "phi3", "phi", "phi_qkln", "gpt_neox", "olmo2", "smollm3",
+                "granite", "deepseek_v3", "deepseek_v3_q", "gpt2"]
 
 
 def _rope64(position_ids, R: int, theta: float, dtype):
@@ -261,7 +263,8 @@ def test_the_layer_patterns_are_kept():
 
 
 def test_the_families_are_supported():
-    assert set(FAMILIES) - {f"llama_{k}" for k in SCALINGS} - {"phi3_longrope", "deepseek_v3_q"} <= set(supported_families())
+    variants = {f"llama_{k}" for k in SCALINGS} | {"phi3_longrope", "deepseek_v3_q", "phi_qkln"}
+    assert set(FAMILIES) - variants <= set(supported_families())
 
 
 # ------------------------------------------------------------------------------------------
@@ -275,11 +278,48 @@ def test_an_unknown_rope_type_is_named():
     assert_refused(m, r"model\.layers\.0\.self_attn.*'rope_parameters\.rope_type'.*'proportional'")
 
 
-def test_phi_layernorm_qk_norm_is_refused():
-    m = tiny("phi")
-    m.config.qk_layernorm = True
-    m = transformers.AutoModelForCausalLM.from_config(m.config)
-    assert_refused(m, r"model\.layers\.0\.self_attn.*'qk_layernorm'")
+def test_phi_layernorm_qk_norm_becomes_a_layernorm_qk_norm():
+    """Phi's qk_layernorm: a LayerNorm (weight and bias) on each head's q and k, converted as softmax_attention's
+    qk-norm of kind 'layer', holding the original's weights (exactness: the phi_qkln case above)."""
+    from seqmix.mixers.layers import LayerNorm
+
+    m = tiny("phi_qkln")
+    orig = m.model.layers[1].self_attn
+    mx = seqmix_mixers(from_transformers(m))["model.layers.1.self_attn"]
+    assert (mx.config.qk_norm, mx.config.qk_norm_kind, mx.config.qk_norm_eps) == ("head", "layer", orig.q_layernorm.eps)
+    for mine, theirs in ((mx.q_norm, orig.q_layernorm), (mx.k_norm, orig.k_layernorm)):
+        assert type(mine) is LayerNorm and torch.equal(mine.weight, theirs.weight) and torch.equal(mine.bias, theirs.bias)
+        assert float(theirs.bias.detach().abs().max()) > 0  # the bias is random: the test sees it
+
+
+@pytest.mark.parametrize("family, option", [("gpt2", "attn_pdrop"), ("gpt2", "resid_pdrop"), ("bloom", "attention_dropout"),
+                                            ("bloom", "hidden_dropout")])
+def test_dropout_is_refused_and_the_model_loaded_without_it_converts(family, option):
+    """GPT-2 and BLOOM built with dropout in their attention are refused, naming the option (the converted
+    attention has none: equal in eval, not in training); the module's own probability is read, so a config changed
+    after the model was built is still refused. Built with the option 0.0 the model computes the same in eval, and
+    its conversion equals the dropout model in eval."""
+    m = tiny(family, attn=_attn(family))
+    cfg = m.config
+    setattr(cfg, option, 0.1)
+    torch.manual_seed(0)
+    with_dropout = randomize(transformers.AutoModelForCausalLM.from_config(cfg), gain=1.5)
+    assert_refused(with_dropout, rf"\.0\.(attn|self_attention).*'{option}' = 0\.1.*{option}=0\.0")
+    setattr(with_dropout.config, option, 0.0)  # the modules keep theirs
+    assert_refused(with_dropout, rf"'{option}' = 0\.1")
+    c = from_transformers(m)  # m: the same weights (same seeds), the option 0.0
+    x = ids()
+    with torch.no_grad():
+        assert scale_err(c(x).logits, with_dropout.eval()(x).logits) <= INTEROP_RTOL
+    with_dropout.train()
+    with torch.no_grad():  # in training the original drops out: why the converted model (no dropout) is refused
+        assert scale_err(with_dropout(x).logits, m(x).logits) > 1e-3
+
+
+def test_a_qk_layernorm_seqmix_cannot_express_is_named():
+    m = tiny("phi_qkln")
+    m.model.layers[0].self_attn.k_layernorm.eps = 1e-3  # q's is 1e-5: seqmix's q and k norms share one ε
+    assert_refused(m, r"model\.layers\.0\.self_attn.*'layer_norm_eps'")
 
 
 # ------------------------------------------------------------------------------------------

@@ -541,7 +541,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "hgrn2": "diagonal: data-dependent", "metala": "diagonal: data-dependent", "general_form": "diagonal",
     "rg_lru": "diagonal: data-dependent", "rg_lru_block": "diagonal: data-dependent", "qlstm": "diagonal: data-dependent",
     "qlstm_block": "diagonal: data-dependent", "qlstm_rs": "diagonal: data-dependent", "qlstm_rs_block": "diagonal: data-dependent",
-    "gsa": "diagonal: per slot", "raven": "diagonal: per slot, exp(−w_i A_h softplus(·)) on the routed slots, 1 on the others", "rodimus": "diagonal: exp(−g_i τ_i) per key channel (one head)", "abc": "diagonal: exp(z_{i−1} − z_i) per slot, z the running log-sum-exp of the slot logits", "lightnet": "diagonal: exp(z_{i−1} − z_i), z the running log-sum-exp of the key logits", "h3": "diagonal: shift SSM and diagonal SSM", "gss": "diagonal (time-invariant)",
+    "gsa": "diagonal: per slot", "raven": "diagonal: per slot, exp(−w_i A_h softplus(·)) on the routed slots, 1 on the others", "cyclic_flow_attention": "scalar: exp(−A_h softplus(·)) per head, shared by the m slots (Fourier coordinates of relative time)", "rodimus": "diagonal: exp(−g_i τ_i) per key channel (one head)", "abc": "diagonal: exp(z_{i−1} − z_i) per slot, z the running log-sum-exp of the slot logits", "lightnet": "diagonal: exp(z_{i−1} − z_i), z the running log-sum-exp of the key logits", "h3": "diagonal: shift SSM and diagonal SSM", "gss": "diagonal (time-invariant)",
     # diagonal plus low rank
     "s4": "diagonal + low rank (DPLR, time-invariant)",
     # the delta rule: a product
@@ -557,6 +557,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "mamba3": "diagonal (complex, rotary): data-dependent",
     # convolution with a finite state
     "short_conv": "shift: nilpotent (W taps)",
+    "rwkv_channel_mix": "shift: nilpotent (2 taps: the token shift μ x_i + (1 − μ) x_(i−1))",
 }
 
 
@@ -567,6 +568,11 @@ def lambda_structure(mixer: Mixer) -> str:
     s = LAMBDA_STRUCTURE.get(mixer.registry_name)
     if s is not None and getattr(mixer.config, "alibi", False):  # ALiBi: a fixed decay on the map, not a finite state
         return s.replace("softmax attention", "softmax attention with a fixed decay e^{−m_h} per head on the map (ALiBi)")
+    r = getattr(mixer.config, "kv_lora_rank", None)
+    if s is not None and r:  # MLA: a softmax over a rank-limited key space, the KV cache holds the latent
+        R = mixer.config.qk_rope_head_dim
+        return s.replace("softmax attention (KV cache)", f"softmax attention over a rank-{r + R} latent key space (MLA: "
+                         f"the KV cache holds the latent, {r} + {R} floats per token)")
     if s is not None:
         return s
     cls = type(mixer)
@@ -639,6 +645,7 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     "Bmojo": lambda m: (["softmax"], []),  # its Mamba block is a sub-mixer (read as "ssm: ...")
     # convolution
     "GatedShortConv": lambda m: ([], ["b ⊙ x in, c ⊙ conv out"]),
+    "RWKVChannelMix": lambda m: ([], ["σ(x_r W_r) receptance gate on W_v relu(x_k W_k)²"]),
     "Hyena": lambda m: ([], _hyena_gates(m.config)),
     "H3": lambda m: ([], ["k̃ ⊙ v in, q ⊙ SSM out" if m.config.head_dim == 1 else "k̃ ⊗ v in, q · SSM out (per head)"]),
     "GSS": lambda m: ([], [f"{m.config.activation}(x W_u) ⊙ SSM out" if m.config.activation != "none" else "x W_u ⊙ SSM out"]),
@@ -659,7 +666,10 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     "MoM": lambda m: (["l2(q, k)"], ["top-k router weights on the memories' outputs"] + _on(m.config.gate, "SiLU(x W_g) (after the norm)")),
     "LightNet": lambda m: ([], ["SiLU(x W_g¹ W_g²) output gate (low rank, after the norm)"]),
     "GatedSlotAttention": lambda m: ([], _on(m.config.output_act == "silu", "SiLU(o) = o ⊙ σ(o) (self-gate, before the norm)")
-                                     + _on(m.config.output_gate, "SiLU(x W_g) output gate (after the norm)")
+                                     + _on(m.config.output_gate, ("σ" if m.config.gate_act == "sigmoid" else "SiLU")
+                                           + ("(x W_g¹ W_g² + b)" if m.config.gate_rank is not None else "(x W_g)")
+                                           + " output gate (after the norm)")
+                                     + _on(m.config.slots == "cyclic", "σ(x W_β + b) write strength on the clock's atom")
                                      + _on(m.config.slot_router is not None, "top-k σ router on the slots' writes")),
     "RWKV7": lambda m: (["l2(κ̂)"], ["σ(x G₁) G₂ output gate (low rank)"]
                         + _on(m.config.value_residual, "σ(ν) value-residual mix toward v_first")),

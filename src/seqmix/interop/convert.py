@@ -30,9 +30,10 @@ def from_transformers(model: nn.Module, *, inplace: bool = False, mode: str | No
     :class:`InteropMixer` holding a seqmix mixer with the original's weights; embeddings,
     norms, MLPs and heads are transformers' own (shared with the original when ``inplace``,
     copied otherwise). The original is unchanged unless ``inplace=True`` (which converts it in
-    place and returns it: no copy of a large checkpoint). ``mode``: the mode every converted
-    mixer runs full sequences in ("auto" by default; e.g. "chunk" to train through the chunked
-    form). Decoding with a cache always runs the mixers' own step mode.
+    place and returns it: no copy of a large checkpoint). ``mode``: the mode the converted mixers
+    run full sequences in ("auto" by default; e.g. "chunk" to train through the chunked form): set
+    on every mixer of a class that has it; a mixer of a class with one mode only (RWKV's channel-mix,
+    whose token shift runs one way) keeps it. Decoding with a cache always runs the mixers' own step mode.
 
     Raises ValueError (naming the module path and the option) for an unsupported family or
     module, a config option the seqmix mixer cannot express, a quantized model, or weights on
@@ -50,12 +51,9 @@ def from_transformers(model: nn.Module, *, inplace: bool = False, mode: str | No
             adapter = _placed_adapter(path, module, mm, build_mixer(placed[path]["mixer"], **placed[path]["config"]))
         else:
             adapter = _convert(path, module, mm, model.config)
-        if mode is not None:
-            try:
-                adapter.mixer.mode = mode
-            except ValueError as e:
-                raise ValueError(f"{_WHERE}: argument 'mode' for module {path}: {e}") from None
         adapters[path] = (module, adapter)
+    if mode is not None:
+        _set_mode(adapters, mode)
     _share_tied(adapters)
     if inplace:
         out = model
@@ -67,6 +65,18 @@ def from_transformers(model: nn.Module, *, inplace: bool = False, mode: str | No
     if kept or family.keeps:  # the mixers the family leaves as transformers' own (e.g. Kimi-Linear's MLA): `seqmix show --hf`
         out.seqmix_kept = dict(kept)
     return out
+
+
+def _set_mode(adapters: dict, mode: str) -> None:
+    """``from_transformers(mode=...)``: the mode on every converted mixer, except those whose class runs one
+    mode only (which keep it); a mixer of several modes without this one is an error naming its module."""
+    for path, (_, adapter) in adapters.items():
+        if len(adapter.mixer.modes) == 1 and mode not in adapter.mixer.modes:
+            continue
+        try:
+            adapter.mixer.mode = mode
+        except ValueError as e:
+            raise ValueError(f"{_WHERE}: argument 'mode' for module {path}: {e}") from None
 
 
 def convert_module(module: nn.Module, hf_config, *, path: str = "module") -> InteropMixer:

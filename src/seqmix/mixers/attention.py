@@ -87,7 +87,7 @@ from ..ops.features import (
     FEATURE_MAPS, LEARNED_FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, hedgehog_features, taylor_feature_dim,
 )
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import RMSNorm, ShortConv
+from .layers import LayerNorm, RMSNorm, ShortConv
 
 FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor", "square", "hedgehog"]
 Normalizer = Literal["none", "row_sum", "abs_row_sum", "exp", "softplus", "sigmoid"]
@@ -534,7 +534,11 @@ class SoftmaxAttentionConfig(AttentionConfig):
         "ViT-22B; OLMo-2; Qwen3): 'head' over each head's K channels, one weight [K] shared by the heads (Qwen3, Gemma 3); "
         "'full' over all heads' channels at once (OLMo-2)"
     )
-    qk_norm_eps: float = Field(1e-6, gt=0, description="ε of the qk-norm's RMSNorm")
+    qk_norm_eps: float = Field(1e-6, gt=0, description="ε of the qk-norm")
+    qk_norm_kind: Literal["rms", "layer"] = Field(
+        "rms", description="the qk-norm's kind: 'rms' an RMSNorm with a weight (Qwen3, OLMo-2, Gemma 3), 'layer' a LayerNorm "
+        "(mean removed) with a weight and a bias (Phi-1.5 / Phi-2's qk_layernorm)"
+    )
     output_gate: bool = Field(
         False, description="y = W_o(σ(W_g x) ⊙ o): a sigmoid gate per head and channel on the attention output before W_o "
         "(gated attention: Qiu et al. 2025; Qwen3-Next). W_g: d_model -> heads·V, with a bias when qkv_bias"
@@ -608,7 +612,7 @@ class SoftmaxAttention(_Attention):
     The options of real models (config fields, each with its paper; docs/attention.md)::
 
         [q | k] = W_qk x,  v = W_v x               q: heads, k and v: kv_heads heads (GQA / MQA)
-        q, k    = RMSNorm(q), RMSNorm(k)           qk_norm ("head" or "full")
+        q, k    = RMSNorm(q), RMSNorm(k)           qk_norm ("head" or "full"; qk_norm_kind "layer": LayerNorm)
         q, k    = RoPE(q, p), RoPE(k, p)           rope, rotary_dim, rope_theta, rope_interleaved, rope_scaling (p: absolute position)
         s_ij    = cap(s · q_iᵀk_j) − m_h (i − j)   scale s, softcap (cap(z) = c·tanh(z/c)), alibi (slopes m)
         o       = softmax(s + mask; sink z_h) v    window; sinks (a logit z_h in each row's normalizer)
@@ -643,12 +647,13 @@ class SoftmaxAttention(_Attention):
         super().__init__(config, **kwargs)
         c = self.config
         self.q_norm = self.k_norm = None
+        Norm = RMSNorm if c.qk_norm_kind == "rms" else LayerNorm
         if c.qk_norm == "head":
-            self.q_norm = RMSNorm(self.head_qk, eps=c.qk_norm_eps)
-            self.k_norm = RMSNorm(self.head_qk, eps=c.qk_norm_eps)
+            self.q_norm = Norm(self.head_qk, eps=c.qk_norm_eps)
+            self.k_norm = Norm(self.head_qk, eps=c.qk_norm_eps)
         elif c.qk_norm == "full":
-            self.q_norm = RMSNorm(self.heads * self.head_qk, eps=c.qk_norm_eps)
-            self.k_norm = RMSNorm(self.kv_heads * self.head_qk, eps=c.qk_norm_eps)
+            self.q_norm = Norm(self.heads * self.head_qk, eps=c.qk_norm_eps)
+            self.k_norm = Norm(self.kv_heads * self.head_qk, eps=c.qk_norm_eps)
         self.W_g = self._output_gate()
         self.sinks = nn.Parameter(torch.zeros(self.heads)) if c.sinks else None
         self.mla = c.kv_lora_rank is not None

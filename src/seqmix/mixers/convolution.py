@@ -561,6 +561,34 @@ class GSS(DiagonalSSM, Mixer):
 # ------------------------------------------------------------------------------------------
 
 
+def _fir(weight: torch.Tensor, L: int, dtype) -> torch.Tensor:
+    """A depthwise causal conv's taps weight [C, W] (``causal_conv1d``: w[:, W-1] multiplies the current
+    input) as a causal filter k [L, C]: k[j] = w[:, W-1-j] (j < W), zeros after."""
+    k = weight.flip(-1).t().to(dtype)
+    W = k.shape[0]
+    return F.pad(k, (0, 0, 0, L - W)) if L > W else k[:L]
+
+
+def shift_register_dsf(b: torch.Tensor, c: torch.Tensor, weight: torch.Tensor) -> DSF:
+    """The DSF of y_t = c_t ⊙ Σ_(j<W) w_j ⊙ (b ⊙ u)_(t-W+1+j) per channel (a depthwise causal conv of W taps
+    between two elementwise gates b, c [B, T, C]; weight [C, W] as ``causal_conv1d``'s): per channel
+    h_i ∈ R^W holds the last W gated inputs, Λ the shift (Λ[j, j+1] = 1: nilpotent, all eigenvalues 0),
+    B_i = b_i e_W, C_i = c_i w, D_i = 0. Dense (N = C·W: a theory object for small C), float64."""
+    b, c = (t.detach().to(torch.float64) for t in (b, c))
+    Bt, T, d = b.shape
+    W = weight.shape[-1]
+    N = d * W
+    shift = torch.diag(torch.ones(W - 1, dtype=torch.float64, device=b.device), 1)  # Λ[j, j+1] = 1
+    Lam = torch.block_diag(*[shift] * d).expand(Bt, T, N, N)
+    e_last = torch.zeros(W, dtype=torch.float64, device=b.device)
+    e_last[-1] = 1
+    eye = torch.eye(d, dtype=torch.float64, device=b.device)
+    Bm = torch.einsum("btc,cd,j->btcjd", b, eye, e_last).reshape(Bt, T, N, d)
+    w = weight.detach().to(torch.float64)  # [d, W]
+    Cm = torch.einsum("btc,cd,dj->btcdj", c, eye, w).reshape(Bt, T, d, N)
+    return DSF.from_dense(Lam, Bm, Cm)
+
+
 class ShortConvConfig(MixerConfig):
     width: int = Field(3, ge=1, description="W, the taps of the depthwise causal conv (LFM2's conv_L_cache)")
     bias: bool = Field(False, description="biases of in_proj, the conv and out_proj (LFM2's conv_bias)")
@@ -613,9 +641,7 @@ class GatedShortConv(Mixer):
 
     def _filter(self, L: int, dtype) -> torch.Tensor:
         """The conv as a causal filter k [L, d]: k[j] = w[:, W-1-j] (j < W), zeros after."""
-        k = self.conv.weight.flip(-1).t().to(dtype)
-        W = k.shape[0]
-        return F.pad(k, (0, 0, 0, L - W)) if L > W else k[:L]
+        return _fir(self.conv.weight, L, dtype)
 
     def _forward(self, x, *, state, mode, need_state):
         b, c, v = self._streams(x)
@@ -650,19 +676,8 @@ class GatedShortConv(Mixer):
     def dsf(self, x):
         """Per channel the W-state shift register (see the class docstring), dense: N = d·W."""
         self.check_input(x)
-        b, c, _ = (t.detach().to(torch.float64) for t in self._streams(x))
-        Bt, T, d = b.shape
-        W = self.config.width
-        N = d * W
-        shift = torch.diag(torch.ones(W - 1, dtype=torch.float64), 1)  # Λ[j, j+1] = 1
-        Lam = torch.block_diag(*[shift] * d).expand(Bt, T, N, N)
-        e_last = torch.zeros(W, dtype=torch.float64)
-        e_last[-1] = 1
-        eye = torch.eye(d, dtype=torch.float64)
-        Bm = torch.einsum("btc,cd,j->btcjd", b, eye, e_last).reshape(Bt, T, N, d)
-        w = self.conv.weight.detach().to(torch.float64)  # [d, W]
-        Cm = torch.einsum("btc,cd,dj->btcdj", c, eye, w).reshape(Bt, T, d, N)
-        return DSF.from_dense(Lam, Bm, Cm)
+        b, c, _ = self._streams(x)
+        return shift_register_dsf(b, c, self.conv.weight)
 
     def spectrum(self, x):
         """The eigenvalues of the shift Λ: all 0 (nilpotent: the map reaches back W - 1 tokens exactly)."""
@@ -671,3 +686,99 @@ class GatedShortConv(Mixer):
 
     def state_size(self, seq_len: int | None = None) -> int:
         return self.config.d_model * (self.config.width - 1)
+
+
+# ------------------------------------------------------------------------------------------
+# RWKV's channel-mix: a token shift (a width-2 conv) read by a squared-ReLU MLP and a receptance gate
+# ------------------------------------------------------------------------------------------
+
+
+class RWKVChannelMixConfig(MixerConfig):
+    d_ff: int | None = Field(None, gt=0, description="width of the squared-ReLU key (RWKV's intermediate_size; None: 4·d_model)")
+
+
+@register("rwkv_channel_mix",
+          description="RWKV's channel-mix: σ(W_r x_r) ⊙ W_v relu(W_k x_k)², x_□ = μ_□ ⊙ x_t + (1 - μ_□) ⊙ x_(t-1)")
+class RWKVChannelMix(Mixer):
+    """RWKV's channel-mix (the feed-forward block of RWKV-4, Peng et al. 2023, eqs. 17-19; transformers'
+    ``RwkvFeedForward``):
+
+        x_□,t = μ_□ ⊙ x_t + (1 - μ_□) ⊙ x_(t-1)     (□ = k, r: the token shift)
+        y_t = σ(W_r x_r,t) ⊙ W_v relu(W_k x_k,t)²
+
+    It mixes tokens only through the token shift, a depthwise causal conv of width 2 with the taps
+    (1 - μ, μ): ``causal_conv1d`` on the input read twice, [x, x] [B, T, 2·d], with the k taps on the first
+    d channels and the r taps on the last d; everything after it acts on one token. The core map is that
+    conv (maps = the 2·d channels (k then r), values [x, x]): Φ_c[t, t] = μ_c, Φ_c[t, t-1] = 1 - μ_c. As a
+    system per channel, the shift register of :func:`shift_register_dsf` with W = 2: Λ = [[0, 1], [0, 0]]
+    (nilpotent), B_i = e_2, C_i = (1 - μ_c, μ_c), D_i = 0. The decoding state is the last input x_(t-1)
+    [B, d] ("x_prev", shared by both streams: RWKV's FFN state).
+
+    Modes: "direct" (``causal_conv1d``; one decoding step ``causal_conv1d_step``).
+    """
+
+    family = "convolution"
+    modes = ("direct",)
+    reference_mode = "direct"
+    state_formula = "d_model"
+    map_unit = "channel"
+    diagonal_transition = False
+    Config = RWKVChannelMixConfig
+
+    def __init__(self, config: RWKVChannelMixConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        d = self.config.d_model
+        F_ = self.config.d_ff or 4 * d
+        ramp = torch.arange(d, dtype=torch.float32) / d  # μ_k = μ_r = i/d: the RWKV-4 code's layer-0 initialization
+        self.mu_k = nn.Parameter(ramp.clone())
+        self.mu_r = nn.Parameter(ramp.clone())
+        self.W_k = nn.Linear(d, F_, bias=False)
+        self.W_r = nn.Linear(d, d, bias=False)
+        self.W_v = nn.Linear(F_, d, bias=False)
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "d_ff": 24}
+
+    def taps(self) -> torch.Tensor:
+        """The token shift's conv taps [2·d, 2] (``causal_conv1d``'s layout): rows (1 - μ, μ), k then r."""
+        mu = torch.cat([self.mu_k, self.mu_r])
+        return torch.stack([1 - mu, mu], dim=-1)
+
+    def _forward(self, x, *, state, mode, need_state):
+        d = self.config.d_model
+        xx = torch.cat([x, x], dim=-1)  # [B, T, 2d]: the input read by the k taps and by the r taps
+        prev = state.get("x_prev") if state else None
+        prev = None if prev is None else torch.cat([prev, prev], dim=-1).unsqueeze(-1)  # [B, 2d, 1]
+        if mode == "step":
+            y1, _ = causal_conv1d_step(xx[:, 0], self.taps(), None, prev)
+            shifted = y1.unsqueeze(1)
+        else:
+            shifted, _ = causal_conv1d(xx, self.taps(), None, prev)
+        xk, xr = shifted[..., :d], shifted[..., d:]
+        y = torch.sigmoid(self.W_r(xr)) * self.W_v(torch.relu(self.W_k(xk)).square())
+        new = {"x_prev": x[:, -1]} if need_state else None
+        return MixOut(y, new, values=xx.unsqueeze(-1), mixed=shifted.unsqueeze(-1))
+
+    # -- the DSF view ----------------------------------------------------------------------
+
+    def phi(self, x):
+        """[B, 2·d_model, T, T]: Φ_c[t, t] = μ_c, Φ_c[t, t-1] = 1 - μ_c (k's channels, then r's)."""
+        self.check_input(x)
+        T = x.shape[1]
+        K = toeplitz(_fir(self.taps(), T, x.dtype), T)  # [2d, T, T]
+        return K.unsqueeze(0).expand(x.shape[0], -1, -1, -1)
+
+    def dsf(self, x):
+        """Per channel the 2-state shift register (see the class docstring), dense: N = 2·d·2."""
+        self.check_input(x)
+        ones = x.new_ones(x.shape[0], x.shape[1], 2 * self.config.d_model)
+        return shift_register_dsf(ones, ones, self.taps())
+
+    def spectrum(self, x):
+        """The eigenvalues of the shift Λ: all 0 (the map reaches back one token exactly)."""
+        self.check_input(x)
+        return torch.zeros(x.shape[0], x.shape[1], 4 * self.config.d_model, dtype=torch.complex128)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        return self.config.d_model

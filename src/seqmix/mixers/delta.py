@@ -55,7 +55,7 @@ from ..ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_map
 from ..ops.recurrence import linear_recurrence
 from ..ops.precision import linear_f32, upcast
 from .base import ExpandedWidths, Mixer, MixerConfig, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv
+from .layers import LayerNorm, RMSNorm, ShortConv, short_conv_qkv
 
 # Gated DeltaNet's initialization (the released code): A uniform in [A_MIN, A_MAX], Δ at init log-uniform in [DT_MIN, DT_MAX]
 A_MIN, A_MAX = 1.0, 16.0
@@ -153,23 +153,6 @@ class DeltaNetConfig(ExpandedWidths, MixerConfig):
         if self.gate_rank is not None and not self.gate:
             raise ValueError(f"gate_rank = {self.gate_rank} is the output gate's rank: needs gate = True")
         return self
-
-
-def _short_conv_qkv(m, x, state, need_state):
-    """q, k, v = W_q x, W_k x, W_v x through the mixer's short convs ``conv_q``, ``conv_k``, ``conv_v`` (with
-    SiLU; their states read from and written to ``state`` / the returned dict), or SiLU alone without
-    convs (``conv_size`` 0): the input side shared by the delta-rule mixers."""
-    q, k, v = m.W_q(x), m.W_k(x), m.W_v(x)
-    new = {}
-    if not m.config.conv_size:
-        return F.silu(q), F.silu(k), F.silu(v), new
-    outs = []
-    for name, conv, t in (("conv_q", m.conv_q, q), ("conv_k", m.conv_k, k), ("conv_v", m.conv_v, v)):
-        y, s = conv(t, state.get(name) if state else None, output_final_state=need_state)
-        outs.append(y)
-        if need_state:
-            new[name] = s
-    return (*outs, new)
 
 
 @dataclass
@@ -270,7 +253,7 @@ class DeltaNet(Mixer):
                 new["conv"] = s
             q, k, v = qkv.split([c.d_k, c.d_k, c.d_v], dim=-1)
         else:
-            q, k, v, new = _short_conv_qkv(self, x, state, need_state)
+            q, k, v, new = short_conv_qkv(self, x, state, need_state)
         n = self.n  # DeltaProduct: micro-step j of token t at t·n + j (fla's '... t (n h d) -> ... (t n) h d')
         q, k = self._l2(q.view(B, T, self.Hk, K)), self._l2(k.view(B, T * n, self.Hk, K))
         if self.Hk != H:  # GVA: q/k head j serves value heads j·r .. j·r + r - 1
@@ -778,7 +761,7 @@ class MoM(Mixer):
         c = self.config
         B, T, _ = x.shape
         E, H, K, V = self.E, self.H, self.K, self.V
-        q, k, v, new = _short_conv_qkv(self, x, state, need_state)
+        q, k, v, new = short_conv_qkv(self, x, state, need_state)
         w, mask = self.routing(x)  # [B, T, E]
         q = F.normalize(q.view(B, T, 1, H, K), dim=-1) * w.view(B, T, E, 1, 1).to(q.dtype)  # memory e reads w_{t,e} q_t
         k = F.normalize(k.view(B, T, E, H, K), dim=-1)
@@ -844,6 +827,7 @@ class MomentumDeltaNetConfig(ExpandedWidths, MixerConfig):
     negative_eigenvalues: bool = Field(False, description="β doubled (fla's allow_neg_eigval)")
     tau_factor: float = Field(1.0, gt=0, description="η_t = 1 + tanh(x W_e / τ), τ = sqrt(d_model / tau_factor)")
     norm_eps: float = Field(1e-5, gt=0, description="ε of the output RMSNorm")
+    chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
 
     @model_validator(mode="after")
     def _check(self):
@@ -871,11 +855,11 @@ class MomentumDeltaNet(Mixer):
     a non-diagonal Λ_t = [[α I − β η kᵀp, −β μ I], [η kᵀp, μ I]] with eigenvalues that may be complex (the
     momentum's oscillation); ``decays(x)`` is its diagonal part [α, μ] (per key channel, S then M),
     ``spectrum(x)`` its eigenvalues. maps = heads, values = v, mixed = the core's o (before the norm).
-    Modes: recurrent and parallel (the op has no chunk mode).
+    Modes: recurrent, chunk (the op's WY form with the coupled scalar kernel Γ = Ā Diag(β) M̄) and parallel.
     """
 
     family = "linear_attention"
-    modes = ("recurrent", "parallel")
+    modes = ("recurrent", "chunk", "parallel")
     reference_mode = "recurrent"
     state_formula = "2·H·d_k'·d_v' (S and M) + (2·d_k + d_v)·(conv−1)"
     map_unit = "head"
@@ -916,14 +900,14 @@ class MomentumDeltaNet(Mixer):
 
     @classmethod
     def example_config(cls) -> dict:
-        return {"d_model": 16, "heads": 2, "expand_v": 1.0}
+        return {"d_model": 16, "heads": 2, "expand_v": 1.0, "chunk_size": 8}
 
     def _params(self, x, state, need_state):
         """q, k, p [B, T, H, K]; v [B, T, H, V]; log α, log μ, β, η [B, T, H] (float32 or wider); the new conv states."""
         c = self.config
         B, T, _ = x.shape
         H, K, V = self.H, self.K, self.V
-        q, k, v, new = _short_conv_qkv(self, x, state, need_state)
+        q, k, v, new = short_conv_qkv(self, x, state, need_state)
         q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, V)
         if c.output_correction:
             q = q - self.D_log.exp().view(H, 1).to(q.dtype) * k
@@ -944,7 +928,7 @@ class MomentumDeltaNet(Mixer):
         q, k, p, v, la, lm, beta, eta, new = self._params(x, state, need_state)
         S0 = (state["S"], state["M"]) if state else None
         o, SM = momentum_delta_rule(q, k, v, p, la, lm, beta, eta, scale=self._scale, initial_state=S0,
-                                    output_final_state=need_state, mode=mode, check_values=False)
+                                    output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size, check_values=False)
         o = o.to(v.dtype)
         y = self.norm(o).flatten(2)
         if self.W_g is not None:

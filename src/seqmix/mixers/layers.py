@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..ops.conv import causal_conv1d, causal_conv1d_step
@@ -65,6 +66,24 @@ class ShortConv(nn.Module):
 
     def state_size(self) -> int:
         return self.channels * (self.width - 1)
+
+
+def short_conv_qkv(m, x, state, need_state):
+    """q, k, v = W_q x, W_k x, W_v x through the mixer's short convs ``conv_q``, ``conv_k``, ``conv_v`` (with
+    the activation each conv was built with; their states read from and written to ``state`` / the returned
+    dict), or SiLU alone without convs (``conv_size`` 0 or None): the input side of the delta-rule mixers
+    and of Cyclic Flow Attention (convs without activation)."""
+    q, k, v = m.W_q(x), m.W_k(x), m.W_v(x)
+    new = {}
+    if not m.config.conv_size:
+        return F.silu(q), F.silu(k), F.silu(v), new
+    outs = []
+    for name, conv, t in (("conv_q", m.conv_q, q), ("conv_k", m.conv_k, k), ("conv_v", m.conv_v, v)):
+        y, s = conv(t, state.get(name) if state else None, output_final_state=need_state)
+        outs.append(y)
+        if need_state:
+            new[name] = s
+    return (*outs, new)
 
 
 class LayerNorm(nn.Module):

@@ -103,10 +103,10 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import linear_recurrence, lse_gate, max_stabilizer, recurrence_map, recurrence_step, rotary
+from ..ops import clock_atom, cyclic_readout, linear_recurrence, lse_gate, max_stabilizer, recurrence_map, recurrence_step, rotary
 from ..ops.precision import complex_, compute_dtype, linear_f32, upcast
 from .base import ExpandedWidths, MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv
+from .layers import LayerNorm, RMSNorm, ShortConv, short_conv_qkv
 
 # the vocabulary of each parameter function (the config fields below take exactly these names)
 Query = Literal["proj", "one"]
@@ -1188,10 +1188,30 @@ class GSAConfig(ExpandedWidths, MixerConfig):
         "None: every slot",
     )
     qk_norm: bool = Field(False, description="RMSNorm on q and k per head after the feature map (Raven)")
+    # -- Cyclic Flow Attention: slots that index relative time ---------------------------------------------
+    slots: Literal["gated", "cyclic"] = Field(
+        "gated", description="'gated': each slot written by its gate (slot_gate) and read by a softmax over the slots (GSA, ABC, "
+        "Raven); 'cyclic': CyFA's relative-time slots (seqmix.ops.cyclic_clock): written by β_t a(λ_t), the Fourier atom at a "
+        "learned clock λ_t = λ_{t−1} + σ(x W_δ + b_δ) (λ carried in the cache), read by a softmax over the m − 1 relative "
+        "times (rotate by λ_t, a learned table, softmax, back); m even, the decay slot_gate's ('mamba2' in CyFA)",
+    )
+    conv_size: int | None = Field(None, ge=1, description="a short causal conv (no activation, no bias) on x W_q, x W_k, x W_v before the "
+                                  "feature maps (CyFA: 4); None: none")
+    gate_act: Literal["silu", "sigmoid"] = Field("silu", description="output_gate's activation: SiLU (ABC) or σ (CyFA)")
+    gate_rank: int | Literal["head"] | None = Field(
+        None, description="output_gate's projection through rank r: x W_g¹ W_g² + b (CyFA: r = d_v', 'head'); None: x W_g"
+    )
 
     @model_validator(mode="after")
     def _check(self):
         self._check_widths()
+        if self.slots == "cyclic":
+            if self.num_slots < 4 or self.num_slots % 2:
+                raise ValueError(f"slots = 'cyclic' needs an even num_slots >= 4 (pairs of Fourier coordinates), got {self.num_slots}")
+            if self.slot_gate == "lse" or self.slot_router is not None:
+                raise ValueError("slots = 'cyclic' takes slot_gate 'sigmoid' or 'mamba2' and no slot_router (the clock writes every slot)")
+        if self.gate_rank is not None and not self.output_gate:
+            raise ValueError(f"gate_rank = {self.gate_rank!r} is the output gate's rank: needs output_gate = True")
         if self.slot_router is not None and self.slot_router > self.num_slots:
             raise ValueError(f"slot_router = {self.slot_router} must be <= num_slots = {self.num_slots}")
         if self.slot_router is not None and self.slot_gate == "lse":
@@ -1212,8 +1232,10 @@ class _GSAParams:
     k: torch.Tensor  # [B, T, H, K] (float32 or wider)
     v: torch.Tensor  # [B, T, H, V] (the projections' dtype)
     la: torch.Tensor  # log α_t [B, T, H, M] (float32 or wider)
-    s: torch.Tensor  # the slot write weights [B, T, H, M]: 1 - α_t (GSA) or exp(κ_t − z_t) (ABC)
-    state: dict = field(default_factory=dict)  # ABC: the running log-sum-exp "z" [B, H, M], the position "pos"
+    s: torch.Tensor  # the slot write weights [B, T, H, M]: 1 - α_t (GSA), exp(κ_t − z_t) (ABC) or β_t a(λ_t) (CyFA)
+    state: dict = field(default_factory=dict)  # ABC: "z" [B, H, M], "pos"; CyFA: the clock "lam" [B, H]; the conv states
+    lam: torch.Tensor | None = None  # CyFA's clock λ_t [B, T, H] (float32 or wider)
+    la_head: torch.Tensor | None = None  # log α_t [B, T, H] where one decay per head is shared by every slot (the passes' fast path)
 
 
 @register("gsa", description="Gated Slot Attention (Zhang et al. 2024): two gated linear attentions over m slots joined by a softmax")
@@ -1252,12 +1274,19 @@ class GatedSlotAttention(Mixer):
 
     Neither system alone is the mixer, and their composition is not a DSF; the model is "a DSF whose
     readout C_t is computed by another DSF". ``finite_state`` is True: the values' map is finite-state.
+
+    ``slots='cyclic'`` (Cyclic Flow Attention, the ``cyclic_flow_attention`` preset): the same two passes
+    with one decay per head, the write weights s_t = β_t a(λ_t) (signed: the Fourier atom of a learned clock,
+    ``seqmix.ops.clock_atom``) and, between the passes, p_t = rot(−λ_t) Tᵀ softmax(T rot(λ_t) z_t) in place
+    of softmax(z_t) (``seqmix.ops.cyclic_readout``). The DSF view is unchanged in form: Λ_t = α_t (one per
+    head), B_t = s_t ⊗ I, C_t = p_t ⊗ I; Φ's rows are no longer convex combinations (s and p are signed),
+    and Φ[t, s] depends on the clock only through λ_t − λ_s.
     """
 
     family = "linear_attention"
     modes = ("recurrent", "chunk", "parallel")
     reference_mode = "recurrent"
-    state_formula = "H·m·(d_k' + d_v') (both slot memories)"
+    state_formula = "H·m·(d_k' + d_v') (both slot memories; + H for the clock, + the convs)"
     map_unit = "head"
     Config = GSAConfig
 
@@ -1269,8 +1298,21 @@ class GatedSlotAttention(Mixer):
         self.W_q = nn.Linear(d, c.d_k, bias=False)
         self.W_k = nn.Linear(d, c.d_k, bias=False)
         self.W_v = nn.Linear(d, c.d_v, bias=False)
-        self.W_f = nn.Linear(d, H * self.M, bias=False)  # the slot forget gate W_α (ABC: the slot logits)
-        self.W_g = nn.Linear(d, c.d_v, bias=False) if c.output_gate else None
+        # the slot forget gate W_α (ABC: the slot logits); 'mamba2' decays by W_a instead
+        self.W_f = nn.Linear(d, H * self.M, bias=False) if c.slot_gate != "mamba2" else None
+        if c.output_gate and c.gate_rank is not None:  # CyFA: a low-rank gate, x W_g¹ W_g² + b
+            r = self.V if c.gate_rank == "head" else c.gate_rank
+            self.W_g = nn.Sequential(nn.Linear(d, r, bias=False), nn.Linear(r, c.d_v, bias=True))
+        else:
+            self.W_g = nn.Linear(d, c.d_v, bias=False) if c.output_gate else None
+        if c.conv_size:
+            self.conv_q = ShortConv(c.d_k, c.conv_size, bias=False)
+            self.conv_k = ShortConv(c.d_k, c.conv_size, bias=False)
+            self.conv_v = ShortConv(c.d_v, c.conv_size, bias=False)
+        if c.slots == "cyclic":  # CyFA: the clock's rate δ, the write strength β and the readout table (identity at init)
+            self.W_delta = nn.Linear(d, H, bias=True)
+            self.W_beta = nn.Linear(d, H, bias=True)
+            self.readout = nn.Parameter(torch.eye(self.M - 1).expand(H, -1, -1).clone())
         if c.slot_gate == "mamba2":  # Raven: one decay rate per head (Mamba-2's), shared by the slots
             self.W_a = nn.Linear(d, H, bias=False)
             self.A_log = nn.Parameter(torch.empty(H).uniform_(1.0, 16.0).log())
@@ -1292,16 +1334,19 @@ class GatedSlotAttention(Mixer):
     def example_config(cls) -> dict:
         return {"d_model": 16, "heads": 2, "num_slots": 4, "chunk_size": 8}
 
-    def _params(self, x, state=None) -> _GSAParams:
+    def _params(self, x, state=None, need_state=False) -> _GSAParams:
         c = self.config
         B, T, _ = x.shape
         H, K, V, M = self.H, self.K, self.V, self.M
-        q = upcast(_act(c.feature_map, self.W_q(x))).view(B, T, H, K)  # the logits pass runs in float32 or wider
-        k = upcast(_act(c.feature_map, self.W_k(x))).view(B, T, H, K)
-        v = _act(c.value_act, self.W_v(x)).view(B, T, H, V)
+        if c.conv_size:
+            q, k, v, new = short_conv_qkv(self, x, state, need_state)
+        else:
+            q, k, v, new = self.W_q(x), self.W_k(x), self.W_v(x), {}
+        q = upcast(_act(c.feature_map, q)).view(B, T, H, K)  # the logits pass runs in float32 or wider
+        k = upcast(_act(c.feature_map, k)).view(B, T, H, K)
+        v = _act(c.value_act, v).view(B, T, H, V)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        new = {}
         if c.rope:
             pos0 = state["pos"] if state else 0
             pos = torch.arange(pos0, pos0 + T, device=x.device)
@@ -1319,27 +1364,43 @@ class GatedSlotAttention(Mixer):
             r = torch.sigmoid(linear_f32(self.W_router, x)).view(B, T, H, M)  # float32: a flipped choice is no rounding error
             top, idx = torch.topk(r, c.slot_router, dim=-1)
             la = la * torch.zeros_like(r).scatter(-1, idx, top / (top.sum(-1, keepdim=True) + 1e-9))
+        if c.slots == "cyclic":  # CyFA: written by β_t a(λ_t); the clock's projection reads x detached (as CyFA's layer)
+            delta = torch.sigmoid(linear_f32(self.W_delta, x.detach()))  # [B, T, H], float32: the clock accumulates
+            lam = delta.cumsum(1)
+            if state and "lam" in state:
+                lam = lam + state["lam"].unsqueeze(1).to(lam.dtype)
+            new["lam"] = lam[:, -1]
+            s = torch.sigmoid(upcast(self.W_beta(x))).unsqueeze(-1) * clock_atom(lam, M).to(la.dtype)
+            la_head = la[..., 0] if c.slot_gate == "mamba2" else None
+            return _GSAParams(q=q, k=k, v=v, la=la, s=s, state=new, lam=lam, la_head=la_head)
         return _GSAParams(q=q, k=k, v=v, la=la, s=-torch.expm1(la), state=new)
 
     def _slot_weights(self, P: _GSAParams, Sk0, mode, need_state):
-        """Pass 1: z_t = scale · q_t K̃_tᵀ over the slots, then p_t = softmax(z_t). Returns (p [B, T, H, M], K̃ᵀ)."""
-        z, Sk = linear_recurrence(P.q, P.k, P.s, None, P.la, scale=self._scale, initial_state=Sk0, output_final_state=need_state,
+        """Pass 1: z_t = scale · q_t K̃_tᵀ over the slots, then p_t = softmax(z_t) (CyFA: the cyclic readout).
+        Returns (p [B, T, H, M], K̃ᵀ)."""
+        # a decay shared by the slots is one per head, on the key side of both passes: the op's scalar fast path
+        gk, gv = (P.la_head, None) if P.la_head is not None else (None, P.la)
+        z, Sk = linear_recurrence(P.q, P.k, P.s, gk, gv, scale=self._scale, initial_state=Sk0, output_final_state=need_state,
                                   mode=mode, chunk_size=self.config.chunk_size, check_values=False)
+        if P.lam is not None:
+            return cyclic_readout(z, P.lam, self.readout), Sk
         return torch.softmax(z, dim=-1), Sk
 
     def _forward(self, x, *, state, mode, need_state):
-        P = self._params(x, state)
+        P = self._params(x, state, need_state)
         p, Sk = self._slot_weights(P, state.get("Sk") if state else None, mode, need_state)
-        o, Sv = linear_recurrence(p, P.s, P.v, P.la, scale=1.0, initial_state=state.get("Sv") if state else None,
+        o, Sv = linear_recurrence(p, P.s, P.v, P.la_head if P.la_head is not None else P.la, scale=1.0, initial_state=state.get("Sv") if state else None,
                                   output_final_state=need_state, mode=mode, chunk_size=self.config.chunk_size, check_values=False)
         o = o.to(P.v.dtype)
         y = o.flatten(2)
+        if P.lam is not None:  # CyFA: o·(m − 1) before the norm (keeps small readouts above the norm's ε)
+            y = y * (self.M - 1)
         if self.config.output_act == "silu":
             y = F.silu(y)
         if self.norm is not None:
             y = self.norm(y)
         if self.W_g is not None:
-            y = y * F.silu(self.W_g(x))
+            y = y * _act(self.config.gate_act, self.W_g(x))
         y = self.W_o(y.to(P.v.dtype))
         return MixOut(y, {"Sk": Sk, "Sv": Sv, **P.state} if need_state else None, values=P.v, mixed=o)
 
@@ -1352,7 +1413,7 @@ class GatedSlotAttention(Mixer):
         return P, p
 
     def phi(self, x):
-        """[B, H, T, T]: the second system's map from v to o, given the softmax slot weights p_t."""
+        """[B, H, T, T]: the second system's map from v to o, given the slot readout weights p_t."""
         P, p = self._slot_readout(x)
         return recurrence_map(p, P.s, P.la, check_values=False)
 
@@ -1370,7 +1431,13 @@ class GatedSlotAttention(Mixer):
         return DSF.from_recurrence(P.q.detach(), P.k.detach(), self.M, gv=P.la.detach(), scale=self._scale)
 
     def state_size(self, seq_len: int | None = None) -> int:
-        return self.H * self.M * (self.K + self.V + (1 if self.config.slot_gate == "lse" else 0))
+        c = self.config
+        size = self.H * self.M * (self.K + self.V + (1 if c.slot_gate == "lse" else 0))
+        if c.slots == "cyclic":
+            size += self.H  # the clock λ
+        if c.conv_size:
+            size += (2 * c.d_k + c.d_v) * (c.conv_size - 1)
+        return size
 
 
 #: ABC (Peng et al. 2022, "ABC: Attention with Bounded-memory Control"; fla's ABCAttention): GSA's two passes with
@@ -1392,6 +1459,21 @@ register_preset(
     "raven", GatedSlotAttention,
     description="Raven (fla): gated slot attention whose tokens write only their top-k routed slots (σ router), Mamba-2 decay per head",
     defaults=RAVEN_FLA, example={"num_slots": 4, "slot_router": 2},
+)
+
+
+#: Cyclic Flow Attention (CyFA; fla's CyclicFlowAttention layer and its naive_recurrent_cyfa): GSA's two passes over
+#: m = 128 relative-time slots written by β_t a(λ_t) at a learned clock and read by the cyclic readout; one Mamba-2 decay
+#: per head; q, k, v through short convs (no activation), q and k RMS-normed per head, scale d_k'^{-1/2}; the output
+#: o·(m − 1), a per-head RMSNorm gated by σ(x W_g¹ W_g² + b) (rank d_v'). Where seqmix's parameters differ from fla's layer
+#: (a value the forward does not see at init): the norm's weight is per head (fla: one shared by the heads) and A is
+#: initialized in (1, 16) as Raven's (fla: (0, 16)).
+CYFA_FLA = dict(slots="cyclic", slot_gate="mamba2", num_slots=128, feature_map="identity", value_act="identity", scale="inv_sqrt_k",
+                qk_norm=True, conv_size=4, output_act="none", output_gate=True, gate_act="sigmoid", gate_rank="head", norm_per_head=True)
+register_preset(
+    "cyclic_flow_attention", GatedSlotAttention,
+    description="Cyclic Flow Attention (CyFA): slots of relative time written at a learned clock, read by a softmax over relative times",
+    defaults=CYFA_FLA, example={"num_slots": 6},
 )
 
 

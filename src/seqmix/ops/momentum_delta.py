@@ -25,23 +25,39 @@ Modes (the same numbers; tests tie them to ``recurrent``):
   [α r¹ + η ((r² − β r¹)·k) p, μ (r² − β r¹)] (O(K) per row, not O(K²)), and Φ[t, s] = η_s (β_s r¹ − r²)·k_s.
   The final state rides along as 2K extra rows (the unit vectors: the readout after the last token).
   Memory O(T²) per head.
+* ``chunk``: the chunkwise-parallel form. Both decays are scalars per head, so inside a chunk (S_0, M_0 the
+  states entering it, local times t, s) every write η_s k_sᵀ w_s reaches M_t with m(t, s) = Π_{s<j<=t} μ_j and
+  S_t with the scalar kernel
+
+      Γ[t, s] = Σ_{s<=r<=t} a(t, r) β_r m(r, s),   a(t, r) = Π_{r<j<=t} α_j,   Γ = Ā Diag(β) M̄
+
+  (Ā, M̄ the chunk's pairwise decays of α and μ, exponents <= 0: no overflow, no cancellation), so
+  S_t = a(t) S_0 − g_t M_0 − Σ_{s<=t} Γ[t, s] η_s k_sᵀ w_s with a(t) = Π_{j<=t} α_j and g = Ā (β ⊙ m(·)).
+  The gradients w_t = p_t S_{t−1} − v_t then solve one unit lower-triangular system per chunk,
+
+      (I + L) W = a(t−1) P S_0 − g_{t−1} P M_0 − V,   L[t, s] = Γ[t−1, s] η_s (p_t·k_s)  (s < t),
+
+  the delta rule's WY form with Γ in place of the decay (W = U_0 + Y S_0 − Z M_0, all three by one solve),
+  and o, S_C, M_C follow by matmuls. Only those four small matmuls per chunk are sequential.
 * ``step``: one token (T == 1), given and returning the states.
 
-There is no chunk mode: the pair's transition is not diagonal plus low rank in any fixed basis (its
-diagonal part [[αI, −βμI], [0, μI]] is block triangular and changes with t), so the delta rule's
-chunkwise (WY) form does not apply as is. Shapes: q, k, p [B, T, H, K]; v [B, T, H, V]; log_alpha,
-log_mu, beta, eta [B, T, H]; states [B, H, K, V]. Half inputs are computed in float32.
+Shapes: q, k, p [B, T, H, K]; v [B, T, H, V]; log_alpha, log_mu, beta, eta [B, T, H]; states [B, H, K, V].
+Half inputs are computed in float32.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 
-from .._checks import check_choice, check_finite, check_shape, check_tensor, fmt_shape
+from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
 from .precision import full_precision
-from .recurrence import _compute_dtype
+from .recurrence import _compute_dtype, _exp_where, _segsum
 
-MODES = ("recurrent", "parallel", "step")
+MODES = ("recurrent", "chunk", "parallel", "step")
 _WHERE = "momentum_delta_rule"
 
 
@@ -119,6 +135,55 @@ def _sweep(q, k, p, la, lm, beta, eta, scale, extra_rows: int):
     return Phi, r1, r2
 
 
+def _chunk(q, k, v, p, la, lm, beta, eta, scale, S0, M0, C, want_state):
+    """The chunk mode (module docstring): per chunk the quantities that do not depend on the entering states,
+    then the states passed from chunk to chunk."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    n = math.ceil(T / C)
+    pad = n * C - T
+    if pad:  # padded tokens: k = p = 0, η = β = 0, decays 1: they neither write nor decay a state
+        q, k, v, p = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v, p))
+        la, lm, beta, eta = (F.pad(x, (0, 0, 0, pad)) for x in (la, lm, beta, eta))
+    q, k, v, p = (rearrange(x, "b (n c) h x -> b h n c x", c=C) for x in (q, k, v, p))
+    la, lm, beta, eta = (rearrange(x, "b (n c) h -> b h n c", c=C) for x in (la, lm, beta, eta))
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    A_bar = _exp_where(_segsum(la), causal)  # a(t, r) [.., C, C]
+    M_bar = _exp_where(_segsum(lm), causal)  # m(t, s)
+    Gam = A_bar @ (beta.unsqueeze(-1) * M_bar)  # Γ[t, s]
+    A_cum = la.cumsum(-1)
+    a0, m0 = A_cum.exp(), lm.cumsum(-1).exp()  # a(t), m(t) from the chunk's start
+    g0 = (A_bar @ (beta * m0).unsqueeze(-1)).squeeze(-1)  # g_t = Σ_{r<=t} a(t, r) β_r m(r)
+    prev = lambda x: F.pad(x, (1, 0))[..., :-1]  # noqa: E731  entry t <- entry t−1 (entry 0: 0) along the last dim
+    ek = eta.unsqueeze(-1) * k  # η_s k_s
+    L = prev(Gam.transpose(-1, -2)).transpose(-1, -2) * (p @ ek.transpose(-1, -2))  # strictly lower: Γ[t−1, s] η_s (p_t·k_s)
+    a_prev = prev(A_cum).exp().unsqueeze(-1)  # a(t−1), a(−1) = 1
+    g_prev = prev(g0).unsqueeze(-1)  # g_{t−1}, g_{−1} = 0
+    I = torch.eye(C, dtype=L.dtype, device=L.device)
+    X = torch.linalg.solve_triangular(I + L, torch.cat([-v, a_prev * p, g_prev * p], -1), upper=False, unitriangular=True)
+    U0, Y, Z = X.split([V, K, K], -1)  # w = U0 + Y S_0 − Z M_0
+    qs = scale * q
+    P = (qs @ ek.transpose(-1, -2)) * Gam  # Γ[t, s] η_s (q_t·k_s) scale, s <= t
+    Qa, Qg = a0.unsqueeze(-1) * qs, g0.unsqueeze(-1) * qs
+    Ks = Gam[..., -1, :].unsqueeze(-1) * ek  # Γ[C−1, s] η_s k_s
+    Km = M_bar[..., -1, :].unsqueeze(-1) * ek  # m(C−1, s) η_s k_s
+    dS, dG, dM = (x[..., -1, None, None] for x in (a0, g0, m0))
+    S = S0 if S0 is not None else q.new_zeros(B, H, K, V)
+    M = M0 if M0 is not None else q.new_zeros(B, H, K, V)
+    Ss, Ms, Ws = [], [], []
+    for i in range(n):
+        Ss.append(S)
+        Ms.append(M)
+        W = U0[:, :, i] + Y[:, :, i] @ S - Z[:, :, i] @ M
+        Ws.append(W)
+        S, M = (dS[:, :, i] * S - dG[:, :, i] * M - Ks[:, :, i].transpose(-1, -2) @ W,
+                dM[:, :, i] * M + Km[:, :, i].transpose(-1, -2) @ W)
+    S_start, M_start, W = (torch.stack(x, 2) for x in (Ss, Ms, Ws))
+    o = Qa @ S_start - Qg @ M_start - P @ W
+    o = rearrange(o, "b h n c v -> b (n c) h v")[:, :T]
+    return o, S, M
+
+
 def _parallel(q, k, v, p, la, lm, beta, eta, scale, S0, M0, want_state):
     B, T, H, K = q.shape
     extra = 2 * K if want_state else 0
@@ -148,6 +213,7 @@ def momentum_delta_rule(
     initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
     output_final_state: bool = False,
     mode: str = "recurrent",
+    chunk_size: int = 64,
     check_values: bool = True,
 ):
     """Runs the momentum delta rule (module docstring).
@@ -160,15 +226,17 @@ def momentum_delta_rule(
         scale: multiplies the output.
         initial_state: (S, M), both [B, H, K, V], or None (zeros).
         output_final_state: also return (S_T, M_T).
-        mode: "recurrent", "parallel", "step" (T == 1) or "auto" (recurrent).
+        mode: "recurrent", "chunk", "parallel", "step" (T == 1) or "auto" (chunk; recurrent for one token).
+        chunk_size: C of the chunk mode (any T works; the tail chunk is padded).
         check_values: also check for NaN/Inf and positive log-decays (reads the tensors on the host).
 
     Returns:
         (o [B, T, H, V], (S_T, M_T) or None), in float32 for half inputs (else their dtype)
     """
     check_choice("mode", mode, MODES + ("auto",), _WHERE)
-    if mode == "auto":  # the parallel sweep is a loop over T too, over T rows at a time: the recurrence is cheaper
-        mode = "recurrent"
+    check_positive_int("chunk_size", chunk_size, _WHERE)
+    if mode == "auto":  # the parallel sweep is a loop over T too, over T rows at a time: chunk beyond one token
+        mode = "recurrent" if q.shape[1] == 1 else "chunk"
     B, T, H, K, V = _check_inputs(q, k, v, p, log_alpha, log_mu, beta, eta, initial_state, check_values=check_values, where=_WHERE)
     if mode == "step" and T != 1:
         raise ValueError(f"{_WHERE}: mode 'step' takes one token (T == 1), got T = {T}; use 'recurrent' or 'parallel'")
@@ -178,6 +246,8 @@ def momentum_delta_rule(
     S0, M0 = (t.to(dt) if t is not None else None for t in (S0, M0))
     if mode == "parallel":
         o, S, M = _parallel(q, k, v, p, la, lm, beta, eta, scale, S0, M0, output_final_state)
+    elif mode == "chunk":
+        o, S, M = _chunk(q, k, v, p, la, lm, beta, eta, scale, S0, M0, chunk_size, output_final_state)
     else:
         zeros = torch.zeros(B, H, K, V, dtype=dt, device=q.device)
         o, S, M = _recurrent(q, k, v, p, la, lm, beta, eta, scale, S0 if S0 is not None else zeros, M0 if M0 is not None else zeros)

@@ -21,14 +21,15 @@ from ..table import Family, ModuleMap, State, Transform, Unsupported, Weight, bl
 from .recurrent import MAMBA2_STATE, MAMBA2_WEIGHTS, MAMBA_STATE, MAMBA_WEIGHTS, S6_DSF, _dt_init, _silu, mamba_config
 from .transformers import (
     ATTENTION_STATE, ATTENTION_WEIGHTS, SOFTMAX_DSF, _attention, _group_rows, _rope, kimi_mla_config, kimi_mla_weights,
-    llama_attention_config, plus_one,
+    llama_attention_config, plus_one, rope_fields,
 )
 
 
 def recurrent_gemma_attention_config(cfg, module) -> dict:
     """RecurrentGemmaAttention -> softmax_attention: MQA / GQA, partial RoPE (the first
     partial_rotary_factor of each head), a bias on o_proj, the sliding window attention_window_size
-    (transformers: key > query - window, the query's last `window` tokens, itself included: seqmix's)."""
+    (transformers: key > query - window, the query's last `window` tokens, itself included: seqmix's).
+    The default RoPE only: transformers' RecurrentGemmaRotaryEmbedding refuses every scaled type itself."""
     rp, theta = _rope(cfg)
     out = _attention(cfg, module)
     K = out["head_dim"]
@@ -162,9 +163,8 @@ DELTA_STATE = (
 
 
 def qwen3_next_attention_config(cfg, module) -> dict:
-    """Qwen3NextAttention -> softmax_attention: GQA, partial RoPE (partial_rotary_factor), qk-norm per head
-    with zero-centred weights (1 + w), the sigmoid output gate that q_proj interleaves with q per head."""
-    rp, theta = _rope(cfg)
+    """Qwen3NextAttention -> softmax_attention: GQA, partial RoPE (partial_rotary_factor) with its scaling, qk-norm
+    per head with zero-centred weights (1 + w), the sigmoid output gate that q_proj interleaves with q per head."""
     K = int(module.head_dim)
     q, k, v, o = module.q_proj, module.k_proj, module.v_proj, module.o_proj
     H, Hkv = q.out_features // (2 * K), k.out_features // K
@@ -178,13 +178,10 @@ def qwen3_next_attention_config(cfg, module) -> dict:
     p = float(getattr(module, "attention_dropout", 0.0) or 0.0)
     if p > 0:
         raise Unsupported("attention_dropout", p, "seqmix's softmax attention has no dropout on the attention weights (set it to 0.0)")
-    R = int(K * float(rp.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))))
-    if R <= 0 or R % 2:
-        raise Unsupported("partial_rotary_factor", R / K, f"rotates {R} channels: seqmix's RoPE needs an even number > 0")
     scale = "sqrt" if math.isclose(float(module.scaling), K ** -0.5, rel_tol=1e-12) else float(module.scaling)
     return dict(d_model=int(q.in_features), heads=H, kv_heads=Hkv, head_dim=K, qkv_bias=has["q_proj"], out_bias=has["o_proj"],
-                scale=scale, rope=True, rope_theta=theta, rotary_dim=None if R == K else R, qk_norm="head",
-                qk_norm_eps=float(module.q_norm.eps), output_gate=True)
+                scale=scale, **rope_fields(cfg, module, K), qk_norm="head", qk_norm_eps=float(module.q_norm.eps),
+                output_gate=True)
 
 
 def qwen3_next_attention_weights(module) -> tuple[Weight, ...]:
@@ -338,8 +335,8 @@ LFM2_CONV_WEIGHTS = (
 
 
 def lfm2_attention_config(cfg, module) -> dict:
-    """Lfm2Attention -> softmax_attention: GQA, RoPE over the head, qk-norm per head (plain weight), no biases."""
-    _, theta = _rope(cfg)
+    """Lfm2Attention -> softmax_attention: GQA, RoPE over the head with its scaling, qk-norm per head (plain weight),
+    no biases."""
     K = int(module.head_dim)
     q, k, v, o = module.q_proj, module.k_proj, module.v_proj, module.out_proj
     H, Hkv = q.out_features // K, k.out_features // K
@@ -348,7 +345,7 @@ def lfm2_attention_config(cfg, module) -> dict:
     if any(getattr(module, n).bias is not None for n in ("q_proj", "k_proj", "v_proj", "out_proj")):
         raise Unsupported("bias", True, "Lfm2Attention's projections have no bias in transformers")
     scale = "sqrt" if math.isclose(float(module.scaling), K ** -0.5, rel_tol=1e-12) else float(module.scaling)
-    return dict(d_model=int(q.in_features), heads=H, kv_heads=Hkv, head_dim=K, scale=scale, rope=True, rope_theta=theta,
+    return dict(d_model=int(q.in_features), heads=H, kv_heads=Hkv, head_dim=K, scale=scale, **rope_fields(cfg, module, K),
                 qk_norm="head", qk_norm_eps=float(module.q_layernorm.variance_epsilon))
 
 
@@ -439,20 +436,13 @@ def hybrid_mamba2_config(cfg, module) -> dict:
 
 
 def _hybrid_rope(cfg, module, uses_rope: bool) -> dict:
-    """The RoPE fields of softmax_attention for an attention layer that applies transformers' default
-    RoPE (rotate_half pairs, θ^(-2j/R) over the first R = head_dim·partial_rotary_factor channels:
-    Bamba's 0.5) or none (Jamba, Nemotron-H; GraniteMoeHybrid without position_embedding_type 'rope';
-    Zamba2 without use_mem_rope)."""
+    """The RoPE fields of softmax_attention for an attention layer that applies transformers' RoPE
+    (rotate_half pairs over the first R = head_dim·partial_rotary_factor channels: Bamba's 0.5; any scaling of
+    ``rope_parameters`` through ops.rotary's, as :func:`rope_fields`) or none (Jamba, Nemotron-H;
+    GraniteMoeHybrid without position_embedding_type 'rope'; Zamba2 without use_mem_rope)."""
     if not uses_rope:
         return dict(rope=False)
-    rp, theta = _rope(cfg)
-    K = int(module.head_dim)
-    factor = float(rp.get("partial_rotary_factor", 1.0))
-    R = int(K * factor)
-    if R <= 0 or R % 2:
-        raise Unsupported("partial_rotary_factor", factor, f"rotates int(head_dim·factor) = {R} channels: seqmix's RoPE needs an "
-                          "even number > 0")
-    return dict(rope=True, rope_theta=theta, rotary_dim=None if R == K else R)
+    return rope_fields(cfg, module, int(module.head_dim))
 
 
 def hybrid_attention_config(cfg, module) -> dict:

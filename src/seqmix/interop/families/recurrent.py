@@ -192,11 +192,30 @@ RWKV4_WEIGHTS = (
 #: transformers' state is a list of five [B, d, num_layers] tensors (FFN shift, attention shift, num,
 #: den, max); this layer's column of entries 1-4 is the mixer's state. The WKV state is stabilized
 #: there (real num = num·e^max) and not in seqmix: read as (num·e^max, den·e^max), written with max = 0.
-#: Entry 0 (the FFN's token shift) stays transformers'.
+#: Entry 0 (the FFN's token shift) is the channel-mix's state (RWKV_FFN_STATE).
 RWKV4_STATE = (
     State("x_prev", "stacked", 1),
     State("S", "stacked", (2, 3, 4), unstabilize_pair(), stabilized_pair()),
 )
+
+
+def rwkv_channel_mix_config(cfg, module) -> dict:
+    """RwkvFeedForward -> rwkv_channel_mix: the width of its squared-ReLU key (intermediate_size, 4·hidden_size
+    by default)."""
+    return dict(d_model=int(cfg.hidden_size), d_ff=int(module.key.out_features))
+
+
+#: transformers' RwkvFeedForward -> seqmix "rwkv_channel_mix"
+RWKV_FFN_WEIGHTS = (
+    Weight("time_mix_key", "mu_k", flatten()),  # [1, 1, d] -> [d]: the token shift's taps (1 - μ, μ)
+    Weight("time_mix_receptance", "mu_r", flatten()),
+    Weight("key.weight", "W_k.weight"),
+    Weight("receptance.weight", "W_r.weight"),
+    Weight("value.weight", "W_v.weight"),
+)
+
+#: the channel-mix's token shift: this layer's column of entry 0 of the state list (the last input [B, d])
+RWKV_FFN_STATE = (State("x_prev", "stacked", 0),)
 
 RWKV = Family(
     "rwkv",
@@ -204,9 +223,14 @@ RWKV = Family(
                RWKV4_STATE, returns_state=True, aliases=(("output", "W_o"),), layer_attr="layer_id",
                dsf="per channel c (a scalar WKV state): Λ_i = α_c η_{i-1}/η_i, α_c = exp(-exp(time_decay_c)); "
                    "B_i = exp(k_i^c)/η_i; C_i = 1/α_c; D_i = (exp(time_first_c) - 1/α_c) exp(k_i^c)/η_i; η_i the WKV "
-                   "denominator; k, v, r read the token-shifted μ ⊙ x_i + (1 - μ) ⊙ x_{i-1}; out = W_o(σ(r_i) ⊙ y_i)"),),
-    slots=r"(^|\.)blocks\.\d+\.attention$",
-    description="RWKV-4 (Peng et al. 2023): RwkvSelfAttention -> seqmix 'rwkv4' (bonus, token shift, denominator)",
+                   "denominator; k, v, r read the token-shifted μ ⊙ x_i + (1 - μ) ⊙ x_{i-1}; out = W_o(σ(r_i) ⊙ y_i)"),
+     ModuleMap("transformers.models.rwkv.modeling_rwkv.RwkvFeedForward", "rwkv_channel_mix", rwkv_channel_mix_config,
+               RWKV_FFN_WEIGHTS, RWKV_FFN_STATE, returns_state=True, aliases=(("value", "W_v"),), layer_attr="layer_id",
+               dsf="the token shift per channel c (2 states): Λ = [[0, 1], [0, 0]] (a shift), B_i = e_2, "
+                   "C_i = (1 - μ_c, μ_c), D_i = 0, for μ = μ_k and μ_r; out = σ(W_r x_r) ⊙ W_v relu(W_k x_k)²"),),
+    slots=r"(^|\.)blocks\.\d+\.(attention|feed_forward)$",
+    description="RWKV-4 (Peng et al. 2023): RwkvSelfAttention -> seqmix 'rwkv4' (bonus, token shift, denominator), "
+                "RwkvFeedForward -> 'rwkv_channel_mix' (its token shift)",
 )
 
 

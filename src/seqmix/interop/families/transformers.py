@@ -145,6 +145,18 @@ def _no_dropout(module) -> None:
                           "in training only: set it to 0.0 to convert)")
 
 
+def _refuse_dropout(option: str, p, model_class: str) -> None:
+    """GPT-2's and BLOOM's attention modules drop out their attention weights and their output (BLOOM: before the
+    residual it adds) in training. seqmix's softmax attention has no dropout: the converted model would equal the
+    original in eval but not in training, so a module built with p > 0 is refused (its own probability is read, not
+    the config's, which may have been changed after the module was built). In eval dropout is the identity: a model
+    loaded with the option 0.0 computes what the checkpoint computes in eval, and converts."""
+    if float(p or 0.0) > 0:
+        raise Unsupported(option, float(p), f"seqmix's softmax attention has no dropout; it acts in training only: load the "
+                          f"model with {option}=0.0 (e.g. {model_class}.from_pretrained(..., {option}=0.0): the same outputs in "
+                          "eval) to convert")
+
+
 def _scale(module, K: int):
     scaling = float(module.scaling)
     return "sqrt" if math.isclose(scaling, K ** -0.5, rel_tol=1e-12) else scaling
@@ -200,18 +212,27 @@ def llama_attention_config(cfg, module) -> dict:
 
 
 def phi_attention_config(cfg, module) -> dict:
-    """PhiAttention (Phi-1, 1.5, 2) -> softmax_attention: biases on q, k, v and dense, partial rotary."""
+    """PhiAttention (Phi-1, 1.5, 2) -> softmax_attention: biases on q, k, v and dense, partial rotary; with
+    qk_layernorm a LayerNorm (weight and bias) on each head's q and k before RoPE (qk_norm "head", kind "layer")."""
     K = int(module.head_dim)
     H, Hkv = _heads(module, K, module.q_proj.out_features, module.k_proj.out_features, module.v_proj.out_features,
                     module.dense.in_features)
-    if getattr(module, "qk_layernorm", False):
-        raise Unsupported("qk_layernorm", True, "Phi's qk-norm is a LayerNorm (mean and bias); seqmix's qk_norm is an RMSNorm")
     _no_dropout(module)
     has = {n: getattr(module, n).bias is not None for n in ("q_proj", "k_proj", "v_proj", "dense")}
     if len({has["q_proj"], has["k_proj"], has["v_proj"]}) > 1:
         raise Unsupported("bias", has, "q_proj, k_proj and v_proj must all have a bias or none (seqmix's qkv_bias)")
-    return dict(d_model=int(module.q_proj.in_features), heads=H, kv_heads=Hkv, head_dim=K, qkv_bias=has["q_proj"],
-                out_bias=has["dense"], scale=_scale(module, K), **rope_fields(cfg, module, K))
+    out = dict(d_model=int(module.q_proj.in_features), heads=H, kv_heads=Hkv, head_dim=K, qkv_bias=has["q_proj"],
+               out_bias=has["dense"], scale=_scale(module, K), **rope_fields(cfg, module, K))
+    if getattr(module, "qk_layernorm", False):
+        qn, kn = module.q_layernorm, module.k_layernorm
+        for name, n in (("q_layernorm", qn), ("k_layernorm", kn)):
+            if tuple(n.normalized_shape) != (K,) or n.weight is None or n.bias is None:
+                raise Unsupported(name, n, f"seqmix's qk-norm of kind 'layer' normalizes each head's {K} channels with a "
+                                  "weight and a bias")
+        if qn.eps != kn.eps:
+            raise Unsupported("layer_norm_eps", (qn.eps, kn.eps), "seqmix's q and k norms share one ε")
+        out.update(qk_norm="head", qk_norm_kind="layer", qk_norm_eps=float(qn.eps))
+    return out
 
 
 def phi3_attention_config(cfg, module) -> dict:
@@ -329,11 +350,8 @@ def gpt2_attention_config(cfg, module) -> dict:
     1/sqrt(K) or 1 (scale_attn_weights), divided by layer + 1 (scale_attn_by_inverse_layer_idx)."""
     if getattr(module, "is_cross_attention", False):
         raise Unsupported("add_cross_attention", True, "a cross-attention layer reads another sequence: no causal mixer")
-    for name in ("attn_pdrop", "resid_pdrop"):
-        p = float(getattr(cfg, name, 0.0) or 0.0)
-        if p > 0:
-            raise Unsupported(name, p, "seqmix's softmax attention has no dropout on the attention weights or its output (it "
-                              "acts in training only: set it to 0.0 to convert)")
+    for name, p in (("attn_pdrop", module.attn_dropout.p), ("resid_pdrop", module.resid_dropout.p)):
+        _refuse_dropout(name, p, "GPT2LMHeadModel")
     K, H = int(module.head_dim), int(module.num_heads)
     d = int(module.embed_dim)
     _heads(module, K, H * K, H * K, H * K, module.c_proj.weight.shape[0])
@@ -363,11 +381,8 @@ def bloom_attention_config(cfg, module) -> dict:
     H, K = int(module.num_heads), int(module.head_dim)
     d = int(module.hidden_size)
     _heads(module, K, H * K, H * K, H * K, module.dense.in_features)
-    for name in ("attention_dropout", "hidden_dropout"):
-        p = float(getattr(cfg, name, 0.0) or 0.0)
-        if p > 0:
-            raise Unsupported(name, p, "seqmix's softmax attention has no dropout (it acts in training only: set it to 0.0 to "
-                              "convert)")
+    for name, p in (("attention_dropout", module.attention_dropout.p), ("hidden_dropout", module.hidden_dropout)):
+        _refuse_dropout(name, p, "BloomForCausalLM")
     if not math.isclose(float(module.inv_norm_factor), K ** -0.5, rel_tol=1e-12) or float(module.beta) != 1.0:
         raise Unsupported("inv_norm_factor", float(module.inv_norm_factor), "seqmix's ALiBi adds the bias to 1/sqrt(K)·qᵀk")
     return dict(d_model=d, heads=H, head_dim=K, bias=True, scale="sqrt", rope=False, alibi=True)
@@ -486,6 +501,10 @@ PHI_WEIGHTS = (
     Weight("v_proj.bias", "W_v.bias"),
     Weight("dense.weight", "W_o.weight"),
     Weight("dense.bias", "W_o.bias"),
+    Weight("q_layernorm.weight", "q_norm.weight"),  # qk_layernorm: a LayerNorm per head on q and on k
+    Weight("q_layernorm.bias", "q_norm.bias"),
+    Weight("k_layernorm.weight", "k_norm.weight"),
+    Weight("k_layernorm.bias", "k_norm.bias"),
 )
 
 _SELF_ATTN = r"(^|\.)layers\.\d+\.self_attn$"
@@ -522,7 +541,8 @@ GEMMA3 = _transformer("gemma3_text", "Gemma3Attention", "Gemma 3 (text): Gemma3A
 PHI3 = _transformer("phi3", "Phi3Attention", "Phi-3: Phi3Attention -> seqmix 'softmax_attention' (fused qkv_proj, LongRoPE)",
                     config=phi3_attention_config, weights=phi3_attention_weights)
 PHI = _transformer("phi", "PhiAttention", "Phi-1 / 1.5 / 2: PhiAttention -> seqmix 'softmax_attention' (partial rotary, biases)",
-                   config=phi_attention_config, weights=PHI_WEIGHTS, dsf="RoPE on the first partial_rotary_factor of each head")
+                   config=phi_attention_config, weights=PHI_WEIGHTS,
+                   dsf="RoPE on the first partial_rotary_factor of each head; qk_layernorm: a LayerNorm per head on q and k")
 GPT_NEOX = _transformer("gpt_neox", "GPTNeoXAttention", "GPT-NeoX (Pythia): GPTNeoXAttention -> seqmix 'softmax_attention' (fused "
                         "per-head [q | k | v], rotary_pct, biases)", config=gpt_neox_attention_config,
                         weights=gpt_neox_attention_weights, slots=r"(^|\.)layers\.\d+\.attention$",

@@ -1,0 +1,74 @@
+"""`seqmix show --hf` and `seqmix show --hf --report` on a checkpoint of every family seqmix converts
+(docs/interop.md): each tiny random model of the interop tests, saved with ``save_pretrained`` (nothing
+downloaded), drawn and reported through the command; the report lists every converted layer with its seqmix
+mixer, and names ALiBi (BLOOM) and MLA (DeepSeek-V3, Kimi-Linear) in the Λ column and GPT-OSS's sinks in
+the normalization column."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import test_interop_attention as ATT  # noqa: E402
+import test_interop_families as REC  # noqa: E402
+import test_interop_frontier as FRONT  # noqa: E402
+import test_interop_hybrids as HYB  # noqa: E402
+import test_interop_show as SHOW  # noqa: E402
+import test_interop_transformers as TT  # noqa: E402
+from seqmix.analysis.model_maps import lambda_structure, norm_and_gate  # noqa: E402
+from seqmix.cli import main  # noqa: E402
+from seqmix.interop import from_transformers, seqmix_mixers, supported_families  # noqa: E402
+
+#: config.model_type -> a tiny random model of that family (the interop tests' own builders)
+BUILDERS = {
+    **{f: (lambda f=f: SHOW.tiny(f, vocab=64)) for f in SHOW.FAMILIES},
+    "rwkv": lambda: REC.tiny("rwkv"), "xlstm": lambda: REC.tiny("xlstm"),
+    "llama": lambda: ATT.tiny("llama"), "recurrent_gemma": lambda: ATT.tiny("recurrent_gemma"),
+    **{f: (lambda f=f: TT.tiny(f, attn=TT._attn(f))) for f in TT.FAMILIES if "_" not in f or f in ("gemma3_text", "qwen3_moe",
+                                                                                                   "gpt_neox", "gpt_oss")},
+    "deepseek_v3": lambda: TT.tiny("deepseek_v3"),
+    **{f: (lambda f=f: HYB.tiny(f)) for f in ("bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "jamba", "zamba2")},
+    **{f: (lambda f=f: FRONT.tiny(f)) for f in ("qwen3_next", "kimi_linear", "minimax", "lfm2")},
+}
+
+#: what the report must name, per family: (column, text)
+NAMED = {"bloom": ("Λ structure", "ALiBi"), "deepseek_v3": ("Λ structure", "MLA"), "kimi_linear": ("Λ structure", "MLA"),
+         "gpt_oss": ("normalization", "sink")}
+
+
+def test_every_supported_family_has_a_tiny_model_here():
+    assert set(BUILDERS) == set(supported_families())
+
+
+def _table(md: str) -> list[dict]:
+    """The rows of the report's Markdown table as {heading: cell}."""
+    lines = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    head = [h.strip() for h in lines[0].strip("|").split(" | ")]
+    return [dict(zip(head, (c.strip() for c in ln.strip("|").split(" | ")), strict=True)) for ln in lines[1:]]
+
+
+@pytest.mark.parametrize("family", sorted(BUILDERS))
+def test_show_hf_and_the_report_work_for_every_family(family, tmp_path):
+    m = BUILDERS[family]()
+    assert m.config.model_type == family
+    folder = tmp_path / family
+    m.save_pretrained(folder)
+    mixers = seqmix_mixers(from_transformers(m))
+    ids = ",".join(str(i) for i in torch.randint(2, 60, (12,), generator=torch.Generator().manual_seed(0)).tolist())
+    out = tmp_path / "show"
+    assert main(["show", "--hf", str(folder), "--ids", ids, "--layers", "all", "--out", str(out), "--dpi", "20"]) == 0
+    assert any(out.glob("*.png"))
+    rep = tmp_path / "report"
+    assert main(["show", "--hf", str(folder), "--ids", ids, "--report", "--out", str(rep)]) == 0
+    rows = {r["module"]: r for r in _table((rep / "report.md").read_text(encoding="utf-8"))}
+    for path, mx in mixers.items():
+        r = rows[path]
+        assert r["seqmix mixer"] == mx.registry_name, (path, r)
+        assert r["Λ structure"] == lambda_structure(mx)
+    if family in NAMED:
+        column, text = NAMED[family]
+        assert any(text in r[column] for r in rows.values()), (family, column, [r[column] for r in rows.values()])
+        names = [lambda_structure(mx) if column == "Λ structure" else norm_and_gate(mx)[0] for mx in mixers.values()]
+        assert any(text in n for n in names)

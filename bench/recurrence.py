@@ -12,7 +12,10 @@ chunk size that chunk_size=None picks (recurrence.chunk_size_for), shown when it
 ``auto`` runs for small key-wise states, e.g. the S6-like shape), timed beside ``recurrent``.
 
 Shapes: (B=2, H=4, T in {1024, 4096}, K=V=64) with key-wise decay and with one decay
-per head, and an S6-like shape (B=2, H=256 channels, K=16, V=1, T=2048). For each mode:
+per head, an S6-like shape (B=2, H=256 channels, K=16, V=1, T=2048) and a diagonal state
+(B=1, H=1, K=1, V=512 value channels with value-wise decays, T=1024: RWKV-4's and the
+LinRNNs' folded heads), with weak decays (log α in [-0.2, 0]: one tile per chunk) and strong ones
+([-4, 0]: tiles of fewer than 16 tokens; RWKV-4's decays reach e^{-20} per step). For each mode:
 forward and forward+backward time (min over --repeats), GFLOP/s and % of the float32
 matmul peak measured in the same run, speedup over ``recurrent``, and the peak memory
 of forward+backward (a forked process per measurement).
@@ -49,9 +52,16 @@ def make_inputs(B, T, H, K, V, decay, device, requires_grad=False):
         gk = (-torch.rand(B, T, H, K, generator=g) * 0.2).to(device).requires_grad_(requires_grad)
     elif decay == "head":
         gk = (-torch.rand(B, T, H, generator=g) * 0.2).to(device).requires_grad_(requires_grad)
+    elif decay in ("value", "value-strong"):  # returned in gk's place, passed as gv (:func:`decays`); strong: log α in [-4, 0]
+        gk = (-torch.rand(B, T, H, V, generator=g) * (4.0 if decay == "value-strong" else 0.2)).to(device).requires_grad_(requires_grad)
     else:
         gk = None
     return q, k, v, gk
+
+
+def decays(decay, g) -> dict:
+    """The decay of make_inputs as linear_recurrence's keyword: gk, or gv for value-wise decays."""
+    return {"gv": g} if decay.startswith("value") else {"gk": g}
 
 
 def impl_kwargs(impl, T, K, V, decay):
@@ -69,7 +79,7 @@ def fwd_bwd_fn(B, T, H, K, V, decay, dev, mode):
     kw = impl_kwargs(mode, T, K, V, decay)
 
     def fwd_bwd():
-        o, _ = linear_recurrence(q, k, v, gk, check_values=False, **kw)
+        o, _ = linear_recurrence(q, k, v, **decays(decay, gk), check_values=False, **kw)
         o.sum().backward()
         for t in (q, k, v, gk):
             if t is not None:
@@ -88,29 +98,29 @@ def flops(mode, B, T, H, K, V):
     return B * H * T * 5 * K * V
 
 
-def parallel_bytes(B, T, H, K, decay):
-    per = B * H * T * T
+def parallel_bytes(B, T, H, K, decay, V=1):
+    per = B * H * T * T * (V if decay == "value" else 1)  # value-wise decays: one map per value channel
     return 4 * per * 3  # the map and two temporaries of its size
 
 
 def run_case(name, B, T, H, K, V, decay, args, peak):
     dev = args.device
     rows = []
-    C_rule = chunk_size_for(T, K, V, keywise=decay == "key", valuewise=False)
+    C_rule = chunk_size_for(T, K, V, keywise=decay == "key", valuewise=decay.startswith("value"))
     modes = ["recurrent", "scan", "chunk-autograd", "chunk"] + ([f"chunk-C{C_rule}"] if C_rule != CHUNK else []) + ["parallel"]
     if args.modes:
         modes = [m for m in modes if m in args.modes or (m.startswith("chunk-C") and "chunk-C" in args.modes)]
     results = {}
     for mode in modes:
-        if mode == "parallel" and parallel_bytes(B, T, H, K, decay) > MEM_BUDGET_GB * 2**30:
-            rows.append([name, T, mode] + [None] * 7 + [f"skipped: needs ~{parallel_bytes(B, T, H, K, decay) / 2**30:.0f} GB"])
+        if mode == "parallel" and parallel_bytes(B, T, H, K, decay, V) > MEM_BUDGET_GB * 2**30:
+            rows.append([name, T, mode] + [None] * 7 + [f"skipped: needs ~{parallel_bytes(B, T, H, K, decay, V) / 2**30:.0f} GB"])
             continue
         q, k, v, gk = make_inputs(B, T, H, K, V, decay, dev)
         kw = impl_kwargs(mode, T, K, V, decay)
 
         def fwd(kw=kw):
             with torch.no_grad():
-                linear_recurrence(q, k, v, gk, check_values=False, **kw)
+                linear_recurrence(q, k, v, **decays(decay, gk), check_values=False, **kw)
 
         fwd_bwd = fwd_bwd_fn(B, T, H, K, V, decay, dev, mode)
         reps = max(1, args.repeats - 1) if mode == "recurrent" else args.repeats
@@ -134,12 +144,14 @@ def run_case(name, B, T, H, K, V, decay, args, peak):
 
     def step():
         with torch.no_grad():
-            recurrence_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0] if gk is not None else None, None, S, check_values=False)
+            g = gk[:, 0] if gk is not None else None
+            recurrence_step(q[:, 0], k[:, 0], v[:, 0], *((None, g) if decay.startswith("value") else (g, None)), S, check_values=False)
 
     t_s = timeit(step, repeats=20, device=dev)["min_ms"]
     results["step"] = dict(ms_per_token=t_s)
     rows.append([name, 1, "step", t_s, None, None, flops("step", B, 1, H, K, V) / (t_s * 1e-3) / 1e9, None, None, None, None, "per token"])
-    results["auto"] = auto_mode(T, K, V, keywise=decay == "key", valuewise=False, complex_=False, chunk_size=C_rule)
+    results["auto"] = auto_mode(T, K, V, keywise=decay == "key", valuewise=decay.startswith("value"), complex_=False,
+                                chunk_size=C_rule, strong_decays=decay == "value-strong")
     results["chunk_size_rule"] = C_rule
     if args.chunk_sweep:
         results["sweep"] = chunk_sweep(B, T, H, K, V, decay, args)
@@ -156,7 +168,7 @@ def chunk_sweep(B, T, H, K, V, decay, args):
     fns = {}
     for C in SWEEP:
         def fb(C=C):
-            o, _ = linear_recurrence(q, k, v, gk, mode="chunk", chunk_size=C, check_values=False)
+            o, _ = linear_recurrence(q, k, v, **decays(decay, gk), mode="chunk", chunk_size=C, check_values=False)
             o.sum().backward()
         fns[C] = fb
     times = {C: float("inf") for C in SWEEP}
@@ -174,7 +186,8 @@ def chunk_sweep(B, T, H, K, V, decay, args):
 def main():
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--chunk-sweep", action="store_true", help="also time the chunk mode's fwd+bwd for C in 16..256 per case")
-    p.add_argument("--cases", type=lambda x: x.split(","), default=None, help="comma-separated subset of key,head,s6 (default all)")
+    p.add_argument("--cases", type=lambda x: x.split(","), default=None, help="comma-separated subset of key,head,s6,diagonal "
+                   "(default all)")
     p.add_argument("--modes", type=lambda x: x.split(","), default=None,
                    help="comma-separated rows to time (recurrent,chunk-autograd,chunk,chunk-C,parallel; default all): "
                         "the loop's rows take minutes at T = 4096 on a loaded machine; targets needing a missing row print n/a")
@@ -189,8 +202,11 @@ def main():
         for T in Ts:
             cases.append((f"{decay}-wise K=V=64", 2, T, 4, 64, 64, decay))
     cases.append(("S6-like H=256 K=16 V=1", 2, 512 if args.quick else 2048, 256, 16, 1, "key"))
+    # a diagonal state: RWKV-4's / the LinRNNs' channels folded into one head of V value channels
+    cases.append(("diagonal H=1 K=1 V=512", 1, 512 if args.quick else 1024, 1, 1, 512, "value"))
+    cases.append(("diagonal strong H=1 K=1 V=512", 1, 512 if args.quick else 1024, 1, 1, 512, "value-strong"))
     if args.cases:
-        kind = {"key": "key-wise", "head": "head-wise", "s6": "S6-like"}
+        kind = {"key": "key-wise", "head": "head-wise", "s6": "S6-like", "diagonal": "diagonal"}
         unknown = [x for x in args.cases if x not in kind]
         if unknown:
             raise SystemExit(f"--cases: unknown {unknown}; expected a subset of {', '.join(kind)}")

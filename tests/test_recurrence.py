@@ -166,6 +166,9 @@ def test_auto_mode_picks_the_scan_for_small_real_states():
     assert auto_mode(300, 64, 64, keywise=True, complex_=False, **kw) == "chunk"
     assert auto_mode(1, 16, 1, keywise=True, complex_=False, **kw) == "recurrent"
     assert auto_mode(20, 16, 1, keywise=True, complex_=False, **kw) == "parallel"
+    # a diagonal state (value-wise decays, K == 1), however wide V: the scan where its decays need tiles shorter than 16
+    assert auto_mode(300, 1, 512, keywise=False, valuewise=True, complex_=False, chunk_size=32, strong_decays=True) == "scan"
+    assert auto_mode(300, 1, 512, keywise=False, valuewise=True, complex_=False, chunk_size=32) == "chunk"
 
 
 def test_step_equals_recurrent():

@@ -9,7 +9,9 @@ eager mode) and wherever asked (:func:`reads_values`, ``seqmix.debug.host_reads`
 
 from __future__ import annotations
 
+import cmath
 import json
+import math
 import os
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -109,11 +111,12 @@ def check_finite(name: str, x: torch.Tensor, where: str = "") -> None:
     says no)."""
     if not reads_values(x):
         return
-    x = x.detach()
+    if x.requires_grad:
+        x = x.detach()
     pre = f"{where}: " if where else ""
     # one cheap reduction first: a sum is finite whenever every entry is (the exact check
     # runs only when the sum is not, which also catches a sum that merely overflowed)
-    if x.numel() and bool(torch.isfinite(x.sum())):
+    if x.numel() and (cmath if x.is_complex() else math).isfinite(x.sum().item()):
         return
     if not bool(torch.isfinite(x).all()):
         n_nan = int(torch.isnan(x).sum()) if not x.is_complex() else int(torch.isnan(torch.view_as_real(x)).sum())

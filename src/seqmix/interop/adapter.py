@@ -18,6 +18,8 @@ column) and ``tuple`` (xLSTM's per-layer (C, n, m), the module's second argument
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -30,6 +32,33 @@ from .table import State
 #: keyword arguments transformers' blocks may pass that do not change a recurrent mixer's output
 _HARMLESS = frozenset({"position_ids", "cache_position", "use_cache", "output_attentions", "return_dict", "position_embeddings",
                        "output_router_logits", "output_hidden_states"})  # the last two: MoE hybrids pass them to every layer
+
+
+class _Verified:
+    """The call arguments whose values a converted layer has checked, and what against: transformers hands
+    the same ``position_ids`` and ``attention_mask`` tensors to every layer of a forward pass, so the first
+    layer's check serves the others (each layer would otherwise read them on the host again). An entry is
+    a weak reference to the tensor, its version counter and the check's key (the positions or the mask the
+    layer expects); another tensor, one written in place since, or an inference tensor (no version counter)
+    is checked again."""
+
+    def __init__(self):
+        self._seen: dict = {}
+
+    def __contains__(self, item) -> bool:
+        t, key = item
+        e = self._seen.get(key)
+        return e is not None and e[0]() is t and not t.is_inference() and e[1] == t._version
+
+    def add(self, t: torch.Tensor, key) -> None:
+        if t.is_inference():
+            return
+        if len(self._seen) >= 64:  # the keys of one model: a few per layer kind
+            self._seen.clear()
+        self._seen[key] = (weakref.ref(t), t._version)
+
+
+_VERIFIED = _Verified()
 
 
 class InteropMixer(nn.Module):
@@ -85,7 +114,8 @@ class InteropMixer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None, *,
                 state=None, cache_params=None, past_key_values=None, layer_past=None, **kwargs):
-        where = f"{self.where} ({self.source} -> seqmix {self.mixer.registry_name!r})"
+        mixer = self._modules["mixer"]  # (one lookup: nn.Module's __getattr__ and this class's cost a call each)
+        where = f"{self.where} ({self.source} -> seqmix {mixer.registry_name!r})"
         if past_key_values is None:  # GPT-NeoX's and BLOOM's attention take their cache as layer_past
             past_key_values = layer_past
         residual = None
@@ -108,15 +138,15 @@ class InteropMixer(nn.Module):
         if self.positions:
             self._check_positions(kwargs.get("position_ids"), hidden_states, seqmix_state, where, hf_cache)
         if hf_cache is None:
-            y = self.mixer(hidden_states)
+            y = mixer(hidden_states)
             y = y if residual is None else y + residual
             return (y, None) if (self.returns_state or self.returns_pair) else y
         view = Cache()
         if seqmix_state is not None:
-            view.set(self.mixer, seqmix_state)
-        y = self.mixer(hidden_states, cache=view)
+            view.set(mixer, seqmix_state)
+        y = mixer(hidden_states, cache=view)
         y = y if residual is None else y + residual
-        new = self.write_state(hf_cache, view.get(self.mixer), where, tokens=hidden_states.shape[1])
+        new = self.write_state(hf_cache, view.get(mixer), where, tokens=hidden_states.shape[1])
         if self.returns_pair:
             return y, None
         return (y, new) if self.returns_state else y
@@ -144,7 +174,11 @@ class InteropMixer(nn.Module):
         if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
             raise ValueError(f"{where}: argument 'attention_mask' must be a 2D padding mask [batch, time] or None, got "
                              f"{type(mask).__name__ if not isinstance(mask, torch.Tensor) else list(mask.shape)}")
-        if reads_values(mask) and not bool((mask[:, -x.shape[1]:] != 0).all()):
+        if (mask, ("padding", x.shape[1])) in _VERIFIED or not reads_values(mask):
+            return
+        if bool((mask[:, -x.shape[1]:] != 0).all()):
+            _VERIFIED.add(mask, ("padding", x.shape[1]))
+        else:
             raise ValueError(f"{where}: argument 'attention_mask' has padding (zeros): the converted seqmix mixer takes no "
                              "padding mask; pass prompts of equal length (no padding) or one prompt at a time")
 
@@ -177,13 +211,18 @@ class InteropMixer(nn.Module):
             raise ValueError(f"{where}: argument 'attention_mask' must be transformers' 4D attention mask [batch, 1, query, key] "
                              f"or None, got {what} (use attn_implementation 'eager' or 'sdpa')")
         T = x.shape[1]
+        w = self._window()
+        key = ("causal", start, T, w)
+        if (mask, key) in _VERIFIED or not reads_values(mask):
+            return
         visible = mask if mask.dtype == torch.bool else mask == 0
         seen = visible[..., -T:, :].sum(-1)  # [B, 1, T]: keys each query sees
         expect = torch.arange(start + 1, start + T + 1, device=mask.device)
-        w = self._window()
         if w is not None:
             expect = expect.clamp(max=w)
-        if reads_values(mask) and not bool((seen == expect).all()):
+        if bool((seen == expect).all()):
+            _VERIFIED.add(mask, key)
+        else:
             raise ValueError(f"{where}: argument 'attention_mask' has padding (or is not the causal"
                              f"{' sliding-window' if w else ''} mask): the converted seqmix attention applies the causal mask "
                              "itself and takes no padding mask; pass prompts of equal length (no padding) or one prompt at a time")
@@ -191,10 +230,12 @@ class InteropMixer(nn.Module):
     def _check_positions(self, position_ids, x, state, where: str, hf_cache=None) -> None:
         """The seqmix mixer takes its positions from its state (RoPE: the KV cache's token count;
         RecurrentGemma's reset: whether a state exists), so ``position_ids`` must be those."""
-        if position_ids is None or not reads_values(torch.as_tensor(position_ids)):  # the check reads the positions
+        if position_ids is None:
+            return
+        given = pos = torch.as_tensor(position_ids)
+        if not reads_values(pos):  # the check reads the positions
             return
         T = x.shape[1]
-        pos = torch.as_tensor(position_ids)
         if pos.dim() == 1:
             pos = pos[None]
         if pos.dim() != 2 or pos.shape[-1] != T:
@@ -204,12 +245,19 @@ class InteropMixer(nn.Module):
         elif "kv" in state or (self.state_table and self.state_table[0].kind == "layer"):
             start = self._cached(hf_cache, state)
         else:  # a recurrent state: consecutive positions after position 0 (the reset happened at the start)
+            start = None
+        key = ("positions", start, T)
+        if (given, key) in _VERIFIED:
+            return
+        if start is None:
             start = int(pos[0, 0])
             if start < 1:
                 raise ValueError(f"{where}: argument 'position_ids' starts at {start} although the cache holds a state: "
                                  "position 0 resets RecurrentGemma's recurrence, which the converted mixer does only at the start")
-        expect = torch.arange(start, start + T, device=pos.device)
-        if not bool((pos == expect).all()):
+        expect = start if T == 1 else torch.arange(start, start + T, device=pos.device)
+        if bool((pos == expect).all()):
+            _VERIFIED.add(given, key)
+        else:
             raise ValueError(f"{where}: argument 'position_ids' must be the consecutive positions {start}..{start + T - 1} of "
                              "this call's tokens after the cached prefix (the converted mixer takes positions from its state); "
                              "got other positions (generate() derives them from a padding 'attention_mask'; or packed "
@@ -433,7 +481,7 @@ class InteropMixer(nn.Module):
         if not isinstance(kv, KVCache):
             raise ValueError(f"{where}: the mixer's state has no KV cache 'kv' (state table of {self.source})")
         layer = self._kv_layer(hf_cache, where)
-        keys, values = kv.keys.transpose(1, 2), kv.values.transpose(1, 2)  # [B, Hkv, L, ·]: views of its buffers
+        keys, values = kv.head_first()  # [B, Hkv, L, ·]: views of its buffers
         if not layer.is_initialized:
             layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys, values

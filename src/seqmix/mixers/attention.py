@@ -70,7 +70,8 @@ from torch import nn
 
 from ..dsf import DSF
 from ..ops import (
-    KVCache, alibi_slopes, attention_decode, attention_probs, check_rope_scaling, linear_recurrence, recurrence_map, repeat_kv, rotary,
+    KVCache, RotaryTable, alibi_slopes, apply_rotary, attention_decode, attention_probs, check_rope_scaling, linear_recurrence,
+    recurrence_map, repeat_kv, rotary,
     softmax_attention,
 )
 from ..ops.precision import compute_dtype, linear_f32, upcast
@@ -158,11 +159,25 @@ class _Attention(Mixer):
     family = "attention"
     map_unit = "head"
 
-    def _rotate(self, start: int, *ts):
-        """Each of ts [B, T, H, K] rotated by RoPE (theta = config.rope_theta) at the absolute positions
-        start .. start + T − 1: the rotary positions of the attentions with a ``rope`` option."""
-        pos = torch.arange(start, start + ts[0].shape[1], device=ts[0].device)
-        return tuple(rotary(t, pos, theta=self.config.rope_theta) for t in ts)
+    @property
+    def rope_table(self) -> RotaryTable:
+        """This layer's RoPE cos / sin at positions 0 .. N − 1 (``seqmix.ops.RotaryTable``, built on first
+        use from ``config.rope_theta`` and ``config.rope_scaling``): a call slices it."""
+        table = self.__dict__.get("_rope_table")
+        if table is None:
+            c = self.config
+            table = self.__dict__["_rope_table"] = RotaryTable(c.rope_theta, getattr(c, "rope_scaling", None))
+        return table
+
+    def _rotate(self, start: int, *ts, rotary_dim: int | None = None, interleaved: bool = False):
+        """Each of ts [B, T, H, K] rotated by RoPE (theta = config.rope_theta; the first ``rotary_dim``
+        channels, default K) at the absolute positions start .. start + T − 1, one cos / sin for all:
+        the rotary positions of the attentions with a ``rope`` option."""
+        t0 = ts[0]
+        T, R = t0.shape[1], rotary_dim or t0.shape[-1]
+        dt = torch.float64 if t0.dtype == torch.float64 else torch.float32  # as ops.rotary
+        cos, sin = self.rope_table(start, T, R, device=t0.device, dtype=dt, seq_len=start + T, interleaved=interleaved)
+        return tuple(apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts)
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
@@ -676,15 +691,12 @@ class SoftmaxAttention(_Attention):
 
     # -- parametrization -------------------------------------------------------------------
 
-    def _rope(self, t, start: int):
-        """RoPE (with its scaling) at positions start .. start + T - 1 on t [B, T, H, ·]."""
+    def _rope(self, start: int, *ts):
+        """RoPE (with its scaling, rotary_dim and pairing) at positions start .. start + T - 1 on each of ts [B, T, H, ·]."""
         c = self.config
-        T = t.shape[1]
-        pos = torch.arange(start, start + T, device=t.device)
-        return rotary(t, pos, rotary_dim=None if self.mla else c.rotary_dim, theta=c.rope_theta, interleaved=c.rope_interleaved,
-                      scaling=c.rope_scaling, seq_len=start + T)
+        return self._rotate(start, *ts, rotary_dim=None if self.mla else c.rotary_dim, interleaved=c.rope_interleaved)
 
-    def _mla_qkv(self, x, start: int):
+    def _mla_qkv(self, x, start: int, scaled: bool = True):
         """MLA: q [B, T, heads, K] = [q_nope | RoPE(q_pe)] (scaled); the cached pair: the latent c = RMSNorm(x W_kva[:r])
         [B, T, 1, r] and the shared rotary key RoPE(x W_kva[r:]) [B, T, 1, R]."""
         c = self.config
@@ -700,9 +712,9 @@ class SoftmaxAttention(_Attention):
         lat = self.kv_a_norm(lat).to(lat.dtype).view(B, T, 1, r)
         k_pe = k_pe.view(B, T, 1, R)
         if c.rope:
-            q = torch.cat([q[..., : K - R], self._rope(q[..., K - R:], start)], dim=-1)
-            k_pe = self._rope(k_pe, start)
-        if self.qk_scale != 1.0:
+            q_pe, k_pe = self._rope(start, q[..., K - R:], k_pe)
+            q = torch.cat([q[..., : K - R], q_pe], dim=-1)
+        if scaled and self.qk_scale != 1.0:
             q = q * self.qk_scale
         return q, lat, k_pe
 
@@ -720,12 +732,13 @@ class SoftmaxAttention(_Attention):
         q, k, v = self._qkv(x)
         return (q, self._mla_expand(k, v)[0]) if self.mla else (q, k)
 
-    def _qkv(self, x, *, start: int = 0):
-        """q [B, T, heads, K] (normed, rotated, scaled), k [B, T, kv_heads, K] (normed, rotated),
-        v [B, T, kv_heads, V], for tokens at absolute positions start .. start + T - 1; MLA: (q, the latent
-        c [B, T, 1, r], the rotary key k_pe [B, T, 1, R]), the pair its KV cache holds."""
+    def _qkv(self, x, *, start: int = 0, scaled: bool = True):
+        """q [B, T, heads, K] (normed, rotated, scaled unless ``scaled=False``: the forward pass hands the scale
+        to the attention op), k [B, T, kv_heads, K] (normed, rotated), v [B, T, kv_heads, V], for tokens at
+        absolute positions start .. start + T - 1; MLA: (q, the latent c [B, T, 1, r], the rotary key k_pe
+        [B, T, 1, R]), the pair its KV cache holds."""
         if self.mla:
-            return self._mla_qkv(x, start)
+            return self._mla_qkv(x, start, scaled)
         c = self.config
         B, T, _ = x.shape
         H, Hkv, K = self.heads, self.kv_heads, self.head_qk
@@ -736,8 +749,8 @@ class SoftmaxAttention(_Attention):
         if c.qk_norm == "head":
             q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
         if c.rope:
-            q, k = self._rope(q, start), self._rope(k, start)
-        if self.qk_scale != 1.0:
+            q, k = self._rope(start, q, k)
+        if scaled and self.qk_scale != 1.0:
             q = q * self.qk_scale
         return q, k, self.W_v(x).view(B, T, Hkv, self.head_v)
 
@@ -749,17 +762,17 @@ class SoftmaxAttention(_Attention):
         kv = state["kv"] if state else None
         if need_state and kv is None:
             kv = KVCache(window=self.config.window)
-        q, k, v = self._qkv(x, start=kv.seen if kv is not None else 0)
+        q, k, v = self._qkv(x, start=kv.seen if kv is not None else 0, scaled=False)  # the op scales qᵀk
         keys, vals = kv.append(k, v) if kv is not None else (k, v)  # every key the queries see: the cached ones and their own
         if self.mla:  # the cache holds the latent pair: every head's keys and values from it
             keys, vals = self._mla_expand(keys, vals)
         if mode == "step":
-            o = attention_decode(q[:, 0], keys, vals, scale=1.0, **self._score_options()).unsqueeze(1)
+            o = attention_decode(q[:, 0], keys, vals, scale=self.qk_scale, **self._score_options()).unsqueeze(1)
         else:
-            o = softmax_attention(q, keys, vals, scale=1.0, window=self.config.window, mode=mode, check_values=False,
+            o = softmax_attention(q, keys, vals, scale=self.qk_scale, window=self.config.window, mode=mode, check_values=False,
                                   **self._score_options())
         T = x.shape[1]
-        values = vals[:, -T:] if self.mla else repeat_kv(v, self.heads // self.kv_heads)  # the core's input per map (query head)
+        values = (lambda: vals[:, -T:]) if self.mla else (lambda: repeat_kv(v, self.heads // self.kv_heads))  # the core's input per map
         return MixOut(self._gated_readout(o, x), {"kv": kv} if need_state else None, values=values, mixed=o)
 
     # -- DSF view --------------------------------------------------------------------------

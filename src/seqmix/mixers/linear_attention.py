@@ -103,7 +103,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import clock_atom, cyclic_readout, linear_recurrence, lse_gate, max_stabilizer, recurrence_map, rotary
+from ..ops import clock_atom, cyclic_readout, linear_recurrence, lse_gate, max_stabilizer, recurrence_map, recurrence_step, rotary
 from ..ops.precision import complex_, compute_dtype, linear_f32, upcast
 from .base import ExpandedWidths, MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv, short_conv_qkv
@@ -396,7 +396,7 @@ def _act(name: str, x: torch.Tensor) -> torch.Tensor:
 def _shift_right(x: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
     """[B, T, ...] -> the sequence delayed by one step, ``first`` (or zeros) in front."""
     first = torch.zeros_like(x[:, :1]) if first is None else first.unsqueeze(1).to(x.dtype)
-    return torch.cat([first, x[:, :-1]], dim=1)
+    return first if x.shape[1] == 1 else torch.cat([first, x[:, :-1]], dim=1)
 
 
 @register("general_form", description="MetaLA's general form (Eqs. 11-15): configurable f_q, f_k, f_v, f_α, f_g; base of the presets below")
@@ -652,7 +652,7 @@ class GeneralForm(Mixer):
         m = li = None
         if c.input_gate == "exp":  # xLSTM: i_t = exp(ĩ_t); the max-stabilizer turns (f_t, i_t) into gates <= 1 (seqmix.ops.stabilizer)
             li_raw = self._soft_cap(upcast(self.W_i(u_k)))  # [B, T, H]
-            la, li, m = max_stabilizer(la, li_raw, state.get("m") if state else None)
+            la, li, m = max_stabilizer(la, li_raw, state.get("m") if state else None, mode="recurrent" if T == 1 else "parallel")
             if need_state:
                 new["m"] = m[:, -1]
         # f_q
@@ -718,13 +718,19 @@ class GeneralForm(Mixer):
         gk = complex_(real.expand(B, T, H, K // 2), theta.expand(B, T, H, K // 2))
         return q, k, gk
 
-    def _recur(self, q, k, v, gk, S0, mode, need_state):
+    def _recur(self, q, k, v, gk, S0, mode, need_state, delayed=False):
         """linear_recurrence on [B, T, H, K] inputs. With K == 1 (a vector state per head) the H
         heads run as one head of H·V value channels with value-wise decays (k folded into v, q
-        applied to the output): the same numbers, one wide matmul per chunk instead of H thin ones."""
+        applied to the output): the same numbers, one wide matmul per chunk instead of H thin ones.
+        A decoding step (mode "step", T == 1) is the step op on the heads as they are; ``delayed`` (a
+        decoding step): the output reads the state before this token's write."""
         c = self.config
         B, T, H, K = q.shape
         V = v.shape[-1]
+        if mode == "step" or delayed:  # one token: the step on the heads as they are (nothing to fold)
+            o, S = recurrence_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0] if gk is not None else None, None, S0, scale=self._scale,
+                                   check_values=False, delayed=delayed)
+            return o.unsqueeze(1), S
         kw = dict(scale=self._scale, output_final_state=need_state, mode=mode, chunk_size=c.chunk_size, check_values=False)
         if K > 1:
             return linear_recurrence(q, k, v, gk, initial_state=S0, **kw)
@@ -755,12 +761,15 @@ class GeneralForm(Mixer):
         T = v.shape[1]
         if c.normalizer:
             v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # the last channel accumulates the denominator
-        if c.bonus:
+        if c.bonus and mode == "step":  # q_t S_{t-1}: the state read before this token's write
+            o, S = self._recur(q, k, v, gk, S0, mode, need_state, delayed=True)
+            o = o + self._bonus_term(P) * v
+        elif c.bonus:
             # q_t S_{t-1}: the recurrence on (k, v, α) delayed by one step, read at T + 1 positions;
             # its first step only decays by 1 and writes 0, so the state read at t is S_{t-1}
             q2, k2, v2 = (torch.cat(p, dim=1) for p in ((q, torch.zeros_like(q[:, :1])), (torch.zeros_like(k[:, :1]), k), (torch.zeros_like(v[:, :1]), v)))
             gk2 = torch.cat([torch.zeros_like(gk[:, :1]), gk], dim=1) if gk is not None else None
-            o, S = self._recur(q2, k2, v2, gk2, S0, "recurrent" if mode == "step" else mode, need_state)
+            o, S = self._recur(q2, k2, v2, gk2, S0, mode, need_state)
             o = o[:, :T] + self._bonus_term(P) * v
         else:
             o, S = self._recur(q, k, v, gk, S0, mode, need_state)

@@ -5,7 +5,10 @@ from .attention import MODES as ATTENTION_MODES
 from .attention import (
     KVCache, alibi_slopes, attention_decode, attention_mask, attention_probs, attention_step, kv_cache_trim, repeat_kv, softmax_attention,
 )
-from .rotary import ROPE_SCALINGS, check_rope_scaling, rope_frequencies, rotary, rotary_angles, rotary_reference
+from .rotary import (
+    ROPE_SCALINGS, RotaryTable, apply_rotary, check_rope_scaling, rope_frequencies, rotary, rotary_angles, rotary_cos_sin,
+    rotary_reference,
+)
 from .conv import causal_conv1d, causal_conv1d_step, direct_conv, fft_conv, toeplitz
 from .features import FEATURE_MAPS, apply_feature_map, taylor_feature_dim, taylor_features
 from .recurrence import linear_recurrence, recurrence_map, recurrence_step
@@ -43,7 +46,7 @@ __all__ = [
     "delta_rule", "delta_rule_step", "delta_rule_map", "DELTA_RULE_MODES",
     "fft_conv", "direct_conv", "toeplitz", "causal_conv1d", "causal_conv1d_step",
     "softmax_attention", "attention_probs", "attention_step", "attention_mask", "kv_cache_trim", "ATTENTION_MODES",
-    "attention_decode", "alibi_slopes", "KVCache", "repeat_kv", "rotary", "rotary_angles", "rotary_reference", "rope_frequencies", "check_rope_scaling", "ROPE_SCALINGS",
+    "attention_decode", "alibi_slopes", "KVCache", "repeat_kv", "rotary", "rotary_angles", "rotary_cos_sin", "apply_rotary", "RotaryTable", "rotary_reference", "rope_frequencies", "check_rope_scaling", "ROPE_SCALINGS",
     "FEATURE_MAPS", "apply_feature_map", "taylor_features", "taylor_feature_dim",
     "selective_scan", "max_stabilizer", "lse_gate", "clock_atom", "clock_phases", "cyclic_readout", "readout_basis", "momentum_delta_rule", "momentum_delta_rule_map", "MOMENTUM_DELTA_MODES",
     "moba_attention", "moba_mask", "moba_probs", "nsa_attention", "nsa_probs", "deltaformer_attention", "deltaformer_probs", "parallax_attention", "parallax_probs", "wall_attention", "wall_probs", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose", "vandermonde_kernel",

@@ -262,7 +262,9 @@ def _lags(Tq, Tk, prefix, offset, device, dtype):
 
 def _scores(qh, kh, scale, softcap, bias):
     """s = scale·q kᵀ, soft-capped, plus the bias [.., Tq, Tk] (ALiBi): [B, H, Tq, Tk] in qh's dtype."""
-    scores = (qh @ kh.transpose(-1, -2)) * scale
+    scores = qh @ kh.transpose(-1, -2)
+    if scale != 1.0:
+        scores = scores * scale
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     return scores if bias is None else scores + bias
@@ -439,15 +441,22 @@ def attention_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     q [B, H, K]; keys [B, L, Hkv, K], values [B, L, Hkv, V] (any strides: views of a
     :class:`KVCache`'s buffers), the last key the query's own (ALiBi's lags: L − 1 − l).
     ``softcap``, ``alibi``, ``sinks`` as in :func:`softmax_attention`. Returns o [B, H, V].
-    Scores and softmax in float32 or wider.
+    Scores and softmax in float32 or wider: in float32 and float64 without those options, one SDPA
+    call (no mask: the query sees every key); otherwise the explicit scores and softmax.
     """
     B, H, K = q.shape
     Hkv, L = keys.shape[2], keys.shape[1]
     scale = _scale(scale, K, "attention_decode")
+    if softcap is None and alibi is None and sinks is None and q.dtype in (torch.float32, torch.float64) \
+            and keys.dtype == values.dtype == q.dtype:
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2), scale=scale,
+                                           enable_gqa=H != Hkv)  # [B, H, 1, V]
+        return o.view(B, H, -1)
     dt = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     with autocast_off(q.device.type):
-        qg = q.to(dt).view(B, Hkv, H // Hkv, K)  # query heads grouped by the kv head they read
-        kh, vh = keys.to(dt).transpose(1, 2), values.to(dt).transpose(1, 2)  # [B, Hkv, L, ·]
+        q, keys, values_ = (t if t.dtype == dt else t.to(dt) for t in (q, keys, values))
+        qg = q.view(B, Hkv, H // Hkv, K)  # query heads grouped by the kv head they read
+        kh, vh = keys.transpose(1, 2), values_.transpose(1, 2)  # [B, Hkv, L, ·]
         bias = None
         if alibi is not None:
             lag = torch.arange(L - 1, -1, -1, device=q.device, dtype=dt)
@@ -458,8 +467,8 @@ def attention_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
             p = torch.softmax(torch.cat([s, z], dim=-1), dim=-1)[..., :-1]
         else:
             p = torch.softmax(s, dim=-1)
-        o = p @ vh  # [B, Hkv, G, V]
-    return o.reshape(B, H, -1).to(values.dtype)
+        o = (p @ vh).reshape(B, H, -1)  # [B, Hkv, G, V] -> [B, H, V]
+    return o if o.dtype == values.dtype else o.to(values.dtype)
 
 
 def attention_step(
@@ -561,6 +570,13 @@ class KVCache:
         """[B, L, Hkv, V]: the cached values (a view)."""
         return None if self.v is None else self.v[:, :, self.start : self.end].transpose(1, 2)
 
+    def head_first(self) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
+        """(k [B, Hkv, L, K], v [B, Hkv, L, V]): the cached keys and values in the buffers' own layout
+        (views; transformers' cache layout)."""
+        if self.k is None:
+            return None, None
+        return self.k[:, :, self.start : self.end], self.v[:, :, self.start : self.end]
+
     def floats(self) -> int:
         if self.k is None:
             return 0
@@ -603,14 +619,18 @@ class KVCache:
         views of the buffers, valid until the next append. The cache then keeps the last
         window - 1 of them (all without a window)."""
         where = "KVCache.append"
-        check_tensor("k", k, rank=4, layout="[B, T, Hkv, K]", where=where)
-        check_tensor("v", v, rank=4, layout="[B, T, Hkv, V]", where=where)
-        check_shape("v", v, (*k.shape[:3], None), "[B, T, Hkv, V]", where)
+        fits = self.k is not None and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == v.dim() == 4 \
+            and k.shape[1] == v.shape[1] > 0 and (k.shape[0], k.shape[2], k.shape[3]) == (self.k.shape[0], self.k.shape[1], self.k.shape[3]) \
+            and (v.shape[0], v.shape[2], v.shape[3]) == (self.v.shape[0], self.v.shape[1], self.v.shape[3])
+        if not fits:  # the full checks (the first append, or a shape that is not the buffers'): each names what is wrong
+            check_tensor("k", k, rank=4, layout="[B, T, Hkv, K]", where=where)
+            check_tensor("v", v, rank=4, layout="[B, T, Hkv, V]", where=where)
+            check_shape("v", v, (*k.shape[:3], None), "[B, T, Hkv, V]", where)
+            if self.k is not None:
+                B, H, _, K = self.k.shape
+                check_shape("k", k, (B, None, H, K), "[B, T, Hkv, K] (the cache's B, Hkv, K)", where)
+                check_shape("v", v, (B, None, H, self.v.shape[-1]), "[B, T, Hkv, V] (the cache's B, Hkv, V)", where)
         T = k.shape[1]
-        if self.k is not None:
-            B, H, _, K = self.k.shape
-            check_shape("k", k, (B, None, H, K), "[B, T, Hkv, K] (the cache's B, Hkv, K)", where)
-            check_shape("v", v, (B, None, H, self.v.shape[-1]), "[B, T, Hkv, V] (the cache's B, Hkv, V)", where)
         self.seen += T
         L = len(self)
         if self._functional(k, v) or (self.window is not None and T > 1) or (self.k is not None and self.k.dtype != k.dtype):

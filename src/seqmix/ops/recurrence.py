@@ -163,15 +163,19 @@ def _exp_where(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 
 
-def _step(S, q_t, k_t, v_t, ak_t, av_t, scale):
+def _step(S, q_t, k_t, v_t, ak_t, av_t, scale, delayed=False):
     """One update of the recurrence. S [B,H,K,V]; q_t,k_t [B,H,K]; v_t [B,H,V];
-    ak_t [B,H,K] or [B,H,1] (decay, not log) or None; av_t [B,H,V] or None."""
+    ak_t [B,H,K] or [B,H,1] (decay, not log) or None; av_t [B,H,V] or None.
+    ``delayed``: the output reads the state before the update (o_t = scale·q_t S_{t-1})."""
+    if delayed:
+        o_t = (q_t.unsqueeze(-2) @ S).squeeze(-2)
     if ak_t is not None:
         S = S * ak_t.unsqueeze(-1)
     if av_t is not None:
         S = S * av_t.unsqueeze(-2)
     S = S + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
-    o_t = (q_t.unsqueeze(-2) @ S).squeeze(-2)
+    if not delayed:
+        o_t = (q_t.unsqueeze(-2) @ S).squeeze(-2)
     if scale != 1.0:
         o_t = o_t * scale
     return o_t, S
@@ -847,7 +851,8 @@ def chunk_size_for(T: int, K: int, V: int, *, keywise: bool = True, valuewise: b
     return min(min(128, max(32, pow2_at_least(max(K, V)))), pow2_at_least(T))
 
 
-def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex_: bool, chunk_size: int) -> str:
+def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex_: bool, chunk_size: int,
+              strong_decays: bool = False) -> str:
     """The mode ``mode="auto"`` runs, from rules measured by ``bench/recurrence.py`` on CPU.
 
     * T == 1: ``recurrent`` (a single step).
@@ -857,13 +862,20 @@ def auto_mode(T: int, K: int, V: int, *, keywise: bool, valuewise: bool, complex
       elementwise updates beats the tiled chunk form, whose matmuls are too thin to pay off,
       and the scan's hand-written backward beats autograd through the loop (forward+backward
       1.8x at bench/recurrence.py's S6-like shape).
+    * value-wise decays with K == 1 (a diagonal state: every value channel its own scalar
+      recurrence, as RWKV-4, the RG-LRU and the LinRNNs run, their heads folded into one of
+      H·V channels) whose decays are too strong for tiles of _TILE tokens (``strong_decays``:
+      max|log α| > _MAX_LOG_GROWTH / _TILE, a host read by :func:`linear_recurrence`): ``scan``
+      too, however wide V. The chunk form would run in tiles of fewer tokens, down to one (RWKV-4's
+      decays reach e^{-20} per step); with weaker decays it beats the scan
+      (``python bench/recurrence.py --cases diagonal``: docs/performance.md).
     * otherwise ``chunk``.
     """
     if T == 1:
         return "recurrent"
     if T <= chunk_size:
         return "parallel"
-    if (keywise or valuewise) and K * V <= 64:
+    if ((keywise or valuewise) and K * V <= 64) or (valuewise and K == 1 and strong_decays):
         return "recurrent" if complex_ else "scan"
     return "chunk"
 
@@ -953,12 +965,17 @@ def linear_recurrence(
     S0 = initial_state.to(dt) if initial_state is not None else None
 
     if mode == "auto":
+        # a diagonal state's decays: whether the chunk form's tiles would be shorter than _TILE tokens (a tile of
+        # c tokens spans at most c·max|log α|, which _tile_size keeps below _MAX_LOG_GROWTH)
+        strong = gv is not None and K == 1 and T > chunk_size and reads_values(gv) \
+            and float((gv.real if gv.is_complex() else gv).detach().min()) * _TILE < -_MAX_LOG_GROWTH
         mode = auto_mode(
             T, K, V,
             keywise=gk is not None and gk.shape[-1] > 1,
             valuewise=gv is not None,
             complex_=dt.is_complex,
             chunk_size=chunk_size,
+            strong_decays=strong,
         )
     if mode == "scan" and dt.is_complex:
         mode = "recurrent"  # the scan's hand-written backward is for real inputs: the reference loop
@@ -984,27 +1001,34 @@ def recurrence_step(
     *,
     scale: float = 1.0,
     check_values: bool = True,
+    delayed: bool = False,
 ):
     """One decoding step. q, k [B, H, K]; v [B, H, V]; gk [B, H, K] or [B, H]; gv [B, H, V];
-    state [B, H, K, V] or None (zeros). Returns (o [B, H, V], new state [B, H, K, V])."""
+    state [B, H, K, V] or None (zeros). Returns (o [B, H, V], new state [B, H, K, V]).
+    ``delayed``: o = scale·q S_{t-1}, the state before this token's write (RWKV's bonus form, where the
+    current token enters through a term of its own; the full-sequence modes get it by shifting k, v
+    and the decay one step later)."""
     _check_inputs(q, k, v, gk, gv, state, check_values=check_values, where="recurrence_step", step=True)
-    return _recurrence_step(q, k, v, gk, gv, state, scale)
+    return _recurrence_step(q, k, v, gk, gv, state, scale, delayed)
 
 
-def _recurrence_step(q, k, v, gk, gv, state, scale):
+def _recurrence_step(q, k, v, gk, gv, state, scale, delayed=False):
     """:func:`recurrence_step` after its checks (shapes as there; autocast already off)."""
     B, H, K = q.shape
     V = v.shape[-1]
     dt = _compute_dtype(q, k, v, gk, gv, state)
     out_dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) and not dt.is_complex else dt
+    def as_dt(t):  # (a cast to the dtype a tensor has costs a call per step)
+        return t if t.dtype == dt else t.to(dt)
+
     if state is None:
         state = torch.zeros(B, H, K, V, dtype=dt, device=q.device)
     ak = None
     if gk is not None:
-        ak = (gk.unsqueeze(-1) if gk.dim() == 2 else gk).to(dt).exp()
-    av = gv.to(dt).exp() if gv is not None else None
-    o, S = _step(state.to(dt), q.to(dt), k.to(dt), v.to(dt), ak, av, scale)
-    return o.to(out_dtype), S
+        ak = as_dt(gk.unsqueeze(-1) if gk.dim() == 2 else gk).exp()
+    av = as_dt(gv).exp() if gv is not None else None
+    o, S = _step(as_dt(state), as_dt(q), as_dt(k), as_dt(v), ak, av, scale, delayed)
+    return as_dt(o) if out_dtype == dt else o.to(out_dtype), S
 
 
 @full_precision

@@ -181,6 +181,38 @@ def rotary_angles(positions: torch.Tensor, rotary_dim: int, theta: float = 10000
     return positions.to(dtype).unsqueeze(-1) * inv_freq
 
 
+def rotary_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float = 10000.0, dtype=torch.float32, *,
+                   scaling: dict | None = None, seq_len: int | None = None, interleaved: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotation of :func:`apply_rotary` at positions [...]: (c, s) [..., R], channel i holding
+    a·cos pθ_j and ∓a·sin pθ_j of its pair j (− for the first channel of the pair, + for the second;
+    θ_j and the attention factor a of ``scaling``: :func:`rope_frequencies`), in ``dtype``."""
+    inv_freq, att = rope_frequencies(rotary_dim, theta, scaling, seq_len=seq_len, device=positions.device, dtype=dtype)
+    ang = positions.to(dtype).unsqueeze(-1) * inv_freq
+    cos, sin = ang.cos(), ang.sin()
+    if att != 1.0:
+        cos, sin = cos * att, sin * att
+    if interleaved:  # pairs (2j, 2j + 1)
+        return cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)  # pairs (j, j + R/2)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False) -> torch.Tensor:
+    """x [B, T, H, K] with its first R = cos.shape[-1] channels rotated pair by pair, (a, b) ->
+    (a cos − b sin, b cos + a sin): x ⊙ c + x̃ ⊙ s with x̃ each channel's partner in its pair (the
+    halves swapped, or the neighbours for ``interleaved``) and (c, s) of :func:`rotary_cos_sin`,
+    broadcasting against [B, T, 1, R]; computed in c's dtype, cast back to x's."""
+    R = cos.shape[-1]
+    xr = x if R == x.shape[-1] else x[..., :R]
+    if xr.dtype != cos.dtype:
+        xr = xr.to(cos.dtype)
+    partner = xr.unflatten(-1, (R // 2, 2)).flip(-1).flatten(-2) if interleaved else xr.roll(R // 2, dims=-1)
+    rot = xr * cos + partner * sin
+    if rot.dtype != x.dtype:
+        rot = rot.to(x.dtype)
+    return rot if R == x.shape[-1] else torch.cat((rot, x[..., R:]), dim=-1)
+
+
 def rotary(
     x: torch.Tensor,
     positions: torch.Tensor,
@@ -208,22 +240,51 @@ def rotary(
     """
     R = _check(x, positions, rotary_dim, theta, _WHERE)
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    inv_freq, att = rope_frequencies(R, theta, scaling, seq_len=seq_len, device=x.device, dtype=dt)
-    ang = positions.to(dt).unsqueeze(-1) * inv_freq  # [T, R/2] or [B, T, R/2]
-    if ang.dim() == 2:
-        ang = ang.unsqueeze(0)
-    cos, sin = ang.cos().unsqueeze(2), ang.sin().unsqueeze(2)  # [B|1, T, 1, R/2]
-    xr = x[..., :R].to(dt)
-    if interleaved:
-        a, b = xr[..., 0::2], xr[..., 1::2]
-        rot = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-    else:
-        a, b = xr[..., : R // 2], xr[..., R // 2 :]
-        rot = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
-    if att != 1.0:
-        rot = rot * att
-    rot = rot.to(x.dtype)
-    return rot if R == x.shape[-1] else torch.cat((rot, x[..., R:]), dim=-1)
+    cos, sin = rotary_cos_sin(positions, R, theta, dt, scaling=scaling, seq_len=seq_len, interleaved=interleaved)  # [(B,) T, R]
+    if cos.dim() == 2:
+        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    return apply_rotary(x, cos.unsqueeze(2), sin.unsqueeze(2), interleaved=interleaved)
+
+
+class RotaryTable:
+    """The rotation of :func:`rotary_cos_sin` at the positions 0 .. N − 1, kept between calls: a layer
+    that rotates T tokens at positions start .. start + T − 1 (a decoding step: one) slices it instead
+    of computing frequencies, angles, cosines and sines per call. The table grows by doubling; its
+    entries are the same elementwise arithmetic as a fresh computation, so a slice equals one bit for bit.
+
+    Not tabulated (computed per call): the scalings whose frequencies depend on the call's length
+    (``dynamic``, ``longrope``), the ``meta`` device, and calls while torch.compile traces (the
+    table is Python state). One table per (R, pairing, device, dtype); a table built in inference
+    mode is rebuilt for a call outside it (an inference tensor cannot be saved for a backward pass).
+    """
+
+    MIN_POSITIONS = 256
+
+    def __init__(self, theta: float = 10000.0, scaling: dict | None = None):
+        self.theta = theta
+        self.scaling = scaling
+        self.static = scaling is None or scaling.get("type") not in ("dynamic", "longrope")
+        self._tables: dict = {}
+
+    def __call__(self, start: int, T: int, rotary_dim: int, *, device, dtype, seq_len: int | None = None,
+                 interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(c, s) [T, 1, R] at the positions start .. start + T − 1 (:func:`apply_rotary`'s rotation,
+        broadcasting against [B, T, H, R])."""
+        end = start + T
+        kw = dict(scaling=self.scaling, interleaved=interleaved)
+        if not self.static or torch.compiler.is_compiling() or torch.device(device).type == "meta":
+            cos, sin = rotary_cos_sin(torch.arange(start, end, device=device), rotary_dim, self.theta, dtype, seq_len=seq_len, **kw)
+            return cos.unsqueeze(1), sin.unsqueeze(1)
+        key = (rotary_dim, interleaved, str(device), dtype)
+        table = self._tables.get(key)
+        if table is None or table[0].shape[0] < end or (table[0].is_inference() and not torch.is_inference_mode_enabled()):
+            n = max(end, self.MIN_POSITIONS, 2 * table[0].shape[0] if table is not None else 0)
+            cos, sin = rotary_cos_sin(torch.arange(n, device=device), rotary_dim, self.theta, dtype, **kw)
+            table = self._tables[key] = (cos.unsqueeze(1), sin.unsqueeze(1))
+        return table[0][start:end], table[1][start:end]
+
+    def __getstate__(self):  # copies and pickles carry the settings, not the tables
+        return {**self.__dict__, "_tables": {}}
 
 
 def rotary_reference(x, positions, *, rotary_dim=None, theta=10000.0, interleaved=False, scaling=None, seq_len=None):

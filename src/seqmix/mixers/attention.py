@@ -166,7 +166,8 @@ class _Attention(Mixer):
         table = self.__dict__.get("_rope_table")
         if table is None:
             c = self.config
-            table = self.__dict__["_rope_table"] = RotaryTable(c.rope_theta, getattr(c, "rope_scaling", None))
+            # vars(c): a config without the field (pydantic's __getattr__ breaks torch.compile's graph)
+            table = self.__dict__["_rope_table"] = RotaryTable(c.rope_theta, vars(c).get("rope_scaling"))
         return table
 
     def _rotate(self, start: int, *ts, rotary_dim: int | None = None, interleaved: bool = False):

@@ -186,3 +186,12 @@ def output_file(path, argument: str) -> Path:
     if p.exists() and not os.access(p, os.W_OK):
         raise ValueError(f"argument {argument}: {str(path)!r} is not writable")
     return p
+
+
+def check_device(v: str, name: str = "device") -> str:
+    """``v`` if torch reads it as a device (cpu, cuda, cuda:0, ...), else a ValueError naming ``name``."""
+    try:
+        torch.device(v)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"{name}: expected a torch device such as cpu, cuda or cuda:0, got {v!r}") from None
+    return v

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 import torch
 
-from .._checks import output_dir
+from .._checks import check_device, output_dir
 
 __all__ = ["LinearizeConfig", "run", "evaluate_lm", "state_floats_per_token"]
 
@@ -83,11 +83,7 @@ class LinearizeConfig(BaseModel):
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:
-        try:
-            torch.device(v)
-        except (RuntimeError, ValueError, TypeError):
-            raise ValueError(f"argument --device: expected a torch device such as cpu, cuda or cuda:0, got {v!r}") from None
-        return v
+        return check_device(v, "argument --device")
 
     @model_validator(mode="after")
     def _check(self):

@@ -16,7 +16,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..data import CorpusConfig, DataConfig, RunData
-from .._checks import read_json
+from .._checks import check_device, read_json
 from ..mixers.base import config_error
 from ..models import ModelConfig
 
@@ -73,13 +73,7 @@ class TrainConfig(BaseModel):
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:
-        import torch
-
-        try:
-            torch.device(v)
-        except (RuntimeError, ValueError, TypeError):
-            raise ValueError(f"device: expected a torch device such as cpu, cuda or cuda:0, got {v!r}") from None
-        return v
+        return check_device(v)
 
 
 class RunConfig(BaseModel):

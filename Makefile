@@ -1,6 +1,6 @@
 # seqmix: set-up and the common jobs. Every target creates .venv on first use.
 #   make main       the main job (see README)
-#   make test       the whole test suite, slow tests included (what CI runs; about 6 min on 2 cores, set-up excluded)
+#   make test       the whole test suite, slow tests included (what CI runs; about 22 min on 2 cores, set-up excluded)
 #   make test-slow  only the tests marked slow (pytest -m "not slow" skips them while developing)
 #   make bench      every benchmark script at full size
 #   make test-latest   the whole suite in .venv-latest, with the newest release of every dependency

@@ -238,6 +238,13 @@ class _Attention(Mixer):
             return w - 1
         return seq_len if w is None else min(seq_len, w - 1)
 
+    def state_size(self, seq_len: int | None = None) -> int:
+        """A cache of every key and value (or u) so far: heads·(K + V)·seq_len floats (the attentions
+        that cache something else override this)."""
+        if seq_len is None:
+            raise ValueError(f"{type(self).__name__}.state_size: the cache grows with the context (every key and value); pass 'seq_len'")
+        return self.heads * (self.head_qk + self.head_v) * seq_len
+
     def _compose(self, system: DSF, projections: bool) -> DSF:
         """With projections, the DSF's input is x and its output y (W_v and W_o absorbed; with
         grouped kv heads, W_v's rows repeated for every query head that reads them)."""
@@ -1056,11 +1063,6 @@ class StickBreakingAttention(_Attention):
         c = self.config
         return stickbreaking_probs(q, k, scale=self.qk_scale, attend_current=c.attend_current, remainder=c.remainder, check_values=False)
 
-    def state_size(self, seq_len: int | None = None) -> int:
-        if seq_len is None:
-            raise ValueError(f"{type(self).__name__}.state_size: the KV cache grows with the context; pass 'seq_len'")
-        return self.heads * (self.head_qk + self.head_v) * seq_len
-
 
 class PathConfig(AttentionConfig):
     """PaTH attention (Yang et al. 2025). Defaults: the paper's and flash-linear-attention's
@@ -1257,11 +1259,6 @@ class MoBA(_Attention):
         q, k, _ = self._qkv_at(x, 0)
         return moba_probs(q, k, block_size=self.config.chunk_size, topk=self.config.topk).to(q.dtype)
 
-    def state_size(self, seq_len: int | None = None) -> int:
-        if seq_len is None:
-            raise ValueError("MoBA.state_size: the cache grows with the context (every key and value); pass 'seq_len'")
-        return seq_len * self.heads * (self.head_qk + self.head_v)
-
 
 # ------------------------------------------------------------------------------------------
 # NSA: gated compressed, selected and sliding-window attention (map only)
@@ -1418,11 +1415,6 @@ class DeltaFormer(_Attention):
         q, k, _, beta = self._params(x, 0)
         return deltaformer_probs(q, k, beta).to(q.dtype)
 
-    def state_size(self, seq_len: int | None = None) -> int:
-        if seq_len is None:
-            raise ValueError("DeltaFormer.state_size: the cache grows with the context (every key and u); pass 'seq_len'")
-        return seq_len * self.heads * (self.head_qk + self.head_v)
-
 
 # ------------------------------------------------------------------------------------------
 # Parallax: softmax attention with a second query that corrects its weights
@@ -1478,11 +1470,6 @@ class Parallax(_Attention):
         self.check_input(x)
         q, r, k, _ = self._params(x, 0)
         return parallax_probs(q, r, k, window=self.config.window).to(q.dtype)
-
-    def state_size(self, seq_len: int | None = None) -> int:
-        if seq_len is None:
-            raise ValueError("Parallax.state_size: the cache grows with the context (every key and value); pass 'seq_len'")
-        return seq_len * self.heads * (self.head_qk + self.head_v)
 
 
 # ------------------------------------------------------------------------------------------

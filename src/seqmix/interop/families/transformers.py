@@ -279,9 +279,9 @@ def gpt_neox_attention_config(cfg, module) -> dict:
                 **rope_fields(cfg, module, K))
 
 
-def gpt_neox_attention_weights(module) -> tuple[Weight, ...]:
-    """query_key_value's rows are, per head h, [q_h (K) | k_h (K) | v_h (K)]."""
-    H, K = int(module.config.num_attention_heads), int(module.head_size)
+def interleaved_qkv_weights(H: int, K: int) -> tuple[Weight, ...]:
+    """A fused ``query_key_value`` (+ bias) whose rows are, per head h, [q_h (K) | k_h (K) | v_h (K)], and
+    ``dense`` (+ bias): GPT-NeoX's and BLOOM's attention."""
     q, k, v = (_group_rows(H, (K, K, K), i, "query_key_value") for i in range(3))
 
     def bias(t):
@@ -297,6 +297,11 @@ def gpt_neox_attention_weights(module) -> tuple[Weight, ...]:
         Weight("dense.weight", "W_o.weight"),
         Weight("dense.bias", "W_o.bias"),
     )
+
+
+def gpt_neox_attention_weights(module) -> tuple[Weight, ...]:
+    """query_key_value's rows are, per head h, [q_h (K) | k_h (K) | v_h (K)]."""
+    return interleaved_qkv_weights(int(module.config.num_attention_heads), int(module.head_size))
 
 
 
@@ -390,22 +395,7 @@ def bloom_attention_config(cfg, module) -> dict:
 
 def bloom_attention_weights(module) -> tuple[Weight, ...]:
     """query_key_value's rows are, per head h, [q_h (K) | k_h (K) | v_h (K)] (as GPT-NeoX's)."""
-    H, K = int(module.num_heads), int(module.head_dim)
-    q, k, v = (_group_rows(H, (K, K, K), i, "query_key_value") for i in range(3))
-
-    def bias(t):
-        return Transform(f"{t} (bias)", lambda b: t(b[:, None]).flatten())
-
-    return (
-        Weight("query_key_value.weight", "W_qk.weight", q, part=0),
-        Weight("query_key_value.weight", "W_qk.weight", k, part=1),
-        Weight("query_key_value.weight", "W_v.weight", v),
-        Weight("query_key_value.bias", "W_qk.bias", bias(q), part=0),
-        Weight("query_key_value.bias", "W_qk.bias", bias(k), part=1),
-        Weight("query_key_value.bias", "W_v.bias", bias(v)),
-        Weight("dense.weight", "W_o.weight"),
-        Weight("dense.bias", "W_o.bias"),
-    )
+    return interleaved_qkv_weights(int(module.num_heads), int(module.head_dim))
 
 
 def mla_attention_config(cfg, module, *, rope: bool = True) -> dict:

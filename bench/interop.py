@@ -18,15 +18,18 @@ eval mode, batch 1, transformers on its torch paths (no mamba_ssm / causal_conv1
   (the interval between two tokens: one decoding step through the cache, with generate's own work;
   the converted model: the seqmix mixers' step mode), each step's min over the repeats.
 
-The two models run interleaved (each repeat times the original, then the converted model), min over
-``--repeats`` runs; each row prints MET where the converted model is at least as fast (ratio >= 1.0) and
-NOT MET otherwise, with the measured reason where one is known (``REASONS``). The load average (``os.getloadavg``) is printed beside the
+The models run interleaved (each repeat times the original, then the converted model, then the A/A
+control: a second copy of the original), min over ``--repeats`` runs; each row prints MET where the
+converted model is at least as fast (ratio >= 1.0) and NOT MET otherwise, with the measured reason: the
+A/A control's where the gap is no larger than the one between the two copies of the original in the same
+run (``status_of``: the run cannot tell the models apart), else the reason known (``REASONS``). The load average (``os.getloadavg``) is printed beside the
 figures: the machine may be shared. A family whose tiny model transformers cannot build
 here, or that seqmix refuses, is listed with the reason.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 
@@ -117,21 +120,18 @@ TARGET = 1.0
 #: the transformers families whose every attention layer is the converted softmax attention (decode rows share a reason)
 ATTENTION_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text", "phi3",
                       "phi", "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss", "gpt2", "bloom", "deepseek_v3")
-_ADAPTER_CALL = ("the converted attention call takes ~1.5x the original's: 39 aten ops per llama layer and step vs 32 "
-                 "(the input's finite check, the KV cache's in-place writes and views) and ~205 Python calls vs 91 (the cache "
-                 "layer's lookups and checks, the seqmix Cache view)")
-#: (family, mode) -> why the row stays below the target where it does, as measured (printed beside a NOT MET row;
-#: docs/interop.md gives the measurements)
+_ADAPTER_CALL = ("where: the adapter's path around the same attention op (transformers' cache layer looked up and checked, "
+                 "a seqmix Cache view per call, the input's finite check, the KV cache written in place through views)")
+#: (family, mode) -> where the extra work of a NOT MET row comes from (printed after the row's counts, which
+#: ``call_counts`` measures in the same run; docs/interop.md gives the analysis)
 REASONS: dict[tuple[str, str], str] = {
     **{(f, "decode"): _ADAPTER_CALL for f in ATTENTION_FAMILIES},
-    **{(f, m): "within run-to-run noise under load (llama forward: 0.84 and 0.95 in two runs of the same code)"
-       for f in ATTENTION_FAMILIES for m in ("forward", "prefill")},
-    ("rwkv", "decode"): "91 aten ops per converted step vs 65: the WKV state carried between transformers' stacked list "
-                        "(stabilized) and seqmix's form each step (12 ops read, 13 write)",
-    ("xlstm", "decode"): "103 aten ops per converted step vs 85: the stabilizer op's value checks (3 reductions and host "
-                         "reads) and the tuple state's reshaping",
-    ("minimax", "decode"): "57 aten ops per converted step vs 32: separate q, k, v projections and activations (transformers "
-                           "fuses them) and the fixed head decays rebuilt per call (8 ops)",
+    ("rwkv", "decode"): "where: the WKV state carried between transformers' stacked list (stabilized: num, den, max) and "
+                        "seqmix's unstabilized form each step, read and written, and the general-form step's Python path",
+    ("xlstm", "decode"): "where: the general form's Python path per step (its gate, decay and readout functions, the tuple "
+                         "state's transforms); its aten ops are no more than the original's",
+    ("minimax", "decode"): "where: separate q, k, v projections and activations (transformers fuses them) and the fixed head "
+                           "decays rebuilt per call",
 }
 
 
@@ -159,39 +159,97 @@ def _step_clock():
     return StepClock()
 
 
-def measure(orig, conv, T: int, steps: int, repeats: int) -> tuple[dict, dict]:
-    """forward, prefill and decode tokens/s of the original and the converted model, interleaved: every
-    repeat times the original, then the converted model, for each of forward, prefill and generate, so that
-    a change in the machine's load hits both alike. Forward and prefill: the min over ``repeats`` (after a
-    warm-up call each). Decode: ``generate`` records the time after every token (a stopping criterion that
-    stops nothing); decoding step i (i >= 1: the first token comes from the prefill) takes the min over the
-    repeats of its interval, and the decode rate is (steps - 1) / the sum of those minima."""
+def measure(models: dict, T: int, steps: int, repeats: int) -> dict:
+    """forward, prefill and decode tokens/s of each of ``models`` (name -> model: the original, the
+    converted model and, as the A/A control, a copy of the original), interleaved: every repeat times each
+    model in turn for each of forward, prefill and generate, so that a change in the machine's load hits all
+    alike. Forward and prefill: the min over ``repeats`` (after a warm-up call each). Decode: ``generate``
+    records the time after every token (a stopping criterion that stops nothing); decoding step i (i >= 1:
+    the first token comes from the prefill) takes the min over the repeats of its interval, and the decode
+    rate is (steps - 1) / the sum of those minima. Returns name -> {forward_tok_s, prefill_tok_s, decode_tok_s}."""
     from transformers import StoppingCriteriaList
 
     ids = torch.randint(2, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
-    best = {(who, k): float("inf") for who in ("original", "converted") for k in ("forward", "prefill")}
-    step_min = {who: [float("inf")] * (steps - 1) for who in ("original", "converted")}
+    best = {(who, k): float("inf") for who in models for k in ("forward", "prefill")}
+    step_min = {who: [float("inf")] * (steps - 1) for who in models}
     with torch.no_grad():
         for rep in range(repeats + 1):  # the first round warms up
             for k, kw in (("forward", dict(use_cache=False)), ("prefill", dict(use_cache=True))):
-                for who, m in (("original", orig), ("converted", conv)):
+                for who, m in models.items():
                     t0 = time.perf_counter()
                     m(input_ids=ids, **kw)
                     if rep:
                         best[who, k] = min(best[who, k], time.perf_counter() - t0)
-            for who, m in (("original", orig), ("converted", conv)):
+            for who, m in models.items():
                 clock = _step_clock()
                 m.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0,
                            stopping_criteria=StoppingCriteriaList([clock]))
                 if rep:
                     for i, (a, b) in enumerate(zip(clock.times, clock.times[1:])):
                         step_min[who][i] = min(step_min[who][i], b - a)
-    out = []
-    for who in ("original", "converted"):
+    out = {}
+    for who in models:
         dec = sum(step_min[who])
-        out.append({"forward_tok_s": T / best[who, "forward"], "prefill_tok_s": T / best[who, "prefill"],
-                    "decode_tok_s": (steps - 1) / dec if steps > 1 else None})
-    return out[0], out[1]
+        out[who] = {"forward_tok_s": T / best[who, "forward"], "prefill_tok_s": T / best[who, "prefill"],
+                    "decode_tok_s": (steps - 1) / dec if steps > 1 else None}
+    return out
+
+
+def call_counts(model, T: int) -> dict:
+    """What one call costs the interpreter, counted (deterministic, unlike a time on a shared machine): aten
+    ops (torch.profiler) and Python function calls (cProfile) of one forward on T tokens ("forward", and
+    "prefill" with the cache) and of one decoding step ("decode": generate of 6 tokens minus generate of 1,
+    over 5). Returns mode -> (aten ops, Python calls)."""
+    import cProfile
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = torch.randint(2, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
+
+    def count(fn) -> tuple[int, int]:
+        fn()  # warm
+        with profile(activities=[ProfilerActivity.CPU]) as p:
+            fn()
+        pr = cProfile.Profile()
+        pr.enable()
+        fn()
+        pr.disable()
+        return sum(e.count for e in p.key_averages()), pstats.Stats(pr).total_calls
+
+    def gen(n):
+        return lambda: model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+
+    with torch.no_grad():
+        out = {"forward": count(lambda: model(input_ids=ids, use_cache=False)),
+               "prefill": count(lambda: model(input_ids=ids, use_cache=True))}
+        six, one = count(gen(6)), count(gen(1))
+    out["decode"] = tuple(round((a - b) / 5) for a, b in zip(six, one))
+    return out
+
+
+def counted_reason(mode: str, orig: tuple[int, int], conv: tuple[int, int], known: str) -> str:
+    """The measured reason of a NOT MET row outside the A/A noise: the counts of :func:`call_counts` side
+    by side, then what is known of where they come from (REASONS)."""
+    unit = "decoding step" if mode == "decode" else f"{mode} call"
+    text = (f"per {unit}: {conv[0]} aten ops (original {orig[0]}), {conv[1]} Python calls (original {orig[1]})")
+    return f"{text}; {known}" if known else text
+
+
+def status_of(ratio: float | None, aa: float | None, reason: str) -> tuple[str, str]:
+    """(status, reason) of a row: MET where ratio >= TARGET; NOT MET otherwise, with the measured reason:
+    the A/A control's where the gap is no larger than the gap between two copies of the original measured
+    in the same run (min(aa, 1/aa) <= ratio: the run cannot tell the two models apart), else ``reason``
+    (REASONS, or nothing where none is known)."""
+    if ratio is None:
+        return "not measured", ""
+    if ratio >= TARGET:
+        return "MET", ""
+    if aa is not None and ratio >= min(aa, 1 / aa):
+        return "NOT MET", (f"within this run's noise: two copies of the original differ by {aa:.3f}x here (A/A); "
+                           f"{reason}" if reason else f"within this run's noise: two copies of the original differ by "
+                           f"{aa:.3f}x here (A/A)")
+    return "NOT MET", reason
 
 
 def report_table(fams: list[str], *, T: int) -> None:
@@ -239,6 +297,8 @@ def main() -> None:
     p.add_argument("--families", default=None, help="comma-separated families (default: every one seqmix converts)")
     p.add_argument("--decode-tokens", type=int, default=None, help="decoding steps (default 64; 8 with --quick)")
     p.add_argument("--seq-len", type=int, default=None, help="T of forward and prefill (default 512; 64 with --quick)")
+    p.add_argument("--no-control", action="store_true", help="skip the A/A control (a copy of the original timed beside "
+                   "the two models: the run's noise; a third of the time)")
     p.add_argument("--report-table", action="store_true", help="print the layer report of every family's model as one "
                    "Markdown table (docs/interop.md) instead of timing")
     args = p.parse_args()
@@ -269,14 +329,24 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001  (a family transformers or seqmix cannot run here: reported)
             results[fam] = {"skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
             continue
-        r_o, r_c = measure(orig, conv, T, steps, repeats)
-        results[fam] = {"convert_s": conv_s, "original": r_o, "converted": r_c}
+        models = {"original": orig, "converted": conv}
+        if not args.no_control:
+            models["control"] = copy.deepcopy(orig)  # the A/A control: a second copy of the original
+        r = measure(models, T, steps, repeats)
+        r_o, r_c, r_a = r["original"], r["converted"], r.get("control")
+        results[fam] = {"convert_s": conv_s, "original": r_o, "converted": r_c, "control": r_a}
+        counts = None
         for k, name in (("forward_tok_s", "forward"), ("prefill_tok_s", "prefill"), ("decode_tok_s", "decode")):
             ratio = r_c[k] / r_o[k] if r_c[k] and r_o[k] else None
-            status = "not measured" if ratio is None else "MET" if ratio >= TARGET else "NOT MET"
-            results[fam][f"{name}_ratio"], results[fam][f"{name}_status"] = ratio, status
-            reason = REASONS.get((fam, name), "") if status == "NOT MET" else ""
-            rows.append([fam, name, r_o[k], r_c[k], ratio, status, reason, conv_s if name == "forward" else None])
+            aa = r_a[k] / r_o[k] if r_a and r_a[k] and r_o[k] else None
+            status, reason = status_of(ratio, aa, REASONS.get((fam, name), ""))
+            if status == "NOT MET" and not reason.startswith("within this run's noise"):
+                if counts is None:  # counted once per family, where a row needs it
+                    counts = {who: call_counts(m, T) for who, m in (("original", orig), ("converted", conv))}
+                    results[fam]["counts"] = counts
+                reason = counted_reason(name, counts["original"][name], counts["converted"][name], reason)
+            results[fam][f"{name}_ratio"], results[fam][f"{name}_aa"], results[fam][f"{name}_status"] = ratio, aa, status
+            rows.append([fam, name, r_o[k], r_c[k], ratio, aa, status, reason, conv_s if name == "forward" else None])
         print(f"  {fam}: done (load average now {os.getloadavg()[0]:.2f})", flush=True)
     load_after = os.getloadavg()
     print(f"\nd = {D}, {LAYERS} layers, vocab {VOCAB}, batch 1, float32, T = {T} (forward, prefill), {steps} decode steps, "
@@ -284,10 +354,12 @@ def main() -> None:
     print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f} (the machine is shared: figures under load)")
     print_table(f"converted (seqmix mixers) vs original (transformers), CPU tokens/s; target: ratio >= {TARGET}",
-                ["family", "mode", "original tok/s", "converted tok/s", "ratio conv/orig", "status", "reason (measured)",
-                 "convert (s)"], rows)
-    n_met = sum(r[5] == "MET" for r in rows)
-    print(f"  {n_met} of {len(rows)} rows MET (converted >= {TARGET}x the original)")
+                ["family", "mode", "original tok/s", "converted tok/s", "ratio conv/orig", "A/A copy/orig", "status",
+                 "reason (measured)", "convert (s)"], rows)
+    n_met = sum(r[6] == "MET" for r in rows)
+    n_noise = sum(r[6] == "NOT MET" and r[7].startswith("within this run's noise") for r in rows)
+    print(f"  {n_met} of {len(rows)} rows MET (converted >= {TARGET}x the original); {n_noise} NOT MET within the run's "
+          "A/A noise (the gap no larger than between two copies of the original)")
     for fam, r in results.items():
         if "skipped" in r:
             print(f"  {fam}: not measured: {r['skipped']}")

@@ -5,9 +5,11 @@
     python bench/linearize.py --teacher runs/lin_teacher --out runs/lin_bench --table           # the table only
 
 For each student: the teacher linearized (init from attention, stage 1 on ``--transfer-frac`` of the
-budget, stage 2 full fine-tuning on the rest; ``seqmix.linearize.run``, what `seqmix linearize` runs)
-and the same architecture trained from scratch on the same number of tokens (a random model of the
-teacher's shape, students at their own init, next-token loss through the same Trainer). On held-out
+budget, stage 2 on the rest: by default the recipe of the measured table, KD weight 1 to the teacher's
+logits, LoRA rank 8 on the kept weights with the students trained in full, lr 3e-3;
+``seqmix.linearize.run``, what `seqmix linearize` runs) and the same architecture trained from scratch on
+the same number of tokens (a random model of the teacher's shape, next-token loss through the same
+Trainer, every weight trained, the best of an lr × init sweep: ``scratch_loss``). On held-out
 text (the validation windows, the same for all): G = (L_scratch − L_student) / (L_scratch − L_teacher).
 The budget is ``--budget-frac`` of the teacher's training tokens. ``hybrid:NAME`` runs NAME with
 ``auto:1`` (one softmax layer kept, the largest stage-1 residual) and ``uniform1:NAME`` with the one
@@ -243,13 +245,14 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--eval-batches", type=int, default=16)
     p.add_argument("--transfer-lr", type=float, default=3e-3)
-    p.add_argument("--finetune-lr", type=float, default=1e-3)
+    p.add_argument("--finetune-lr", type=float, default=3e-3, help="stage 2's lr (default 3e-3: the recipe of the measured table)")
     p.add_argument("--scratch-lrs", default="1e-3,3e-3", help="the from-scratch runs' lr sweep: L_scratch is the best of "
                    "these, the grid grown by x3 on the side of the best while the best is at its edge (scratch_loss)")
     p.add_argument("--scratch-inits", default="random,random_hf", help="the from-scratch runs' student inits swept "
                    "(random: the students' own; random_hf: their Linear weights as transformers draws the model's)")
-    p.add_argument("--kd", type=float, default=0.0)
-    p.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning")
+    p.add_argument("--kd", type=float, default=1.0, help="KD weight in stage 2 (default 1.0: the recipe of the measured table)")
+    p.add_argument("--lora-rank", type=int, default=8, help="LoRA rank on the kept weights in stage 2 (default 8: the recipe "
+                   "of the measured table); 0: full fine-tuning")
     p.add_argument("--transfer-trainable", choices=["all", "new"], default="all",
                    help="stage 1's trainable set: every student parameter, or only those not copied from the teacher")
     p.add_argument("--threads", type=int, default=None)

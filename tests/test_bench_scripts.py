@@ -255,3 +255,38 @@ def test_host_reads_and_compile_benches_run(tmp_path):
     res = json.loads((tmp_path / "c.json").read_text())["results"]["gla"]
     assert res["graph_breaks"] == 0
     assert res["first_loss"]["compiled"] == pytest.approx(res["first_loss"]["eager"], rel=1e-4)
+
+
+def test_interop_rows_and_counts(tmp_path):
+    """bench/interop.py --quick on one family: three models timed (original, converted, the A/A copy), every
+    row's ratio and A/A ratio from the stored rates; the row logic (status_of) and the counted reason
+    (call_counts: aten ops and Python calls per call, counted, deterministic)."""
+    pytest.importorskip("transformers", reason="the optional extra 'hf' is not installed: pip install 'seqmix[hf]'")
+    out = tmp_path / "interop.json"
+    r = _run("interop.py", "--quick", "--families", "mamba", "--threads", "1", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    res = json.loads(out.read_text())["results"]["mamba"]
+    for mode in ("forward", "prefill", "decode"):
+        k = f"{mode}_tok_s"
+        assert res[f"{mode}_ratio"] == pytest.approx(res["converted"][k] / res["original"][k])
+        assert res[f"{mode}_aa"] == pytest.approx(res["control"][k] / res["original"][k])
+        assert res[f"{mode}_status"] in ("MET", "NOT MET")
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import interop
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert interop.status_of(1.02, 0.9, "x") == ("MET", "")
+    assert interop.status_of(0.95, 0.93, "x")[1].startswith("within this run's noise")  # the copies differ more
+    assert interop.status_of(0.95, 1.06, "")[1].startswith("within this run's noise")  # 1/1.06 = 0.943 <= 0.95
+    assert interop.status_of(0.80, 0.97, "where: y") == ("NOT MET", "where: y")  # outside the A/A gap: the known reason
+    assert interop.status_of(None, None, "") == ("not measured", "")
+    import torch
+    torch.manual_seed(0)
+    orig = interop.build("mamba").eval()
+    counts = interop.call_counts(orig, 16)
+    assert set(counts) == {"forward", "prefill", "decode"}
+    assert all(ops > 0 and calls > 0 for ops, calls in counts.values())
+    assert counts == interop.call_counts(orig, 16)  # counts, not times: the same on a second count
+    assert interop.counted_reason("decode", (10, 20), (12, 30), "where: z") == \
+        "per decoding step: 12 aten ops (original 10), 30 Python calls (original 20); where: z"

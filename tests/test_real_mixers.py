@@ -436,3 +436,5 @@ def test_max_stabilizer_modes_agree_and_keep_gates_at_most_one():
         max_stabilizer(log_f, log_i, mode="chunk")
     with pytest.raises(ValueError, match="log_f"):
         max_stabilizer(torch.full_like(log_f, float("nan")), log_i)
+    # check_values=False (a mixer's own gates): no value check, the NaN propagates instead of raising
+    assert torch.isnan(max_stabilizer(torch.full_like(log_f, float("nan")), log_i, check_values=False)[2]).all()

@@ -652,7 +652,8 @@ class GeneralForm(Mixer):
         m = li = None
         if c.input_gate == "exp":  # xLSTM: i_t = exp(ĩ_t); the max-stabilizer turns (f_t, i_t) into gates <= 1 (seqmix.ops.stabilizer)
             li_raw = self._soft_cap(upcast(self.W_i(u_k)))  # [B, T, H]
-            la, li, m = max_stabilizer(la, li_raw, state.get("m") if state else None, mode="recurrent" if T == 1 else "parallel")
+            la, li, m = max_stabilizer(la, li_raw, state.get("m") if state else None, mode="recurrent" if T == 1 else "parallel",
+                                      check_values=False)  # computed here from the checked input
             if need_state:
                 new["m"] = m[:, -1]
         # f_q

@@ -44,8 +44,12 @@ def _stabilized(log_f, log_i, m, m_prev):
 
 
 @full_precision
-def max_stabilizer(log_f: torch.Tensor, log_i: torch.Tensor, m0: torch.Tensor | None = None, *, mode: str = "parallel"):
-    """The stabilized gates (log f', log i') and the stabilizer m of the module docstring."""
+def max_stabilizer(log_f: torch.Tensor, log_i: torch.Tensor, m0: torch.Tensor | None = None, *, mode: str = "parallel",
+                   check_values: bool = True):
+    """The stabilized gates (log f', log i') and the stabilizer m of the module docstring.
+
+    ``check_values=False`` skips the finite checks of the values (a mixer that computed the gates from an
+    input it has checked: each check is a reduction and a host read, per decoding step)."""
     check_choice("mode", mode, MODES, _WHERE)
     check_tensor("log_f", log_f, where=_WHERE)
     check_tensor("log_i", log_i, where=_WHERE)
@@ -58,7 +62,7 @@ def max_stabilizer(log_f: torch.Tensor, log_i: torch.Tensor, m0: torch.Tensor | 
         check_tensor("m0", m0, where=_WHERE)
         if tuple(m0.shape) != lead:
             raise ValueError(f"{_WHERE}: argument 'm0' must have shape [B, ...] = {fmt_shape(lead)}, got {fmt_shape(m0.shape)}")
-    for name, t in (("log_f", log_f), ("log_i", log_i), ("m0", m0)):
+    for name, t in (("log_f", log_f), ("log_i", log_i), ("m0", m0)) if check_values else ():
         if t is not None:
             check_finite(name, t, _WHERE)
     dt = compute_dtype(log_f, log_i)  # float32 or wider

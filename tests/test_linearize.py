@@ -12,7 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from seqmix.interop import InteropMixer, placed_mixers  # noqa: E402
+from seqmix.interop import InteropMixer, from_transformers, placed_mixers  # noqa: E402
 from seqmix.interop.load import load_converted  # noqa: E402
 from seqmix.linearize import (  # noqa: E402
     attention_layers, build_student, keep_softmax, linearize, phi_loss, residuals, save, students, teacher_weights, transfer,
@@ -565,6 +565,60 @@ def test_qwen3_teacher_folds_its_qk_norm_weights_into_the_copied_rows():
         torch.testing.assert_close(s.W_k.weight, k, rtol=0, atol=0)
         out = lin(input_ids=ids(2, 12), use_cache=False).logits
         assert out.shape == (2, 12, VOCAB) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name,kw", STUDENTS, ids=[s for s, _ in STUDENTS])
+def test_qwen2_teacher_biases_go_with_the_copied_rows(name, kw):
+    """A Qwen2 teacher (q/k/v biases, none in o_proj): every student takes the biases with the weights
+    (k, v repeated over the GQA groups), its other biases of those projections at 0; stage 1's
+    trainable="new" freezes the copied bias rows with the weights; and the identity-feature separable
+    student's map is exactly the teacher's attention (the biases inside its scores)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from seqmix.linearize.init import copied_rows, teacher_weights
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128)
+    cfg._attn_implementation = "eager"
+    m = Qwen2ForCausalLM(cfg).eval()
+    att = m.model.layers[1].self_attn
+    with torch.no_grad():
+        for lin_ in (att.q_proj, att.k_proj, att.v_proj):
+            lin_.bias.normal_(0, 0.5)
+    H, Hkv, K = 4, 2, 8
+    want = {"q": att.q_proj.bias, "k": att.k_proj.bias.view(Hkv, K).repeat_interleave(H // Hkv, 0).reshape(-1),
+            "v": att.v_proj.bias.view(Hkv, K).repeat_interleave(H // Hkv, 0).reshape(-1)}
+    lin = linearize(m, mixer=name, layers=[1], **kw)
+    s = lin.model.layers[1].self_attn.mixer
+    sd = s.state_dict()
+    if "W_qk.bias" in sd:
+        got = {"q": sd["W_qk.bias"][: H * K], "k": sd["W_qk.bias"][H * K:], "v": sd["W_v.bias"]}
+        rest = [sd["W_o.bias"]]
+    elif "in_proj.bias" in sd:  # [z; x; B; C; dt]: x <- v, B <- k, C <- q; z and dt rows at 0
+        D, b = H * K, sd["in_proj.bias"]
+        got = {"v": b[D:2 * D], "k": b[2 * D:3 * D], "q": b[3 * D:4 * D]}
+        rest = [b[:D], b[4 * D:], sd["out_proj.bias"]]
+    else:
+        got = {"q": sd["W_q.bias"], "k": sd["W_k.bias"], "v": sd["W_v.bias"]}
+        rest = [sd["W_o.bias"]] if "W_o.bias" in sd else []
+    for key, w in want.items():
+        assert torch.equal(got[key], w.detach()), key
+    assert all(float(r.abs().max()) == 0.0 for r in rest)
+    blocks = copied_rows(s, teacher_weights(from_transformers(m).model.layers[1].self_attn.mixer))
+    assert any(n.endswith("bias") for n in blocks)  # frozen with the weights under trainable="new"
+    out = lin(input_ids=ids(2, 12), use_cache=False).logits
+    assert out.shape == (2, 12, VOCAB) and torch.isfinite(out).all()
+    if name == "linear_attention":  # the exact check, once: the identity-feature student's map is the teacher's
+        exact = linearize(m, mixer="separable_attention", layers=[1], feature_map="identity", normalizer="none")
+        x = ids(2, 12)
+        ref = m(input_ids=x, output_attentions=True, use_cache=False).attentions[1]
+        studs = students(exact)
+        with capture(m, studs) as cap:
+            m(input_ids=x, use_cache=False)
+        causal = torch.ones(12, 12, dtype=torch.bool).tril()
+        scores = studs[1].mixer.phi(cap.inputs[1]).masked_fill(~causal, float("-inf"))
+        torch.testing.assert_close(scores.softmax(-1), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_cli_parallel_ddp_two_ranks(tmp_path):

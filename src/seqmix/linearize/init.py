@@ -15,7 +15,9 @@ family (the registered mixer class), never code per mixer:
   short convolution to the identity (its last tap 1), so the copied projections reach the
   recurrence unchanged.
 
-Decays, gates, norms and feature maps keep their own init. A registered mixer is a valid student
+Biases (Qwen2's q/k/v): a teacher with biases gives the student the config fields of its entry's
+``bias`` (its projections biased), the teacher's biases fill the same rows as the weights, and every
+other bias of those projections starts at 0. Decays, gates, norms and feature maps keep their own init. A registered mixer is a valid student
 when its class has an entry here and the built mixer has every parameter the rows name (so
 ``hgrn``, a GeneralForm without W_q, is refused). Teacher RoPE: the separable (linear) attention
 students take it (``rope=True`` at the teacher's θ: the feature maps act on the rotated q, k, as in
@@ -55,6 +57,16 @@ class Teacher:
     v: torch.Tensor = field(repr=False)
     o: torch.Tensor = field(repr=False)
     rope_scaling: dict | None = None  # the teacher's RoPE scaling (Llama 3's "llama3", ...), None: plain RoPE
+    # the projections' biases where the teacher has them (Qwen2's q/k/v), None where not: q_bias, k_bias [heads·K],
+    # v_bias [heads·V] (kv heads repeated as the weights), o_bias [d]
+    q_bias: torch.Tensor | None = field(default=None, repr=False)
+    k_bias: torch.Tensor | None = field(default=None, repr=False)
+    v_bias: torch.Tensor | None = field(default=None, repr=False)
+    o_bias: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def has_bias(self) -> bool:
+        return any(b is not None for b in (self.q_bias, self.k_bias, self.v_bias, self.o_bias))
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,10 @@ class StudentInit:
     config: Callable[[Teacher], dict]
     rows: tuple[Take, ...]
     why: str = ""
+    #: the config fields that give the student's copied projections their biases (set where the teacher has
+    #: biases; a bias the teacher lacks starts at 0, so the copy is still the teacher's map); None: the family
+    #: has no biased projections, and a teacher with biases is refused
+    bias: dict | None = None
 
 
 def _heads(t: Teacher) -> dict:
@@ -106,18 +122,18 @@ STUDENTS: dict[str, StudentInit] = {
         (Take("W_qk.weight", "q", lambda t: (0, t.heads * t.head_dim)),
          Take("W_qk.weight", "k", lambda t: (t.heads * t.head_dim, 2 * t.heads * t.head_dim)),
          Take("W_v.weight", "v"), Take("W_o.weight", "o")),
-        "φ(q)ᵀψ(k)/η: q → C (through φ), k → B (through ψ), v → u"),
+        "φ(q)ᵀψ(k)/η: q → C (through φ), k → B (through ψ), v → u", bias={"bias": True}),
     # MetaLA's general form (GLA, RetNet, TransNormer, ...): separate W_q, W_k, W_v, W_o
     "GeneralForm": StudentInit(
         lambda t: {"heads": t.heads, "expand_k": t.heads * t.head_dim / t.d_model, "expand_v": t.heads * t.head_dim / t.d_model},
         (Take("W_q.weight", "q"), Take("W_k.weight", "k"), Take("W_v.weight", "v"), Take("W_o.weight", "o")),
-        "S_t = Λ_t S_{t-1} + k_tᵀv_t, o_t = q_t S_t: q → C, k → B, v → u; Λ_t (decay) at its own init"),
+        "S_t = Λ_t S_{t-1} + k_tᵀv_t, o_t = q_t S_t: q → C, k → B, v → u; Λ_t (decay) at its own init", bias={"bias": True}),
     # the delta rule family (DeltaNet, Gated DeltaNet): W_q, W_k, W_v, W_o; the short convs at the identity
     "DeltaNet": StudentInit(
         lambda t: {"heads": t.heads, "expand_k": t.heads * t.head_dim / t.d_model, "expand_v": t.heads * t.head_dim / t.d_model},
         (Take("W_q.weight", "q"), Take("W_k.weight", "k"), Take("W_v.weight", "v"), Take("W_o.weight", "o"),
          Take("conv_q.weight", "identity_conv"), Take("conv_k.weight", "identity_conv"), Take("conv_v.weight", "identity_conv")),
-        "S_t = α_t(I − β_t k_tᵀk_t)S_{t-1} + β_t k_tᵀv_t (L2-normed q, k): q → C, k → B, v → u"),
+        "S_t = α_t(I − β_t k_tᵀk_t)S_{t-1} + β_t k_tᵀv_t (L2-normed q, k): q → C, k → B, v → u", bias={"qkv_bias": True}),
     # Mamba-2's block (SSD): in_proj's x ← v, B ← k, C ← q (Mamba-in-the-Llama), one B/C group per head
     "SSD": StudentInit(
         lambda t: {"headdim": t.head_dim, "d_state": t.head_dim, "groups": t.heads,
@@ -125,14 +141,16 @@ STUDENTS: dict[str, StudentInit] = {
         (Take("in_proj.weight", "v", lambda t: _ssd_rows(t, "x")), Take("in_proj.weight", "k", lambda t: _ssd_rows(t, "B")),
          Take("in_proj.weight", "q", lambda t: _ssd_rows(t, "C")), Take("out_proj.weight", "o"),
          Take("conv.weight", "identity_conv")),
-        "h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_t, y_t = C_t h_t: q → C, k → B, v → x; A, Δ, D, the gate z at their own init"),
+        "h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_t, y_t = C_t h_t: q → C, k → B, v → x; A, Δ, D, the gate z at their own init",
+        bias={"bias": True}),
     # B'MOJO (sliding-window softmax over the window + fading memory tokens): [q; k] -> W_qk, v, o
     "Bmojo": StudentInit(
         lambda t: {"heads": t.heads, "n": t.heads * t.head_dim},
         (Take("W_qk.weight", "q", lambda t: (0, t.heads * t.head_dim)),
          Take("W_qk.weight", "k", lambda t: (t.heads * t.head_dim, 2 * t.heads * t.head_dim)),
          Take("W_v.weight", "v"), Take("W_o.weight", "o")),
-        "softmax over the last `window` tokens and the fading (Mamba) memory tokens: the window's q, k, v, o are the teacher's"),
+        "softmax over the last `window` tokens and the fading (Mamba) memory tokens: the window's q, k, v, o are the teacher's",
+        bias={"bias": True}),
 }
 
 
@@ -145,9 +163,6 @@ def teacher_weights(attention: Mixer) -> Teacher:
     if attention.registry_name != "softmax_attention":
         raise ValueError(f"linearize: the teacher layer is a seqmix {attention.registry_name!r}, expected 'softmax_attention'")
     c = attention.config
-    if getattr(attention, "has_bias", False):
-        raise ValueError("linearize: argument 'model' has attention biases (attention_bias = True): the init table copies "
-                         "weights only")
     if c.qk_norm == "full" or c.output_gate:
         raise ValueError("linearize: argument 'model': attention with a qk-norm over the whole projection (OLMo-2) or an output "
                          "gate has no student row in the init table")
@@ -165,8 +180,20 @@ def teacher_weights(attention: Mixer) -> Teacher:
     if c.rope and (c.rotary_dim not in (None, K) or c.rope_interleaved):
         raise ValueError("linearize: argument 'model': partial or interleaved RoPE has no student row in the init table")
     theta = float(c.rope_theta) if c.rope else None
+    biases = {}
+    if attention.W_qk.bias is not None:  # Qwen2: q/k/v biases (a qk-norm would act after them: refused above for "full")
+        if c.qk_norm == "head":
+            raise ValueError("linearize: argument 'model': attention with q/k biases and a per-head qk-norm has no student row "
+                             "in the init table")
+        b = attention.W_qk.bias.detach()
+        biases["q_bias"] = b[: H * K].clone()
+        biases["k_bias"] = repeat_kv(b[H * K:].view(Hkv, K), H // Hkv, dim=0).reshape(H * K).clone()
+    if attention.W_v.bias is not None:
+        biases["v_bias"] = repeat_kv(attention.W_v.bias.detach().view(Hkv, V), H // Hkv, dim=0).reshape(H * V).clone()
+    if isinstance(attention.W_o, torch.nn.Linear) and attention.W_o.bias is not None:
+        biases["o_bias"] = attention.W_o.bias.detach().clone()
     return Teacher(d, H, Hkv, K, theta, q.clone(), k.clone(), v.clone(), attention.W_o.weight.detach().clone(),
-                   rope_scaling=dict(c.rope_scaling) if c.rope and c.rope_scaling else None)
+                   rope_scaling=dict(c.rope_scaling) if c.rope and c.rope_scaling else None, **biases)
 
 
 def valid_students() -> dict[str, str]:
@@ -210,7 +237,13 @@ def build_student(mixer: str, teacher: Teacher, *, init: str = "attention", init
     if init not in INITS:
         raise ValueError(f"linearize: argument 'init' must be one of {', '.join(INITS)}, got {init!r}")
     entry = student_init(mixer)
-    cfg = {**entry.config(teacher), **overrides, "d_model": teacher.d_model}
+    bias = {}
+    if teacher.has_bias and init == "attention":
+        if entry.bias is None:
+            raise ValueError(f"linearize: argument 'mixer' = {mixer!r} has no biases in its projections, and the teacher's "
+                             "attention has (q/k/v or output biases): the init table cannot copy them")
+        bias = entry.bias
+    cfg = {**entry.config(teacher), **bias, **overrides, "d_model": teacher.d_model}
     try:
         with torch.no_grad():
             student = build_mixer(mixer, **cfg)
@@ -231,6 +264,10 @@ def build_student(mixer: str, teacher: Teacher, *, init: str = "attention", init
     if init != "attention":
         return student
     with torch.no_grad():
+        for row in entry.rows:  # the biases of the copied projections start at 0 (the rows the table fills: below)
+            b = params.get(_bias_name(row))
+            if b is not None and row.teacher in ("q", "k", "v", "o"):
+                b.zero_()
         for row in entry.rows:
             p = params[row.student]
             if row.teacher == "identity_conv":  # [C, W]: the last tap (the current token) 1, the others 0
@@ -247,17 +284,46 @@ def build_student(mixer: str, teacher: Teacher, *, init: str = "attention", init
                                  f"have shape {list(dst.shape)}, the teacher's {row.teacher} {list(src.shape)} (a config override "
                                  "changed the widths the table fills?)")
             dst.copy_(src.to(dst.dtype))
+            _copy_bias(params, row, teacher, mixer)
     return student
+
+
+def _copy_bias(params: dict, row: Take, teacher: Teacher, mixer: str) -> None:
+    """The bias rows that go with a copied weight block: the teacher's bias of that projection where it has
+    one, else 0 (a student bias the teacher lacks starts at 0: the copy is still the teacher's map). A
+    teacher bias with no student bias to take it: ValueError naming 'mixer'."""
+    bias = params.get(_bias_name(row))
+    src = getattr(teacher, f"{row.teacher}_bias")
+    if bias is None:
+        if src is not None and bool(src.ne(0).any()):
+            raise ValueError(f"linearize: argument 'mixer' = {mixer!r}: the teacher's {row.teacher} projection has a bias and "
+                             f"the student's {row.student} has none (its config has no bias there)")
+        return
+    if src is not None:
+        (bias if _bias_block(row, teacher) is None else bias[slice(*_bias_block(row, teacher))]).copy_(src.to(bias.dtype))
+
+
+def _bias_name(row: Take) -> str | None:
+    """The bias parameter of the projection whose weight a row fills (None: the row is not a Linear's weight)."""
+    return row.student[: -len("weight")] + "bias" if row.student.endswith(".weight") else None
+
+
+def _bias_block(row: Take, teacher: Teacher) -> tuple[int, int] | None:
+    """The block of that bias the row fills: the weight's output rows (W_o's: all of it)."""
+    return None if row.rows is None or row.teacher == "o" else row.rows(teacher)
 
 
 def copied_rows(mixer: Mixer, teacher: Teacher) -> dict[str, list[tuple[int, int] | None]]:
     """{student parameter name: the row blocks (start, stop) of it that ``init="attention"`` copies
     from the teacher's q/k/v/o (None: the whole tensor)} of the student ``mixer`` — the init table's
-    rows; everything else in the student (feature maps, decays, gates, norms, the convolutions set to
+    rows, and the same rows of those projections' biases where the student has them; everything else in the student (feature maps, decays, gates, norms, the convolutions set to
     the identity) is new. Stage 1's ``trainable="new"`` freezes exactly these rows."""
     entry = student_init(mixer.registry_name)
     out: dict[str, list[tuple[int, int] | None]] = {}
+    params = dict(mixer.named_parameters())
     for row in entry.rows:
         if row.teacher in ("q", "k", "v", "o"):
             out.setdefault(row.student, []).append(row.rows(teacher) if row.rows else None)
+            if _bias_name(row) in params:  # the projection's bias: the same output rows
+                out.setdefault(_bias_name(row), []).append(_bias_block(row, teacher))
     return out

@@ -73,6 +73,7 @@ class DeltaNetConfig(ExpandedWidths, MixerConfig):
     )
     negative_eigenvalues: bool = Field(False, description="β = 2σ(x W_β) ∈ [0, 2] instead of σ ∈ [0, 1]: eigenvalue 1 − β along k may be negative")
     conv_size: int | None = Field(4, ge=1, description="kernel of the short causal convs on q, k, v (SiLU after); None: no conv (SiLU on the projections)")
+    qkv_bias: bool = Field(False, description="biases in W_q, W_k, W_v (a student linearized from a teacher with q/k/v biases: Qwen2)")
     gate: bool = Field(True, description="output gate SiLU(x W_g) after the per-head RMSNorm")
     norm_eps: float = Field(1e-5, gt=0, description="epsilon of the output RMSNorm")
     low_rank: int | None = Field(None, gt=0, description="rank of the key-wise gate's projection W_f¹ W_f² (decay = 'key'; None: d_k' = d_k/H)")
@@ -190,9 +191,9 @@ class DeltaNet(Mixer):
         self.Hk = c.k_heads or H
         self.H, self.K, self.V = H, d_k // self.Hk, d_v // H
         self.n = n = c.num_householder
-        self.W_q = nn.Linear(d, d_k, bias=False)
-        self.W_k = nn.Linear(d, n * d_k, bias=False)  # DeltaProduct: n_h keys per token, layout (n h k) as fla
-        self.W_v = nn.Linear(d, n * d_v, bias=False)
+        self.W_q = nn.Linear(d, d_k, bias=c.qkv_bias)
+        self.W_k = nn.Linear(d, n * d_k, bias=c.qkv_bias)  # DeltaProduct: n_h keys per token, layout (n h k) as fla
+        self.W_v = nn.Linear(d, n * d_v, bias=c.qkv_bias)
         if c.channel_gates:  # GDN-2: the erase gate on each q/k head's key axis, the write gate on the values
             self.W_b = nn.Linear(d, d_k, bias=False)
             self.W_w = nn.Linear(d, d_v, bias=False)

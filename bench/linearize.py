@@ -78,6 +78,11 @@ def _uniform_layers(n: int, K: int) -> list[int]:
     return sorted({int((i + 0.5) * n / K) for i in range(K)})
 
 
+#: the stage-1 lr written into every from-scratch run's config (they have no stage 1: a constant, so that the
+#: runs' settings keys do not depend on --transfer-lr; 3e-3, the value every stored scratch run was made with)
+SCRATCH_TRANSFER_LR = 3e-3
+
+
 def _scratch_lrs(spec: str) -> list[float]:
     try:
         lrs = sorted({float(v) for v in spec.split(",") if v.strip()})
@@ -108,7 +113,9 @@ def scratch_loss(label: str, kept: list[int], n_layers: int, budget: int, common
             return
         cfg = LinearizeConfig(hf=str(base), layers=scratch_layers, init=init, stages=("finetune",), transfer_tokens=0,
                               finetune_tokens=budget, out=str(scratch_dir / f"{name}{'_hfinit' if init == 'random_hf' else ''}_lr{lr:g}"),
-                              **{**common, "finetune_lr": lr, "kd": 0.0, "lora_rank": 0, "transfer_trainable": "all"})
+                              **{**common, "finetune_lr": lr, "kd": 0.0, "lora_rank": 0, "transfer_trainable": "all",
+                                 # no stage 1 here: its lr is pinned, so cases that differ only in stage 1 share the runs
+                                 "transfer_lr": SCRATCH_TRANSFER_LR})
         stored = Path(cfg.out) / "metrics.json"  # a finished run of the same settings: its measured loss, not run again
         blob = json.loads(stored.read_text()) if stored.is_file() else None
         same = blob is not None and LinearizeConfig(**blob["config"]).stage_key("finetune") == cfg.stage_key("finetune")

@@ -621,10 +621,13 @@ def test_qwen2_teacher_biases_go_with_the_copied_rows(name, kw):
         torch.testing.assert_close(scores.softmax(-1), ref, rtol=1e-5, atol=1e-6)
 
 
-def test_cli_parallel_ddp_two_ranks(tmp_path):
-    """--parallel ddp under two ranks as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT; gloo on
-    the CPU): rank 0 runs stage 1 and the evaluations, rank 1 waits for it and joins stage 2; the folder
-    is rank 0's, and stage 2 ran its steps on both ranks (its result records the world size)."""
+@pytest.mark.parametrize("parallel,lora", [("ddp", ["--full"]), ("fsdp", ["--lora-rank", "4"])])
+def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
+    """--parallel ddp / fsdp under two ranks as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT;
+    gloo on the CPU): rank 0 runs stage 1 and the evaluations, rank 1 waits for it and joins stage 2; the
+    folder is rank 0's, and stage 2 ran its steps on both ranks (its result records the world size).
+    FSDP2 (with LoRA and KD: frozen and trained parameters in one unit) shards each transformers decoder
+    layer; its checkpoint is gathered whole and the saved model loads and decodes."""
     import os
     import socket
     import subprocess
@@ -641,7 +644,8 @@ def test_cli_parallel_ddp_two_ranks(tmp_path):
     src = str(Path(seqmix.__file__).resolve().parents[1])
     argv = [sys.executable, "-c", "import sys; from seqmix.cli import main; sys.exit(main(sys.argv[1:]))", "linearize", "--hf", str(tmp_path / "teacher"), "--mixer", "gla",
             "--seq-len", "16", "--batch-size", "4", "--transfer-tokens", "128", "--finetune-tokens", "128",
-            "--eval-batches", "1", "--no-progress", "--parallel", "ddp", "--out", str(tmp_path / "o")]
+            "--eval-batches", "1", "--no-progress", "--parallel", parallel, *lora, "--kd", "0.5",
+            "--out", str(tmp_path / "o")]
     procs = []
     for rank in range(2):
         env = {**os.environ, "PYTHONPATH": src, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
@@ -657,11 +661,13 @@ def test_cli_parallel_ddp_two_ranks(tmp_path):
                 p.kill()
     assert [p.returncode for p in procs] == [0, 0], outs
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
-    assert metrics["config"]["parallel"] == "ddp" and metrics["stages"]["finetune"]["steps"] == 2
+    assert metrics["config"]["parallel"] == parallel and metrics["stages"]["finetune"]["steps"] == 2
     ckpt = torch.load(tmp_path / "o" / "stages" / "finetune_run" / "checkpoint.pt", weights_only=False)
     assert ckpt["world_size"] == 2
     back, _ = load_converted(str(tmp_path / "o"))
     assert set(students(back)) == {0, 1}
+    out = back.generate(ids(1, 6, vocab=256), max_new_tokens=3, do_sample=False)
+    assert out.shape == (1, 9)
 
 
 def test_scaled_rope_teacher_refuses_separable_students_and_takes_decay_students():

@@ -38,8 +38,9 @@ def _add_linearize(sub):
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", default="cpu", help="torch device of both stages and the evaluations (cpu, cuda, cuda:0)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="autocast dtype of both stages (default fp32)")
-    p.add_argument("--parallel", choices=["none", "ddp"], default="none",
-                   help="stage 2 under torchrun: DDP (rank 0 runs stage 1 and the evaluations; default none)")
+    p.add_argument("--parallel", choices=["none", "ddp", "fsdp"], default="none",
+                   help="stage 2 under torchrun: DDP or FSDP2 (one unit per decoder layer); rank 0 runs stage 1 and the "
+                        "evaluations (default none)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--out", required=True, help="the output folder (a re-run resumes there: finished stages are skipped)")
 

@@ -15,9 +15,11 @@ A run that starts from a checkpoint records it in ``RunConfig.init_from_hf`` (pa
 id); its ``model`` config describes the sizes (mixer, d_model, layers, vocabulary) for the
 results tables and the FLOP estimate, and is not what is built. Checkpoints hold the converted
 model's state dict (seqmix names inside the mixers); resuming rebuilds the model from the
-transformers checkpoint, converts it and loads the run's checkpoint over it. Not supported
-(refused with a ValueError): FSDP (``parallel="fsdp"``: it shards ``model.blocks``), and the
-LM commands that rebuild a seqmix LanguageModel from the run (lm eval / generate / export).
+transformers checkpoint, converts it and loads the run's checkpoint over it. Under torchrun,
+``parallel="ddp"`` and ``"fsdp"`` (FSDP2: one unit per transformers decoder layer,
+:meth:`HFCausalLM.fsdp_units`, plus the root) apply as to a seqmix model. Not supported (refused with
+a ValueError): the LM commands that rebuild a seqmix LanguageModel from the run (lm eval / generate /
+export).
 """
 
 from __future__ import annotations
@@ -48,6 +50,19 @@ class HFCausalLM(nn.Module):
     def blocks(self) -> list:
         """One entry per converted layer with its seqmix ``mixer`` (not registered submodules)."""
         return [SimpleNamespace(mixer=m) for m in seqmix_mixers(self.hf).values()]
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """The modules FSDP2 shards one by one (``parallel="fsdp"``): the transformers model's decoder
+        layers — every module whose class its ``_no_split_modules`` names (transformers' and accelerate's
+        FSDP wrapping rule), found through a peft wrapper too; the converted seqmix mixers live inside them."""
+        names: set[str] = set()
+        for m in self.hf.modules():
+            names.update(getattr(m, "_no_split_modules", None) or ())
+        units = [m for m in self.hf.modules() if type(m).__name__ in names]
+        if not units:
+            raise ValueError(f"parallel fsdp: {type(self.hf).__name__} names no decoder layer class in _no_split_modules "
+                             "(transformers' FSDP units): train it with --parallel none or ddp")
+        return units
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, vocab] (transformers' forward: its head, tying and logit processing)."""
@@ -102,9 +117,6 @@ def hf_model_builder(run_config) -> HFCausalLM:
     source = getattr(run_config, "init_from_hf", None)
     if not source:
         raise ValueError("hf_model_builder: the run config has no 'init_from_hf' (a transformers checkpoint folder)")
-    if run_config.train.parallel == "fsdp":
-        raise ValueError("argument --parallel: fsdp shards a seqmix LanguageModel's blocks; a run from a transformers "
-                         "checkpoint (--init-from-hf) trains with --parallel none or ddp")
     conv, _ = load_converted(source, argument="--init-from-hf")
     cfg = conv.config
     d, layers = _sizes(cfg)

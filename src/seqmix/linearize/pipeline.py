@@ -17,8 +17,9 @@ OUT holds, when done:
                                      (its checkpoint: an interrupted stage 2 resumes there)
 
 A stage whose folder holds ``done.json`` for the same settings is not run again. ``device`` and
-``precision`` apply to both stages and the evaluations; ``parallel="ddp"`` (under torchrun) makes
-the ranks > 0 wait for rank 0's stage 1 and join stage 2 (the Trainer's DDP).
+``precision`` apply to both stages and the evaluations; ``parallel="ddp"`` or ``"fsdp"`` (under
+torchrun) makes the ranks > 0 wait for rank 0's stage 1 and join stage 2 (the Trainer's DDP, or FSDP2
+with one unit per transformers decoder layer: :meth:`seqmix.interop.train.HFCausalLM.fsdp_units`).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class LinearizeConfig(BaseModel):
     threads: int | None = Field(None, gt=0, description="torch CPU threads")
     device: str = Field("cpu", description="torch device of both stages and the evaluations (cpu, cuda, cuda:0, ...)")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="autocast dtype of the forwards of both stages")
-    parallel: Literal["none", "ddp"] = Field("none", description="stage 2 under torchrun: DDP over the ranks (the Trainer's)")
+    parallel: Literal["none", "ddp", "fsdp"] = Field("none", description="stage 2 under torchrun: DDP or FSDP2 over the ranks (the Trainer's)")
     out: str = Field(description="the output folder")
 
     @field_validator("device")
@@ -236,7 +237,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
     """Runs the stages of ``cfg`` (module docstring); returns metrics.json's content. ``on_transfer_step(step,
     record)``: called as stage 1 logs (every 10 steps; stage 1 saves its progress every
     ``cfg.transfer_save_every`` steps, so an interrupted run resumes there). Under torchrun with
-    ``parallel="ddp"``, rank 0 runs everything and the other ranks join stage 2 only (they return {})."""
+    ``parallel="ddp"`` or ``"fsdp"``, rank 0 runs everything and the other ranks join stage 2 only (they return {})."""
     from ..data import build_data
     from ..interop.load import load_converted, load_transformers
     from .api import attention_layers, keep_softmax, linearize, parse_layers, students
@@ -269,7 +270,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
     out = output_dir(cfg.out, "--out")  # after the checks: bad input leaves no folder
     stage_dir = out / "stages"
     source = stage_dir / ("transfer" if "transfer" in cfg.stages else "init")
-    if cfg.parallel == "ddp" and _rank() != 0:  # the other ranks: stage 2's data-parallel workers only
+    if cfg.parallel != "none" and _rank() != 0:  # the other ranks: stage 2's data-parallel workers only
         _wait_for(source, cfg.stage_key(source.name), "stage 1" if source.name == "transfer" else "the initial model")
         if "finetune" in cfg.stages and _done(stage_dir / "finetune", cfg.stage_key("finetune")) is None:
             _finetune(cfg, source, teacher.to(device), corpus, stage_dir / "finetune", cfg.stage_key("finetune"), None, False)
@@ -429,7 +430,7 @@ def _finetune(cfg: LinearizeConfig, source: Path, teacher, corpus, folder: Path,
     trainer = Trainer(run_cfg, run_dir=run_dir, model_builder=builder, progress=progress, console=console, maps=False,
                       tensorboard=False)
     result = trainer.fit()
-    if cfg.parallel == "ddp" and _rank() != 0:  # rank 0 saves the model
+    if cfg.parallel != "none" and _rank() != 0:  # rank 0 saves the model
         return {}
     model = builder(run_cfg)
     blob = read_checkpoint(run_dir / "checkpoint.pt", keys=("run_id", "model"))

@@ -80,6 +80,17 @@ class _Scored(nn.Module):
         return self.model.scored_logits(inputs, labels)
 
 
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP2 shards one by one (each gathered for its own forward): ``model.fsdp_units()``
+    where the model defines it (a converted transformers model: its decoder layers), else the blocks of a
+    seqmix LanguageModel (``model.blocks``)."""
+    units = model.fsdp_units() if hasattr(model, "fsdp_units") else list(getattr(model, "blocks", []))
+    bad = [type(u).__name__ for u in units if not isinstance(u, nn.Module)]
+    if bad:
+        raise ValueError(f"parallel fsdp: the model's units to shard must be modules, got {', '.join(sorted(set(bad)))}")
+    return units
+
+
 class Parallel:
     """The process group of a run (a world of one outside torchrun).
 
@@ -164,7 +175,7 @@ class Parallel:
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """The module to call for the forward pass: ``model`` itself (world of one), DDP, or
-        FSDP2 units over model.blocks plus the root. ``model`` stays the trainer's handle."""
+        FSDP2 units over :func:`fsdp_units` plus the root. ``model`` stays the trainer's handle."""
         if not self.active:
             self.wrapped = None
             return model
@@ -177,7 +188,7 @@ class Parallel:
         else:
             from torch.distributed.fsdp import fully_shard
 
-            for block in getattr(model, "blocks", []):
+            for block in fsdp_units(model):
                 fully_shard(block)
             self.wrapped = fully_shard(scored)
         return self.wrapped

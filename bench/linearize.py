@@ -235,10 +235,24 @@ def table(out: Path, teacher_dir: Path) -> str:
                      f"{r['L_student']:.4f} | {r['G']:.3f} | {s['recurrent_floats']} + {s['kv_floats_per_token']} | {target} |")
     if students:
         best = max(students, key=lambda r: r["G"])
-        lines += ["", f"best student: {best['case']} G = {best['G']:.3f} -> target G >= 0.8: {'MET' if best['G'] >= 0.8 else 'NOT MET'}",
+        lines += ["", f"best student: {best['case']} G = {best['G']:.3f} -> target G >= 0.8: {'MET' if best['G'] >= 0.8 else 'NOT MET'}"
+                  + ("" if best["G"] >= 0.8 else f" ({_short_of(best, 0.8)})"),
                   f"every student G > 0: {'MET' if all(r['G'] > 0 for r in students) else 'NOT MET'} "
-                  f"({len(students)} of {len(STUDENTS)} students measured)"]
+                  f"({len(students)} of {len(STUDENTS)} students measured)"
+                  + "".join(f"; {r['case']}: {_short_of(r, 0.0)}" for r in students if r["G"] <= 0)]
+    for r in rows:
+        if r["kind"] == "hybrid" and r["G"] < 0.9:
+            lines.append(f"{r['case']}: {_short_of(r, 0.9)}")
     return "\n".join(lines)
+
+
+def _short_of(r: dict, target: float) -> str:
+    """The measured reason a case misses G >= target: what the student gained over its from-scratch baseline
+    and what the target needs, in nats (computed from the stored losses)."""
+    gain = r["L_scratch"] - r["L_student"]
+    need = target * (r["L_scratch"] - r["L_teacher"])
+    return (f"measured: the linearized model is {gain:.3f} nats below its from-scratch baseline, G = {target:g} needs "
+            f"{need:.3f}: L_student <= {r['L_scratch'] - need:.4f}, it is {r['L_student']:.4f}")
 
 
 def main(argv=None) -> int:

@@ -290,3 +290,34 @@ def test_interop_rows_and_counts(tmp_path):
     assert counts == interop.call_counts(orig, 16)  # counts, not times: the same on a second count
     assert interop.counted_reason("decode", (10, 20), (12, 30), "where: z") == \
         "per decoding step: 12 aten ops (original 10), 30 Python calls (original 20); where: z"
+
+
+def test_linearize_table_prints_targets_and_measured_shortfalls(tmp_path):
+    """bench/linearize.py's table from stored case results (written here): the targets' MET / NOT MET lines,
+    and for a target not met the shortfall computed from the stored losses."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import linearize as bench_lin
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "teacher.json").write_text(json.dumps({"tokens": 1000}))
+    (tmp_path / "out" / "results").mkdir(parents=True)
+
+    def case(name, kind, L_student, L_scratch, L_teacher=1.0):
+        r = {"case": name, "kind": kind, "kept_softmax": [0] if kind == "hybrid" else [], "L_teacher": L_teacher,
+             "L_scratch": L_scratch, "L_student": L_student, "L_after_transfer": None, "tokens": 100,
+             "G": (L_scratch - L_student) / (L_scratch - L_teacher), "settings": {"budget_frac": 0.1},
+             "state_floats": {"recurrent_floats": 1, "kv_floats_per_token": 0}}
+        (tmp_path / "out" / "results" / f"{bench_lin._slug(name)}.json").write_text(json.dumps(r))
+
+    case("gla", "student", 1.5, 2.0)  # G = 0.5
+    case("mamba2", "student", 2.1, 2.0)  # G < 0
+    case("hybrid:gla", "hybrid", 1.05, 2.0)  # G = 0.947
+    text = bench_lin.table(tmp_path / "out", teacher)
+    assert "best student: gla G = 0.500 -> target G >= 0.8: NOT MET" in text
+    # G = 0.8 needs 0.8 nats below the baseline: L_student <= 1.2000; it is 1.5000
+    assert "G = 0.8 needs 0.800: L_student <= 1.2000, it is 1.5000" in text
+    assert "every student G > 0: NOT MET" in text and "mamba2: measured: the linearized model is -0.100 nats" in text
+    assert "G >= 0.9: MET" in text and "hybrid:gla: measured" not in text

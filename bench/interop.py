@@ -29,8 +29,10 @@ here, or that seqmix refuses, is listed with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import sys
 import time
 
 import torch
@@ -195,6 +197,20 @@ def measure(models: dict, T: int, steps: int, repeats: int) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 sent to the null device for the block (the C++ profiler's log lines)."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(null)
+        os.close(saved)
+
+
 def call_counts(model, T: int) -> dict:
     """What one call costs the interpreter, counted (deterministic, unlike a time on a shared machine): aten
     ops (torch.profiler) and Python function calls (cProfile) of one forward on T tokens ("forward", and
@@ -209,7 +225,7 @@ def call_counts(model, T: int) -> dict:
 
     def count(fn) -> tuple[int, int]:
         fn()  # warm
-        with profile(activities=[ProfilerActivity.CPU]) as p:
+        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as p:  # (the profiler logs each start to fd 2)
             fn()
         pr = cProfile.Profile()
         pr.enable()

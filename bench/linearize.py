@@ -40,7 +40,9 @@ STUDENTS = {
     # ~50x slower on the CPU, too slow for this bench's budget
     "bmojo_f(window 32)": ("bmojo_f", {"window": 32, "ssm_mode": "chunk", "expand": 1, "d_state": 4}),
 }
-DEFAULT_CASES = list(STUDENTS) + ["hybrid:gla", "uniform1:gla"]
+#: every case of docs/linearize.md's table: the students, the hybrids (auto:1) and the ablations on GLA
+DEFAULT_CASES = list(STUDENTS) + ["hybrid:gla", "hybrid:gated_deltanet", "uniform1:gla", "transfer_only:gla",
+                                  "finetune_only:gla", "phi:gla"]
 
 
 def _teacher_info(folder: Path) -> dict:

@@ -262,9 +262,8 @@ def status_of(ratio: float | None, aa: float | None, reason: str) -> tuple[str, 
     if ratio >= TARGET:
         return "MET", ""
     if aa is not None and ratio >= min(aa, 1 / aa):
-        return "NOT MET", (f"within this run's noise: two copies of the original differ by {aa:.3f}x here (A/A); "
-                           f"{reason}" if reason else f"within this run's noise: two copies of the original differ by "
-                           f"{aa:.3f}x here (A/A)")
+        noise = f"within this run's noise: two copies of the original differ by {aa:.3f}x here (A/A)"
+        return "NOT MET", f"{noise}; {reason}" if reason else noise
     return "NOT MET", reason
 
 

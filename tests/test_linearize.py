@@ -609,6 +609,10 @@ def test_qwen2_teacher_biases_go_with_the_copied_rows(name, kw):
     assert any(n.endswith("bias") for n in blocks)  # frozen with the weights under trainable="new"
     out = lin(input_ids=ids(2, 12), use_cache=False).logits
     assert out.shape == (2, 12, VOCAB) and torch.isfinite(out).all()
+    # a config override that takes the biases away: one message naming the argument, not a silent drop
+    off = {"qkv_bias": False} if name == "gated_deltanet" else {"bias": False}
+    with pytest.raises(ValueError, match="argument 'mixer'.*has a bias"):
+        linearize(m, mixer=name, layers=[1], **kw, **off)
     if name == "linear_attention":  # the exact check, once: the identity-feature student's map is the teacher's
         exact = linearize(m, mixer="separable_attention", layers=[1], feature_map="identity", normalizer="none")
         x = ids(2, 12)

@@ -300,7 +300,8 @@ def _copy_bias(params: dict, row: Take, teacher: Teacher, mixer: str) -> None:
                              f"the student's {row.student} has none (its config has no bias there)")
         return
     if src is not None:
-        (bias if _bias_block(row, teacher) is None else bias[slice(*_bias_block(row, teacher))]).copy_(src.to(bias.dtype))
+        block = _bias_block(row, teacher)
+        (bias if block is None else bias[slice(*block)]).copy_(src.to(bias.dtype))
 
 
 def _bias_name(row: Take) -> str | None:

@@ -62,9 +62,10 @@ def max_stabilizer(log_f: torch.Tensor, log_i: torch.Tensor, m0: torch.Tensor | 
         check_tensor("m0", m0, where=_WHERE)
         if tuple(m0.shape) != lead:
             raise ValueError(f"{_WHERE}: argument 'm0' must have shape [B, ...] = {fmt_shape(lead)}, got {fmt_shape(m0.shape)}")
-    for name, t in (("log_f", log_f), ("log_i", log_i), ("m0", m0)) if check_values else ():
-        if t is not None:
-            check_finite(name, t, _WHERE)
+    if check_values:
+        for name, t in (("log_f", log_f), ("log_i", log_i), ("m0", m0)):
+            if t is not None:
+                check_finite(name, t, _WHERE)
     dt = compute_dtype(log_f, log_i)  # float32 or wider
     if m0 is None:
         m0 = log_f.new_zeros(lead, dtype=dt)

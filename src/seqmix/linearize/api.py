@@ -49,9 +49,10 @@ def attention_layers(model: nn.Module) -> dict[int, str]:
 
 
 def uniform_layers(n_layers: int, K: int) -> list[int]:
-    """The K layers of ``n_layers`` kept as softmax by even spacing: the middle layer of each of K equal slices
-    (n 4, K 1: [2]; K 2: [1, 3]; n 32, K 4: [4, 12, 20, 28])."""
-    return sorted({int((i + 0.5) * n_layers / K) for i in range(K)})
+    """The K layers of ``n_layers`` kept as softmax by even spacing: the last layer of each of K equal groups, as
+    Mamba-in-the-Llama keeps its attention layers (n 32, K 16: the odd layers 1, 3, ..., 31; K 4: 7, 15, 23, 31;
+    n 4, K 1: [3])."""
+    return sorted({-(-(i + 1) * n_layers // K) - 1 for i in range(K)})
 
 
 def parse_layers(layers, n_layers: int) -> tuple[list[int], int | None]:

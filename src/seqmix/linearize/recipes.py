@@ -76,8 +76,103 @@ _SEQMIX = Recipe(
             _claim("LoRA on the kept weights beats full fine-tuning at this budget", "seqmix", "seqmix:full")],
 )
 
+_LOLCATS = Recipe(
+    name="lolcats",
+    title="LoLCATs attention (sliding-window softmax + Hedgehog linear attention, one normalization); stage 1 trains the "
+          "feature maps and window factors on the layer output; stage 2 LoRA on q/k/v/o, next-token loss",
+    source="Zhang et al. 2025, LoLCATs (ICLR): §3.2-3.3, eq. 7, Table 8; ablations Tables 1, 6",
+    settings=dict(mixer="lolcats", mixer_config={"window": 64}, layers="all", init="attention", stages=("transfer", "finetune"),
+                  match="output", transfer_split=None, transfer_trainable="new", transfer_share=0.5, transfer_lr=1e-2,
+                  finetune_lr=3e-3, lora_rank=8, lora_targets="students", finetune_trainable="lora", kd=0.0, ce=1.0),
+    paper="w = 64; stage 1: 1000 × MSE of each layer's attention output, feature maps and γ only, lr 1e-2, ≈20M tokens of "
+          "Alpaca at 1024; stage 2: LoRA r 8, α 16 on q, k, v, o (feature maps, γ, MLPs frozen), next-token CE, lr 1e-4, "
+          "≈20M tokens (40M in all)",
+    scaled="the budget split 1:1 as the paper's 20M:20M; stage 2's lr 3e-3 (1e-4 moves a d = 128 model little in the steps "
+           "a 10% budget gives); the MSE is on the output after W_o (frozen in stage 1, so the same minimiser up to that map)",
+    ablations={"no_transfer": {"stages": ("finetune",)}, "linear_only": {"mixer_config": {"window": 0}},
+               "transfer_all": {"transfer_trainable": "all"}},
+    claims=[_claim("attention transfer + LoRA beats LoRA alone (Table 1)", "lolcats", "lolcats:no_transfer"),
+            _claim("the sliding window + linear attention beats linear attention alone (Table 6)", "lolcats", "lolcats:linear_only"),
+            Claim(text="training only the feature maps and window factors in stage 1 suffices: within 0.02 bits/byte of "
+                       "training every student weight", check="not_above", a="lolcats", b="lolcats:transfer_all", value=0.02)],
+)
+
+_MOHAWK = Recipe(
+    name="mohawk",
+    title="Phi-Mamba (Mamba-2 with a discrete per-head decay, one B/C head per attention head); stage 1 matrix orientation "
+          "(Φ), stage 2 hidden-state alignment (each decoder layer's output), stage 3 end-to-end KD",
+    source="Bick et al. 2024, Transformers to SSMs: Distilling Quadratic Knowledge to Subquadratic Models (MOHAWK), §3-4; "
+           "goombalab/phi-mamba",
+    settings=dict(mixer="phi_mamba", mixer_config={}, layers="all", init="attention", stages=("transfer", "finetune"),
+                  match="phi,block", transfer_split=(1.0, 2.0), transfer_trainable="all", transfer_share=0.08, transfer_lr=3e-3,
+                  finetune_lr=3e-3, lora_rank=0, lora_targets="kept", finetune_trainable="all", kd=1.0, ce=0.0),
+    paper="stage 1: Frobenius norm of Φ_student − Φ_teacher per layer, 80M tokens; stage 2: each block's output on the "
+          "teacher's block input, 160M tokens; stage 3: KD of the logits, the whole model, 2.76B tokens (C4, context 2048)",
+    scaled="the shares 80:160:2760 of the budget; Φ matching as the squared error per query row (seqmix's Φ loss) rather "
+           "than the norm; lrs 3e-3 (this scale's)",
+    ablations={"stages_2_3": {"match": "block", "transfer_split": None},
+               "stage_3": {"stages": ("finetune",)}},
+    claims=[_claim("stage 1 (matrix orientation) lowers the final loss", "mohawk", "mohawk:stages_2_3"),
+            _claim("stage 2 (hidden-state alignment) lowers the final loss", "mohawk:stages_2_3", "mohawk:stage_3")],
+)
+
+_MIL = Recipe(
+    name="mamba_in_llama",
+    title="Mamba-2 from the attention weights (q→C, k→B, v→x, o→out) in half the layers, the other half kept as attention; "
+          "distilled end to end (0.1·KL + CE), the Mamba layers trained",
+    source="Wang et al. 2024, The Mamba in the Llama: Distilling and Accelerating Hybrid Models (NeurIPS), §2-3; "
+           "jxiw/MambaInLlama",
+    settings=dict(mixer="mamba2", mixer_config={}, layers="uniform:50%", init="attention", stages=("finetune",), match="output",
+                  transfer_split=None, transfer_trainable="all", transfer_share=0.0, transfer_lr=3e-3, finetune_lr=3e-3,
+                  lora_rank=0, lora_targets="kept", finetune_trainable="students", kd=0.1, ce=1.0),
+    paper="attention kept in the odd layers (50%), every 4th (25%), every 8th (12.5%); distillation 0.1·KL + 1·CE on "
+          "the teacher's pseudo-labels, only the Mamba layers trained (lr 8e-5); then SFT and DPO on chat data",
+    scaled="the distillation stage on the corpus itself (no pseudo-labels: the teacher's distribution enters through the "
+           "KL term); SFT and DPO left out (they need chat data); lr 3e-3; seqmix's init sets the short convolution to "
+           "the identity (the paper keeps Mamba-2's random init)",
+    ablations={"random_init": {"init": "random"}, "attention_25": {"layers": "uniform:25%"}, "attention_0": {"layers": "all"}},
+    claims=[_claim("the attention init beats a random init", "mamba_in_llama", "mamba_in_llama:random_init"),
+            _claim("more attention layers kept lower the loss (50% vs 25%)", "mamba_in_llama", "mamba_in_llama:attention_25"),
+            _claim("more attention layers kept lower the loss (25% vs 0%)", "mamba_in_llama:attention_25",
+                   "mamba_in_llama:attention_0")],
+)
+
+_LIGER = Recipe(
+    name="liger",
+    title="Liger attention: 0.5 · sliding-window softmax + 0.5 · GLA whose gates are the key projection pooled (no new "
+          "parameters); one stage of LoRA fine-tuning",
+    source="Lan et al. 2025, Liger: Linearizing Large Language Models to Gated Recurrent Structures (ICML); "
+           "OpenSparseLLMs/Linearization",
+    settings=dict(mixer="liger_attention", mixer_config={}, layers="all", init="attention", stages=("finetune",),
+                  match="output", transfer_split=None, transfer_trainable="all", transfer_share=0.0, transfer_lr=3e-3,
+                  finetune_lr=3e-3, lora_rank=8, lora_targets="students", finetune_trainable="lora", kd=0.0, ce=1.0),
+    paper="one stage: next-token CE, LoRA r 8 on q, k, v, lr 1e-3, ≈20M tokens (Alpaca at 1024); window 64",
+    scaled="LoRA on the students' q/k/v/o (the paper: q/k/v); lr 3e-3",
+    ablations={"gla_only": {"mixer": "liger_gla"}},
+    claims=[_claim("Liger attention beats its gated recurrence alone", "liger", "liger:gla_only")],
+)
+
+_RADLADS = Recipe(
+    name="radlads",
+    title="RAD-RWKV7 (RWKV-7 without token shift and bonus, the teacher's RoPE on r and k) from q/k/v/o; step 1 each "
+          "attention output matched, step 2 KD of the logits, every weight trained",
+    source="Goldstein et al. 2025, RADLADS: Rapid Attention Distillation to Linear Attention Decoders at Scale, §3-4; "
+           "recursal/RADLADS-paper",
+    settings=dict(mixer="rad_rwkv7", mixer_config={}, layers="all", init="attention", stages=("transfer", "finetune"),
+                  match="output", transfer_split=None, transfer_trainable="all", transfer_share=100 / 350, transfer_lr=3e-3,
+                  finetune_lr=1e-3, lora_rank=0, lora_targets="kept", finetune_trainable="all", kd=1.0, ce=0.0),
+    paper="step 1: L2 of each attention output (after o_proj) on the teacher's inputs, the attention modules trained, "
+          "100M tokens at 512, lr 1e-3 → 1e-5; step 2: KL only, every weight, 250-500M tokens, lr 1e-5; step 3 (optional): "
+          "next-token CE at 16k context, 100M tokens",
+    scaled="the shares 100:250 (step 3 left out: run `seqmix lm train --init-from-hf OUT` at a longer seq_len after); "
+           "squared error instead of the norm; lrs 3e-3 and 1e-3 (the paper's 1e-5 moves a d = 128 model little)",
+    ablations={"no_step_1": {"stages": ("finetune",)}, "random_init": {"init": "random"}},
+    claims=[_claim("skipping step 1 (attention alignment) is worse", "radlads", "radlads:no_step_1"),
+            _claim("a random init of q/k/v/o is worse than the transferred one", "radlads", "radlads:random_init")],
+)
+
 #: name -> recipe
-RECIPES: dict[str, Recipe] = {r.name: r for r in (_SEQMIX,)}
+RECIPES: dict[str, Recipe] = {r.name: r for r in (_SEQMIX, _LOLCATS, _MOHAWK, _MIL, _LIGER, _RADLADS)}
 
 #: the recipe of ``seqmix linearize`` and LinearizeConfig by default
 DEFAULT_RECIPE = "seqmix"

@@ -68,10 +68,10 @@ _SEQMIX = Recipe(
     source="seqmix's own, measured by bench/linearize.py (docs/linearize.md, 'Recipes')",
     settings=dict(mixer="gated_deltanet", mixer_config={}, layers="all", init="attention", stages=("transfer", "finetune"),
                   match="output", transfer_split=None, transfer_trainable="all", transfer_share=1 / 3, transfer_lr=3e-3,
-                  finetune_lr=3e-3, lora_rank=8, lora_targets="kept", finetune_trainable="students", kd=1.0, ce=1.0),
+                  finetune_lr=3e-3, lora_rank=8, lora_targets="kept", finetune_trainable=None, kd=1.0, ce=1.0),
     paper="—",
     scaled="—",
-    ablations={"no_kd": {"kd": 0.0}, "full": {"lora_rank": 0, "finetune_trainable": "all"}},
+    ablations={"no_kd": {"kd": 0.0}, "full": {"lora_rank": 0}},
     claims=[_claim("KD to the teacher's logits lowers the final loss", "seqmix", "seqmix:no_kd"),
             _claim("LoRA on the kept weights beats full fine-tuning at this budget", "seqmix", "seqmix:full")],
 )

@@ -524,6 +524,9 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "wall_attention": "none: softmax of per-channel decayed scores Σ q k exp(G_t − G_s)",
     "bmojo": "none: SSM + sliding-window attention",
     "bmojo_f": "none: SSM + sliding-window attention",
+    # window + linear hybrids: a shift register of the window's inputs beside the linear state
+    "lolcats": "shift + identity: a w-slot shift register (the window) feeding the linear state (eigenvalues 0 and 1)",
+    "liger_attention": "shift + diagonal: a w-slot shift register (the window) beside σ(x W_K)^{1/16} per key channel",
     "hyena": "none: implicit long convolution",
     # linear attention without decay: Λ = I
     "linear_attention": "identity", "separable_attention": "identity", "normalized_attention": "identity",
@@ -537,7 +540,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "mamba": "diagonal: exp(Δ_i^c A[c, n])", "s6": "diagonal: exp(Δ_i^c A[c, n])", "falcon_mamba": "diagonal: exp(Δ_i^c A[c, n])",
     "jamba_mamba": "diagonal: exp(Δ_i^c A[c, n])", "bilinear_mamba": "diagonal", "strip_mamba": "diagonal", "mamba_gf": "diagonal",
     "s4d": "diagonal (complex, time-invariant)", "lru": "diagonal (complex, time-invariant)", "rwkv4": "diagonal: fixed per channel",
-    "rwkv6": "diagonal: data-dependent", "gla": "diagonal: data-dependent", "hgrn": "diagonal: data-dependent",
+    "rwkv6": "diagonal: data-dependent", "gla": "diagonal: data-dependent", "liger_gla": "diagonal: σ(x W_K)^{1/16} (the key projection)", "hgrn": "diagonal: data-dependent",
     "hgrn2": "diagonal: data-dependent", "metala": "diagonal: data-dependent", "general_form": "diagonal",
     "rg_lru": "diagonal: data-dependent", "rg_lru_block": "diagonal: data-dependent", "qlstm": "diagonal: data-dependent",
     "qlstm_block": "diagonal: data-dependent", "qlstm_rs": "diagonal: data-dependent", "qlstm_rs_block": "diagonal: data-dependent",
@@ -643,6 +646,8 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     "WallAttention": lambda m: (["softmax"], []),
     "NSA": lambda m: (["softmax (three branches)"], ["σ(x W_g) gates on the compressed, selected and window branches"]),  # no normalization: a row's weights sum to at most 1
     "Bmojo": lambda m: (["softmax"], []),  # its Mamba block is a sub-mixer (read as "ssm: ...")
+    "LolcatsAttention": lambda m: ([("one η over the window's γ·exp(s − c) and " if m.config.window else "") + "φ(q)ᵀΣψ(k)"], []),
+    "LigerAttention": lambda m: (["softmax (window)"] + _general_form(m.config)[0], _general_form(m.config)[1]),
     # convolution
     "GatedShortConv": lambda m: ([], ["b ⊙ x in, c ⊙ conv out"]),
     "RWKVChannelMix": lambda m: ([], ["σ(x_r W_r) receptance gate on W_v relu(x_k W_k)²"]),

@@ -534,6 +534,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "based": "identity", "rebased": "identity",
     # scalar per head: Λ_i = α_i·I
     "mamba2": "scalar: exp(Δ_i^h a_h) per head", "ssd": "scalar: exp(Δ_i^h a_h) per head",
+    "phi_mamba": "scalar: exp(−softplus(dt_i^h)) per head (discrete, no Δ on the input)",
     "dsf_ssd": "scalar: exp(Δ_i a) shared", "lightning_attention": "scalar: fixed per head", "retnet": "scalar: fixed per head",
     "transnormer": "scalar: fixed per head", "mlstm": "scalar: σ(f_i) per head",
     # diagonal
@@ -556,7 +557,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "log_linear_gdn": "product: α_i·(I − β_i k_i k_iᵀ) on O(log T) Fenwick states",
     # other structures
     "log_linear_mamba2": "scalar: exp(Δ_i^h a_h) per head, on O(log T) Fenwick states",
-    "mesanet": "scalar: γ_i per head (states H and G)", "rwkv7": "diagonal + low rank: Diag(w_i) − (a ⊙ κ̂)ᵀκ̂",
+    "mesanet": "scalar: γ_i per head (states H and G)", "rwkv7": "diagonal + low rank: Diag(w_i) − (a ⊙ κ̂)ᵀκ̂", "rad_rwkv7": "diagonal + low rank: Diag(w_i) − (a ⊙ κ̂)ᵀκ̂",
     "mamba3": "diagonal (complex, rotary): data-dependent",
     # convolution with a finite state
     "short_conv": "shift: nilpotent (W taps)",
@@ -613,7 +614,7 @@ def _hyena_gates(c) -> list[str]:
 
 def _ssd_gates(c) -> list[str]:
     where = {"gated": " inside the norm: norm(y ⊙ SiLU(z))", "before_gate": " after the norm: norm(y) ⊙ SiLU(z)", "none": ""}
-    return _on(c.block, "SiLU(z) (block)" + where[c.gate_norm])
+    return _on(c.block, ("SiLU(z + b_z) (block)" if c.z_bias else "SiLU(z) (block)") + where[c.gate_norm])
 
 
 def _general_form(c) -> tuple[list[str], list[str]]:

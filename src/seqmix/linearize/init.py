@@ -111,12 +111,28 @@ def _general_form(t: Teacher) -> dict:
     return {"heads": t.heads, "expand_k": t.heads * t.head_dim / t.d_model, "expand_v": t.heads * t.head_dim / t.d_model}
 
 
+def _plain_rope(t: Teacher, what: str) -> float | None:
+    """The teacher's RoPE base for a student that rotates ``what`` (None without RoPE); a scaled RoPE is refused."""
+    if t.rope_scaling is not None:
+        raise ValueError(f"linearize: argument 'mixer': the student's {what} takes the teacher's RoPE, and its RoPE has no scaling "
+                         f"(the teacher's rope_scaling = {t.rope_scaling}): use a student with a decay and no RoPE (gla, retnet, "
+                         "gated_deltanet, mamba2)")
+    return t.rope_theta
+
+
 def _window_general_form(t: Teacher) -> dict:
     """The general form's sizes, and the teacher's RoPE for the sliding window of Liger attention (its recurrence runs without)."""
-    if t.rope_scaling is not None:
-        raise ValueError(f"linearize: argument 'mixer': the student's sliding window takes the teacher's RoPE, and its RoPE has no "
-                         f"scaling (the teacher's rope_scaling = {t.rope_scaling}): use a student without a window")
-    return {**_general_form(t), "rope_theta": t.rope_theta}
+    return {**_general_form(t), "rope_theta": _plain_rope(t, "sliding window")}
+
+
+def _rwkv7(t: Teacher) -> dict:
+    """RWKV-7's heads split d_model (r, k, v, o are d × d), with the teacher's RoPE on r and k (RADLADS); the value residual
+    is off: it reads the first layer's values from the backbone's per-forward context, which transformers' layers around
+    the students do not pass, so each student would be a first layer with its ν parameters unused."""
+    if t.heads * t.head_dim != t.d_model:
+        raise ValueError(f"linearize: argument 'mixer': RWKV-7's heads split d_model (heads·head size = d_model), the teacher has "
+                         f"{t.heads} heads of {t.head_dim} = {t.heads * t.head_dim} for d_model = {t.d_model}")
+    return {"heads": t.heads, "value_residual": False, "rope_theta": _plain_rope(t, "r and k")}
 
 
 def _ssd_rows(t: Teacher, which: str) -> tuple[int, int]:
@@ -158,6 +174,11 @@ STUDENTS: dict[str, StudentInit] = {
         (Take("W_q.weight", "q"), Take("W_k.weight", "k"), Take("W_v.weight", "v"), Take("W_o.weight", "o"),
          Take("conv_q.weight", "identity_conv"), Take("conv_k.weight", "identity_conv"), Take("conv_v.weight", "identity_conv")),
         "S_t = α_t(I − β_t k_tᵀk_t)S_{t-1} + β_t k_tᵀv_t (L2-normed q, k): q → C, k → B, v → u", bias={"qkv_bias": True}),
+    # RWKV-7 (rwkv7, rad_rwkv7): the receptance r reads the state as the query does (RADLADS' weight transfer: q → r)
+    "RWKV7": StudentInit(
+        _rwkv7, (Take("W_r.weight", "q"), Take("W_k.weight", "k"), Take("W_v.weight", "v"), Take("W_o.weight", "o")),
+        "S_t = S_{t-1}(Diag(w_t) − κ̂ᵀ(a ⊙ κ̂)) + k̃ᵀv, o_t = r_t S_t: q → r (C), k → k (B, through k̃), v → v; decay w, a, κ̂, "
+        "the gate and the GroupNorm at their own init", bias={"qkv_bias": True}),
     # Mamba-2's block (SSD): in_proj's x ← v, B ← k, C ← q (Mamba-in-the-Llama), one B/C group per head
     "SSD": StudentInit(
         lambda t: {"headdim": t.head_dim, "d_state": t.head_dim, "groups": t.heads,

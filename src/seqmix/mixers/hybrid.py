@@ -71,7 +71,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import RotaryTable, apply_rotary, linear_recurrence, recurrence_map
+from ..ops import linear_recurrence, recurrence_map
 from ..ops.attention import kv_cache_trim
 from ..ops.eidetic import eidetic_select, heap_push, innovation, predictor_weights
 from ..ops.memory_attention import chunked_memory_attention, n_chunks
@@ -79,6 +79,7 @@ from ..ops.precision import upcast
 from ..ops.window_attention import window_softmax
 from .attention import AttentionConfig, SeparableAttention, SeparableAttentionConfig, _Attention
 from .base import AUTO_SEGMENT_LEN, MixOut, register, register_preset
+from .layers import rope_rotate
 from .linear_attention import LIGER_GLA, GeneralForm, GeneralFormConfig
 from .ssm import S6, S6Config
 
@@ -809,14 +810,7 @@ class LigerAttention(GeneralForm):
         """The window's q (scaled 1/√K), k [B, T, H, K]: the projections before the feature map, rotated by RoPE."""
         q, k = P.q_proj * self.K**-0.5, P.k_proj
         theta = self.config.rope_theta
-        if theta is None:
-            return q, k
-        table = self.__dict__.get("_rope_table")
-        if table is None:
-            table = self.__dict__["_rope_table"] = RotaryTable(theta)
-        dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-        cos, sin = table(start, q.shape[1], self.K, device=q.device, dtype=dt, seq_len=start + q.shape[1])
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return (q, k) if theta is None else rope_rotate(self, theta, start, q, k)
 
     def _forward(self, x, *, state, mode, need_state):
         c = self.config

@@ -525,8 +525,9 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "bmojo": "none: SSM + sliding-window attention",
     "bmojo_f": "none: SSM + sliding-window attention",
     # window + linear hybrids: a shift register of the window's inputs beside the linear state
-    "lolcats": "shift + identity: a w-slot shift register (the window) feeding the linear state (eigenvalues 0 and 1)",
-    "liger_attention": "shift + diagonal: a w-slot shift register (the window) beside σ(x W_K)^{1/16} per key channel",
+    "lolcats": "shift: a w-slot shift register (the window) feeding an identity linear state, [[Shift, 0], [ψ(k_{i−w}) e_wᵀ, I]] "
+               "(eigenvalues 0 and 1)",
+    "liger_attention": "shift: a w-slot shift register (the window) beside the recurrence's diag(σ(x W_K)^{1/16}) per key channel",
     "hyena": "none: implicit long convolution",
     # linear attention without decay: Λ = I
     "linear_attention": "identity", "separable_attention": "identity", "normalized_attention": "identity",

@@ -544,12 +544,13 @@ def _window_keys(state: dict | None, k: torch.Tensor, v: torch.Tensor, R: int, p
     return torch.cat([k_prev, k], 1), torch.cat([v_prev, v], 1), valid
 
 
-def _window_lam(window: int, log_decay: torch.Tensor | None, shape: tuple, value_dim: int) -> torch.Tensor:
+def _window_lam(window: int, log_decay: torch.Tensor | None, shape: tuple, value_dim: int, device=None) -> torch.Tensor:
     """The diagonal of Λ_t of :func:`window_dsf`, [B, T, H·V·(w + F)]: 0 on the window's shift register, the
     linear part's decay exp(log α) (or 1) on its F states, per head h and value channel (layout there)."""
     B, T, H, F = shape
-    lin = torch.ones(B, T, H, F, dtype=torch.float64) if log_decay is None else log_decay.detach().double().exp().expand(B, T, H, F)
-    diag = torch.cat([torch.zeros(B, T, H, window, dtype=torch.float64), lin], -1)  # [B, T, H, w + F]
+    f64 = dict(dtype=torch.float64, device=device)
+    lin = torch.ones(B, T, H, F, **f64) if log_decay is None else log_decay.detach().double().exp().expand(B, T, H, F)
+    diag = torch.cat([torch.zeros(B, T, H, window, **f64), lin], -1)  # [B, T, H, w + F]
     return diag.unsqueeze(3).expand(B, T, H, value_dim, window + F).reshape(B, T, -1)
 
 
@@ -575,25 +576,25 @@ def window_dsf(band: torch.Tensor, cq: torch.Tensor, ck: torch.Tensor, log_decay
     if delayed and not w:
         raise ValueError("window_dsf: argument 'delayed' needs a window (w >= 1): the delayed token is the one leaving it")
     P = w + F
-    f64 = torch.float64
-    M = torch.zeros(B, T, H, P, P, dtype=f64)
-    idx = torch.arange(1, w)
+    f64 = dict(dtype=torch.float64, device=band.device)
+    M = torch.zeros(B, T, H, P, P, **f64)
+    idx = torch.arange(1, w, device=band.device)
     M[..., idx, idx - 1] = 1.0  # the register shifts by one slot
     if delayed:
         M[..., w:, w - 1] = ck.detach().double()  # the token leaving the window enters S
-    Bv = torch.zeros(B, T, H, P, dtype=f64)
+    Bv = torch.zeros(B, T, H, P, **f64)
     if w:
         Bv[..., 0] = 1.0
     if not delayed:
         Bv[..., w:] = ck.detach().double()
     Cv = torch.cat([band.detach().double().transpose(1, 2), cq.detach().double()], -1)  # [B, T, H, P]
-    lam = _window_lam(w, log_decay, (B, T, H, F), V)
-    eye_h, eye_v = torch.eye(H, dtype=f64), torch.eye(V, dtype=f64)
+    lam = _window_lam(w, log_decay, (B, T, H, F), V, band.device)
+    eye_h, eye_v = torch.eye(H, **f64), torch.eye(V, **f64)
     N = H * V * P
     U = torch.einsum("bthij,hg,uv->bthuigvj", M, eye_h, eye_v).reshape(B, T, N, N)  # off the diagonal (M's diagonal is 0)
     Bm = torch.einsum("bthi,hg,uv->bthuigv", Bv, eye_h, eye_v).reshape(B, T, N, H * V)
     Cm = torch.einsum("bthi,hg,uv->btgvhui", Cv, eye_h, eye_v).reshape(B, T, H * V, N)
-    return DSF(lam, Bm, Cm, U=U, W=torch.eye(N, dtype=f64).expand(B, T, N, N))
+    return DSF(lam, Bm, Cm, U=U, W=torch.eye(N, **f64).expand(B, T, N, N))
 
 
 def _bands(phi: torch.Tensor, window: int) -> torch.Tensor:
@@ -624,7 +625,6 @@ class LolcatsConfig(SeparableAttentionConfig):
     description="LoLCATs attention (Zhang et al. 2025, eq. 7): sliding-window softmax + Hedgehog linear attention before the window, "
     "one normalization, learnt window factor γ per head",
     defaults={"feature_map": "hedgehog", "normalizer": "row_sum", "scale": "sqrt"},
-    example={"d_model": 16, "n": 8, "heads": 2, "chunk_size": 8, "window": 5},
 )
 class LolcatsAttention(SeparableAttention):
     """LoLCATs attention (Zhang et al. 2025, "LoLCATs: On Low-Rank Linearizing of Large Language Models", §3.3.1 eq. 7;
@@ -743,7 +743,7 @@ class LolcatsAttention(SeparableAttention):
     def decays(self, x):
         """The diagonal of Λ_t (= dsf(x).lam): 0 on the window's register, 1 on the linear state."""
         self.check_input(x)
-        return _window_lam(self.window, None, (x.shape[0], x.shape[1], self.heads, self.n_features), self.head_v)
+        return _window_lam(self.window, None, (x.shape[0], x.shape[1], self.heads, self.n_features), self.head_v, x.device)
 
     def state_size(self, seq_len: int | None = None) -> int:
         return self.heads * (self.window * (self.head_qk + self.head_v) + self.n_features * (self.head_v + 1))
@@ -777,7 +777,6 @@ class LigerAttentionConfig(GeneralFormConfig):
     "liger_attention",
     description="Liger attention (Lan et al. 2025, §3.3): 0.5·(Liger's key-pooled gated recurrence) + 0.5·(sliding-window softmax, w 64)",
     defaults={**LIGER_GLA, "window": 64},
-    example={"d_model": 16, "heads": 2, "chunk_size": 8, "window": 5, "rope_theta": 10000.0},
 )
 class LigerAttention(GeneralForm):
     """Liger attention (Lan et al. 2025, "Liger: Linearizing Large Language Models to Gated Recurrent Structures",
@@ -859,7 +858,7 @@ class LigerAttention(GeneralForm):
         self.check_input(x)
         P = self._params(x, None, False)
         gk = P.gk if P.gk is None or P.gk.dim() == 4 else P.gk.unsqueeze(-1)
-        return _window_lam(self.config.window, gk, (x.shape[0], x.shape[1], self.H, self.K), self.V)
+        return _window_lam(self.config.window, gk, (x.shape[0], x.shape[1], self.H, self.K), self.V, x.device)
 
     def state_size(self, seq_len: int | None = None) -> int:
         return super().state_size(seq_len) + (self.config.window - 1) * self.H * (self.K + self.V)

@@ -221,3 +221,47 @@ def test_length_bands_score_what_a_shorter_window_scores():
             total += float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), b.labels[:, :16])) * b.inputs.shape[0]
             n += b.inputs.shape[0]
     assert abs(long["loss"]["t"][0] - total / n) < 1e-5
+
+
+# -- every recipe ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_every_recipe_and_ablation_is_a_valid_config_whose_claims_name_its_runs(name):
+    from seqmix.mixers import mixer_entry
+
+    r = RECIPES[name]
+    labels = {name} | {f"{name}:{a}" for a in r.ablations}
+    for claim in r.claims:
+        assert {claim.a, claim.b} <= labels, claim.text
+    m = teacher(layers=4)
+    for overrides in [{}, *r.ablations.values()]:
+        c = cfg(recipe=name, **overrides)
+        mixer_entry(c.mixer)  # registered
+        lin = linearize(m, mixer=c.mixer, layers=c.layers, init=c.init, **c.mixer_config)  # the student builds from a teacher
+        assert len(students(lin)) == len(parse_layers(c.layers, 4)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_every_recipe_runs_through_the_command_and_its_folder_loads_and_decodes(tmp_path, name):
+    pytest.importorskip("peft")
+    from seqmix.cli import main
+    from seqmix.interop.load import load_converted
+
+    m = teacher(layers=2, vocab=256)
+    m.save_pretrained(tmp_path / "teacher")
+    out = tmp_path / "lin"
+    argv = ["linearize", "--hf", str(tmp_path / "teacher"), "--recipe", name, "--seq-len", "16", "--batch-size", "2",
+            "--tokens", str(32 * 6), "--eval-batches", "1", "--length", "1,2", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    c = RECIPES[name].settings
+    assert metrics["config"]["recipe"] == name and metrics["config"]["mixer"] == c["mixer"]
+    assert list(metrics["stages"]) == list(c["stages"])
+    if "transfer" in c["stages"]:
+        assert list(metrics["stages"]["transfer"]["steps_per_match"]) == c["match"].split(",")
+    back, _ = load_converted(str(out))
+    held = {i for i, _ in students(back).items()}
+    assert held and all(a.mixer.registry_name == c["mixer"] for a in students(back).values())
+    assert back.generate(ids(1, 4, vocab=256), max_new_tokens=3, do_sample=False).shape == (1, 7)

@@ -568,11 +568,14 @@ def _finetune(cfg: LinearizeConfig, source: Path, teacher, corpus, folder: Path,
 
     hcfg = teacher.config
     steps = max(1, -(-cfg.finetune_tokens // (cfg.batch_size * cfg.seq_len)))
+    placed = json.loads((source / "config.json").read_text()).get("seqmix_placed", {})
+    student = next((r["config"] for r in placed.values() if r["mixer"] == cfg.mixer), None)  # the sizes the table gave it
+    mixer_kwargs = {k: v for k, v in (student or {}).items() if k != "d_model"}
     run_cfg = make_run_config(
         experiment="linearize", label=f"{cfg.mixer} linearized", tags={"stage": "finetune", "key": key},
         data=corpus, init_from_hf=str(source.resolve()),
-        model=ModelConfig(mixer=cfg.mixer, d_model=int(hcfg.hidden_size), n_layers=int(hcfg.num_hidden_layers),
-                          vocab_size=int(hcfg.vocab_size), positions="none"),
+        model=ModelConfig(mixer=cfg.mixer, mixer_kwargs=mixer_kwargs, d_model=int(hcfg.hidden_size),
+                          n_layers=int(hcfg.num_hidden_layers), vocab_size=int(hcfg.vocab_size), positions="none"),
         train=TrainConfig(lr=cfg.finetune_lr, max_steps=steps, weight_decay=0.0, early_stop=None, seed=cfg.seed,
                           eval_batches=cfg.eval_batches, eval_every_steps=max(1, steps // 4), threads=cfg.threads,
                           device=cfg.device, precision=cfg.precision, parallel=cfg.parallel),

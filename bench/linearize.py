@@ -425,6 +425,8 @@ def main(argv=None) -> int:
     p.add_argument("--scratch-dir", default=None, help="where the from-scratch runs live (default OUT/runs): another "
                    "bench's folder reuses its finished scratch runs (same architecture, tokens and settings: skipped)")
     p.add_argument("--table", action="store_true", help="print the stored cases' tables only")
+    p.add_argument("--write-docs", default=None, metavar="NAME", help="also write the tables into docs/linearize.md, "
+                   "between the markers <!-- bench/linearize.py:NAME --> (added at the end when absent)")
     a = p.parse_args(argv)
     teacher_dir, out = Path(a.teacher), Path(a.out)
     a.default_budget = 0.1 * _teacher_info(teacher_dir)["tokens"]  # scratch runs at another budget get another folder
@@ -457,11 +459,19 @@ def main(argv=None) -> int:
             f.write_text(json.dumps(res, indent=1))
             print(f"{case}: L_teacher {res['L_teacher']:.4f}, L_scratch {res['L_scratch'] or float('nan'):.4f}, "
                   f"L_student {res['L_student']:.4f}, G = {_g(res)} ({res['seconds']:.0f} s)", flush=True)
-    print(table(out, teacher_dir))
-    print()
-    print(recipe_table(out))
-    print()
-    print(length_table(out))
+    text = "\n\n".join(t for t in (table(out, teacher_dir), recipe_table(out), length_table(out))
+                        if not t.startswith("no "))
+    print(text)
+    if a.write_docs:
+        import sys
+
+        from _common import ROOT, write_docs_section
+
+        argv = [v for v in (sys.argv[1:] if argv is None else argv)]
+        cmd = "python bench/linearize.py " + " ".join(v for i, v in enumerate(argv) if v not in ("--write-docs", "--table")
+                                                      and (i == 0 or argv[i - 1] != "--write-docs"))
+        write_docs_section(ROOT / "docs" / "linearize.md", f"bench/linearize.py:{a.write_docs}",
+                           f"Printed by `{cmd} --table` (2-core CPU, shared):\n\n{text}")
     return 0
 
 

@@ -27,7 +27,8 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 
 setup: $(VENV)/.installed
 
-# the main job: DSF Fig. 2 at CPU size (5 mixers on MQAR, <= 10 min on 2 cores); prints the
+# the main job: DSF Fig. 2 at CPU size (5 mixers on MQAR, 8-17 min on 2 cores by machine; it prints
+# its own estimate of the time left after each run); prints the
 # results table and the paper's claims, writes runs/main/dsf-fig2-tiny.png; a second run
 # skips the finished runs
 main: setup

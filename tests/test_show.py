@@ -469,6 +469,30 @@ def test_cli_writes_png_with_expected_size(tmp_path, capsys):
     assert (out / "lemma1.png").is_file()
 
 
+def test_cli_out_file_png_writes_that_file_and_the_other_pictures_beside_it(tmp_path, capsys):
+    """--out FILE.png is a file (the maps; a theory figure beside it as FILE-NAME.png), --out FILE.html
+    with --html the report; a picture suffix the command does not write is refused before any work."""
+    maps = tmp_path / "sub" / "maps_s6.png"
+    assert main(["show", "s6", "-T", "16", "--d-model", "8", "--out", str(maps), "--dpi", "40", "--theory", "lemma1"]) == 0
+    assert maps.is_file() and png_size(maps.read_bytes()) == show.figure_size_px(1, 40)
+    assert (tmp_path / "sub" / "maps_s6-lemma1.png").is_file() and sorted(p.name for p in maps.parent.iterdir()) == [
+        "maps_s6-lemma1.png", "maps_s6.png"]
+    only_theory = tmp_path / "lemma.png"
+    assert main(["show", "--theory", "lemma1", "--out", str(only_theory), "--dpi", "40"]) == 0
+    assert only_theory.is_file()
+    page = tmp_path / "page.html"
+    assert main(["show", "s6", "-T", "16", "--d-model", "8", "--html", "--out", str(page), "--dpi", "40"]) == 0
+    assert page.is_file() and len(check_html(page.read_text(encoding="utf-8")).images) == 1
+    capsys.readouterr()
+    assert main(["show", "s6", "-T", "16", "--out", str(tmp_path / "maps.svg")]) == 2
+    assert "argument --out: this writes PNG files" in capsys.readouterr().err and not (tmp_path / "maps.svg").exists()
+    assert main(["show", "s6", "-T", "16", "--html", "--out", str(tmp_path / "x.png")]) == 2
+    assert "writes HTML files" in capsys.readouterr().err
+    (tmp_path / "taken.png").mkdir()
+    assert main(["show", "s6", "-T", "16", "--out", str(tmp_path / "taken.png")]) == 2
+    assert "is a folder, expected a file name" in capsys.readouterr().err
+
+
 def test_cli_html_report(tmp_path):
     out = tmp_path / "h"
     assert main(["show", "gla", "metala", "--input", "text", "--text", "a small text, a small test", "--d-model", "16",

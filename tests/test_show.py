@@ -15,7 +15,7 @@ import pytest
 import torch
 from matplotlib.image import AxesImage
 
-from browser import CHROMIUM, SKIP_REASON, console_lines, dump_dom
+from browser import CHROMIUM, SKIP_REASON, check_in_browser, console_lines, dump_dom, image_widths
 
 import seqmix
 from seqmix.analysis import mapstats, show
@@ -253,6 +253,29 @@ def test_plotted_decay_spectrum_is_the_mixers_decays(views_and_mixers):
             assert float((mag - row.unsqueeze(1)).abs().amax(0).min()) == 0
 
 
+def test_overview_figure_draws_each_mixers_first_map_and_its_spectrum(views_and_mixers):
+    """overview_figure (the README's and the gallery's picture): one column per mixer holding
+    phi(x)[0, 0] and the same spectrum rows as show_figure; no spectrum for a mixer without a DSF."""
+    views, mixers, inp = views_and_mixers
+    fig = show.overview_figure(views, dpi=40, titles=[v.label.upper() for v in views])
+    assert png_size(show.figure_png(fig)) == (round(show.OVERVIEW_INCHES[0] * 3 * 40), round(show.OVERVIEW_INCHES[1] * 40))
+    phis, decays = images(fig, "phi:"), images(fig, "decays:")
+    full = images(show.show_figure(views), "decays:")
+    for v, m in zip(views, mixers):
+        with torch.no_grad():
+            phi = m.phi(show.embed(inp, m.d_model, seed=3))[0, 0]
+        assert float((torch.from_numpy(phis[f"phi:{v.label}"].get_array().data) - phi).abs().max()) == 0
+        if v.lam is None:
+            assert f"decays:{v.label}" not in decays
+        else:
+            assert (decays[f"decays:{v.label}"].get_array().data == full[f"decays:{v.label}"].get_array().data).all()
+    assert {t.get_text() for t in fig.texts} >= {v.label.upper() for v in views}
+    with pytest.raises(ValueError, match="argument 'titles'"):
+        show.overview_figure(views, titles=["one"])
+    with pytest.raises(ValueError, match="argument 'subtitles'"):
+        show.overview_figure(views, subtitles=[])
+
+
 def test_view_numbers_match_the_functions(views_and_mixers):
     views, mixers, inp = views_and_mixers
     ref = show.softmax_reference(show.embed(inp, mixers[0].d_model, seed=3), seed=3)
@@ -377,11 +400,14 @@ def test_html_report_opens_in_headless_chromium(report, tmp_path):
     assert not console, console
     n = len(views) + 1
     assert f'data-images-decoded="{n}/{n}"' in r.stdout, r.stdout[:500]
+    widths = check_in_browser(path, tmp_path, n)  # every image decoded, the screenshot not blank
+    assert widths[0] == show.figure_size_px(1, 50)[0]
     # the check can fail: a corrupted image is reported
     bad = tmp_path / "bad.html"
     bad.write_text(path.read_text(encoding="utf-8").replace("base64,iVBOR", "base64,AAAA", 1), encoding="utf-8")
     r = dump_dom(bad, tmp_path / "profile")
     assert f'data-images-decoded="{n - 1}/{n}"' in r.stdout and console_lines(r)
+    assert image_widths(bad, tmp_path / "profile")[0] == 0
 
 
 # ------------------------------------------------------------------------------------------

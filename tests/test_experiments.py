@@ -225,6 +225,8 @@ def test_reproduce_end_to_end(tmp_path, monkeypatch, capsys):
     assert "| lin |" in r.table and r.claims[0]["verdict"] == "agrees"
     log = (tmp_path / "log.txt").read_text()
     assert "the paper's claims" in log and "agrees" in log
+    agree = sum(c["verdict"] == "agrees" for c in r.claims)
+    assert f"verdict: {agree} of {len(r.claims)} claims agree" in log
     r2 = reproduce("mini", "tiny", out_dir=tmp_path / "out", workers=1, progress=False, console=con)
     assert r2.rows == r.rows  # every run was skipped, the same table
     assert "already finished" in (tmp_path / "log.txt").read_text()

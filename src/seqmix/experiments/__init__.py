@@ -125,6 +125,8 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
             console.print(f"[{style}]{c['verdict']:>15}[/{style}]{seeds}  {c['text']}  [dim]({c['panel']}: {c['detail']})[/dim]")
             if c["caveat"]:
                 console.print(f"{'':>17}[dim]why: {c['caveat']}[/dim]")
+        agree = sum(c["verdict"] == "agrees" for c in claims)
+        console.print(f"[bold]verdict: {agree} of {len(claims)} claims agree[/bold]")
     draw = lm_plot if lm else plot
     kw = {} if lm else {"x": x}
     path = draw(rows, out_dir / f"{preset.name}-{scale}.png", title=f"{preset.title} ({scale})", order=order, **kw) if rows else None

@@ -89,7 +89,7 @@ def test_docs_site_builds_strict_with_the_api_reference(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     ops = (site / "api" / "ops" / "index.html").read_text(encoding="utf-8")
-    for name in ("seqmix.ops.linear_recurrence", "seqmix.ops.selective_scan"):
+    for name in ("seqmix.ops.linear_recurrence", "seqmix.ops.selective_scan.selective_scan", "seqmix.ops.delta_rule.delta_rule"):
         assert f'id="{name}"' in ops, name
     assert 'id="seqmix.build_mixer"' in (site / "api" / "seqmix" / "index.html").read_text(encoding="utf-8")
     assert 'id="seqmix.contract.check_mixer"' in (site / "api" / "contract" / "index.html").read_text(encoding="utf-8")

@@ -138,7 +138,7 @@ def gallery_page() -> str:
         for e in (e for e in entries if e.family == fam):
             lines += [f"-   **`{e.name}`** · {', '.join(e.modes)}", "",
                       f"    ![{e.name}: map and decay spectrum](gallery/{e.name}.png)", "",
-                      f"    {e.description} State: `{e.state_formula}`.", ""]
+                      f"    {e.description.rstrip('. ')}. State: `{e.state_formula}`.", ""]
         lines += ["</div>", ""]
     return "\n".join(lines)
 

@@ -47,6 +47,8 @@ STUDENTS = {
     "gla": ("gla", {}),
     "mamba2": ("mamba2", {}),
     "gated_deltanet": ("gated_deltanet", {}),
+    # the default recipe's student: LoLCATs attention started at its 64-token window
+    "lolcats(window 64)": ("lolcats", {"window": 64, "window_factor": 0.99, "affine_window_factor": True}),
     # B'MOJO-F's own Mamba at a small size (expand 1, d_state 4, chunked scan): its default recurrent scan is
     # ~50x slower on the CPU, too slow for this bench's budget
     "bmojo_f(window 32)": ("bmojo_f", {"window": 32, "ssm_mode": "chunk", "expand": 1, "d_state": 4}),
@@ -54,6 +56,8 @@ STUDENTS = {
 #: the student cases of docs/linearize.md's table: the students, the hybrids (auto:1) and the ablations on GLA
 DEFAULT_CASES = list(STUDENTS) + ["hybrid:gla", "hybrid:gated_deltanet", "uniform1:gla", "transfer_only:gla",
                                   "finetune_only:gla", "phi:gla"]
+#: the student cases of a budget's targets alone (best pure student, the hybrid): --cases targets
+TARGET_CASES = ["lolcats(window 64)", "gated_deltanet", "hybrid:gated_deltanet"]
 #: the method flags of the student cases (None: the recipe's value) -> LinearizeConfig field
 METHOD_FLAGS = {"transfer_lr": "transfer_lr", "finetune_lr": "finetune_lr", "kd": "kd", "lora_rank": "lora_rank",
                 "transfer_trainable": "transfer_trainable", "transfer_frac": "transfer_share"}
@@ -436,7 +440,8 @@ def main(argv=None) -> int:
         if bad:
             raise SystemExit(f"bench/linearize.py: argument --recipes: unknown recipe(s) {', '.join(bad)} (recipes: "
                              f"{', '.join(RECIPES)})")
-    cases = (a.cases.split(",") if a.cases else recipe_cases(names) if a.recipes is not None else DEFAULT_CASES)
+    cases = (TARGET_CASES if a.cases == "targets" else a.cases.split(",") if a.cases
+             else recipe_cases(names) if a.recipes is not None else DEFAULT_CASES)
     if not a.table:
         (out / "results").mkdir(parents=True, exist_ok=True)
         for case in filter(None, cases):
@@ -470,8 +475,11 @@ def main(argv=None) -> int:
         argv = [v for v in (sys.argv[1:] if argv is None else argv)]
         cmd = "python bench/linearize.py " + " ".join(v for i, v in enumerate(argv) if v not in ("--write-docs", "--table")
                                                       and (i == 0 or argv[i - 1] != "--write-docs"))
+        from seqmix.linearize.recipes import recipes_markdown
+
         write_docs_section(ROOT / "docs" / "linearize.md", f"bench/linearize.py:{a.write_docs}",
                            f"Printed by `{cmd} --table` (2-core CPU, shared):\n\n{text}")
+        write_docs_section(ROOT / "docs" / "linearize.md", "seqmix.linearize.recipes", recipes_markdown())
     return 0
 
 

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..experiments.base import Claim
 
-__all__ = ["Recipe", "RECIPES", "DEFAULT_RECIPE", "recipe", "recipe_settings", "METHOD_FIELDS", "MATCHES"]
+__all__ = ["Recipe", "RECIPES", "DEFAULT_RECIPE", "recipe", "recipe_settings", "recipes_markdown", "METHOD_FIELDS", "MATCHES"]
 
 #: stage 1's losses: the student's layer output, its attention map Φ, both, or the whole decoder layer's output
 MATCHES = ("output", "phi", "both", "block")
@@ -64,16 +64,25 @@ def _claim(text: str, a: str, b: str, caveat: str = "") -> Claim:
 
 _SEQMIX = Recipe(
     name="seqmix",
-    title="Gated DeltaNet from the attention weights; output matching; KD + LoRA on the kept weights",
-    source="seqmix's own, measured by bench/linearize.py (docs/linearize.md, 'Recipes')",
-    settings=dict(mixer="gated_deltanet", mixer_config={}, layers="all", init="attention", stages=("transfer", "finetune"),
-                  match="output", transfer_split=None, transfer_trainable="all", transfer_share=1 / 3, transfer_lr=3e-3,
-                  finetune_lr=3e-3, lora_rank=8, lora_targets="kept", finetune_trainable=None, kd=1.0, ce=1.0),
+    title="LoLCATs attention started at its window (softmax over the last 64 tokens with the teacher's q/k/v/o; the "
+          "Hedgehog linear attention before the window weighted 1 − γ, γ from 0.99); output matching of every student "
+          "weight; KD + LoRA on the kept weights, the students in full",
+    source="seqmix's own, measured by bench/linearize.py (docs/linearize.md, 'Measured')",
+    settings=dict(mixer="lolcats", mixer_config={"window": 64, "window_factor": 0.99, "affine_window_factor": True},
+                  layers="all", init="attention", stages=("transfer", "finetune"), match="output", transfer_split=None,
+                  transfer_trainable="all", transfer_share=1 / 3, transfer_lr=1e-3, finetune_lr=1e-3, lora_rank=8,
+                  lora_targets="kept", finetune_trainable=None, kd=1.0, ce=1.0),
     paper="—",
     scaled="—",
-    ablations={"no_kd": {"kd": 0.0}, "full": {"lora_rank": 0}},
+    ablations={"no_kd": {"kd": 0.0}, "full": {"lora_rank": 0},
+               "gamma_0.1": {"mixer_config": {"window": 64, "window_factor": 0.1, "affine_window_factor": False}},
+               "gated_deltanet": {"mixer": "gated_deltanet"}},
     claims=[_claim("KD to the teacher's logits lowers the final loss", "seqmix", "seqmix:no_kd"),
-            _claim("LoRA on the kept weights beats full fine-tuning at this budget", "seqmix", "seqmix:full")],
+            _claim("LoRA on the kept weights beats full fine-tuning at this budget", "seqmix", "seqmix:full"),
+            _claim("starting at the window (γ 0.99, linear terms weighted 1 − γ) beats LoLCATs' start (γ 0.1)", "seqmix",
+                   "seqmix:gamma_0.1"),
+            _claim("the window student beats the best student without a window (Gated DeltaNet)", "seqmix",
+                   "seqmix:gated_deltanet")],
 )
 
 _LOLCATS = Recipe(
@@ -194,3 +203,25 @@ def recipe_settings(name: str, overrides: dict | None = None) -> dict[str, Any]:
         settings["mixer_config"] = {}
     settings.update(overrides)
     return settings
+
+
+def recipes_markdown() -> str:
+    """The recipes as docs/linearize.md's reference: per recipe its title, source, the paper's setting, what
+    seqmix scales, its method fields, its ablations and claims (the page's section is this text: a test keeps it so)."""
+    def show(v) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else repr(v)
+
+    out = []
+    for r in RECIPES.values():
+        fields = ", ".join(f"`{k}={show(v)}`" for k, v in r.settings.items())
+        out += [f"### `{r.name}`{' (the default)' if r.name == DEFAULT_RECIPE else ''}", "", f"{r.title}.", "",
+                f"* **source**: {r.source}", f"* **the paper**: {r.paper}", f"* **scaled here**: {r.scaled}",
+                f"* **fields**: {fields}"]
+        if r.ablations:
+            out.append("* **ablations**: " + "; ".join(f"`{k}`: " + ", ".join(f"`{f}={show(v)}`" for f, v in a.items())
+                                                      for k, a in r.ablations.items()))
+        if r.claims:
+            out.append("* **claims checked**: " + "; ".join(f"{c.text} (`{c.a}` {'<' if c.check == 'below' else '≤'} `{c.b}`"
+                                                           + (f" + {c.value:g}" if c.value else "") + ")" for c in r.claims))
+        out.append("")
+    return "\n".join(out).rstrip()

@@ -71,12 +71,11 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import linear_recurrence, recurrence_map
+from ..ops import linear_recurrence, recurrence_map, window_softmax
 from ..ops.attention import kv_cache_trim
 from ..ops.eidetic import eidetic_select, heap_push, innovation, predictor_weights
 from ..ops.memory_attention import chunked_memory_attention, n_chunks
 from ..ops.precision import upcast
-from ..ops.window_attention import window_softmax
 from .attention import AttentionConfig, SeparableAttention, SeparableAttentionConfig, _Attention
 from .base import AUTO_SEGMENT_LEN, MixOut, register, register_preset
 from .layers import rope_rotate

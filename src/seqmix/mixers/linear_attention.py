@@ -22,6 +22,7 @@ registered preset of it (:func:`register_preset`), never a copy:
     lightning_attention {Q, K, Λ}   SiLU(xW_Q) SiLU(xW_K)          exp(-r_h) (fixed, per head)  σ(xW_G)   (MiniMax-01)
     transnormer   {Q, K, Λ}         φ(xW_Q)    φ(xW_K)             λ_h e^{iθ} (fixed, rotary)   xW_U
     gla           {Q, K, Λ_t}       xW_Q       xW_K                σ(xW¹W² + b)^{1/τ}           SiLU(xW_r + b)
+    liger_gla     {Q, K, Λ_t}       φ(xW_Q)    φ(xW_K)             σ(Pool(xW_K))^{1/τ}          1  (φ = softmax per head; Liger)
     mamba_gf      {Q, K, Λ_t}       xW_C       Δ_t ⊙ xW_B          exp(-Δ_t A)                  1
     rwkv4         {K, Λ}            1          exp(xW_K)           exp(-exp(w))                 σ(xW_r)
     hgrn          {Λ_t}             1          1 - α_t             lb + (1-lb)σ(xW_f)           SiLU(xW_g)

@@ -947,7 +947,7 @@ register_preset(
     description="Phi-Mamba (MOHAWK): the Mamba-2 block, discrete decay exp(−softplus(dt)) per head, no Δ on the input, "
                 "no conv activation, no norm, one B/C group per head",
     defaults=PHI_MAMBA,
-    example={"d_model": 16, "d_state": 8, "headdim": 8, "groups": 2, "chunk_size": 8},
+    example={"d_model": 16, "d_state": 4, "headdim": 4, "groups": 4, "chunk_size": 8},  # one group per head, d_state = headdim
 )
 
 

@@ -265,3 +265,10 @@ def test_every_recipe_runs_through_the_command_and_its_folder_loads_and_decodes(
     held = {i for i, _ in students(back).items()}
     assert held and all(a.mixer.registry_name == c["mixer"] for a in students(back).values())
     assert back.generate(ids(1, 4, vocab=256), max_new_tokens=3, do_sample=False).shape == (1, 7)
+
+
+def test_stage1_new_with_no_new_parameters_names_trainable():
+    lin = linearize(teacher(layers=2), mixer="liger_gla")  # every weight copied from q/k/v/o: nothing new to train
+    with pytest.raises(ValueError, match="trainable"):
+        transfer(lin, teacher(layers=2), lambda step: ids(2, 8), steps=1, trainable="new")
+    assert all(p.requires_grad for p in lin.parameters())

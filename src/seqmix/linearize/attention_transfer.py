@@ -268,6 +268,12 @@ def transfer(model: nn.Module, teacher: nn.Module, batch: Callable[[int], torch.
         p.requires_grad_(True)
         p.grad = None
     handles = _freeze_copied(studs, teacher) if trainable == "new" else []
+    if trainable == "new" and not any(p.requires_grad for p in holder.parameters()):
+        for p in holder.parameters():
+            p.requires_grad_(True)
+        raise ValueError(f"linearize: argument 'trainable' = 'new': the students "
+                         f"({', '.join(sorted({a.mixer.registry_name for a in studs.values()}))}) have no parameter the init "
+                         "table did not copy from the teacher (nothing to train): use 'all'")
     for p in carried:
         p.requires_grad_(False)
     for m in (holder if trainable == "block" else studs.values()):

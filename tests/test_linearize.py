@@ -213,15 +213,64 @@ def test_saved_folder_loads_and_decodes_with_constant_state(tmp_path, name, kw):
             size.setdefault(layer, floats)
             assert floats == size[layer], (layer, t)
             keys = cache.layers[layer].keys
-            assert keys.shape[-2] == t + 1 and keys.untyped_storage().nbytes() <= 8  # one broadcast float
+            assert keys.shape[-2] == t + 1 and keys.untyped_storage().nbytes() <= 4  # one row id (float32), broadcast
     assert cache.layers[1].keys.shape[-2] == 12  # the softmax layer's KV cache grows
 
 
-def test_beam_search_is_refused_for_a_student():
-    m = teacher()
-    lin = linearize(m, mixer="gla", layers=[0])
-    with pytest.raises(ValueError, match="cache"):
-        lin.generate(ids(1, 5), max_new_tokens=3, num_beams=2, do_sample=False)
+def _sequence_logprob(model, seq: list[int], prompt: int) -> float:
+    """log p(seq[prompt:] | seq[:prompt]) under ``model``, one token at a time through its own decoding step (a
+    fresh cache for this sequence alone: no beam, no reordering)."""
+    cache = DynamicCache(config=model.config)
+    total = 0.0
+    with torch.no_grad():
+        for t in range(len(seq) - 1):
+            logits = model(torch.tensor([[seq[t]]]), past_key_values=cache, use_cache=True).logits[0, -1]
+            if t + 1 >= prompt:
+                total += float(torch.log_softmax(logits.double(), -1)[seq[t + 1]])
+    return total
+
+
+def _brute_force_beams(model, prompt: list[int], beams: int, new: int, vocab: int) -> list[tuple[float, list[int]]]:
+    """Beam search by enumeration: at each step every continuation of every kept sequence by every token of
+    the vocabulary is scored from scratch (:func:`_sequence_logprob`), and the ``beams`` best are kept.
+    Returns (log p of the new tokens, sequence), best first."""
+    kept = [list(prompt)]
+    for _ in range(new):
+        scored = [(_sequence_logprob(model, s + [v], len(prompt)), s + [v]) for s in kept for v in range(vocab)]
+        scored.sort(key=lambda e: -e[0])
+        kept = [s for _, s in scored[:beams]]
+    return sorted(((_sequence_logprob(model, s, len(prompt)), s) for s in kept), key=lambda e: -e[0])
+
+
+@pytest.mark.parametrize("name,kw", [STUDENTS[1], pytest.param(*STUDENTS[3], marks=pytest.mark.slow),
+                                     pytest.param(*STUDENTS[4], marks=pytest.mark.slow)], ids=["gla", "gated_deltanet", "mamba2"])
+def test_beam_search_of_a_student_equals_brute_force_beam_search(name, kw):
+    """generate(num_beams=3) of a linearized model (students in layers 0 and 2, the teacher's softmax in
+    layer 1) returns the beams that enumerating every continuation over a vocabulary of 12 finds: the
+    students' state follows transformers' reordering of the beams."""
+    V, K, new = 12, 3, 4
+    m = teacher(vocab=V)
+    lin = linearize(m, mixer=name, layers=[0, 2], **kw)
+    lin.generation_config.eos_token_id = None  # no beam ends early: every beam has `new` tokens, as enumerated
+    lin.generation_config.pad_token_id = 0
+    prompt = [3, 7, 1, 9, 4]
+    out = lin.generate(torch.tensor([prompt]), max_new_tokens=new, num_beams=K, num_return_sequences=K, do_sample=False,
+                       length_penalty=0.0, output_scores=True, return_dict_in_generate=True)
+    want = _brute_force_beams(lin, prompt, K, new, V)
+    assert [s.tolist() for s in out.sequences] == [s for _, s in want]
+    assert len({tuple(s) for _, s in want}) == K
+    torch.testing.assert_close(out.sequences_scores.double(), torch.tensor([lp for lp, _ in want], dtype=torch.float64),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_cropped_cache_is_refused_for_a_student():
+    """A crop would have the student forget tokens a recurrent state cannot give back: refused, naming the cache."""
+    lin = linearize(teacher(), mixer="gla", layers=[0])
+    cache = DynamicCache(config=lin.config)
+    lin(ids(1, 6), past_key_values=cache, use_cache=True)
+    cache.crop(-2)  # drop the last two tokens
+    with pytest.raises(ValueError, match="'cache'.*crop"):
+        lin(ids(1, 1), past_key_values=cache, use_cache=True)
 
 
 # -- stage 2 -------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from seqmix.interop import InteropMixer, from_transformers, placed_mixers  # noqa: E402
-from seqmix.interop.load import load_converted  # noqa: E402
+from seqmix.interop import load_converted  # noqa: E402
 from seqmix.linearize import (  # noqa: E402
     attention_layers, build_student, keep_softmax, linearize, phi_loss, residuals, save, students, teacher_weights, transfer,
     valid_students,
@@ -195,7 +195,7 @@ def test_saved_folder_loads_and_decodes_with_constant_state(tmp_path, name, kw):
     lin = linearize(m, mixer=name, layers=[0, 2], **kw)
     x = ids(1, 12)
     save(lin, tmp_path)
-    back, _ = load_converted(str(tmp_path))
+    back = load_converted(tmp_path)
     torch.testing.assert_close(back(x).logits, lin(x).logits, rtol=1e-5, atol=1e-5)
     # greedy generate() through the cache equals the argmax of full forwards
     out = back.generate(x[:, :5], max_new_tokens=6, do_sample=False)
@@ -318,7 +318,7 @@ def test_lora_adapts_the_kept_weights_and_trains_the_students(tmp_path):
     assert not any("lora" in n for n, _ in out.named_parameters())
     # a saved and reloaded model (its kept layer a converted softmax attention): LoRA on that layer too
     save(out, tmp_path)
-    back, _ = load_converted(str(tmp_path))
+    back = load_converted(tmp_path)
     names = [n for n, p in lora(back, 2).named_parameters() if p.requires_grad]
     assert any("lora_A" in n and "layers.2.self_attn.mixer.W_qk" in n for n in names)
     assert not any("lora" in n and "layers.0.self_attn" in n for n in names)
@@ -351,7 +351,7 @@ def test_cli_end_to_end_auto_k_resume_and_report(tmp_path, capsys):
     _check_html(out, metrics)
     assert metrics["teacher"]["decode_tokens_per_s"] > 0 and metrics["stages"]["finetune"]["decode_tokens_per_s"] > 0
     assert metrics["stages"]["finetune"]["state"]["recurrent_floats"] > 0
-    back, _ = load_converted(str(out))
+    back = load_converted(out)
     kept = tr["kept_softmax"][0]
     assert back.model.layers[kept].self_attn.mixer.registry_name == "softmax_attention"
     assert {i for i in range(3) if i != kept} == {i for i, a in students(back).items()}
@@ -717,7 +717,7 @@ def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
     assert metrics["config"]["parallel"] == parallel and metrics["stages"]["finetune"]["steps"] == 2
     ckpt = torch.load(tmp_path / "o" / "stages" / "finetune_run" / "checkpoint.pt", weights_only=False)
     assert ckpt["world_size"] == 2
-    back, _ = load_converted(str(tmp_path / "o"))
+    back = load_converted(tmp_path / "o")
     assert set(students(back)) == {0, 1}
     out = back.generate(ids(1, 6, vocab=256), max_new_tokens=3, do_sample=False)
     assert out.shape == (1, 9)

@@ -5,7 +5,7 @@
 
 OUT holds, when done:
 
-    config.json, model.safetensors   the linearized model (``seqmix.interop.load.load_converted(OUT)``)
+    config.json, model.safetensors   the linearized model (``seqmix.interop.load_converted(OUT)``)
     metrics.json                     per stage: validation loss (nats, bits per byte) of teacher and
                                      student, per-layer transfer residuals, state floats per token
     report.md, report.html           the same as tables (the HTML with maps.png embedded)
@@ -281,7 +281,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
         return evaluate_lm(model, test, cfg.eval_batches, device=cfg.device, precision=cfg.precision)
 
     def reload(folder: Path):
-        model, _ = load_converted(str(folder), argument="--out")
+        model = load_converted(folder, argument="--out")
         return model.to(device).eval()
 
     metrics: dict[str, Any] = {"config": cfg.model_dump(mode="json"), "stages": {}}

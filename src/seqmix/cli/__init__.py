@@ -10,11 +10,12 @@
     seqmix reproduce NAME --scale tiny|paper   run a preset, print its table and claims, plot
     seqmix reproduce all --scale tiny        every preset, then runs/report/index.html (--dry-run: list the runs)
     seqmix lm train|eval|generate|export     language modelling on text (docs/lm.md)
+    seqmix generate PATH --prompt TEXT       text from any model folder seqmix loads, streamed (docs/generation.md)
     seqmix linearize --hf DIR --mixer NAME --out DIR   a checkpoint's attention -> a seqmix mixer (docs/linearize.md)
     seqmix backends                  the kernel backends of the ops: installed or why not (docs/performance.md)
 
 One module per command group: :mod:`.mixers` (list, info, table2, show), :mod:`.harness`
-(train, sweep, reproduce, results), :mod:`.lm` (lm ...), :mod:`.linearize`, :mod:`.backends`; what they share
+(train, sweep, reproduce, results), :mod:`.lm` (lm ...), :mod:`.generate`, :mod:`.linearize`, :mod:`.backends`; what they share
 is in :mod:`._common`. Each subcommand is a pair of functions ``_add_<name>(subparsers)``
 and ``_run_<name>(args) -> int``, listed in its module's ``COMMANDS``; :data:`COMMANDS` here
 joins them in the order of ``seqmix --help``. A ValueError (or a pydantic ValidationError)
@@ -27,10 +28,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import backends, harness, linearize, lm, mixers
+from . import backends, generate, harness, linearize, lm, mixers
 
 #: name -> (add parser, run), in the order of ``seqmix --help``
-COMMANDS = {**mixers.COMMANDS, **harness.COMMANDS, **lm.COMMANDS, **linearize.COMMANDS, **backends.COMMANDS}
+COMMANDS = {**mixers.COMMANDS, **harness.COMMANDS, **lm.COMMANDS, **generate.COMMANDS, **linearize.COMMANDS, **backends.COMMANDS}
 
 
 def build_parser() -> argparse.ArgumentParser:

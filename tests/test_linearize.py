@@ -356,6 +356,15 @@ def test_cli_end_to_end_auto_k_resume_and_report(tmp_path, capsys):
     assert back.model.layers[kept].self_attn.mixer.registry_name == "softmax_attention"
     assert {i for i in range(3) if i != kept} == {i for i, a in students(back).items()}
     assert back.generate(ids(1, 4, vocab=256), max_new_tokens=3, do_sample=False).shape == (1, 7)
+    # OUT holds the tokenizer it was trained with (bytes): `seqmix generate OUT` reads it and decodes the model's tokens
+    capsys.readouterr()
+    assert main(["generate", str(out), "--prompt", "To be", "--max-new-tokens", "3", "--temperature", "0"]) == 0
+    io = capsys.readouterr()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok("To be")["input_ids"] == list(b"To be")
+    seq = back.generate(torch.tensor([list(b"To be")]), max_new_tokens=3, do_sample=False, pad_token_id=0)[0].tolist()
+    assert io.out == "To be" + tok.decode(seq)[len("To be"):] + "\n"
+    assert "prefill: 5 tokens" in io.err
     # a re-run skips both finished stages and leaves them as they were
     stamp = (out / "stages" / "finetune" / "done.json").read_text()
     capsys.readouterr()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ from .families import FAMILIES
 from .saved import MODEL_TYPE, SeqmixConvertedConfig
 
 __all__ = ["resolve_source", "load_config", "load_transformers", "load_converted", "describe", "tokenize", "parse_ids",
-           "has_tokenizer"]
+           "has_tokenizer", "SeqmixConvertedForCausalLM"]
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -258,3 +259,53 @@ def _load_mixers(model, source: str, info: dict, argument: str, *, strict: bool)
         ref = next(iter(mixer.state_dict().values()), None)
         mixer.load_state_dict({k: v.to(ref.dtype if ref is not None and v.is_floating_point() else v.dtype)
                                for k, v in found[path].items()}, strict=True)
+
+
+# ------------------------------------------------------------------------------------------
+# AutoModelForCausalLM of a saved converted model (model type "seqmix_converted", saved.py)
+# ------------------------------------------------------------------------------------------
+
+
+class SeqmixConvertedForCausalLM:
+    """The entry ``AutoModelForCausalLM`` dispatches a :data:`MODEL_TYPE` folder to. It is never built:
+    :meth:`from_pretrained` returns ``seqmix.interop.load_converted(folder)``, a model of the family's own
+    class holding the seqmix mixers."""
+
+    config_class = SeqmixConvertedConfig
+
+    #: keywords AutoModelForCausalLM adds to every call (read by it, not by a loader)
+    _AUTO_KWARGS = frozenset({"_from_auto", "trust_remote_code", "adapter_kwargs", "config", "local_files_only", "revision",
+                              "cache_dir", "force_download", "token", "subfolder", "proxies", "code_revision"})
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, dtype: Any = None, torch_dtype: Any = None,
+                        device_map: Any = None, **kwargs):
+        """``load_converted(folder, dtype=dtype)``, moved to ``device_map`` (a device) when given. dtype: a torch
+        dtype, its name, or "auto" / None (float32, as ``load_converted``)."""
+        where = "AutoModelForCausalLM.from_pretrained"
+        other = sorted(k for k, v in kwargs.items() if k not in cls._AUTO_KWARGS and v is not None)
+        if model_args or other:
+            raise ValueError(f"{where}: a seqmix converted model ({MODEL_TYPE}) is loaded by seqmix.interop.load_converted, "
+                             f"which takes no argument(s) {', '.join(repr(k) for k in other) or 'positional'}")
+        dtype = dtype if dtype is not None else torch_dtype
+        if isinstance(dtype, str) and dtype != "auto":
+            dtype = getattr(torch, dtype)
+        model = load_converted(os.fspath(pretrained_model_name_or_path),
+                               dtype=dtype if isinstance(dtype, torch.dtype) else torch.float32)
+        if isinstance(device_map, (str, torch.device)) and str(device_map) != "auto":
+            model = model.to(device_map)
+        return model
+
+
+def _register() -> None:
+    """AutoModelForCausalLM dispatches a :data:`MODEL_TYPE` folder to :class:`SeqmixConvertedForCausalLM` (done on
+    ``import seqmix.interop``)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        AutoModelForCausalLM.register(SeqmixConvertedConfig, SeqmixConvertedForCausalLM)
+    except ValueError:  # already registered
+        pass
+
+
+_register()

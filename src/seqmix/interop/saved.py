@@ -10,7 +10,8 @@ a warning table and wrong logits. So a converted model's config saves itself und
 * without seqmix, transformers refuses the folder by that name (``AutoConfig``: an unknown model type);
 * with ``seqmix.interop`` imported, ``AutoConfig.from_pretrained(folder)`` returns a
   :class:`SeqmixConvertedConfig` and ``AutoModelForCausalLM.from_pretrained(folder)`` returns
-  ``seqmix.interop.load_converted(folder)``: the family's model class with its seqmix mixers, exactly.
+  ``seqmix.interop.load_converted(folder)`` (load.py's ``SeqmixConvertedForCausalLM``): the family's model
+  class with its seqmix mixers, exactly.
 
 How: the converter gives the converted model's config a subclass of its own class
 (:func:`tag_config`: ``SeqmixConvertedLlamaConfig`` for a ``LlamaConfig``) that differs in one thing,
@@ -20,10 +21,9 @@ what ``to_dict`` writes (the model type above); the live model, its ``config.mod
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig
+from transformers import AutoConfig, PreTrainedConfig
 
 #: the model type of a saved converted model (config.json's "model_type")
 MODEL_TYPE = "seqmix_converted"
@@ -103,54 +103,15 @@ class SeqmixConvertedConfig(PreTrainedConfig):
         return CONFIG_MAPPING[self.seqmix_model_type].from_dict(dict(self.family or {}))
 
 
-class SeqmixConvertedForCausalLM:
-    """The entry ``AutoModelForCausalLM`` dispatches a :data:`MODEL_TYPE` folder to. It is never built:
-    :meth:`from_pretrained` returns ``seqmix.interop.load_converted(folder)``, a model of the family's own
-    class holding the seqmix mixers."""
-
-    config_class = SeqmixConvertedConfig
-
-    #: keywords AutoModelForCausalLM adds to every call (read by it, not by a loader)
-    _AUTO_KWARGS = frozenset({"_from_auto", "trust_remote_code", "adapter_kwargs", "config", "local_files_only", "revision",
-                              "cache_dir", "force_download", "token", "subfolder", "proxies", "code_revision"})
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, dtype: Any = None, torch_dtype: Any = None,
-                        device_map: Any = None, **kwargs):
-        """``load_converted(folder, dtype=dtype)``, moved to ``device_map`` (a device) when given. dtype: a torch
-        dtype, its name, or "auto" / None (float32, as ``load_converted``)."""
-        import torch
-
-        from .load import load_converted
-
-        where = "AutoModelForCausalLM.from_pretrained"
-        other = sorted(k for k, v in kwargs.items() if k not in cls._AUTO_KWARGS and v is not None)
-        if model_args or other:
-            raise ValueError(f"{where}: a seqmix converted model ({MODEL_TYPE}) is loaded by seqmix.interop.load_converted, "
-                             f"which takes no argument(s) {', '.join(repr(k) for k in other) or 'positional'}")
-        dtype = dtype if dtype is not None else torch_dtype
-        if isinstance(dtype, str) and dtype != "auto":
-            dtype = getattr(torch, dtype)
-        model = load_converted(os.fspath(pretrained_model_name_or_path),
-                               dtype=dtype if isinstance(dtype, torch.dtype) else torch.float32)
-        if isinstance(device_map, (str, torch.device)) and str(device_map) != "auto":
-            model = model.to(device_map)
-        return model
-
-
 def register() -> None:
-    """Registers :class:`SeqmixConvertedConfig` and the loader with AutoConfig / AutoModelForCausalLM under
-    :data:`MODEL_TYPE` (done on ``import seqmix.interop``)."""
+    """Registers :class:`SeqmixConvertedConfig` with AutoConfig under :data:`MODEL_TYPE` (done on ``import
+    seqmix.interop``; its AutoModelForCausalLM entry is ``seqmix.interop.load.SeqmixConvertedForCausalLM``)."""
     try:
         AutoConfig.register(MODEL_TYPE, SeqmixConvertedConfig)
     except ValueError:  # already registered
-        pass
-    try:
-        AutoModelForCausalLM.register(SeqmixConvertedConfig, SeqmixConvertedForCausalLM)
-    except ValueError:
         pass
 
 
 register()
 
-__all__ = ["FAMILY_FIELD", "MODEL_TYPE", "SeqmixConvertedConfig", "SeqmixConvertedForCausalLM", "register", "tag_config"]
+__all__ = ["FAMILY_FIELD", "MODEL_TYPE", "SeqmixConvertedConfig", "register", "tag_config"]

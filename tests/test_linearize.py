@@ -465,7 +465,7 @@ def test_stage1_resumes_after_a_kill_without_losing_finished_steps(tmp_path):
     ckpt = tmp_path / "progress.pt"
     with pytest.raises(Killed):
         students_after(lambda lin: transfer(lin, m, lambda i: data[i], checkpoint=ckpt, key="k", on_step=kill, **kw))
-    assert torch.load(ckpt, weights_only=False)["step"] == 4  # saved at step 4; step 5 was lost with the kill
+    assert torch.load(ckpt, weights_only=True)["step"] == 4  # saved at step 4; step 5 was lost with the kill
     seen = []
 
     def batch(i):
@@ -532,7 +532,7 @@ def test_pipeline_stage1_resumes_and_passes_device_precision_trainable(tmp_path)
     with pytest.raises(Killed):
         run(cfg, progress=False, on_transfer_step=kill)
     progress = tmp_path / "o" / "stages" / "transfer_run" / "progress.pt"
-    assert torch.load(progress, weights_only=False)["step"] == 10
+    assert torch.load(progress, weights_only=True)["step"] == 10
     seen = []
     metrics = run(cfg, progress=False, on_transfer_step=lambda s, r: seen.append(s))
     assert seen == [20, 25] and not progress.exists()
@@ -666,7 +666,7 @@ def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
     assert [p.returncode for p in procs] == [0, 0], outs
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert metrics["config"]["parallel"] == parallel and metrics["stages"]["finetune"]["steps"] == 2
-    ckpt = torch.load(tmp_path / "o" / "stages" / "finetune_run" / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "o" / "stages" / "finetune_run" / "checkpoint.pt", weights_only=True)
     assert ckpt["world_size"] == 2
     back, _ = load_converted(str(tmp_path / "o"))
     assert set(students(back)) == {0, 1}

@@ -1,4 +1,4 @@
-"""Softmax attention's options of real models (issue 25 item 3, issue 27's KV cache): RoPE (full,
+"""Softmax attention's options of real models and its KV cache: RoPE (full,
 partial, interleaved), grouped kv heads (GQA / MQA), qk-norm, the output gate, biases, the scale,
 the head width, the sliding window; the rotary op; the KV cache in preallocated buffers; and
 exactness against transformers' own attention modules built from tiny configs (nothing is

@@ -1,4 +1,4 @@
-"""torch.distributed in the trainer (issue 15, docs/scale.md), on CPU with gloo.
+"""torch.distributed in the trainer (docs/scale.md), on CPU with gloo.
 
 Two processes × batch b train what one process × batch 2b trains: the loss of every step
 and of every evaluation agree within DIST_RTOL (float32; the all-reduce sums in another

@@ -1,4 +1,4 @@
-"""Opening a run folder runs no code (issue 24 §5): every checkpoint is read with
+"""Opening a run folder runs no code: every checkpoint is read with
 ``torch.load(weights_only=True)`` (seqmix.train.checkpoint). A checkpoint holding a pickled
 object is refused before anything in it runs — on resume, in analysis.trained.load_run and in
 `seqmix lm eval` — and an empty, truncated or foreign file is a one-line ValueError naming

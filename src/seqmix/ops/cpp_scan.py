@@ -21,11 +21,11 @@ in time producing dΔ, dA, dx, dB, dC, dD and dh0 in the same pass (sums over ch
 the batch go through per-unit partial buffers reduced here). A small scan (every state and decay
 of the call, 2·B·T·Dp·N floats with D padded to whole blocks, within ``keep_all_floats()``) keeps
 them all instead, and its backward reads them rather than recomputing them (the
-recompute was a third of the backward's time at the main job's B 16, T 32, d 64, n 8). The kept
+recompute takes a third of the backward's time at the main job's B 16, T 32, d 64, n 8). The kept
 values are the recomputed ones bit for bit (the same arithmetic), so the gradients do not depend
-on which way was taken. Against the per-channel kernel (one channel at a time, the loop over n
-vectorized) that this replaced, the decays and states are the same bits and the sums (y, dΔ, dx,
-dB, dC) differ by rounding only; the kernel alone (1 thread) ran 1.6x faster forward and 1.7x
+on which way was taken. Against a per-channel kernel (one channel at a time, the loop over n
+vectorized), the decays and states are the same bits and the sums (y, dΔ, dx,
+dB, dC) differ by rounding only; the kernel alone (1 thread) runs 1.6x faster forward and 1.7x
 forward+backward at the main job's size with S6's A, 3.9x and 2.6x with a scalar A, about 1.45x
 both at (8, 512, 512, 16) and (1, 4096, 512, 16).
 

@@ -76,8 +76,8 @@ def test_lra_pathfinder_probe(tmp_path):
 
 
 def test_calibrate_ratio_prints_the_main_job_targets():
-    """bench/calibrate.py ratio: every point of the main job's grid side by side, ratios to softmax, and issue
-    27's target lines for S6 and SSD at both d."""
+    """bench/calibrate.py ratio: every point of the main job's grid side by side, ratios to softmax, and the
+    step-time target lines for S6 and SSD at both d."""
     r = _run("calibrate.py", "ratio", "dsf-fig2", "--rounds", "1", "--steps", "1")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "mqar" in line]

@@ -633,7 +633,6 @@ def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
     FSDP2 (with LoRA and KD: frozen and trained parameters in one unit) shards each transformers decoder
     layer; its checkpoint is gathered whole and the saved model loads and decodes."""
     import os
-    import socket
     import subprocess
     import sys
     from pathlib import Path
@@ -642,9 +641,9 @@ def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
 
     m = teacher(layers=2, vocab=256)
     m.save_pretrained(tmp_path / "teacher")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from ports import free_port
+
+    port = free_port()
     src = str(Path(seqmix.__file__).resolve().parents[1])
     argv = [sys.executable, "-c", "import sys; from seqmix.cli import main; sys.exit(main(sys.argv[1:]))", "linearize", "--hf", str(tmp_path / "teacher"), "--mixer", "gla",
             "--seq-len", "16", "--batch-size", "4", "--transfer-tokens", "128", "--finetune-tokens", "128",

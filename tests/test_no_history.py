@@ -29,9 +29,11 @@ _PATTERNS = [(what, re.compile(p, re.IGNORECASE)) for what, p in HISTORY]
 
 
 def history_words(text: str) -> list[tuple[int, str, str]]:
-    """(line number, what, the matched words) of every history phrase in ``text``."""
-    return [(n, what, m.group(0)) for n, line in enumerate(text.splitlines(), 1) for what, pat in _PATTERNS
-            for m in pat.finditer(line)]
+    """(line number, what, the matched words) of every history phrase in ``text``, in the order of the
+    text (a phrase broken over two lines, as a docstring wraps it, counts at the line it starts on)."""
+    found = [(text.count("\n", 0, m.start()) + 1, m.start(), what, " ".join(m.group(0).split()))
+             for what, pat in _PATTERNS for m in pat.finditer(text)]
+    return [(n, what, words) for n, _, what, words in sorted(found)]
 
 
 def _files():
@@ -48,13 +50,13 @@ def test_the_checker_finds_each_kind_and_leaves_the_present_alone():
     text = "\n".join([
         "as issue 27 asks", "(issue #5)", "the figure of this stop", "the previous stop's clone", "Fifth version: AVX",
         "in the previous version's runs", "against the code before this change", "the fused mode (the default until now)",
-        "the scan is now 26% of the step",
+        "the scan is now 26% of the step", "the target of issue\n    27 (wrapped)",
         # the present tense, and words that contain the patterns' words
         "early_stop=None stops at 99%", "stop tokens end a row", "the transformers version >= 5.4 (its first release with the cache keyword)",
         "issues are reported by the CLI", "Φ's rows are no longer convex combinations", "now = time.perf_counter()",
     ])
     found = history_words(text)
-    assert [n for n, _, _ in found] == list(range(1, 10)), found
+    assert [n for n, _, _ in found] == list(range(1, 11)), found
     assert {what for _, what, _ in found} == {what for what, _ in HISTORY}
 
 

@@ -20,11 +20,13 @@ LATEST ?= .venv-latest
 
 .PHONY: setup main test test-slow bench clean test-latest lock
 
+# --no-compile: pip's byte-compiling of every installed module (about a minute of CPU for the 18,000
+# files of the extras) is skipped; Python compiles the modules a run imports, once, on first import
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q -c $(LOCK) pip
-	$(PY) -m pip install -q -c $(LOCK) "$(TORCH)"
-	$(PY) -m pip install -q -c $(LOCK) -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q --no-compile -c $(LOCK) "$(TORCH)"
+	$(PY) -m pip install -q --no-compile -c $(LOCK) -e ".[$(EXTRAS)]"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -145,3 +145,22 @@ def test_norm_shared_sigmoid_gate_rank_and_l2_eps():
     assert 0 < max_abs(e(x), a(x)) < 1e-4
     with pytest.raises(ValueError, match="gate_rank"):
         seqmix.build_mixer("kda", d_model=16, heads=2, gate=False, gate_rank=2)
+
+
+def test_rwkv7_without_token_shift_and_bonus_is_rwkv7_with_them_zeroed():
+    """token_shift=False is μ = 0 (every stream reads x), bonus=False is ρ = 0: the same outputs on the same weights, without
+    those parameters and without the shift state; RoPE (rope_theta) on r and k is a different map."""
+    kw = dict(decay_rank=4, a_rank=4, gate_rank=4, v_rank=4)
+    full = build("rwkv7", **kw)
+    bare = build("rad_rwkv7", **kw)
+    assert {n for n, _ in full.named_parameters()} - {n for n, _ in bare.named_parameters()} == {"mu", "r_k"}
+    bare.load_state_dict({k: v for k, v in full.state_dict().items() if k not in ("mu", "r_k")})
+    with torch.no_grad():
+        full.mu.zero_(), full.r_k.zero_()
+    x = x_()
+    assert max_abs(full(x), bare(x)) < 1e-12
+    assert bare.state_size() == full.state_size() - 16
+    roped = build("rad_rwkv7", rope_theta=10000.0, **kw)
+    roped.load_state_dict(bare.state_dict())
+    assert max_abs(roped(x), bare(x)) > 1e-3
+    assert_modes_agree_f64(roped, x, "rad_rwkv7 rope")

@@ -234,3 +234,34 @@ def test_s4d_legs_init_matches_hippo():
 def test_bad_config_names_the_field(name, cfg, field):
     with pytest.raises(ValueError, match=field):
         seqmix.build_mixer(name, **cfg)
+
+
+def test_phi_mamba_is_the_discrete_mamba2_block_written_out():
+    """Phi-Mamba (MOHAWK's DiscreteMamba2): h_t = exp(−softplus(dt_t^h)) h_{t−1} + B_t x_t^hᵀ (A = −1, no dt bias, no Δ on the
+    input), y_t = C_t h_t + D_h x_t, conv without activation, no norm, out_proj(y ⊙ SiLU(z + b_z)): per step by hand."""
+    m = build("phi_mamba", d_model=16, d_state=8, headdim=8, groups=2)
+    with torch.no_grad():
+        m.z_bias.normal_(), m.D.normal_()
+    assert not hasattr(m, "A_log") and not hasattr(m, "dt_bias")
+    u = inputs(2, 11, 16)
+    D, H, N, P = 16, 2, 8, 8
+    z, xBC, dt = m.in_proj(u).split([D, D + 2 * H * N, H], -1)
+    xBC = F.conv1d(F.pad(xBC.transpose(1, 2), (m.conv.width - 1, 0)), m.conv.weight.unsqueeze(1), m.conv.bias,
+                   groups=xBC.shape[-1]).transpose(1, 2)  # causal, no activation
+    x, Bm, Cm = xBC.split([D, H * N, H * N], -1)
+    x, Bm, Cm = x.view(2, 11, H, P), Bm.view(2, 11, H, N), Cm.view(2, 11, H, N)
+    h = torch.zeros(2, H, N, P, dtype=torch.float64)
+    ys = []
+    for t in range(11):
+        h = torch.exp(-F.softplus(dt[:, t])).view(2, H, 1, 1) * h + Bm[:, t].unsqueeze(-1) * x[:, t].unsqueeze(-2)
+        ys.append(torch.einsum("bhn,bhnp->bhp", Cm[:, t], h) + m.D.view(H, 1) * x[:, t])
+    y = torch.stack(ys, 1).flatten(2) * F.silu(z + m.z_bias)
+    want = m.out_proj(y)
+    for mode in m.modes:
+        m.mode = mode
+        assert max_abs(m(u), want) < F64_ATOL, mode
+    # the same block with Mamba-2's choices is another map (the options are read)
+    mamba2 = build("mamba2", d_model=16, d_state=8, headdim=8, groups=2, expand=1)
+    assert max_abs(mamba2(u), want) > 1e-3
+    with pytest.raises(ValueError, match="conv_activation"):
+        seqmix.build_mixer("ssd", d_model=16, conv_activation="identity")

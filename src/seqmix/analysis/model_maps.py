@@ -524,6 +524,10 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "wall_attention": "none: softmax of per-channel decayed scores Σ q k exp(G_t − G_s)",
     "bmojo": "none: SSM + sliding-window attention",
     "bmojo_f": "none: SSM + sliding-window attention",
+    # window + linear hybrids: a shift register of the window's inputs beside the linear state
+    "lolcats": "shift: a w-slot shift register (the window) feeding an identity linear state, [[Shift, 0], [ψ(k_{i−w}) e_wᵀ, I]] "
+               "(eigenvalues 0 and 1)",
+    "liger_attention": "shift: a w-slot shift register (the window) beside the recurrence's diag(σ(x W_K)^{1/16}) per key channel",
     "hyena": "none: implicit long convolution",
     # linear attention without decay: Λ = I
     "linear_attention": "identity", "separable_attention": "identity", "normalized_attention": "identity",
@@ -531,13 +535,14 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "based": "identity", "rebased": "identity",
     # scalar per head: Λ_i = α_i·I
     "mamba2": "scalar: exp(Δ_i^h a_h) per head", "ssd": "scalar: exp(Δ_i^h a_h) per head",
+    "phi_mamba": "scalar: exp(−softplus(dt_i^h)) per head (discrete, no Δ on the input)",
     "dsf_ssd": "scalar: exp(Δ_i a) shared", "lightning_attention": "scalar: fixed per head", "retnet": "scalar: fixed per head",
     "transnormer": "scalar: fixed per head", "mlstm": "scalar: σ(f_i) per head",
     # diagonal
     "mamba": "diagonal: exp(Δ_i^c A[c, n])", "s6": "diagonal: exp(Δ_i^c A[c, n])", "falcon_mamba": "diagonal: exp(Δ_i^c A[c, n])",
     "jamba_mamba": "diagonal: exp(Δ_i^c A[c, n])", "bilinear_mamba": "diagonal", "strip_mamba": "diagonal", "mamba_gf": "diagonal",
     "s4d": "diagonal (complex, time-invariant)", "lru": "diagonal (complex, time-invariant)", "rwkv4": "diagonal: fixed per channel",
-    "rwkv6": "diagonal: data-dependent", "gla": "diagonal: data-dependent", "hgrn": "diagonal: data-dependent",
+    "rwkv6": "diagonal: data-dependent", "gla": "diagonal: data-dependent", "liger_gla": "diagonal: σ(x W_K)^{1/16} (the key projection)", "hgrn": "diagonal: data-dependent",
     "hgrn2": "diagonal: data-dependent", "metala": "diagonal: data-dependent", "general_form": "diagonal",
     "rg_lru": "diagonal: data-dependent", "rg_lru_block": "diagonal: data-dependent", "qlstm": "diagonal: data-dependent",
     "qlstm_block": "diagonal: data-dependent", "qlstm_rs": "diagonal: data-dependent", "qlstm_rs_block": "diagonal: data-dependent",
@@ -553,7 +558,7 @@ LAMBDA_STRUCTURE: dict[str, str] = {
     "log_linear_gdn": "product: α_i·(I − β_i k_i k_iᵀ) on O(log T) Fenwick states",
     # other structures
     "log_linear_mamba2": "scalar: exp(Δ_i^h a_h) per head, on O(log T) Fenwick states",
-    "mesanet": "scalar: γ_i per head (states H and G)", "rwkv7": "diagonal + low rank: Diag(w_i) − (a ⊙ κ̂)ᵀκ̂",
+    "mesanet": "scalar: γ_i per head (states H and G)", "rwkv7": "diagonal + low rank: Diag(w_i) − (a ⊙ κ̂)ᵀκ̂", "rad_rwkv7": "diagonal + low rank: Diag(w_i) − (a ⊙ κ̂)ᵀκ̂",
     "mamba3": "diagonal (complex, rotary): data-dependent",
     # convolution with a finite state
     "short_conv": "shift: nilpotent (W taps)",
@@ -610,7 +615,7 @@ def _hyena_gates(c) -> list[str]:
 
 def _ssd_gates(c) -> list[str]:
     where = {"gated": " inside the norm: norm(y ⊙ SiLU(z))", "before_gate": " after the norm: norm(y) ⊙ SiLU(z)", "none": ""}
-    return _on(c.block, "SiLU(z) (block)" + where[c.gate_norm])
+    return _on(c.block, ("SiLU(z + b_z) (block)" if c.z_bias else "SiLU(z) (block)") + where[c.gate_norm])
 
 
 def _general_form(c) -> tuple[list[str], list[str]]:
@@ -643,6 +648,8 @@ NORM_GATE_RULES: dict[str, Callable[[Mixer], tuple[list[str], list[str]]]] = {
     "WallAttention": lambda m: (["softmax"], []),
     "NSA": lambda m: (["softmax (three branches)"], ["σ(x W_g) gates on the compressed, selected and window branches"]),  # no normalization: a row's weights sum to at most 1
     "Bmojo": lambda m: (["softmax"], []),  # its Mamba block is a sub-mixer (read as "ssm: ...")
+    "LolcatsAttention": lambda m: ([("one η over the window's γ·exp(s − c) and " if m.config.window else "") + "φ(q)ᵀΣψ(k)"], []),
+    "LigerAttention": lambda m: (["softmax (window)"] + _general_form(m.config)[0], _general_form(m.config)[1]),
     # convolution
     "GatedShortConv": lambda m: ([], ["b ⊙ x in, c ⊙ conv out"]),
     "RWKVChannelMix": lambda m: ([], ["σ(x_r W_r) receptance gate on W_v relu(x_k W_k)²"]),

@@ -107,6 +107,34 @@ def _separable(t: Teacher) -> dict:
             **({"rope": True, "rope_theta": t.rope_theta} if t.rope_theta else {})}
 
 
+def _general_form(t: Teacher) -> dict:
+    return {"heads": t.heads, "expand_k": t.heads * t.head_dim / t.d_model, "expand_v": t.heads * t.head_dim / t.d_model}
+
+
+def _plain_rope(t: Teacher, what: str) -> float | None:
+    """The teacher's RoPE base for a student that rotates ``what`` (None without RoPE); a scaled RoPE is refused."""
+    if t.rope_scaling is not None:
+        raise ValueError(f"linearize: argument 'mixer': the student's {what} takes the teacher's RoPE, and its RoPE has no scaling "
+                         f"(the teacher's rope_scaling = {t.rope_scaling}): use a student with a decay and no RoPE (gla, retnet, "
+                         "gated_deltanet, mamba2)")
+    return t.rope_theta
+
+
+def _window_general_form(t: Teacher) -> dict:
+    """The general form's sizes, and the teacher's RoPE for the sliding window of Liger attention (its recurrence runs without)."""
+    return {**_general_form(t), "rope_theta": _plain_rope(t, "sliding window")}
+
+
+def _rwkv7(t: Teacher) -> dict:
+    """RWKV-7's heads split d_model (r, k, v, o are d × d), with the teacher's RoPE on r and k (RADLADS); the value residual
+    is off: it reads the first layer's values from the backbone's per-forward context, which transformers' layers around
+    the students do not pass, so each student would be a first layer with its ν parameters unused."""
+    if t.heads * t.head_dim != t.d_model:
+        raise ValueError(f"linearize: argument 'mixer': RWKV-7's heads split d_model (heads·head size = d_model), the teacher has "
+                         f"{t.heads} heads of {t.head_dim} = {t.heads * t.head_dim} for d_model = {t.d_model}")
+    return {"heads": t.heads, "value_residual": False, "rope_theta": _plain_rope(t, "r and k")}
+
+
 def _ssd_rows(t: Teacher, which: str) -> tuple[int, int]:
     """Mamba-2's in_proj = [z (D); x (D); B (G·N); C (G·N); dt (H)], D = H·V, G = H, N = K."""
     D, GN = t.heads * t.head_dim, t.heads * t.head_dim
@@ -114,26 +142,43 @@ def _ssd_rows(t: Teacher, which: str) -> tuple[int, int]:
     return start, start + (D if which == "x" else GN)
 
 
+#: the rows of the attentions' packed parametrization (separable attention, LoLCATs, B'MOJO): [q; k] -> W_qk, v -> W_v, o -> W_o
+_QK_PACKED = (Take("W_qk.weight", "q", lambda t: (0, t.heads * t.head_dim)),
+              Take("W_qk.weight", "k", lambda t: (t.heads * t.head_dim, 2 * t.heads * t.head_dim)),
+              Take("W_v.weight", "v"), Take("W_o.weight", "o"))
+#: the rows of the general form's separate projections (GLA, RetNet, Liger, ...)
+_QKV_SEPARATE = (Take("W_q.weight", "q"), Take("W_k.weight", "k"), Take("W_v.weight", "v"), Take("W_o.weight", "o"))
+
 #: the init table: student family (registered mixer class name) -> its entry
 STUDENTS: dict[str, StudentInit] = {
     # separable (linear) attention, DSF eq. 13-15: [q; k] -> W_qk, v -> W_v, o -> W_o
-    "SeparableAttention": StudentInit(
-        _separable,
-        (Take("W_qk.weight", "q", lambda t: (0, t.heads * t.head_dim)),
-         Take("W_qk.weight", "k", lambda t: (t.heads * t.head_dim, 2 * t.heads * t.head_dim)),
-         Take("W_v.weight", "v"), Take("W_o.weight", "o")),
-        "φ(q)ᵀψ(k)/η: q → C (through φ), k → B (through ψ), v → u", bias={"bias": True}),
-    # MetaLA's general form (GLA, RetNet, TransNormer, ...): separate W_q, W_k, W_v, W_o
+    "SeparableAttention": StudentInit(_separable, _QK_PACKED, "φ(q)ᵀψ(k)/η: q → C (through φ), k → B (through ψ), v → u",
+                                      bias={"bias": True}),
+    # LoLCATs attention (eq. 7): separable attention's rows; the window's softmax reads the same q, k (the teacher's, RoPE
+    # included), so with the window covering the sequence the student is the teacher's attention
+    "LolcatsAttention": StudentInit(_separable, _QK_PACKED, "softmax over the last w tokens + φ(q)ᵀψ(k) before them, one "
+                                    "normalization: q → C, k → B, v → u; φ, ψ (Hedgehog: identity), γ at their own init", bias={"bias": True}),
+    # MetaLA's general form (GLA, RetNet, TransNormer, Liger-GLA, ...): separate W_q, W_k, W_v, W_o
     "GeneralForm": StudentInit(
-        lambda t: {"heads": t.heads, "expand_k": t.heads * t.head_dim / t.d_model, "expand_v": t.heads * t.head_dim / t.d_model},
-        (Take("W_q.weight", "q"), Take("W_k.weight", "k"), Take("W_v.weight", "v"), Take("W_o.weight", "o")),
-        "S_t = Λ_t S_{t-1} + k_tᵀv_t, o_t = q_t S_t: q → C, k → B, v → u; Λ_t (decay) at its own init", bias={"bias": True}),
+        _general_form, _QKV_SEPARATE,
+        "S_t = Λ_t S_{t-1} + k_tᵀv_t, o_t = q_t S_t: q → C, k → B, v → u; Λ_t (decay) at its own init (Liger's key-pooled "
+        "gate: from the copied W_K)", bias={"bias": True}),
+    # Liger attention: the general form's rows; its sliding window reads the same W_Q, W_K with the teacher's RoPE
+    "LigerAttention": StudentInit(
+        _window_general_form, _QKV_SEPARATE,
+        "α·(gated recurrence) + β·(sliding-window softmax) on the same projections: q → C, k → B (and the gate), v → u",
+        bias={"bias": True}),
     # the delta rule family (DeltaNet, Gated DeltaNet): W_q, W_k, W_v, W_o; the short convs at the identity
     "DeltaNet": StudentInit(
         lambda t: {"heads": t.heads, "expand_k": t.heads * t.head_dim / t.d_model, "expand_v": t.heads * t.head_dim / t.d_model},
         (Take("W_q.weight", "q"), Take("W_k.weight", "k"), Take("W_v.weight", "v"), Take("W_o.weight", "o"),
          Take("conv_q.weight", "identity_conv"), Take("conv_k.weight", "identity_conv"), Take("conv_v.weight", "identity_conv")),
         "S_t = α_t(I − β_t k_tᵀk_t)S_{t-1} + β_t k_tᵀv_t (L2-normed q, k): q → C, k → B, v → u", bias={"qkv_bias": True}),
+    # RWKV-7 (rwkv7, rad_rwkv7): the receptance r reads the state as the query does (RADLADS' weight transfer: q → r)
+    "RWKV7": StudentInit(
+        _rwkv7, (Take("W_r.weight", "q"), Take("W_k.weight", "k"), Take("W_v.weight", "v"), Take("W_o.weight", "o")),
+        "S_t = S_{t-1}(Diag(w_t) − κ̂ᵀ(a ⊙ κ̂)) + k̃ᵀv, o_t = r_t S_t: q → r (C), k → k (B, through k̃), v → v; decay w, a, κ̂, "
+        "the gate and the GroupNorm at their own init", bias={"qkv_bias": True}),
     # Mamba-2's block (SSD): in_proj's x ← v, B ← k, C ← q (Mamba-in-the-Llama), one B/C group per head
     "SSD": StudentInit(
         lambda t: {"headdim": t.head_dim, "d_state": t.head_dim, "groups": t.heads,
@@ -145,10 +190,7 @@ STUDENTS: dict[str, StudentInit] = {
         bias={"bias": True}),
     # B'MOJO (sliding-window softmax over the window + fading memory tokens): [q; k] -> W_qk, v, o
     "Bmojo": StudentInit(
-        lambda t: {"heads": t.heads, "n": t.heads * t.head_dim},
-        (Take("W_qk.weight", "q", lambda t: (0, t.heads * t.head_dim)),
-         Take("W_qk.weight", "k", lambda t: (t.heads * t.head_dim, 2 * t.heads * t.head_dim)),
-         Take("W_v.weight", "v"), Take("W_o.weight", "o")),
+        lambda t: {"heads": t.heads, "n": t.heads * t.head_dim}, _QK_PACKED,
         "softmax over the last `window` tokens and the fading (Mamba) memory tokens: the window's q, k, v, o are the teacher's",
         bias={"bias": True}),
 }

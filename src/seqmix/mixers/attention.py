@@ -359,8 +359,8 @@ class SeparableAttention(_Attention):
 
     # -- parametrization -------------------------------------------------------------------
 
-    def _features(self, x, start: int = 0):
-        """φ(q), ψ(k): [B, T, H, n_φ]; v: [B, T, H, V]; z = W_η x: [B, T, H] or None. ``start``: the
+    def _rotated(self, x, start: int = 0):
+        """q (scaled), k after the feature norm and RoPE: [B, T, H, K]; v: [B, T, H, V]. ``start``: the
         absolute position of x's first token (RoPE)."""
         # a signed η = 1 + |φ(q)ᵀΣψ(k)| cancels: with q, k rounded to bf16 its error grows with T
         # (relative error 0.29 at T = 512), so q and k stay in float32 there (docs/scale.md)
@@ -372,14 +372,26 @@ class SeparableAttention(_Attention):
             q = q * self.qk_scale
         if c.rope:
             q, k = self._rotate(start, q, k)
+        return q, k, v
+
+    def _query_features(self, q):
+        """φ(q) [B, T, H, n_φ] of the rotated q."""
         if self.phi_name == "hedgehog":  # φ(q) = [softmax(q W_h + b_h), softmax(-q W_h - b_h)] per head h
-            fq = hedgehog_features(torch.einsum("bthk,hkf->bthf", q, self.fm_q_weight.to(q.dtype)) + self.fm_q_bias.to(q.dtype))
-            fk = hedgehog_features(torch.einsum("bthk,hkf->bthf", k, self.fm_k_weight.to(k.dtype)) + self.fm_k_bias.to(k.dtype))
-        else:
-            fq = apply_feature_map(self.phi_name, q, c.taylor_order, c.taylor_basis)
-            fk = apply_feature_map(self.psi_name, k, c.taylor_order, c.taylor_basis)
+            return hedgehog_features(torch.einsum("bthk,hkf->bthf", q, self.fm_q_weight.to(q.dtype)) + self.fm_q_bias.to(q.dtype))
+        return apply_feature_map(self.phi_name, q, self.config.taylor_order, self.config.taylor_basis)
+
+    def _key_features(self, k):
+        """ψ(k) [B, T, H, n_φ] of the rotated k."""
+        if self.psi_name == "hedgehog":
+            return hedgehog_features(torch.einsum("bthk,hkf->bthf", k, self.fm_k_weight.to(k.dtype)) + self.fm_k_bias.to(k.dtype))
+        return apply_feature_map(self.psi_name, k, self.config.taylor_order, self.config.taylor_basis)
+
+    def _features(self, x, start: int = 0):
+        """φ(q), ψ(k): [B, T, H, n_φ]; v: [B, T, H, V]; z = W_η x: [B, T, H] or None. ``start``: the
+        absolute position of x's first token (RoPE)."""
+        q, k, v = self._rotated(x, start)
         z = self.W_eta(x) if self.W_eta is not None else None
-        return fq, fk, v, z
+        return self._query_features(q), self._key_features(k), v, z
 
     def separable_parts(self, x):
         """(φ(q) [B, T, H, n_φ], ψ(k) [B, T, H, n_φ], η [B, T, H]): the three parts of eq. (13)."""

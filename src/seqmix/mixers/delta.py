@@ -55,7 +55,7 @@ from ..ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_map
 from ..ops.recurrence import linear_recurrence
 from ..ops.precision import linear_f32, upcast
 from .base import ExpandedWidths, Mixer, MixerConfig, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv, short_conv_qkv
+from .layers import LayerNorm, RMSNorm, ShortConv, rope_rotate, short_conv_qkv
 
 # Gated DeltaNet's initialization (the released code): A uniform in [A_MIN, A_MAX], Δ at init log-uniform in [DT_MIN, DT_MAX]
 A_MIN, A_MAX = 1.0, 16.0
@@ -495,12 +495,22 @@ class RWKV7Config(MixerConfig):
         "context, has v_first = its own v (no residual). False: no ν parameters, v unchanged",
     )
     norm_eps: float = Field(1e-5, gt=0, description="GroupNorm epsilon per unit of head size (fla: head_dim · 1e-5)")
+    token_shift: bool = Field(True, description="the token shift x_□ = x + (x_{t−1} − x) ⊙ μ_□ of the six streams (eq. 6); False: "
+                              "every stream reads x (RADLADS' RAD-RWKV7), no μ parameters and no shift state")
+    bonus: bool = Field(True, description="the current-token bonus (r ⊙ ρ ⊙ k̃)·1 v in the readout; False: none, no ρ parameter "
+                        "(RAD-RWKV7)")
+    rope_theta: float | None = Field(None, gt=1, description="RoPE (Llama's rotate-half pairs, this base) on r and k at their "
+                                     "absolute positions, before κ̂ and k̃ (RAD-RWKV7 keeps the teacher's); None: no rotation")
+    qkv_bias: bool = Field(False, description="biases in W_r, W_k, W_v (a Qwen2 teacher's q/k/v biases, RADLADS)")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
 
     @model_validator(mode="after")
     def _check(self):
         if self.d_model % self.heads:
             raise ValueError(f"d_model = {self.d_model} must be divisible by heads = {self.heads}")
+        if self.rope_theta is not None and (self.d_model // self.heads) % 2:
+            raise ValueError(f"rope_theta: RoPE rotates pairs of channels, the head size d_model / heads = "
+                             f"{self.d_model // self.heads} must be even")
         return self
 
 
@@ -536,6 +546,10 @@ class RWKV7(Mixer):
     ``dsf``) the mixer is a first layer. The map Φ does not depend on v, so phi and dsf are unchanged;
     ``core``'s values are this layer's v without the mix.
 
+    RADLADS' RAD-RWKV7 (Goldstein et al. 2025, App. B; recursal's qwerky7 time mix), the ``rad_rwkv7`` preset: no token
+    shift (``token_shift=False``), no bonus (``bonus=False``), RoPE on r and k before κ̂ (``rope_theta``), q/k/v biases
+    where the teacher has them (``qkv_bias``); r, k, v, o take the teacher's q, k, v, o (seqmix.linearize's init table).
+
     DSF view: maps = heads, values = v, mixed = o (the state path, before the norm; the bonus is a D_i term
     of the full layer, outside Φ). Λ_t per head and value channel: the K×K block Diag(w_t) − (a_t⊙κ̂_t)ᵀκ̂_t
     (:meth:`seqmix.DSF.from_delta_rule` with a, b). State: H·K·V + d (the token shift).
@@ -544,7 +558,7 @@ class RWKV7(Mixer):
     family = "linear_attention"
     modes = ("recurrent", "chunk", "parallel")
     reference_mode = "recurrent"
-    state_formula = "H·K·V + d"
+    state_formula = "H·K·V (+ d with the token shift)"
     map_unit = "head"
     diagonal_transition = False
     uses_context = True
@@ -557,10 +571,11 @@ class RWKV7(Mixer):
         self.H, self.K, self.V = H, d // H, d // H
         K = self.K
         ratio = torch.arange(d, dtype=torch.float32) / d  # the official layer-0 initialization (ratio_1_to_almost0 = 1)
-        self.mu = nn.Parameter(torch.stack([1 - ratio**p for p in (0.2, 0.9, 0.7, 0.7, 0.9, 0.2)]))  # r, w, k, v, a, g
-        self.W_r = nn.Linear(d, d, bias=False)
-        self.W_k = nn.Linear(d, d, bias=False)
-        self.W_v = nn.Linear(d, d, bias=False)
+        if c.token_shift:
+            self.mu = nn.Parameter(torch.stack([1 - ratio**p for p in (0.2, 0.9, 0.7, 0.7, 0.9, 0.2)]))  # r, w, k, v, a, g
+        self.W_r = nn.Linear(d, d, bias=c.qkv_bias)
+        self.W_k = nn.Linear(d, d, bias=c.qkv_bias)
+        self.W_v = nn.Linear(d, d, bias=c.qkv_bias)
         self.W_o = nn.Linear(d, d, bias=False)
         rw, ra = c.decay_rank or _lora_rank(d, K, 2.5), c.a_rank or _lora_rank(d, K, 2.5)
         rg, rv = c.gate_rank or _lora_rank(d, K, 5, per_head=False), c.v_rank or _lora_rank(d, K, 1.7)
@@ -576,7 +591,8 @@ class RWKV7(Mixer):
             nn.init.zeros_(lin.weight) if lin is not self.g2 else nn.init.normal_(lin.weight, std=0.1)
         self.k_k = nn.Parameter(torch.full((d,), 0.85))  # ξ: the removal key's scale before the norm
         self.k_a = nn.Parameter(torch.ones(d))  # α: how much a reaches the written key
-        self.r_k = nn.Parameter(torch.full((H, K), 0.1))  # ρ: the bonus
+        if c.bonus:
+            self.r_k = nn.Parameter(torch.full((H, K), 0.1))  # ρ: the bonus
         self.norm = LayerNorm(d, eps=K * c.norm_eps, groups=H)
 
     @classmethod
@@ -602,10 +618,16 @@ class RWKV7(Mixer):
         c = self.config
         B, T, d = x.shape
         H, K, V = self.H, self.K, self.V
-        first = state.get("shift") if state else None
-        prev = torch.cat([first.unsqueeze(1) if first is not None else torch.zeros_like(x[:, :1]), x[:, :-1]], 1)
-        xr, xw, xk, xv, xa, xg = (x + (prev - x) * m for m in self.mu)  # token shift (eq. 6)
+        if c.token_shift:
+            first = state.get("shift") if state else None
+            prev = torch.cat([first.unsqueeze(1) if first is not None else torch.zeros_like(x[:, :1]), x[:, :-1]], 1)
+            xr, xw, xk, xv, xa, xg = (x + (prev - x) * m for m in self.mu)  # token shift (eq. 6)
+        else:
+            xr = xw = xk = xv = xa = xg = x
         r, k, v = self.W_r(xr), self.W_k(xk), self.W_v(xv)
+        if c.rope_theta is not None:  # RAD-RWKV7: the teacher's RoPE on r and k, before κ̂ and k̃
+            r, k = (t.view(B, T, H, K) for t in (r, k))
+            r, k = (t.flatten(2) for t in rope_rotate(self, c.rope_theta, state.get("pos", 0) if state else 0, r, k))
         logw = -math.exp(-0.5) * torch.sigmoid(self.w0 + self.w2(torch.tanh(self.w1(xw))))  # log w (eq. 11)
         a = torch.sigmoid(self.a0 + self.a2(self.a1(xa)))  # in-context learning rate (eq. 12)
         g = self.g2(torch.sigmoid(self.g1(xg)))  # gate (eq. 10)
@@ -618,7 +640,8 @@ class RWKV7(Mixer):
         view = lambda t: t.view(B, T, H, K)  # noqa: E731
         logw, a = view(logw), view(a)
         return dict(r=view(r), k=kt, v=v.view(B, T, H, V), logw=logw, ra=-(a * kappa), rb=kappa * (-logw).exp(), g=g,
-                    kappa=kappa, a=a, shift=x[:, -1] if need_state else None)
+                    kappa=kappa, a=a, shift=x[:, -1] if need_state and c.token_shift else None)
+
 
     def _forward(self, x, *, state, mode, need_state, context=None):
         c = self.config
@@ -627,9 +650,18 @@ class RWKV7(Mixer):
         o, S = delta_rule(P["r"], P["k"], P["v"], one, P["logw"], a=P["ra"], b=P["rb"], initial_state=state.get("S") if state else None,
                           output_final_state=need_state, mode=mode, chunk_size=c.chunk_size, check_values=False)
         B, T = x.shape[:2]
-        bonus = ((P["r"] * P["k"] * self.r_k).sum(-1, keepdim=True) * P["v"]).flatten(2)
-        y = self.W_o((self.norm(o.flatten(2)) + bonus) * P["g"])
-        return MixOut(y, {"S": S, "shift": P["shift"]} if need_state else None, values=P["v"], mixed=o)
+        h = self.norm(o.flatten(2))
+        if c.bonus:
+            h = h + ((P["r"] * P["k"] * self.r_k).sum(-1, keepdim=True) * P["v"]).flatten(2)
+        y = self.W_o(h * P["g"])
+        new = None
+        if need_state:
+            new = {"S": S}
+            if c.token_shift:
+                new["shift"] = P["shift"]
+            if c.rope_theta is not None:
+                new["pos"] = (state.get("pos", 0) if state else 0) + T
+        return MixOut(y, new, values=P["v"], mixed=o)
 
     def phi(self, x):
         """[B, H, T, T]: Φ[t, s] = r_t M_t ⋯ M_{s+1} k̃_sᵀ per head."""
@@ -646,7 +678,18 @@ class RWKV7(Mixer):
         return self.dsf(x).eigenvalues()
 
     def state_size(self, seq_len: int | None = None) -> int:
-        return self.H * self.K * self.V + self.d_model
+        return self.H * self.K * self.V + (self.d_model if self.config.token_shift else 0)
+
+
+#: RADLADS' RAD-RWKV7 (Goldstein et al. 2025, App. B; recursal/RADLADS-paper configs/qwerky7.yaml): RWKV-7 without token shift
+#: and bonus, RoPE on r and k (linearize sets the teacher's base), GroupNorm, low-rank gate, value residual
+RAD_RWKV7 = dict(token_shift=False, bonus=False)
+register_preset(
+    "rad_rwkv7", RWKV7,
+    description="RAD-RWKV7 (RADLADS): RWKV-7's time mixing without token shift and bonus, the teacher's RoPE on r and k",
+    defaults=RAD_RWKV7,
+    example={"d_model": 16, "heads": 2, "chunk_size": 8, "decay_rank": 4, "a_rank": 4, "gate_rank": 4, "v_rank": 4, "rope_theta": 10000.0},
+)
 
 
 # ------------------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ Choices where the paper is silent (bmojo note §11; docs/bmojo.md lists all):
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -69,12 +70,16 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from ..ops import linear_recurrence
+from ..dsf import DSF
+from ..ops import linear_recurrence, recurrence_map, window_softmax
 from ..ops.attention import kv_cache_trim
 from ..ops.eidetic import eidetic_select, heap_push, innovation, predictor_weights
 from ..ops.memory_attention import chunked_memory_attention, n_chunks
-from .attention import AttentionConfig, _Attention
+from ..ops.precision import upcast
+from .attention import AttentionConfig, SeparableAttention, SeparableAttentionConfig, _Attention
 from .base import AUTO_SEGMENT_LEN, MixOut, register, register_preset
+from .layers import rope_rotate
+from .linear_attention import LIGER_GLA, GeneralForm, GeneralFormConfig
 from .ssm import S6, S6Config
 
 # ------------------------------------------------------------------------------------------
@@ -507,3 +512,352 @@ class BilinearMamba(S6):
         if need_state:
             new_state = {"S": S, "conv": conv} if self.config.block else {"S": S}
         return MixOut(self.out_proj(y), new_state, values=x.unsqueeze(-1), mixed=y_core.unsqueeze(-1))
+
+
+# ------------------------------------------------------------------------------------------
+# window + linear hybrids: LoLCATs attention, Liger attention
+# ------------------------------------------------------------------------------------------
+#
+# Both put softmax over each token's last w tokens beside a linear recurrence in one layer; they differ in
+# how the two parts meet (LoLCATs: one normalization over both, the linear part over the tokens before the
+# window; Liger: a weighted sum of the two normalized outputs, the linear part over every token). The window
+# is one op (seqmix.ops.window_softmax: the window's numerator, denominator and stabilizer), its cache one
+# ring of tokens (_window_keys), its DSF one realization (window_dsf).
+
+
+def _window_mode(mode: str) -> str:
+    """The window op's mode under a mixer mode: the explicit matrix for the references and a decoding step,
+    the blocks otherwise."""
+    return "parallel" if mode in ("recurrent", "parallel", "step") else "chunk"
+
+
+def _window_keys(state: dict | None, k: torch.Tensor, v: torch.Tensor, R: int, pos0: int):
+    """The key sequence a window over x's tokens reads: the R tokens before them from the cache (zeros before
+    position 0, marked invalid), then x's own. k [B, T, H, K], v [B, T, H, V] -> (k_ext [B, R + T, H, K],
+    v_ext [B, R + T, H, V], valid [R + T] bool). The cache's ring is k_ext[:, T:], v_ext[:, T:]."""
+    if state is not None and R:
+        k_prev, v_prev = state["k"].to(k.dtype), state["v"].to(v.dtype)
+    else:
+        k_prev, v_prev = k.new_zeros(k.shape[0], R, *k.shape[2:]), v.new_zeros(v.shape[0], R, *v.shape[2:])
+    valid = torch.arange(R + k.shape[1], device=k.device) >= R - pos0  # position pos0 − R + i >= 0
+    return torch.cat([k_prev, k], 1), torch.cat([v_prev, v], 1), valid
+
+
+def _window_lam(window: int, log_decay: torch.Tensor | None, shape: tuple, value_dim: int, device=None) -> torch.Tensor:
+    """The diagonal of Λ_t of :func:`window_dsf`, [B, T, H·V·(w + F)]: 0 on the window's shift register, the
+    linear part's decay exp(log α) (or 1) on its F states, per head h and value channel (layout there)."""
+    B, T, H, F = shape
+    f64 = dict(dtype=torch.float64, device=device)
+    lin = torch.ones(B, T, H, F, **f64) if log_decay is None else log_decay.detach().double().exp().expand(B, T, H, F)
+    diag = torch.cat([torch.zeros(B, T, H, window, **f64), lin], -1)  # [B, T, H, w + F]
+    return diag.unsqueeze(3).expand(B, T, H, value_dim, window + F).reshape(B, T, -1)
+
+
+def window_dsf(band: torch.Tensor, cq: torch.Tensor, ck: torch.Tensor, log_decay: torch.Tensor | None = None, *,
+               value_dim: int, delayed: bool) -> DSF:
+    """The exact finite-state DSF of a window + linear map (input: the values u, output: the mixed values).
+
+    Per head h and value channel the state is [r; S]: a shift register r of the last w inputs (r_t[s] = u_{t−s})
+    and the linear part's F states S. band [B, H, T, w]: the weight of u_{t−s} in row t (s = 0 .. w − 1, zero
+    where t − s < 0); cq [B, T, H, F]: the linear part's readout of S_t; ck [B, T, H, F]: its write key;
+    log_decay [B, T, H, F] (or [B, T, H]) or None: its decay. ``delayed`` (LoLCATs: the linear part covers the
+    tokens before the window): S_t = S_{t−1} + ck_t r_{t−1}[w − 1] with r_{t−1}[w − 1] = u_{t−w} (ck_t the key of
+    that token); else (Liger) S_t = diag(α_t) S_{t−1} + ck_t u_t. So
+
+        Λ_t = [[Shift, 0], [ck_t e_{w−1}ᵀ (delayed), diag(α_t)]],   B_t = [e_0; ck_t (not delayed)],   C_t = [band_t; cq_t]
+
+    block lower triangular: its eigenvalues are its diagonal (0 on the register, α_t on S). Layout: state index
+    ((h·V + v)·(w + F) + i) (each value channel owns a block, as :meth:`DSF.from_recurrence`); Λ_t dense
+    [N, N] with N = H·V·(w + F), a float64 theory object (O(T·N²) memory)."""
+    B, H, T, w = band.shape
+    F = cq.shape[-1]
+    V = value_dim
+    if delayed and not w:
+        raise ValueError("window_dsf: argument 'delayed' needs a window (w >= 1): the delayed token is the one leaving it")
+    P = w + F
+    f64 = dict(dtype=torch.float64, device=band.device)
+    M = torch.zeros(B, T, H, P, P, **f64)
+    idx = torch.arange(1, w, device=band.device)
+    M[..., idx, idx - 1] = 1.0  # the register shifts by one slot
+    if delayed:
+        M[..., w:, w - 1] = ck.detach().double()  # the token leaving the window enters S
+    Bv = torch.zeros(B, T, H, P, **f64)
+    if w:
+        Bv[..., 0] = 1.0
+    if not delayed:
+        Bv[..., w:] = ck.detach().double()
+    Cv = torch.cat([band.detach().double().transpose(1, 2), cq.detach().double()], -1)  # [B, T, H, P]
+    lam = _window_lam(w, log_decay, (B, T, H, F), V, band.device)
+    eye_h, eye_v = torch.eye(H, **f64), torch.eye(V, **f64)
+    N = H * V * P
+    U = torch.einsum("bthij,hg,uv->bthuigvj", M, eye_h, eye_v).reshape(B, T, N, N)  # off the diagonal (M's diagonal is 0)
+    Bm = torch.einsum("bthi,hg,uv->bthuigv", Bv, eye_h, eye_v).reshape(B, T, N, H * V)
+    Cm = torch.einsum("bthi,hg,uv->btgvhui", Cv, eye_h, eye_v).reshape(B, T, H * V, N)
+    return DSF(lam, Bm, Cm, U=U, W=torch.eye(N, **f64).expand(B, T, N, N))
+
+
+def _bands(phi: torch.Tensor, window: int) -> torch.Tensor:
+    """[B, M, T, T] -> [B, M, T, w]: entry (t, s) = phi[t, t − s] for s < w (0 where t − s < 0)."""
+    T = phi.shape[-1]
+    cols = [torch.nn.functional.pad(phi.diagonal(offset=-s, dim1=-2, dim2=-1), (min(s, T), 0))[..., :T] for s in range(window)]
+    return torch.stack(cols, -1) if cols else phi.new_zeros(*phi.shape[:-1], 0)
+
+
+class LolcatsConfig(SeparableAttentionConfig):
+    window: int = Field(64, ge=0, description="w: softmax over each token's last w tokens (itself included), the linear map over the "
+                        "tokens before them, one normalization (LoLCATs eq. 7; the paper: 64); 0: no softmax part (linear attention)")
+    window_factor: float = Field(0.1, gt=0, lt=1, description="γ at init: the weight of the window's softmax terms, γ_h = σ(ρ_h) per "
+                                 "head, learnt (LoLCATs' init_window_factor: logit 0.1)")
+    affine_window_factor: bool = Field(False, description="weight the linear terms by 1 − γ_h instead of 1 (LoLCATs' "
+                                       "affine_attention_factors; off in the paper's configs)")
+
+    @model_validator(mode="after")
+    def _joint(self):
+        if self.normalizer != "row_sum":
+            raise ValueError(f"normalizer must be 'row_sum': the window's softmax terms and the linear terms share one normalization "
+                             f"(LoLCATs eq. 7), got {self.normalizer!r}")
+        return self
+
+
+@register(
+    "lolcats",
+    description="LoLCATs attention (Zhang et al. 2025, eq. 7): sliding-window softmax + Hedgehog linear attention before the window, "
+    "one normalization, learnt window factor γ per head",
+    defaults={"feature_map": "hedgehog", "normalizer": "row_sum", "scale": "sqrt"},
+)
+class LolcatsAttention(SeparableAttention):
+    """LoLCATs attention (Zhang et al. 2025, "LoLCATs: On Low-Rank Linearizing of Large Language Models", §3.3.1 eq. 7;
+    HazyResearch/lolcats, linear_window_attention_sw.py): per head, with s_ti = q_tᵀk_i (q scaled: scale 'sqrt' is
+    eq. 7's 1/√d),
+
+        y_t = [Σ_{i=t−w+1..t} γ exp(s_ti − c_t) v_i + λ φ(q_t)ᵀ Σ_{j<=t−w} ψ(k_j) v_jᵀ]
+              / [Σ_{i=t−w+1..t} γ exp(s_ti − c_t) + λ φ(q_t)ᵀ Σ_{j<=t−w} ψ(k_j)],      c_t = max_i s_ti
+
+    γ_h = σ(ρ_h) a learnt factor per head (init ``window_factor``), λ = 1 (or 1 − γ_h: ``affine_window_factor``); φ, ψ,
+    RoPE and the rest are separable attention's (Hedgehog by default). Special cases: w >= T is softmax attention
+    (whatever γ: the linear sum is empty); w = 0 is linear attention with the row-sum normalizer.
+
+    Modes: "recurrent" (the reference: the linear part token by token, the window as its explicit matrix), "chunk"
+    (the linear part chunked, the window in blocks), "parallel" (both explicit). The linear part runs on the
+    token that leaves the window at each step (ψ(k_{t−w}), v_{t−w}), so its state holds exactly j <= t − w.
+    Decoding: O(w + state) per token (softmax over the w cached tokens, one feature map for the token leaving).
+
+    Maps of phi(x): one per head, [B, heads, T, T], the normalized map above (band of width w plus the linear
+    map below it). DSF (:func:`window_dsf`, exact): per value channel a w-slot shift register feeding the
+    linear state; Λ_t block lower triangular, eigenvalues 0 (register) and 1. State per sequence: the window's
+    keys and values (w tokens, before position 0 zeros) and the linear state (n_φ × (V + 1) per head).
+    """
+
+    family = "hybrid"
+    modes = ("recurrent", "chunk", "parallel")
+    reference_mode = "recurrent"
+    state_formula = "heads·(w·(K + V) + n_φ·(V + 1)): the window's keys and values and the linear state"
+    diagonal_transition = False
+    Config = LolcatsConfig
+
+    def __init__(self, config: LolcatsConfig | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
+        self.window = c.window
+        self.window_logit = nn.Parameter(torch.full((self.heads,), math.log(c.window_factor / (1 - c.window_factor))))
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "n": 8, "heads": 2, "chunk_size": 8, "window": 5}
+
+    def window_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(γ [H], λ [H]): the weights of the softmax terms and of the linear terms."""
+        gamma = torch.sigmoid(upcast(self.window_logit))
+        return gamma, (1 - gamma if self.config.affine_window_factor else torch.ones_like(gamma))
+
+    def _forward(self, x, *, state, mode, need_state):
+        c = self.config
+        T, V, w = x.shape[1], self.head_v, self.window
+        pos0 = state["pos"] if state else 0
+        q, k, v = self._rotated(x, pos0)
+        fq = self._query_features(q)
+        if w:  # the token leaving the window at step t sits w positions back: the first T of the window's key sequence
+            k_ext, v_ext, valid = _window_keys(state, k, v, w, pos0)
+            fk_out = self._key_features(k_ext[:, :T]) * valid[:T, None, None].to(fq.dtype)
+            v_out = v_ext[:, :T]
+        else:
+            fk_out, v_out = self._key_features(k), v
+        o_lin, S = linear_recurrence(
+            fq, fk_out, torch.cat([v_out, torch.ones_like(v_out[..., :1])], -1),  # the last column: Σ ψ(k_j)
+            initial_state=state["S"] if state else None, output_final_state=need_state, mode=mode,
+            chunk_size=c.chunk_size, check_values=False,
+        )
+        o_lin = upcast(o_lin)
+        num, den = o_lin[..., :V], o_lin[..., V]
+        if w:
+            gamma, lam = self.window_factors()
+            s_num, s_den, _ = window_softmax(q, k_ext, v_ext, window=w, key_valid=valid, mode=_window_mode(mode),
+                                             chunk_size=c.chunk_size, check_values=False)
+            num = gamma.view(-1, 1) * s_num + lam.view(-1, 1) * num
+            den = gamma * s_den + lam * den
+        o = (num / den.unsqueeze(-1)).to(v.dtype)
+        new = None
+        if need_state:
+            new = {"S": S, "pos": pos0 + T}
+            if w:
+                new["k"], new["v"] = k_ext[:, T:].clone(), v_ext[:, T:].clone()
+        return MixOut(self._readout(o), new, values=v, mixed=o)
+
+    # -- DSF view --------------------------------------------------------------------------
+
+    def _maps(self, x):
+        """(the map before its normalization [B, H, T, T], φ(q) [B, T, H, n_φ], ψ(k) [B, T, H, n_φ])."""
+        q, k, v = self._rotated(x)
+        fq, fk = self._query_features(q), self._key_features(k)
+        T, w = x.shape[1], self.window
+        gamma, lam = self.window_factors()
+        t = torch.arange(T, device=x.device)
+        below = (t.view(-1, 1) - t.view(1, -1)) >= w  # the linear map's part: j <= t − w
+        M = lam.view(-1, 1, 1) * recurrence_map(fq, fk, check_values=False) * below
+        if w:
+            p = window_softmax(q, k, v, window=w, mode="parallel", return_weights=True, check_values=False)[3]
+            M = M + gamma.view(-1, 1, 1) * p
+        return M, fq, fk
+
+    def phi(self, x):
+        """[B, heads, T, T]: eq. 7's map, γ exp(s_ti − c_t) on the band of width w and λ φ(q_t)ᵀψ(k_j) below it, divided by
+        the row sums."""
+        self.check_input(x)
+        M = self._maps(x)[0]
+        return M / M.sum(-1, keepdim=True)
+
+    def dsf(self, x):
+        """The exact realization of :func:`window_dsf` (input v, output the mixed values): the band of phi(x) on the
+        register, C_t's linear part λ φ(q_t) / Z_t (Z_t the row sum), the write key ψ(k_{t−w}) of the token leaving
+        the window."""
+        self.check_input(x)
+        M, fq, fk = self._maps(x)
+        Z = M.sum(-1)  # [B, H, T]
+        w = self.window
+        _, lam = self.window_factors()
+        cq = lam.view(-1, 1) * fq / Z.transpose(1, 2).unsqueeze(-1)
+        ck = torch.nn.functional.pad(fk, (0, 0, 0, 0, w, 0))[:, : x.shape[1]] if w else fk
+        return window_dsf(_bands(M / Z.unsqueeze(-1), w), cq, ck, value_dim=self.head_v, delayed=w > 0)
+
+    def decays(self, x):
+        """The diagonal of Λ_t (= dsf(x).lam): 0 on the window's register, 1 on the linear state."""
+        self.check_input(x)
+        return _window_lam(self.window, None, (x.shape[0], x.shape[1], self.heads, self.n_features), self.head_v, x.device)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        return self.heads * (self.window * (self.head_qk + self.head_v) + self.n_features * (self.head_v + 1))
+
+
+class LigerAttentionConfig(GeneralFormConfig):
+    window: int = Field(64, ge=1, description="w: the sliding window's softmax over each token's last w tokens (itself included; "
+                        "Liger: 64)")
+    window_weight: float = Field(0.5, ge=0, description="β: y = α·(gated recurrence) + β·(sliding-window softmax) (Liger: 0.5)")
+    linear_weight: float = Field(0.5, ge=0, description="α (see window_weight; Liger: 0.5)")
+    rope_theta: float | None = Field(None, gt=1, description="RoPE base of the window's q and k (Llama's rotate-half pairs); None: "
+                                     "no rotation (linearize sets the teacher's; the recurrence runs without RoPE)")
+
+    @model_validator(mode="after")
+    def _window_fits(self):
+        if self.query != "proj" or self.key != "proj" or self.shared_qk:
+            raise ValueError(f"the window's softmax reads the projections x W_Q, x W_K of every head: needs query = key = 'proj' and "
+                             f"shared_qk = False, got query = {self.query!r}, key = {self.key!r}, shared_qk = {self.shared_qk}")
+        extras = [name for name, on in (("normalizer", self.normalizer), ("bonus", self.bonus), ("rotary", self.rotary),
+                                        ("skip", self.skip != "none"), ("self_aug", self.self_aug),
+                                        ("input_gate", self.input_gate != "none"), ("value = 'lru'", self.complex_values)) if on]
+        if extras:
+            raise ValueError(f"{extras[0]}: Liger attention's gated recurrence is the plain general form (q_t S_t, a real state); "
+                             f"{', '.join(extras)} do not combine with the window")
+        if self.head_k % 2 and self.rope_theta is not None:
+            raise ValueError(f"rope_theta: RoPE rotates pairs of channels, d_k' = {self.head_k} must be even")
+        return self
+
+
+@register(
+    "liger_attention",
+    description="Liger attention (Lan et al. 2025, §3.3): 0.5·(Liger's key-pooled gated recurrence) + 0.5·(sliding-window softmax, w 64)",
+    defaults={**LIGER_GLA, "window": 64},
+)
+class LigerAttention(GeneralForm):
+    """Liger attention (Lan et al. 2025, "Liger: Linearizing Large Language Models to Gated Recurrent Structures",
+    §3.3; fla-org's LigerGatedLinearAttention): an intra-layer hybrid of the gated recurrence and sliding-window
+    softmax attention on the same projections,
+
+        o_t = α · q̃_t S_t + β · Σ_{i=t−w+1..t} softmax_i(q_tᵀ k_i / √K) v_i,      y_t = W_O o_t
+
+    with S_t = diag(α_t) S_{t−1} + k̃_tᵀ v_t the general form's recurrence (Liger-GLA: q̃ = softmax(x W_Q), k̃ = softmax(x W_K)
+    per head, α_t = σ(x W_K)^{1/16}: the ``liger_gla`` preset's parameter functions) and q, k = x W_Q, x W_K rotated by RoPE
+    (``rope_theta``) for the window only; α = β = 1/2, w = 64 in the paper. Each part keeps its own normalization (the
+    recurrence none, the window its softmax).
+
+    Modes: the general form's; the window runs as its explicit matrix in "recurrent" and "parallel" and in blocks in
+    "chunk". Maps of phi(x): one per head, α·(the recurrence's map) + β·(the window's softmax band). DSF
+    (:func:`window_dsf`, exact): per value channel a w-slot shift register beside the recurrence's states; Λ_t =
+    blockdiag(Shift, diag(α_t)). State per sequence: the recurrence's, plus the last w − 1 tokens' keys and values.
+    """
+
+    family = "hybrid"
+    state_formula = "H·d_k'·d_v' + (w − 1)·(d_k + d_v) (+ the general form's conv / token-shift states)"
+    diagonal_transition = False
+    Config = LigerAttentionConfig
+
+    @classmethod
+    def example_config(cls) -> dict:
+        return {"d_model": 16, "heads": 2, "chunk_size": 8, "window": 5, "rope_theta": 10000.0}
+
+    def _window_qk(self, P, start: int):
+        """The window's q (scaled 1/√K), k [B, T, H, K]: the projections before the feature map, rotated by RoPE."""
+        q, k = P.q_proj * self.K**-0.5, P.k_proj
+        theta = self.config.rope_theta
+        return (q, k) if theta is None else rope_rotate(self, theta, start, q, k)
+
+    def _forward(self, x, *, state, mode, need_state):
+        c = self.config
+        T, w = x.shape[1], c.window
+        pos0 = state["pos"] if state else 0
+        P = self._params(x, state, need_state)
+        o_lin, S = self._core(P, state.get("S") if state else None, mode, need_state)
+        q, k = self._window_qk(P, pos0)
+        k_ext, v_ext, valid = _window_keys(state, k, P.v, w - 1, pos0)
+        num, den, _ = window_softmax(q, k_ext, v_ext, window=w, key_valid=valid, mode=_window_mode(mode),
+                                     chunk_size=c.chunk_size, check_values=False)
+        o = (c.linear_weight * upcast(o_lin) + c.window_weight * num / den.unsqueeze(-1)).to(P.v.dtype)
+        y = self._readout(o, P, x)
+        new = None
+        if need_state:
+            new = {"S": S, **P.state, "pos": pos0 + T, "k": k_ext[:, T:].clone(), "v": v_ext[:, T:].clone()}
+        return MixOut(y, new, values=P.v, mixed=o)
+
+    # -- DSF view --------------------------------------------------------------------------
+
+    def _window_probs(self, x, P):
+        """[B, H, T, T]: the window's softmax weights."""
+        q, k = self._window_qk(P, 0)
+        _, den, _, p = window_softmax(q, k, P.v, window=self.config.window, mode="parallel", return_weights=True, check_values=False)
+        return p / den.transpose(1, 2).unsqueeze(-1)
+
+    def phi(self, x):
+        """[B, H, T, T]: α·(the recurrence's map, LinAttMap) + β·(the window's softmax weights)."""
+        c = self.config
+        A = super().phi(x)
+        P = self._params(x, None, False)
+        return c.linear_weight * A + c.window_weight * self._window_probs(x, P)
+
+    def dsf(self, x):
+        """The exact realization of :func:`window_dsf` (input v, output the mixed values): β·(the window's weights) on
+        the register, the recurrence's B_t = k̃_t, C_t = α·scale·q̃_t and decay beside it."""
+        self.check_input(x)
+        c = self.config
+        P = self._params(x, None, False)
+        band = _bands(c.window_weight * self._window_probs(x, P), c.window)
+        gk = P.gk if P.gk is None or P.gk.dim() == 4 else P.gk.unsqueeze(-1)
+        return window_dsf(band, c.linear_weight * self._scale * P.q, P.k, gk, value_dim=self.V, delayed=False)
+
+    def decays(self, x):
+        """The diagonal of Λ_t (= dsf(x).lam): 0 on the window's register, α_t on the recurrence's states."""
+        self.check_input(x)
+        P = self._params(x, None, False)
+        gk = P.gk if P.gk is None or P.gk.dim() == 4 else P.gk.unsqueeze(-1)
+        return _window_lam(self.config.window, gk, (x.shape[0], x.shape[1], self.H, self.K), self.V, x.device)
+
+    def state_size(self, seq_len: int | None = None) -> int:
+        return super().state_size(seq_len) + (self.config.window - 1) * self.H * (self.K + self.V)

@@ -1,4 +1,4 @@
-"""Small parametrized building blocks shared by several mixers (norms, the short convolution).
+"""Small parametrized building blocks shared by several mixers (norms, the short convolution, RoPE's table).
 
 These hold parameters; the computations they call live in ``seqmix.ops``.
 """
@@ -13,6 +13,20 @@ from torch import nn
 
 from ..ops.conv import causal_conv1d, causal_conv1d_step
 from ..ops.precision import upcast
+from ..ops.rotary import RotaryTable, apply_rotary
+
+
+def rope_rotate(module: nn.Module, theta: float, start: int, *ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each of ts [B, T, H, K] rotated by RoPE (base ``theta``, Llama's rotate-half pairs over all K channels) at the
+    absolute positions start .. start + T − 1, one cos / sin for all, from a :class:`~seqmix.ops.RotaryTable` kept on
+    ``module`` (built on first use, outside its parameters and state dict)."""
+    table = module.__dict__.get("_rope_table")
+    if table is None or table.theta != theta:
+        table = module.__dict__["_rope_table"] = RotaryTable(theta)
+    t0 = ts[0]
+    dt = torch.float64 if t0.dtype == torch.float64 else torch.float32  # as ops.rotary
+    cos, sin = table(start, t0.shape[1], t0.shape[-1], device=t0.device, dtype=dt, seq_len=start + t0.shape[1])
+    return tuple(apply_rotary(t, cos, sin) for t in ts)
 
 
 class RMSNorm(nn.Module):

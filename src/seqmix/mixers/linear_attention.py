@@ -22,6 +22,7 @@ registered preset of it (:func:`register_preset`), never a copy:
     lightning_attention {Q, K, Λ}   SiLU(xW_Q) SiLU(xW_K)          exp(-r_h) (fixed, per head)  σ(xW_G)   (MiniMax-01)
     transnormer   {Q, K, Λ}         φ(xW_Q)    φ(xW_K)             λ_h e^{iθ} (fixed, rotary)   xW_U
     gla           {Q, K, Λ_t}       xW_Q       xW_K                σ(xW¹W² + b)^{1/τ}           SiLU(xW_r + b)
+    liger_gla     {Q, K, Λ_t}       φ(xW_Q)    φ(xW_K)             σ(Pool(xW_K))^{1/τ}          1  (φ = softmax per head; Liger)
     mamba_gf      {Q, K, Λ_t}       xW_C       Δ_t ⊙ xW_B          exp(-Δ_t A)                  1
     rwkv4         {K, Λ}            1          exp(xW_K)           exp(-exp(w))                 σ(xW_r)
     hgrn          {Λ_t}             1          1 - α_t             lb + (1-lb)σ(xW_f)           SiLU(xW_g)
@@ -112,12 +113,13 @@ from .layers import LayerNorm, RMSNorm, ShortConv, short_conv_qkv
 Query = Literal["proj", "one"]
 Key = Literal["proj", "one", "one_minus_decay", "sqrt_one_minus_decay_sq", "sigmoid_proj", "exp_proj", "delta_proj"]
 Value = Literal["proj", "identity", "silu_proj", "gated_identity", "lru"]
-Decay = Literal["none", "fixed_head", "fixed", "lru", "sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru", "exp", "lora_exp"]
+Decay = Literal["none", "fixed_head", "fixed", "lru", "sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru", "exp", "lora_exp",
+                "key_pool"]
 Gate = Literal["none", "silu", "sigmoid", "gelu", "linear"]
-FeatureMap = Literal["identity", "elu1", "silu", "relu"]
+FeatureMap = Literal["identity", "elu1", "silu", "relu", "softmax"]
 QUERIES, KEYS, VALUES, DECAYS, GATES, FEATURE_MAPS = (get_args(t) for t in (Query, Key, Value, Decay, Gate, FeatureMap))
 #: decays that depend on the input (the group Λ_t); the others are Λ (fixed) or absent
-DYNAMIC_DECAYS = ("sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru", "exp", "lora_exp")
+DYNAMIC_DECAYS = ("sigmoid", "low_rank_sigmoid", "reversed_sigmoid", "delta_A", "rg_lru", "exp", "lora_exp", "key_pool")
 #: the mLSTM normalizers (xLSTM): η_t = max(|q_t n_t|, 1) ('max_abs', the paper), + ε e^{m_t} ('xlstm', transformers / NX-AI)
 Normalizer = Literal["sum", "max_abs", "xlstm"]
 #: keys that are their own parameter group K (the others are 1 or tied to the decay)
@@ -172,11 +174,15 @@ class GeneralFormConfig(MixerConfig):
         "'lru' complex exp(-exp(ν) + i exp(θ)); 'sigmoid' lb + (1 - lb)σ(x W_α + b) (MetaLA, HGRN, qLSTM); 'low_rank_sigmoid' σ(x W¹ W² + b) (GLA); "
         "'reversed_sigmoid' σ(-x W_f + b)^a, a learned (DSF eq. 23); 'delta_A' exp(-Δ_t A) (Mamba); 'rg_lru' σ(Λ)^{c σ(x W_a + b)} (Griffin); "
         "'exp' α = exp(x W_α + b), xLSTM's exponential forget gate (may exceed 1: needs input_gate = 'exp', whose stabilizer keeps the "
-        "stored decays <= 1); 'lora_exp' α = exp(-exp(λ + tanh(x A) B)), a LoRA of rank low_rank per key channel (RWKV-6's w_t). "
+        "stored decays <= 1); 'lora_exp' α = exp(-exp(λ + tanh(x A) B)), a LoRA of rank low_rank per key channel (RWKV-6's w_t); "
+        "'key_pool' α = σ(Pool(x W_K)), Liger's gate built from the key projection with no parameter of its own (Pool: the mean "
+        "over each head's key channels with decay_per_head, else the key itself, per key channel; needs key = 'proj'). "
         "Every decay is then raised to 1/tau",
     )
     gate: Gate = Field("none", description="f_g: act(x W_G + b) or 'linear' x W_U (TransNormer) or 'none' (g = 1)")
-    feature_map: FeatureMap = Field("identity", description="φ applied to q and k of the 'proj' options (the LinFormer kernel)")
+    feature_map: FeatureMap = Field(
+        "identity", description="φ applied to q and k of the 'proj' options (the LinFormer kernel); 'softmax': over each head's "
+        "d_k' channels (Liger's feature map, > 0 and summing to 1 per head)")
     # -- decay details --------------------------------------------------------------------
     tau: float = Field(1.0, gt=0, description="temperature: α <- α^{1/τ} (GLA and MetaLA: 16)")
     low_rank: int = Field(16, gt=0, description="rank of W_α¹ W_α² of 'low_rank_sigmoid' (GLA: 16) and of A B of 'lora_exp' (RWKV-6: 64)")
@@ -350,8 +356,11 @@ class GeneralFormConfig(MixerConfig):
             raise ValueError(f"scale = {self.scale} must be > 0 (or 'none', 'inv_sqrt_k')")
         if self.decay == "none" and self.tau != 1.0:
             raise ValueError(f"tau = {self.tau} raises the decay to 1/tau; decay = 'none' has none")
-        if self.decay_per_head and self.decay not in ("sigmoid", "exp"):
-            raise ValueError(f"decay_per_head = True takes decay 'sigmoid' or 'exp', got decay = {self.decay!r}")
+        if self.decay_per_head and self.decay not in ("sigmoid", "exp", "key_pool"):
+            raise ValueError(f"decay_per_head = True takes decay 'sigmoid', 'exp' or 'key_pool', got decay = {self.decay!r}")
+        if self.decay == "key_pool" and (self.key != "proj" or self.shared_qk):
+            raise ValueError(f"decay = 'key_pool' pools the key projection x W_K of every head: needs key = 'proj' and shared_qk = False, "
+                             f"got key = {self.key!r}, shared_qk = {self.shared_qk}")
         if self.decay == "exp" and self.input_gate != "exp":
             raise ValueError("decay = 'exp' (exponential forget gate, may exceed 1) needs input_gate = 'exp' (its max-stabilizer)")
         if self.input_gate == "exp":
@@ -385,12 +394,19 @@ class _Params:
     z: torch.Tensor | None = None  # outer gate (activated) [B, T, d_in]
     m: torch.Tensor | None = None  # the max-stabilizer m_t [B, T, H] of the exponential input gate
     state: dict = field(default_factory=dict)  # conv / token-shift states after the last token
+    q_proj: torch.Tensor | None = None  # x W_Q and x W_K [B, T, H, K] before the feature map (query, key 'proj'; a window reads them)
+    k_proj: torch.Tensor | None = None
 
 
 def _act(name: str, x: torch.Tensor) -> torch.Tensor:
     return {"identity": lambda t: t, "none": lambda t: t, "linear": lambda t: t, "elu1": lambda t: F.elu(t) + 1,
             "silu": F.silu, "relu": F.relu, "sigmoid": torch.sigmoid, "gelu": F.gelu,
             "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[name](x)
+
+
+def _feature(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The feature map φ of f_q, f_k on x [B, T, H, K]: elementwise, or 'softmax' over each head's K channels."""
+    return torch.softmax(x, dim=-1) if name == "softmax" else _act(name, x)
 
 
 def _shift_right(x: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
@@ -565,8 +581,9 @@ class GeneralForm(Mixer):
                 new["conv"] = conv_state
         return u, z, new
 
-    def _decay(self, u):
-        """log α_t: [B, T, H] (one per head) or [B, T, H, K] (key-wise); complex for 'lru'. Also Δ_t [B, T, H] for 'delta_A'."""
+    def _decay(self, u, k_proj=None):
+        """log α_t: [B, T, H] (one per head) or [B, T, H, K] (key-wise); complex for 'lru'. Also Δ_t [B, T, H] for 'delta_A'.
+        ``k_proj``: x W_K [B, T, H, K] before the feature map (what 'key_pool' pools)."""
         c = self.config
         B, T, _ = u.shape
         H, K = self.H, self.K
@@ -601,6 +618,9 @@ class GeneralForm(Mixer):
             z = upcast(self.W_a(u)).view(B, T, H, K)
             a = {"relu": lambda: F.relu(self.a), "exp": lambda: torch.exp(self.a_log), "fixed": lambda: 1.0}[c.rs_exponent]()
             la = a * F.logsigmoid(-z)
+        elif kind == "key_pool":  # Liger (Lan et al. 2025, §3.2): α_t = σ(Pool(x W_K)), no parameter of its own
+            k = upcast(k_proj)
+            la = F.logsigmoid(k.mean(-1) if c.decay_per_head else k)
         elif kind == "rg_lru":  # Griffin: log a_t = c r_t log σ(Λ) = -c r_t softplus(-Λ)
             r = torch.sigmoid(upcast(self.W_a(u))).view(B, T, H, K)
             la = -c.rg_lru_c * r * F.softplus(-upcast(self.Lambda)).view(H, K)
@@ -648,7 +668,10 @@ class GeneralForm(Mixer):
                 u_q, u_k, u_v, u_g, u_w = self._ddlerp(u, prev)
             if need_state:
                 new["x_prev"] = u[:, -1]
-        la, delta = self._decay(u_w)
+        qk_heads = 1 if c.shared_qk else H
+        q_proj = self.W_q(u_q).view(B, T, qk_heads, K).expand(B, T, H, K) if c.query == "proj" else None
+        k_proj = self.W_k(u_k).view(B, T, qk_heads, K).expand(B, T, H, K) if c.key == "proj" else None
+        la, delta = self._decay(u_w, k_proj)
         m = li = None
         if c.input_gate == "exp":  # xLSTM: i_t = exp(ĩ_t); the max-stabilizer turns (f_t, i_t) into gates <= 1 (seqmix.ops.stabilizer)
             li_raw = self._soft_cap(upcast(self.W_i(u_k)))  # [B, T, H]
@@ -657,15 +680,14 @@ class GeneralForm(Mixer):
             if need_state:
                 new["m"] = m[:, -1]
         # f_q
-        qk_heads = 1 if c.shared_qk else H
         if c.query == "proj":
-            q = _act(c.feature_map, self.W_q(u_q)).view(B, T, qk_heads, K).expand(B, T, H, K)
+            q = _feature(c.feature_map, q_proj)
         else:
             q = u.new_ones(B, T, H, K)
         # f_k
         kind = c.key
         if kind == "proj":
-            k = _act(c.feature_map, self.W_k(u_k)).view(B, T, qk_heads, K).expand(B, T, H, K)
+            k = _feature(c.feature_map, k_proj)
         elif kind == "one":
             k = u.new_ones(B, T, H, K)
         elif kind in ("one_minus_decay", "sqrt_one_minus_decay_sq"):
@@ -697,7 +719,7 @@ class GeneralForm(Mixer):
         v = v.reshape(B, T, H, V)
         # f_g
         g = None if self.W_g is None else _act(c.gate, self.W_g(u_g))
-        return _Params(q=q, k=k, v=v, gk=la, g=g, z=z, m=m, state=new)
+        return _Params(q=q, k=k, v=v, gk=la, g=g, z=z, m=m, state=new, q_proj=q_proj, k_proj=k_proj)
 
     # -- the core (Eqs. 13-14 before XNorm) ----------------------------------------------------
 
@@ -966,6 +988,16 @@ _preset(
     "GLA (Table A1): α = σ(x W¹ W² + b)^{1/16} (rank 16), d_k = d/2, per-head RMSNorm, SiLU gate with bias",
     dict(heads=4, key="proj", value="proj", decay="low_rank_sigmoid", tau=16.0, low_rank=16, decay_bias=True, expand_k=0.5,
          scale="inv_sqrt_k", xnorm="rmsnorm", gate="silu", gate_bias=True),
+)
+#: Liger-GLA (Lan et al. 2025, §3.2 and the released LigerGatedLinearAttention): the gate pooled from the key projection
+#: (AdaptiveAvgPool1d to the key width: the key itself per key channel) through logsigmoid / 16 (gate_logit_normalizer), φ = softmax
+#: over each head's channels on q and k, scale 1, no output gate or norm
+LIGER_GLA = dict(heads=4, key="proj", value="proj", decay="key_pool", tau=16.0, feature_map="softmax")
+_preset(
+    "liger_gla", "{Q, K, Λ_t}",
+    "Liger-GLA (Lan et al. 2025, §3.2): GLA with the gate pooled from the key projection, α = σ(Pool(x W_K))^{1/16} (no gate "
+    "parameters), φ = softmax over each head's channels on q and k, no output gate or norm",
+    LIGER_GLA,
 )
 _preset(
     "mamba_gf", "{Q, K, Λ_t}",

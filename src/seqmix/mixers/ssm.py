@@ -719,6 +719,14 @@ class SSDConfig(_DtRange):
         (1.0, 1.0, 1.0, 1.0, 1.0), description="block only: in_proj's output blocks z, x, B, C, dt are multiplied by these "
         "(Falcon-H1's μP ssm_multipliers), before the conv"
     )
+    discretization: Literal["zoh", "discrete"] = Field(
+        "zoh", description="'zoh': Mamba-2's Λ_t = exp(Δ_t a_h), input Δ_t B_t x_t, with A_log and dt_bias; 'discrete': Phi-Mamba's "
+        "discrete-time SSM (MOHAWK's DiscreteMamba2), Λ_t = exp(−softplus(dt_t)) per head and token, input B_t x_t (no Δ), A = −1 "
+        "and no dt bias (no A_log, dt_bias parameters)")
+    conv_activation: Literal["silu", "identity"] = Field(
+        "silu", description="block only: the activation after the short conv (Mamba-2: SiLU; Phi-Mamba: none)")
+    z_bias: bool = Field(False, description="block only: a learnt bias on the gate branch, SiLU(z + b_z), zero at init (Phi-Mamba's "
+                         "z_bias)")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode (the SSD algorithm)")
 
     @property
@@ -734,9 +742,10 @@ class SSDConfig(_DtRange):
                 "use expand = 1 or block = True"
             )
         mup = self.in_multiplier != 1.0 or any(m != 1.0 for m in self.zxbcdt_multipliers)
-        if not self.block and (self.d_inner is not None or self.gate_norm != "gated" or mup):
-            raise ValueError("d_inner, gate_norm, in_multiplier and zxbcdt_multipliers are options of the block (block = True): "
-                             "the bare SSD has no in_proj, gate or norm")
+        if not self.block and (self.d_inner is not None or self.gate_norm != "gated" or mup or self.conv_activation != "silu"
+                               or self.z_bias):
+            raise ValueError("d_inner, gate_norm, in_multiplier, zxbcdt_multipliers, conv_activation and z_bias are options of the "
+                             "block (block = True): the bare SSD has no in_proj, conv, gate or norm")
         if not all(math.isfinite(m) and m > 0 for m in self.zxbcdt_multipliers):
             raise ValueError(f"zxbcdt_multipliers = {self.zxbcdt_multipliers} must be finite numbers > 0")
         d_inner = self.inner
@@ -779,6 +788,12 @@ class SSD(Mixer):
     zxbcdt_multipliers, one per output block. They scale the inputs of Λ, B, C (through Δ, B, C) and
     the gate; the DSF view reads the scaled ones.
 
+    Phi-Mamba (MOHAWK, Bick et al. 2024; goombalab/phi-mamba's DiscreteMamba2, the ``phi_mamba`` preset):
+    discretization 'discrete' drops the zero-order hold, S_t^h = exp(−softplus(dt_t^h)) S_(t-1)^h + B_t x_t^hᵀ (A = −1,
+    no dt bias, the input not scaled by Δ: its x / softplus(A_log) cancels the kernel's Δ); conv_activation 'identity'
+    (no SiLU after the conv); gate_norm 'none' (no norm); z_bias, SiLU(z + b_z); expand 1 and one B/C group per head
+    (groups = heads: its "multi-head" structure, n_qk_heads = n_v_heads), d_state = headdim.
+
     Init (Mamba-2): -A ~ U[A_init_min, A_init_max], D = 1, b_Δ = softplus⁻¹(dt), dt log-uniform.
     Maps of phi(x): one per head, [B, heads, T, T]. State: heads·d_state·headdim
     (+ (d_inner + 2·groups·d_state)·(d_conv - 1) for the block) floats.
@@ -799,7 +814,9 @@ class SSD(Mixer):
         G, N = c.groups, c.d_state
         if c.block:
             self.in_proj = nn.Linear(c.d_model, 2 * D + 2 * G * N + H, bias=c.bias)
-            self.conv = ShortConv(D + 2 * G * N, c.d_conv, bias=c.conv_bias, activation="silu")
+            self.conv = ShortConv(D + 2 * G * N, c.d_conv, bias=c.conv_bias, activation=None if c.conv_activation == "identity" else "silu")
+            if c.z_bias:
+                self.z_bias = nn.Parameter(torch.zeros(D))
             if c.gate_norm != "none":
                 self.norm = RMSNorm(D, eps=c.norm_eps, groups=G)
             widths = (D, D, G * N, G * N, H)
@@ -808,8 +825,9 @@ class SSD(Mixer):
             self.register_buffer("zxbcdt_scale", mup if bool((mup != 1).any()) else None, persistent=False)
         else:
             self.x_proj = nn.Linear(D, 2 * G * N + H, bias=False)
-        self.dt_bias = nn.Parameter(dt_bias_init(H, c.dt_min, c.dt_max, c.dt_init_floor))
-        self.A_log = nn.Parameter(torch.empty(H).uniform_(c.A_init_min, c.A_init_max).log())
+        if c.discretization == "zoh":
+            self.dt_bias = nn.Parameter(dt_bias_init(H, c.dt_min, c.dt_max, c.dt_init_floor))
+            self.A_log = nn.Parameter(torch.empty(H).uniform_(c.A_init_min, c.A_init_max).log())
         self.D = nn.Parameter(torch.ones(H))
         self.out_proj = nn.Linear(D, c.d_model, bias=c.bias)
 
@@ -830,6 +848,8 @@ class SSD(Mixer):
             if self.zxbcdt_scale is not None:
                 zxbcdt = zxbcdt * self.zxbcdt_scale.to(zxbcdt.dtype)
             z, xBC, dt = zxbcdt.split([self.d_inner, self.d_inner + 2 * G * N, H], dim=-1)
+            if c.z_bias:
+                z = z + self.z_bias
             xBC, new_conv = self.conv(xBC, conv_state, output_final_state=need_state)
             x, Bm, Cm = xBC.split([self.d_inner, G * N, G * N], dim=-1)
         else:
@@ -842,13 +862,15 @@ class SSD(Mixer):
                 return t.view(Bt, T, 1, N).expand(Bt, T, H, N)
             return t.view(Bt, T, G, N).repeat_interleave(H // G, dim=2)
 
-        delta = F.softplus(dt + self.dt_bias)
+        delta = F.softplus(dt + self.dt_bias) if c.discretization == "zoh" else F.softplus(dt)
         if c.dt_limit is not None:
             delta = delta.clamp(*c.dt_limit)
         return x.view(Bt, T, H, c.headdim), z, delta, heads(Bm), heads(Cm), new_conv
 
     def _recurrence(self, delta, Bm, Cm):
-        """(q, k, gk): q = C, k = ΔB, per-head log-decay Δ·a [B, T, H]."""
+        """(q, k, gk): q = C, k = ΔB, per-head log-decay Δ·a [B, T, H]; discretization 'discrete': k = B, log-decay −Δ."""
+        if self.config.discretization == "discrete":
+            return Cm, Bm, -delta
         return Cm, delta.unsqueeze(-1) * Bm, delta * (-self.A_log.exp())
 
     # -- forward ---------------------------------------------------------------------------
@@ -913,6 +935,19 @@ register_preset(
     description="Mamba-2 block (Dao & Gu 2024): in_proj, short conv 4 + SiLU, SSD, gated RMSNorm, out_proj",
     defaults={"block": True, "expand": 2, "d_state": 128},
     example={"d_model": 16, "d_state": 8, "headdim": 8, "groups": 2, "chunk_size": 8},
+)
+#: Phi-Mamba's mixer (MOHAWK, Bick et al. 2024, §4; goombalab/phi-mamba modules/mixers/discrete_mamba2.py and
+#: assets/sample_config.json: d_state 64, expand 1, d_conv 4 with bias, activation identity, no norm, z_bias): the Mamba-2 block
+#: with a discrete-time decay. Its multi-head structure is groups = heads = d_inner / headdim (linearize sets it from the
+#: teacher, with headdim = d_state = the teacher's head size)
+PHI_MAMBA = dict(block=True, expand=1, d_state=64, headdim=64, discretization="discrete", conv_activation="identity",
+                 gate_norm="none", z_bias=True, conv_bias=True)
+register_preset(
+    "phi_mamba", SSD,
+    description="Phi-Mamba (MOHAWK): the Mamba-2 block, discrete decay exp(−softplus(dt)) per head, no Δ on the input, "
+                "no conv activation, no norm, one B/C group per head",
+    defaults=PHI_MAMBA,
+    example={"d_model": 16, "d_state": 4, "headdim": 4, "groups": 4, "chunk_size": 8},  # one group per head, d_state = headdim
 )
 
 

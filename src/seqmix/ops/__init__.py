@@ -40,6 +40,8 @@ from .log_linear import MODES as LOG_LINEAR_MODES
 from .log_linear import fenwick_levels, hierarchical_mask, levels_needed, log_linear_attention
 from .mesa import MODES as MESA_MODES
 from .mesa import gram_states, mesa_net, mesa_readout, mesa_solve
+from .window_attention import MODES as WINDOW_MODES
+from .window_attention import window_softmax
 
 __all__ = [
     "linear_recurrence", "recurrence_step", "recurrence_map", "RECURRENCE_MODES",
@@ -58,4 +60,5 @@ __all__ = [
     "path_attention", "path_scores", "path_probs", "householder", "PATH_MODES",
     "log_linear_attention", "levels_needed", "fenwick_levels", "hierarchical_mask", "LOG_LINEAR_MODES",
     "mesa_net", "mesa_solve", "gram_states", "mesa_readout", "MESA_MODES",
+    "window_softmax", "WINDOW_MODES",
 ]

@@ -1,0 +1,134 @@
+"""The sliding window of a window + linear hybrid: softmax over each query's last ``window`` tokens
+with its normalizer kept apart, so that a mixer can weigh it against a linear part (LoLCATs eq. 7:
+one normalization over both; Liger attention: a weighted sum of the two normalized outputs).
+
+For queries at the last T positions of a key sequence of R + T tokens (R cached tokens, then the
+queries' own), query t sees the valid keys j among its last ``window`` positions, itself included,
+W(t) = {j : R + t − window < j <= R + t, valid_j}:
+
+    s_tj = q_tᵀ k_j          (q scaled by the caller)
+    m_t  = max_{j ∈ W(t)} s_tj                             (LoLCATs' stabilizer c_n)
+    num_t = Σ_{j ∈ W(t)} exp(s_tj − m_t) v_j,    den_t = Σ_{j ∈ W(t)} exp(s_tj − m_t)
+
+num_t / den_t is sliding-window softmax attention; the returned triple lets a hybrid add terms to the
+numerator and the denominator before it divides. Shapes (the layout of ``linear_recurrence``):
+
+    q  [B, T, H, K];   k [B, R + T, H, K];   v [B, R + T, H, V];   key_valid [R + T] bool or None
+    num [B, T, H, V];  den, m [B, T, H]  (float32 or wider)
+
+Modes:
+
+* ``parallel``: the reference, the scores as an explicit [T, R + T] matrix per head masked by
+  :func:`~seqmix.ops.attention.attention_mask` (``return_weights`` also gives the weights
+  exp(s − m) there, [B, H, T, R + T], a mixer's map);
+* ``chunk``: blocks of C queries, each against the C + window − 1 keys it can see (an unfold of
+  the keys): O(T·(C + window)) work and memory instead of O(T·(R + T)).
+
+A decoding step is the parallel mode at T = 1 over the R + 1 keys: O(window) per token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape, reads_values
+from .attention import attention_mask
+from .precision import compute_dtype, full_precision
+
+MODES = ("parallel", "chunk")
+
+_WHERE = "window_softmax"
+
+
+def _check(q, k, v, window, key_valid, check_values):
+    check_tensor("q", q, rank=4, layout="[B, T, H, K]", where=_WHERE)
+    check_tensor("k", k, rank=4, layout="[B, R + T, H, K]", where=_WHERE)
+    check_tensor("v", v, rank=4, layout="[B, R + T, H, V]", where=_WHERE)
+    B, T, H, K = q.shape
+    if T == 0:
+        raise ValueError(f"{_WHERE}: argument 'q' must hold T >= 1 queries, got {fmt_shape(q.shape)}")
+    check_shape("k", k, (B, None, H, K), "[B, R + T, H, K] (q's B, H, K)", _WHERE)
+    if k.shape[1] < T:
+        raise ValueError(f"{_WHERE}: argument 'k' must hold R + T >= T = {T} keys (the queries are the last T), got {k.shape[1]}")
+    check_shape("v", v, (B, k.shape[1], H, None), "[B, R + T, H, V] (k's B, R + T, H)", _WHERE)
+    check_positive_int("window", window, _WHERE)
+    if key_valid is not None and (not isinstance(key_valid, torch.Tensor) or key_valid.dtype != torch.bool
+                                  or tuple(key_valid.shape) != (k.shape[1],)):
+        got = f"{fmt_shape(key_valid.shape)} {key_valid.dtype}" if isinstance(key_valid, torch.Tensor) else type(key_valid).__name__
+        raise ValueError(f"{_WHERE}: argument 'key_valid' must be a bool tensor [R + T] = [{k.shape[1]}] or None, got {got}")
+    if check_values and reads_values(q):
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_finite(name, t, _WHERE)
+
+
+def _normalize(s, mask):
+    """(weights exp(s − m) with 0 outside the mask, den, m) of scores s [..., L] (m = 0 on a row with no key)."""
+    s = s.masked_fill(~mask, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    return p, p.sum(-1), m.squeeze(-1)
+
+
+def _parallel(q, k, v, window, key_valid, want_weights):
+    T, L = q.shape[1], k.shape[1]
+    mask = attention_mask(T, L, window=window, offset=L - T, device=q.device)  # [T, R + T]
+    if key_valid is not None:
+        mask = mask & key_valid.to(q.device)
+    p, den, m = _normalize(torch.einsum("bthk,bshk->bhts", q, k), mask)
+    num = torch.einsum("bhts,bshv->bthv", p, v)
+    return num, den.transpose(1, 2), m.transpose(1, 2), (p if want_weights else None)
+
+
+def _chunk(q, k, v, window, key_valid, C):
+    """Query block b (queries bC .. bC + C − 1) against keys R + bC − window + 1 .. R + bC + C − 1 (L = C + window − 1
+    of them, padded with invalid keys where they fall outside 0 .. R + T − 1): local query i sees local key j iff
+    i <= j <= i + window − 1."""
+    B, T, H, K = q.shape
+    R = k.shape[1] - T
+    V = v.shape[-1]
+    n = -(-T // C)
+    L = C + window - 1
+    left = window - 1 - R  # keys before position 0 of the key sequence that block 0 would read (> 0: padding)
+    start = max(-left, 0)  # where block 0's keys begin in the key sequence
+    pad_l, total = max(left, 0), n * C + window - 1  # the padded key sequence block b reads at [bC, bC + L)
+    valid = key_valid if key_valid is not None else torch.ones(R + T, dtype=torch.bool, device=q.device)
+    kk, vv, ok = k[:, start:], v[:, start:], valid[start:]
+    pad_r = total - pad_l - kk.shape[1]
+    kk = torch.nn.functional.pad(kk, (0, 0, 0, 0, pad_l, pad_r))
+    vv = torch.nn.functional.pad(vv, (0, 0, 0, 0, pad_l, pad_r))
+    ok = torch.nn.functional.pad(ok, (pad_l, pad_r), value=False)
+    kb = kk.unfold(1, L, C)  # [B, n, H, K, L]
+    vb = vv.unfold(1, L, C)  # [B, n, H, V, L]
+    okb = ok.unfold(0, L, C)  # [n, L]
+    qb = torch.nn.functional.pad(q, (0, 0, 0, 0, 0, n * C - T)).view(B, n, C, H, K)
+    i = torch.arange(C, device=q.device).unsqueeze(1)
+    j = torch.arange(L, device=q.device).unsqueeze(0)
+    band = (j >= i) & (j <= i + window - 1)  # [C, L]
+    mask = band.unsqueeze(0) & okb.unsqueeze(1)  # [n, C, L]
+    s = torch.einsum("bnchk,bnhkl->bnhcl", qb, kb)
+    p, den, m = _normalize(s, mask.unsqueeze(1))  # mask [n, 1, C, L] over heads
+    num = torch.einsum("bnhcl,bnhvl->bnchv", p, vb).reshape(B, n * C, H, V)[:, :T]
+    return num, den.transpose(2, 3).reshape(B, n * C, H)[:, :T], m.transpose(2, 3).reshape(B, n * C, H)[:, :T]
+
+
+@full_precision
+def window_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window: int, key_valid: torch.Tensor | None = None,
+                   mode: str = "chunk", chunk_size: int = 64, return_weights: bool = False, check_values: bool = True):
+    """(num, den, m) of the module docstring: sliding-window softmax over each query's last ``window`` keys
+    with its normalizer apart. q [B, T, H, K] (scaled; the queries are the last T positions of k);
+    k [B, R + T, H, K]; v [B, R + T, H, V]; key_valid [R + T] bool (False: no token there, such as a cache
+    slot before position 0), None: all valid. ``mode``: "parallel" (the explicit matrix, the reference)
+    or "chunk" (blocks of ``chunk_size`` queries). ``return_weights`` (parallel only): also the weights
+    exp(s_tj − m_t) on the visible keys, [B, H, T, R + T]. Computed in float32 or wider."""
+    check_choice("mode", mode, MODES, _WHERE)
+    check_positive_int("chunk_size", chunk_size, _WHERE)
+    _check(q, k, v, window, key_valid, check_values)
+    if return_weights and mode != "parallel":
+        raise ValueError(f"{_WHERE}: argument 'return_weights' needs mode 'parallel' (the explicit matrix), got mode {mode!r}")
+    dt = compute_dtype(q, k, v)
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    if mode == "parallel":
+        num, den, m, p = _parallel(q, k, v, window, key_valid, return_weights)
+        return (num, den, m, p) if return_weights else (num, den, m)
+    return _chunk(q, k, v, window, key_valid, min(chunk_size, q.shape[1]))

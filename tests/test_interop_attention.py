@@ -1,4 +1,4 @@
-"""seqmix.interop for the attention families (issue 25): Llama (every LlamaAttention -> seqmix
+"""seqmix.interop for the attention families: Llama (every LlamaAttention -> seqmix
 ``softmax_attention``, the softmax baseline) and RecurrentGemma (its recurrent blocks -> seqmix
 ``rg_lru_block``, its local-attention blocks -> ``softmax_attention`` with the sliding window,
 partial RoPE and MQA, in the config's block_types pattern), exactly, in the style of

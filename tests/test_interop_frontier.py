@@ -1,4 +1,4 @@
-"""seqmix.interop for the frontier hybrids (issue 26 items 1, 2, 5): Qwen3-Next (Gated DeltaNet layers
+"""seqmix.interop for the frontier hybrids: Qwen3-Next (Gated DeltaNet layers
 -> ``qwen3_next_gdn``, gated attention -> ``softmax_attention``), Kimi-Linear (KDA -> ``kimi_kda``; its MLA
 attention -> ``softmax_attention`` with ``kv_lora_rank``, no positions), MiniMax (lightning attention
 -> ``lightning_attention``, attention -> ``softmax_attention``) and LFM2 (gated short conv ->

@@ -1,4 +1,4 @@
-"""seqmix.interop for the Mamba hybrids (issue 26): Bamba, GraniteMoeHybrid, Nemotron-H, Falcon-H1,
+"""seqmix.interop for the Mamba hybrids: Bamba, GraniteMoeHybrid, Nemotron-H, Falcon-H1,
 Jamba and Zamba2. Every Mamba-2 layer becomes seqmix's ``mamba2`` (Jamba's Mamba layers
 ``jamba_mamba``), every attention layer ``softmax_attention``; MLPs, MoE blocks, norms and the decoder
 layers' multipliers stay transformers' own. In the style of tests/test_interop.py and

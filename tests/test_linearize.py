@@ -548,7 +548,7 @@ def test_stage1_resumes_after_a_kill_without_losing_finished_steps(tmp_path):
     ckpt = tmp_path / "progress.pt"
     with pytest.raises(Killed):
         students_after(lambda lin: transfer(lin, m, lambda i: data[i], checkpoint=ckpt, key="k", on_step=kill, **kw))
-    assert torch.load(ckpt, weights_only=False)["step"] == 4  # saved at step 4; step 5 was lost with the kill
+    assert torch.load(ckpt, weights_only=True)["step"] == 4  # saved at step 4; step 5 was lost with the kill
     seen = []
 
     def batch(i):
@@ -615,7 +615,7 @@ def test_pipeline_stage1_resumes_and_passes_device_precision_trainable(tmp_path)
     with pytest.raises(Killed):
         run(cfg, progress=False, on_transfer_step=kill)
     progress = tmp_path / "o" / "stages" / "transfer_run" / "progress.pt"
-    assert torch.load(progress, weights_only=False)["step"] == 10
+    assert torch.load(progress, weights_only=True)["step"] == 10
     seen = []
     metrics = run(cfg, progress=False, on_transfer_step=lambda s, r: seen.append(s))
     assert seen == [20, 25] and not progress.exists()
@@ -716,7 +716,6 @@ def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
     FSDP2 (with LoRA and KD: frozen and trained parameters in one unit) shards each transformers decoder
     layer; its checkpoint is gathered whole and the saved model loads and decodes."""
     import os
-    import socket
     import subprocess
     import sys
     from pathlib import Path
@@ -725,9 +724,9 @@ def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
 
     m = teacher(layers=2, vocab=256)
     m.save_pretrained(tmp_path / "teacher")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from ports import free_port
+
+    port = free_port()
     src = str(Path(seqmix.__file__).resolve().parents[1])
     argv = [sys.executable, "-c", "import sys; from seqmix.cli import main; sys.exit(main(sys.argv[1:]))", "linearize", "--hf", str(tmp_path / "teacher"), "--mixer", "gla",
             "--seq-len", "16", "--batch-size", "4", "--transfer-tokens", "128", "--finetune-tokens", "128",
@@ -749,7 +748,7 @@ def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
     assert [p.returncode for p in procs] == [0, 0], outs
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert metrics["config"]["parallel"] == parallel and metrics["stages"]["finetune"]["steps"] == 2
-    ckpt = torch.load(tmp_path / "o" / "stages" / "finetune_run" / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "o" / "stages" / "finetune_run" / "checkpoint.pt", weights_only=True)
     assert ckpt["world_size"] == 2
     back = load_converted(tmp_path / "o")
     assert set(students(back)) == {0, 1}

@@ -476,7 +476,6 @@ def test_the_families_are_supported():
 
 @pytest.mark.parametrize("case, overrides, option, path", [
     ("bamba", {"hidden_act": "gelu"}, "hidden_act", r"model\.layers\.0\.mamba"),
-    ("bamba", {"attention_dropout": 0.1}, "attention_dropout", r"model\.layers\.1\.self_attn"),
     ("falcon_h1", {"mamba_proj_bias": True}, "mamba_proj_bias", r"model\.layers\.0\.mamba"),
     ("jamba", {"hidden_act": "gelu"}, "hidden_act", r"model\.layers\.0\.mamba"),
     ("nemotron_h", {"mamba_hidden_act": "relu"}, "hidden_act", r"model\.layers\.0\.mixer"),

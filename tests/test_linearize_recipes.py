@@ -261,7 +261,7 @@ def test_every_recipe_runs_through_the_command_and_its_folder_loads_and_decodes(
     assert list(metrics["stages"]) == list(c["stages"])
     if "transfer" in c["stages"]:
         assert list(metrics["stages"]["transfer"]["steps_per_match"]) == c["match"].split(",")
-    back, _ = load_converted(str(out))
+    back = load_converted(out)
     held = {i for i, _ in students(back).items()}
     assert held and all(a.mixer.registry_name == c["mixer"] for a in students(back).values())
     assert back.generate(ids(1, 4, vocab=256), max_new_tokens=3, do_sample=False).shape == (1, 7)

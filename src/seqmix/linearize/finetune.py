@@ -161,7 +161,7 @@ def finetune_builder(source: str | Path, *, teacher: nn.Module | None, kd: float
     trainable = trainable or ("students" if lora_rank else "all")
 
     def build(run_config) -> LinearizedLM:
-        model, _ = load_converted(str(source), argument="--hf")
+        model = load_converted(source, argument="--hf")
         model.train()
         model = lora(model, lora_rank, targets=lora_targets, trainable=trainable) if lora_rank else set_trainable(model, trainable)
         return LinearizedLM(model, run_config.model, teacher=teacher, kd=kd, ce=ce)

@@ -699,17 +699,36 @@ def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
     assert out.shape == (1, 9)
 
 
-def test_scaled_rope_teacher_refuses_separable_students_and_takes_decay_students():
-    """A Llama-3 teacher (its "llama3" RoPE scaling): a linear attention student would take the teacher's RoPE
-    without the scaling, so it is refused naming 'mixer'; gla (no RoPE, a decay) is built and runs."""
+def test_scaled_rope_teacher_is_the_identity_feature_students_map_and_takes_decay_students():
+    """A Llama-3 teacher (its "llama3" RoPE scaling): a separable student takes the scaled RoPE (rope_scaling), so the
+    identity-feature student's causal softmax is transformers' own attention map (without the scaling it is not: the
+    check can fail); gla (no RoPE, a decay) is built and runs."""
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=256,
                       rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8})
+    cfg._attn_implementation = "eager"
     m = LlamaForCausalLM(cfg).eval()
-    with pytest.raises(ValueError, match="argument 'mixer'.*rope_scaling"):
-        linearize(m, mixer="linear_attention", feature_map="hedgehog")
+    with torch.no_grad():
+        for layer in m.model.layers:
+            for p in (layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight):
+                p.normal_(0, 0.5)
+    x = ids(2, 24)
+    out = m(input_ids=x, output_attentions=True, use_cache=False)
+    causal = torch.ones(24, 24, dtype=torch.bool).tril()
+    for kw, exact in (({}, True), ({"rope_scaling": None}, False)):  # the table's config; the scaling dropped from it
+        lin = linearize(m, mixer="separable_attention", feature_map="identity", normalizer="none", **kw)
+        studs = students(lin)
+        with capture(m, studs) as cap, torch.no_grad():
+            m(input_ids=x, use_cache=False)
+            probs_of = {layer: a.mixer.phi(cap.inputs[layer]) for layer, a in studs.items()}
+        for layer, scores in probs_of.items():
+            probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+            if exact:
+                torch.testing.assert_close(probs, out.attentions[layer], rtol=1e-5, atol=1e-6)
+            else:
+                assert float((probs - out.attentions[layer]).abs().max()) > 1e-3
     lin = linearize(m, mixer="gla")
     assert torch.isfinite(lin(input_ids=ids(1, 8), use_cache=False).logits).all()
 

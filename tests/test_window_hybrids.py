@@ -331,7 +331,7 @@ def test_liger_attention_is_the_weighted_sum_of_its_window_and_its_recurrence():
     m = perturb_(build("liger_attention"))
     x = x_of()
     rec = seqmix.build_mixer("liger_gla", **{k: v for k, v in m.config.model_dump().items()
-                                             if k not in ("window", "window_weight", "linear_weight", "rope_theta")}).to(D64)
+                                             if k not in ("window", "window_weight", "linear_weight", "rope_theta", "rope_scaling")}).to(D64)
     rec.load_state_dict(m.state_dict())
     assert _n_params(m) == _n_params(rec)
     att = seqmix.build_mixer("softmax_attention", d_model=16, heads=2, scale="sqrt", window=5, rope=True, rope_theta=10000.0).to(D64)

@@ -1,6 +1,6 @@
 # seqmix: set-up and the common jobs. Every target creates .venv on first use.
 #   make main       the main job (see README)
-#   make test       the whole test suite, slow tests included (what CI runs; about 22 min on 2 cores, set-up excluded)
+#   make test       the whole test suite, slow tests included (what CI runs), on every core (JOBS=0: one process)
 #   make test-slow  only the tests marked slow (pytest -m "not slow" skips them while developing)
 #   make bench      every benchmark script at full size
 #   make docs       the docs site into site/ (mkdocs build --strict; the suite builds it too)
@@ -16,15 +16,19 @@ TORCH  ?= torch==2.13.0
 # every install of setup/main/test/CI is constrained to the versions the tests passed with
 LOCK   ?= requirements/lock.txt
 EXTRAS := dev,text,tensorboard,hf,eval,cluster,lra,reference,linearize,docs
+# pytest-xdist workers of `make test` (auto: one per core; tests/conftest.py gives each cores / JOBS torch threads)
+JOBS   ?= auto
 LATEST ?= .venv-latest
 
 .PHONY: setup main test test-slow bench clean test-latest lock docs docs-serve
 
+# --no-compile: pip's byte-compiling of every installed module (about a minute of CPU for the 18,000
+# files of the extras) is skipped; Python compiles the modules a run imports, once, on first import
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q -c $(LOCK) pip
-	$(PY) -m pip install -q -c $(LOCK) "$(TORCH)"
-	$(PY) -m pip install -q -c $(LOCK) -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q --no-compile -c $(LOCK) "$(TORCH)"
+	$(PY) -m pip install -q --no-compile -c $(LOCK) -e ".[$(EXTRAS)]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -43,7 +47,7 @@ test: setup
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; } || \
 	  echo "chromium not installed: the HTML-in-a-browser test will be skipped"
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(JOBS) --dist worksteal
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

@@ -1,6 +1,6 @@
-"""Softmax attention (SDPA) vs linear attention (chunk), training and decoding (issue 3).
+"""Softmax attention (SDPA) vs linear attention (chunk), training and decoding.
 
-    python bench/attention.py            # the issue's sizes (a few minutes on 2 cores)
+    python bench/attention.py            # the targets' sizes (a few minutes on 2 cores)
     python bench/attention.py --quick    # small sizes, seconds
 
 Both mixers are built by name with the DSF paper's parametrization (W_qk: d -> 2n, W_v,

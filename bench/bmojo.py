@@ -1,4 +1,4 @@
-"""B'MOJO vs full causal attention vs Mamba: training cost against L, decoding memory (issue 8).
+"""B'MOJO vs full causal attention vs Mamba: training cost against L, decoding memory.
 
     python bench/bmojo.py            # L in {1024, 4096, 16384} (a few minutes on 2 cores)
     python bench/bmojo.py --quick    # L in {256, 512, 1024}, seconds

@@ -1,8 +1,8 @@
-"""Calibrating a preset's tiny scale (issue 17): the two measurements behind the tables of
+"""Calibrating a preset's tiny scale: the two measurements behind the tables of
 docs/harness.md ("Calibrating the main job", "Tiny presets").
 
 1. ``cost`` (one point after another) and ``ratio`` (every point side by side in interleaved
-   rounds, ratios to a reference model: issue 27's main-job target): the CPU time of one
+   rounds, ratios to a reference model: the main job's step-time target): the CPU time of one
    training step (forward, backward, AdamW; 1 thread, ``time.process_time``, so a loaded
    machine inflates it little) of every (model, task, d, n)
    of a preset's tiny grid, at the grid's batch size and sequence length. Multiply by the steps
@@ -18,7 +18,7 @@ docs/harness.md ("Calibrating the main job", "Tiny presets").
 
     python bench/calibrate.py                  # = cost dsf-fig2 (the main job)
     python bench/calibrate.py cost dsf-fig2
-    python bench/calibrate.py ratio dsf-fig2   # side by side, ratios to softmax; issue 27's <= 1.3x target
+    python bench/calibrate.py ratio dsf-fig2   # side by side, ratios to softmax; the <= 1.3x target
     python bench/calibrate.py run dsf-fig2 softmax --d 64 --steps 2500 --set model.init_std=0.1
     python bench/calibrate.py run dsf-fig2 S6 --d 64 --seed 1 --set train.lr=0.01
     python bench/calibrate.py run bmojo-fig2 Mamba --d 64 --task "mqar(32,4)" --steps 1500
@@ -94,7 +94,7 @@ def step_costs(preset: str, steps: int = 10, warmup: int = 3) -> list[list]:
     return rows
 
 
-#: issue 27's target on the main job: these models' training steps <= this many times softmax attention's
+#: the target on the main job: these models' training steps <= this many times softmax attention's
 STEP_TARGETS = {"dsf-fig2": (("S6", "SSD"), 1.3)}
 
 
@@ -292,7 +292,7 @@ def main() -> None:
     c.add_argument("preset")
     c.add_argument("--steps", type=int, default=10, help="timed steps per point")
     q = sub.add_parser("ratio", help="every point's training step side by side (interleaved rounds, 1 thread), "
-                                     "ratios to a reference model; issue 27's target on the main job")
+                                     "ratios to a reference model; the main job's step-time target")
     q.add_argument("preset")
     q.add_argument("--ref", default="softmax", help="the model the ratios are taken to (default: softmax)")
     q.add_argument("--rounds", type=int, default=7)

@@ -1,5 +1,5 @@
 """Long convolutions (H3, Hyena) vs softmax attention (SDPA) and linear attention (chunk):
-forward+backward time against the sequence length (issue 6).
+forward+backward time against the sequence length.
 
     python bench/convolution.py            # L in {1024, 4096, 16384}, d = 256 (a few minutes on 2 cores)
     python bench/convolution.py --quick    # small sizes, seconds

@@ -7,7 +7,7 @@
    Zoology's style (numpy choice without replacement for keys, values and the power-law
    gaps, one example at a time), both measured in this run on the same task; the loop runs
    on fewer examples and its rate (examples/s) is compared. Target: 100k examples of
-   every Zoology/DSF task in at most 10 s each (the issue: "seconds, not minutes").
+   every Zoology/DSF task in at most 10 s each ("seconds, not minutes").
 2. The B'MOJO synthetic tasks: 12,800 examples each (MAD's training-set size).
 3. One training step (forward + backward) of the 2-layer MQAR model (linear attention,
    d = 64, L = 64, B = 64, V = 8192) with logits at the 4 labelled positions per sequence

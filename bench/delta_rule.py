@@ -1,6 +1,6 @@
 """seqmix.ops.delta_rule: chunk (UT transform) vs the recurrent loop, and vs flash-linear-attention's naive reference.
 
-    python bench/delta_rule.py            # the issue's shapes and targets (minutes on 2 cores)
+    python bench/delta_rule.py            # the targets' shapes (minutes on 2 cores)
     python bench/delta_rule.py --quick    # small shapes, seconds
 
 Shapes: B=2, H=4, K=V=64, T in {1024, 4096}, unit keys, β ~ U(0, 1), with no decay

@@ -1,4 +1,4 @@
-"""GPU benchmark of the op backends (issue 18, part A): run on a CUDA machine.
+"""GPU benchmark of the op backends: run on a CUDA machine.
 
     python bench/gpu.py              # every op, then LM training throughput (~125M params, T = 2048, bf16)
     python bench/gpu.py --quick      # smaller shapes, two LM families
@@ -68,7 +68,8 @@ SIZES = {  # B, T, H, K (= V), D (scan and conv channels), N (scan state)
 
 
 def op_cases(dev, size, dtype):
-    """(case, backend name, leaves, torch fn, backend fn, direct fn)."""
+    """(case, backend name, call, leaves, torch fn, backend fn, direct fn): ``call`` is what the op's dispatch
+    knows of it (backends.Call), so the backend and direct rows run only where the backend covers it."""
     g = torch.Generator().manual_seed(0)
     B, T, H, K, Dc, N = SIZES[size]
     V = K
@@ -94,7 +95,9 @@ def op_cases(dev, size, dtype):
             from fla.ops.simple_gla import chunk_simple_gla
             return chunk_simple_gla(q=q, k=k, v=v, g=g_[0] if g_ else None, scale=K**-0.5)[0]
 
-        cases.append((f"linear_recurrence {name} B={B} T={T} H={H} K=V={K}", "fla", leaves, ours("torch"), ours("fla"), direct))
+        call = backends.Call("linear_recurrence", q.device.type, dtype, "chunk", dict(K=K, V=V, valuewise=False, complex=False))
+        cases.append((f"linear_recurrence {name} B={B} T={T} H={H} K=V={K}", "fla", call, leaves, ours("torch"), ours("fla"),
+                      direct))
 
     x, delta = r(B, T, Dc), torch.nn.functional.softplus(r(B, T, Dc)).detach().requires_grad_(True)
     A = (-torch.rand(Dc, N, generator=g)).to(dev, torch.float32).requires_grad_(True)
@@ -107,7 +110,9 @@ def op_cases(dev, size, dtype):
         from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
         return selective_scan_fn(x.transpose(1, 2), d.transpose(1, 2), A, Bm.transpose(1, 2), Cm.transpose(1, 2), D=D).transpose(1, 2)
 
-    cases.append((f"selective_scan B={B} T={T} D={Dc} N={N}", "mamba", [x, delta, A, Bm, Cm, D], scan("torch"), scan("mamba"), scan_direct))
+    call = backends.Call("selective_scan", x.device.type, dtype, "auto", dict(initial_state=False, per_channel_BC=False))
+    cases.append((f"selective_scan B={B} T={T} D={Dc} N={N}", "mamba", call, [x, delta, A, Bm, Cm, D], scan("torch"), scan("mamba"),
+                  scan_direct))
 
     w, bias = r(Dc, 4), r(Dc)
 
@@ -118,7 +123,8 @@ def op_cases(dev, size, dtype):
         from causal_conv1d import causal_conv1d_fn
         return causal_conv1d_fn(x.transpose(1, 2), w, b, activation="silu").transpose(1, 2)
 
-    cases.append((f"short conv B={B} T={T} C={Dc} W=4", "mamba", [x, w, bias], conv("torch"), conv("mamba"), conv_direct))
+    call = backends.Call("short_conv", x.device.type, dtype, None, dict(W=4, state=False, output_final_state=False))
+    cases.append((f"short conv B={B} T={T} C={Dc} W=4", "mamba", call, [x, w, bias], conv("torch"), conv("mamba"), conv_direct))
 
     def attn(backend, mode="auto"):
         return lambda q, k, v: softmax_attention(q, k, v, mode=mode, check_values=False, backend=backend)
@@ -127,27 +133,34 @@ def op_cases(dev, size, dtype):
         return torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                                 is_causal=True).transpose(1, 2)
 
-    cases.append((f"softmax_attention B={B} T={T} H={H} K={K}", "sdpa", [q, k, v], attn("torch", "parallel"), attn("sdpa"), attn_direct))
+    call = backends.Call("softmax_attention", q.device.type, dtype, "auto", dict(plain_causal=True))
+    cases.append((f"softmax_attention B={B} T={T} H={H} K={K}", "sdpa", call, [q, k, v], attn("torch", "parallel"), attn("sdpa"),
+                  attn_direct))
     return cases
+
+
+def refusal(bname: str, call: backends.Call) -> str | None:
+    """None where the dispatch would run ``call`` on backend ``bname`` (installed, covering the call's device,
+    dtype and options, ready), else its reason: the rule of ``backend="auto"`` and of ``seqmix backends``."""
+    try:
+        backends.resolve(call.op, bname, call)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def bench_ops(args, dev):
     rows, out, targets = [], {}, []
     size = "smoke" if args.smoke else "quick" if args.quick else "full"
-    for name, bname, leaves, f_torch, f_backend, f_direct in op_cases(dev, size, torch.float32 if args.smoke else torch.bfloat16):
-        op = {"fla": "linear_recurrence", "sdpa": "softmax_attention"}.get(bname, "selective_scan" if "scan" in name else "short_conv")
-        ok, why = backends.get(bname).status(op)
-        res = {}
+    for name, bname, call, leaves, f_torch, f_backend, f_direct in op_cases(dev, size, torch.float32 if args.smoke else torch.bfloat16):
+        why = refusal(bname, call)
+        res = {"skipped": why}
         for impl, fn in (("torch", f_torch), ("backend", f_backend), ("direct", f_direct)):
-            if impl != "torch" and not ok:
+            if impl != "torch" and why is not None:  # the kernel is not called: it cannot run these tensors
                 res[impl] = None
                 continue
-            try:
-                res[impl] = dict(fwd_ms=timeit(fwd_only(fn, leaves), repeats=args.repeats, device=dev)["min_ms"],
-                                 fwd_bwd_ms=timeit(fwd_bwd(fn, leaves), repeats=args.repeats, device=dev)["min_ms"])
-            except ValueError as e:  # the backend refuses this call (e.g. --smoke on CPU)
-                res[impl] = None
-                why = str(e)
+            res[impl] = dict(fwd_ms=timeit(fwd_only(fn, leaves), repeats=args.repeats, device=dev)["min_ms"],
+                             fwd_bwd_ms=timeit(fwd_bwd(fn, leaves), repeats=args.repeats, device=dev)["min_ms"])
         for impl in ("torch", "backend", "direct"):
             rr = res[impl]
             rows.append([name, f"{impl} ({bname})" if impl != "torch" else "torch", rr and rr["fwd_ms"], rr and rr["fwd_bwd_ms"],

@@ -1,4 +1,4 @@
-"""HuggingFace generate() against seqmix's own LanguageModel.generate (issue 14).
+"""HuggingFace generate() against seqmix's own LanguageModel.generate.
 
     python bench/hf.py            # context 2048, 64 new tokens (a few minutes on 2 cores)
     python bench/hf.py --quick    # context 256, 16 new tokens
@@ -107,7 +107,7 @@ def bench_hf(args) -> dict:
                 f"median step of {args.repeats} x {N - 1} steps)", ["case", "native tok/s", "HF tok/s", "HF/native time", "native step ms",
                                             "HF step ms", "native loop ms", "HF loop ms", "native prefill s",
                                             "HF prefill s", "same tokens"], rows)
-    print(f"targets (issue 14):")
+    print("targets:")
     for name, r in results.items():
         targets.append(target_line(f"{name}: HF generate() within {TARGET}x of LanguageModel.generate at context {L}",
                                    r["ratio"] <= TARGET and r["same_tokens"],

@@ -1,4 +1,4 @@
-"""Softmax decoding: the KV cache in preallocated buffers vs the torch.cat cache it replaced (issue 27).
+"""Softmax decoding: the KV cache in preallocated buffers vs a torch.cat cache (a new tensor per step).
 
     python bench/kv_cache.py             # contexts 1k, 4k, 16k (about a minute on 2 cores)
     python bench/kv_cache.py --quick     # contexts 128, 512, 2048 (seconds)
@@ -8,11 +8,10 @@ one decoding step (a T == 1 call) after a context of L tokens, two implementatio
 the same run, round-robin over the contexts and the implementations (so load from other
 processes hits all alike), min and median over --decode-tokens steps:
 
-* ``cat (a7daefb)``: the step as the mixer ran it at commit a7daefb, the last one before this
-  change: the layer's projections, then that commit's ``seqmix.ops.attention.attention_step``
-  (loaded from ``git show a7daefb:src/seqmix/ops/attention.py``), which appends to the cache with
-  torch.cat: every token copies the whole cache;
-* ``buffers (now)``: the mixer's own step, ``SoftmaxAttention`` with a ``Cache``: its
+* ``cat (a7daefb)``: the layer's projections, then ``seqmix.ops.attention.attention_step`` of
+  commit a7daefb (``--old-rev``; loaded from ``git show a7daefb:src/seqmix/ops/attention.py``), which
+  appends to the cache with torch.cat: every token copies the whole cache;
+* ``buffers``: the mixer's own step, ``SoftmaxAttention`` with a ``Cache``: its
   ``KVCache`` writes the token into a preallocated slot (the capacity doubles when full).
 
 Both start from the same prefilled cache and must give the same outputs (checked).

@@ -1,6 +1,6 @@
 """MetaLA and GLA (the general form, seqmix.mixers.linear_attention): chunk vs recurrent mode, and decoding.
 
-    python bench/linear_attention.py            # the issue's shapes and targets (a few minutes on 2 cores)
+    python bench/linear_attention.py            # the targets' shapes (a few minutes on 2 cores)
     python bench/linear_attention.py --quick    # small shapes, seconds
 
 1. Training: forward+backward at (B=2, T=4096, d=512, 4 heads), in ``chunk`` and in

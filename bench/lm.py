@@ -1,4 +1,4 @@
-"""Language modelling throughput (issue 13), side by side in one run:
+"""Language modelling throughput, side by side in one run:
 
 1. training tokens/s of every registered mixer (or --mixers) in the LM backbone at
    4 layers, d = 256, T = 512, batch 8 — one full optimizer step of the trainer (its own
@@ -13,7 +13,7 @@
 4. generation: decode tokens/s and state per sequence at context 1k, 4k, 16k for GLA and
    Mamba (targets: flat within 20%) and softmax attention (grows), through LanguageModel's
    prefill + Cache decoding (seqmix.models.generation) — `--generation-only` runs just this;
-5. issue 27's SSM targets, interleaved and median of the rounds: Mamba training tokens/s
+5. the SSM targets, interleaved and median of the rounds: Mamba training tokens/s
    (Mamba blocks without MLP, as in Mamba) against softmax attention's (blocks with SwiGLU) at
    T = 512 (batch 8) and T = 4096 (batch 1) (targets >= 0.8x and >= 1.5x; beside them, as
    context, an 8-layer Mamba of about attention's parameter count and both with one GELU MLP), and Mamba's prefill tokens/s at T = 16384 against T = 512 (target >= 0.8x)
@@ -222,25 +222,24 @@ def bench_generation(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------
-# 5. issue 27's SSM targets: Mamba against softmax attention, Mamba's prefill against T
+# 5. the SSM targets: Mamba against softmax attention, Mamba's prefill against T
 # ------------------------------------------------------------------------------------------
 #
 # Training: the same backbone (d = 256, 4 layers, byte vocabulary) around Mamba and softmax
-# attention as the issue defines the pair: Mamba blocks without a channel mixer (as in Mamba),
+# attention as the target pairs them: Mamba blocks without a channel mixer (as in Mamba),
 # attention blocks with SwiGLU (ratio 4: hidden 2/3·4·d). 4096 tokens per step (T = 512 × batch 8,
 # T = 4096 × batch 1), steps interleaved (each round runs one step of every model), median of the
 # rounds. Targets: Mamba's tokens/s >= 0.8× softmax's at T = 512 and >= 1.5× at T = 4096. Beside
-# them, the same Mamba model with the scan's previous default (fused), with the pure-PyTorch chunked
+# them, the same Mamba model with the scan's fused mode, with the pure-PyTorch chunked
 # scan, and with the scan replaced by one elementwise op (the bound that a free scan would reach:
 # what the rest of the Mamba block costs); and two context rows that are not the target: Mamba with
 # 8 layers (about attention's parameter count: Mamba's own recipe, two blocks per Transformer layer)
-# and both models with the same GELU MLP (ratio 4) in every block (the bench's setting before this
-# pairing followed the issue).
+# and both models with the same GELU MLP (ratio 4) in every block.
 # Forward: a LanguageModel around Mamba (generation part's model, batch 1) prefills T = 512 and
 # T = 16384 tokens, interleaved, median; target: tokens/s at 16384 >= 0.8× at 512.
 
 SSM_TRAIN = ((512, 8), (4096, 1))
-#: the issue's pair: (mixer, extra ModelConfig fields)
+#: the target's pair: (mixer, extra ModelConfig fields)
 SSM_PAIR = {"softmax_attention": ("softmax_attention", {"channel_mixer": "swiglu"}),
             "mamba": ("mamba", {"channel_mixer": "none"})}
 #: context rows (not targets): name -> (mixer, extra ModelConfig fields, layers factor, the row its ratio is taken to)
@@ -248,7 +247,7 @@ SSM_CONTEXT = {"mamba (8 layers: params ≈ attention's)": ("mamba", {"channel_m
                "softmax_attention (GELU MLP)": ("softmax_attention", {"channel_mixer": "mlp"}, 1, "softmax_attention (GELU MLP)"),
                "mamba (GELU MLP)": ("mamba", {"channel_mixer": "mlp"}, 1, "softmax_attention (GELU MLP)")}
 SSM_PREFILL = (512, 16384)
-BEFORE = "fused"  # the selective scan's mode before issue 27, timed beside the default as "mamba (fused scan)"
+BEFORE = "fused"  # the selective scan's pure-PyTorch fused mode, timed beside the default as "mamba (fused scan)"
 
 
 def _no_scan(x, delta, A, B, C, D=None, *, initial_state=None, output_final_state=False, **_):
@@ -346,10 +345,10 @@ def bench_ssm_targets(args, *, d: int, layers: int) -> dict:
     for T in lengths:
         rows.append([f"prefill T={T} B=1", "mamba", None, ms[T], tps[T], tps[T] / tps[lengths[0]]])
         rows.append([f"prefill T={T} B=1", f"mamba ({BEFORE} scan)", None, ms_all[(T, BEFORE)], tps_before[T], tps_before[T] / tps_before[lengths[0]]])
-    print_table(f"issue 27: Mamba vs softmax attention ({layers} layers, d = {d}, byte vocab); median of {args.repeats} "
+    print_table(f"Mamba vs softmax attention ({layers} layers, d = {d}, byte vocab); median of {args.repeats} "
                 f"interleaved rounds (ratio: x softmax attention with SwiGLU for training — the GELU-MLP Mamba row: x the GELU-MLP "
                 f"softmax row —, x the shortest T for prefill); mamba: no channel mixer, as in Mamba; mamba ({BEFORE} scan): "
-                f"the scan's {BEFORE} mode, the default before issue 27 (its forward without gradients is the reference loop); "
+                f"the scan's {BEFORE} mode (its forward without gradients is the reference loop); "
                 f"mamba: backend auto (the C++ kernel on CPU where it builds); torch chunked scan: the pure-PyTorch default",
                 ["case", "mixer", "params", "ms", "tokens/s", "ratio"], rows)
     q = args.quick
@@ -382,7 +381,7 @@ def main():
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--mixers", default=None, help="comma-separated mixers (default: every registered mixer)")
     p.add_argument("--generation-only", action="store_true", help="only part 4, generation tokens/s against the context")
-    p.add_argument("--ssm-only", action="store_true", help="only part 5, issue 27's Mamba targets (training vs softmax, prefill vs T)")
+    p.add_argument("--ssm-only", action="store_true", help="only part 5, the Mamba targets (training vs softmax, prefill vs T)")
     add_decode_tokens(p, quick=10, full=40)
     args = p.parse_args()
     info = setup(args)
@@ -393,7 +392,7 @@ def main():
         return
     if args.ssm_only:
         os.environ.setdefault("SEQMIX_CACHE", os.path.join(tempfile.gettempdir(), "seqmix-bench-cache"))
-        print("5. issue 27: Mamba against softmax attention, Mamba's prefill against T")
+        print("5. Mamba against softmax attention, Mamba's prefill against T")
         ssm = bench_ssm_targets(args, d=64 if args.quick else 256, layers=2 if args.quick else 4)
         write_json(args, "lm-ssm", {"machine": info, "ssm": ssm})
         return
@@ -433,7 +432,7 @@ def main():
     print("\n4. generation (LanguageModel prefill + Cache decoding)")
     gen = bench_generation(args)
 
-    print("\n5. issue 27: Mamba against softmax attention, Mamba's prefill against T")
+    print("\n5. Mamba against softmax attention, Mamba's prefill against T")
     ssm = bench_ssm_targets(args, d=d, layers=layers)
 
     print("\ntargets")

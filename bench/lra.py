@@ -1,8 +1,8 @@
-"""Long Range Arena: data generation and training throughput (issue 16).
+"""Long Range Arena: data generation and training throughput.
 
     python bench/lra.py --part generators      # ListOps 96k, Pathfinder-32 10k (the targets)
     python bench/lra.py --part training        # examples/s and peak memory per mixer
-    python bench/lra.py --part pathfinder-probe  # is Pathfinder-32 easy learnable at all? (issue 28)
+    python bench/lra.py --part pathfinder-probe  # is Pathfinder-32 easy learnable at all?
     python bench/lra.py --part pathfinder-probe --probe-resolution 16  # the same at 16 × 16 (4 dashes)
     python bench/lra.py --quick                # small sizes, seconds
 
@@ -167,7 +167,7 @@ def pathfinder_probe(quick: bool, resolution: int = 32, clear_markers: bool = Tr
         if (s + 1) % max(1, steps // 4) == 0:
             with torch.no_grad():
                 rows.append([f"3-layer CNN after {s + 1} steps (batch {batch})", 100 * (cnn(Xt).argmax(1) == Yt).float().mean().item()])
-    task = "Pathfinder-32 easy (the tiny scale's task until issue 28's calibration)" if R == 32 else \
+    task = "Pathfinder-32 easy" if R == 32 else \
         f"Pathfinder-16, 4 dashes ({'markers clear' if clear_markers else 'markers may touch'})"
     print_table(f"{task}, 2,000 test images: accuracy %", ["what", "accuracy %"],
                 [[w, f"{a:.1f}"] for w, a in rows])

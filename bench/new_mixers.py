@@ -1,10 +1,10 @@
-"""Forward+backward time of every mode of the newer mixers, side by side, at T = 4096 (issue 30,
-"Also": chunk vs recurrent fwd+bwd for each new op; issue 42 item 4: the same for its mixers).
+"""Forward+backward time of every mode of the newer mixers, side by side, at T = 4096
+(chunk vs recurrent fwd+bwd for each op, and every mode of each mixer).
 
 For each of rwkv6, rwkv7, hgrn2, gsa, mamba3, log_linear_mamba2, log_linear_gdn,
-gated_deltaproduct, comba, mesanet, fox, stickbreaking and path_attention (issue 30) and based,
+gated_deltaproduct, comba, mesanet, fox, stickbreaking and path_attention (group breadth1) and based,
 rebased, abc, raven, lightnet, rodimus, mom, gated_deltanet2, momentum_deltanet, precond_gated_deltanet and
-precond_kda, moba, nsa, deltaformer, parallax, wall_attention and cyclic_flow_attention (issue 42), built at d_model 128
+precond_kda, moba, nsa, deltaformer, parallax, wall_attention and cyclic_flow_attention (group breadth2), built at d_model 128
 (bench/scaling.build: its defaults, else its example config with d_model 128), batch 1, float32,
 every mode of ``mixer.modes`` is timed on the same input: forward + backward of y.sum() into the
 parameters and the input (min of --repeats after a warm-up), and the table prints each mode's
@@ -24,7 +24,7 @@ The per-token cost over T = 512..16k of every recurrent mixer (flat for each: li
 bench/scaling.py's; this script does not repeat it.
 
     python bench/new_mixers.py              # T = 4096, both groups (minutes on 2 cores)
-    python bench/new_mixers.py --group breadth2   # issue 42's mixers only (--group issue30: the thirteen)
+    python bench/new_mixers.py --group breadth2   # the second group only (--group breadth1: the first thirteen)
     python bench/new_mixers.py --quick      # T = 512: a smoke run
     python bench/new_mixers.py --mixers rwkv7,comba -T 2048
 """
@@ -42,13 +42,13 @@ from scaling import build, saved_bytes
 D_MODEL = 128
 #: the mixers of each group (--group), in the order of the table
 GROUPS = {
-    "issue30": ("rwkv6", "rwkv7", "hgrn2", "gsa", "mamba3", "log_linear_mamba2", "log_linear_gdn", "gated_deltaproduct",
+    "breadth1": ("rwkv6", "rwkv7", "hgrn2", "gsa", "mamba3", "log_linear_mamba2", "log_linear_gdn", "gated_deltaproduct",
                 "comba", "mesanet", "fox", "stickbreaking", "path_attention"),
     "breadth2": ("based", "rebased", "abc", "raven", "lightnet", "rodimus", "mom", "gated_deltanet2", "momentum_deltanet",
                  "precond_gated_deltanet", "precond_kda", "moba", "nsa", "deltaformer", "parallax",
                  "wall_attention", "cyclic_flow_attention"),
 }
-NEW_MIXERS = GROUPS["issue30"] + GROUPS["breadth2"]
+NEW_MIXERS = GROUPS["breadth1"] + GROUPS["breadth2"]
 
 
 def _project(ts: dict[int, float], T: int) -> float:

@@ -1,4 +1,4 @@
-"""seqmix against transformers' own CPU paths at the same model size (issue 27), side by side in one
+"""seqmix against transformers' own CPU paths at the same model size, side by side in one
 run: training, prefill and decoding tokens/s of three pairs, and the ratio seqmix / transformers.
 
     python bench/peer.py               # d = 256, 4 layers, byte vocab 256; train / prefill at T = 512 and 4096,

@@ -1,12 +1,12 @@
 """Every mode of seqmix.ops.linear_recurrence, side by side (issues: foundation, 18).
 
-    python bench/recurrence.py                  # the issue's shapes and targets (a few minutes on 2 cores)
+    python bench/recurrence.py                  # the targets' shapes (a few minutes on 2 cores)
     python bench/recurrence.py --quick          # small shapes, seconds
     python bench/recurrence.py --chunk-sweep    # also fwd+bwd of the chunk mode for C in 16..256 (the chunk-size rule)
 
 The chunk mode is timed twice in the same run: ``chunk-autograd`` (autograd through the chunk
-form, chunk_backward="autograd": BEFORE issue 18) and ``chunk`` (the hand-written backward,
-chunk_backward="manual": AFTER), both at C = 64; ``chunk-C*`` is the manual backward at the
+form, chunk_backward="autograd") and ``chunk`` (the hand-written backward,
+chunk_backward="manual", the default), both at C = 64; ``chunk-C*`` is the manual backward at the
 chunk size that chunk_size=None picks (recurrence.chunk_size_for), shown when it is not 64.
 ``scan`` is the reference loop in chunks of steps with its hand-written backward (the mode
 ``auto`` runs for small key-wise states, e.g. the S6-like shape), timed beside ``recurrent``.
@@ -129,7 +129,7 @@ def run_case(name, B, T, H, K, V, decay, args, peak):
         mem = None if args.no_memory else peak_memory_mb(fwd_bwd_fn, B, T, H, K, V, decay, dev, mode, device=dev)
         gflops = flops(mode, B, T, H, K, V) / (t_f * 1e-3) / 1e9
         results[mode] = dict(fwd_ms=t_f, fwd_bwd_ms=t_fb, bwd_over_fwd=t_fb / t_f, gflops=gflops, pct_peak=100 * gflops / peak, peak_mem_mb=mem)
-        note = {"chunk-autograd": "BEFORE (autograd bwd)", "chunk": "AFTER (manual bwd)", "scan": "the loop, manual bwd"}.get(mode, "AFTER, rule's C" if mode.startswith("chunk-C") else "")
+        note = {"chunk-autograd": "autograd bwd", "chunk": "manual bwd", "scan": "the loop, manual bwd"}.get(mode, "manual bwd, rule's C" if mode.startswith("chunk-C") else "")
         rows.append([name, T, mode, t_f, t_fb, t_fb / t_f, gflops, 100 * gflops / peak, None, None, mem, note])
     ref = results.get("recurrent")
     for r in rows:
@@ -247,7 +247,7 @@ def main():
     if r and before:
         ratio = r["bwd_over_fwd"]
         targets.append(target_line(f"chunk fwd+bwd <= 3x fwd, manual backward (key-wise, T={T_big})", ratio <= 3,
-                                   f"{ratio:.2f}x ({r['fwd_bwd_ms']:.0f} / {r['fwd_ms']:.0f} ms); BEFORE, autograd backward: "
+                                   f"{ratio:.2f}x ({r['fwd_bwd_ms']:.0f} / {r['fwd_ms']:.0f} ms); autograd through the chunk form: "
                                    f"{before['bwd_over_fwd']:.2f}x ({before['fwd_bwd_ms']:.0f} / {before['fwd_ms']:.0f} ms); "
                                    f"fwd+bwd {before['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x faster"))
     if not args.no_memory:

@@ -1,4 +1,4 @@
-"""Issue 15: mixed precision and data parallelism on this CPU (docs/scale.md).
+"""Mixed precision and data parallelism on this CPU (docs/scale.md).
 
 1. Every registered mixer at its default config (d_model 64, batch 2, T = 512): forward +
    backward time in float32 and under autocast bf16, their ratio, and the relative error

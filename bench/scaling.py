@@ -1,4 +1,4 @@
-"""Cost per token against the sequence length T for every recurrent mixer (issue 27): a scan's
+"""Cost per token against the sequence length T for every recurrent mixer: a scan's
 forward and backward must not grow faster than linear in T at a fixed state.
 
 For every registered mixer with a recurrent or chunk mode (seqmix.list_mixers()), built at
@@ -33,7 +33,7 @@ second length (16k/2048), and its line says so with the ratio 2048/512.
 Last, the peak resident memory of a Mamba training step (the LM's Mamba: d_model 256, expand
 2, d_state 16, batch 1, forward+backward) at T = 512 and 16384, each in a fresh process
 (bench/_common.peak_memory_mb: VmHWM), beside the selective scan alone in its fused and
-chunked modes at 16384: the issue's target is that the step's memory at 16k is bounded by the
+chunked modes at 16384: the target is that the step's memory at 16k is bounded by the
 chunk, not by T × d_inner × d_state (printed: the peak against one [T, d_inner, d_state]
 float32 tensor, which the fused mode kept several of).
 

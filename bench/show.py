@@ -1,6 +1,6 @@
-"""`seqmix show` for 6 mixers at T = 256 (issue 9): target under 20 s on a 2-core CPU.
+"""`seqmix show` for 6 mixers at T = 256: target under 20 s on a 2-core CPU.
 
-    python bench/show.py              # the issue's case: 6 mixers, T = 256, 3 repeats per thread count
+    python bench/show.py              # the target's case: 6 mixers, T = 256, 3 repeats per thread count
     python bench/show.py --quick      # T = 64, one repeat (a smoke run, not the target)
 
 1. End to end: the command itself, ``python -m seqmix show softmax_attention linear_attention

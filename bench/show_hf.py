@@ -1,4 +1,4 @@
-"""`seqmix show --hf` on a Mamba of the 130M sizes at T = 1024 (issue 25, item 5): target under
+"""`seqmix show --hf` on a Mamba of the 130M sizes at T = 1024: target under
 4 GB of memory (peak RSS of the command's process).
 
     python bench/show_hf.py              # hidden 768, 24 layers, state 16, expand 2, vocab 50280; T = 1024

@@ -1,11 +1,11 @@
-"""State space model kernels side by side (issues 4 and 27): FFT vs direct long convolution, S6's
+"""State space model kernels side by side: FFT vs direct long convolution, S6's
 scan against the Mamba-reference-style loop and the unbind loop, the selective scan's modes at the
 LM's Mamba shape, SSD chunked vs recurrent.
 
-    python bench/ssm.py                     # the issues' shapes and targets (several minutes on 2 cores)
+    python bench/ssm.py                     # the targets' shapes (several minutes on 2 cores)
     python bench/ssm.py --full-reference    # also the x[:, t] loop at L = 2048 (+ about 7 minutes)
     python bench/ssm.py --quick    # small shapes, seconds (no memory probes)
-    python bench/ssm.py --modes-only [--chunk-sweep] [--candidates]   # part 4 alone (issue 27)
+    python bench/ssm.py --modes-only [--chunk-sweep] [--candidates]   # part 4 alone
     python bench/ssm.py --cpp [--threads 1]   # part 5 alone: the C++ kernel vs the torch modes
 
 1. Long causal convolution, one sequence of L = 4096 and 256 channels (S4/S4D's fft mode):
@@ -22,7 +22,7 @@ LM's Mamba shape, SSD chunked vs recurrent.
 3. SSD forward+backward at (B=1, L=4096, 8 heads, head dim 64, d_state 64): the SSD mixer's
    op call, ``linear_recurrence`` with one log-decay per head, in "chunk" (the SSD algorithm,
    chunk 64) and "recurrent" modes.
-4. The selective scan's modes (issue 27) at the LM backbone's Mamba shape (d_inner 512,
+4. The selective scan's modes at the LM backbone's Mamba shape (d_inner 512,
    d_state 16) with about 8k tokens per call, (B=16, T=512) and (B=1, T=8192 or --long T):
    reference / fused / chunked, forward (no gradient) and forward+backward, interleaved
    (each repeat runs every mode once), median of the repeats, ratios against fused.
@@ -249,7 +249,7 @@ def bench_ssd(args):
 
 
 # ------------------------------------------------------------------------------------------
-# 4. the selective scan's modes at the LM's Mamba shape (issue 27)
+# 4. the selective scan's modes at the LM's Mamba shape
 # ------------------------------------------------------------------------------------------
 
 SCAN_D, SCAN_N = 512, 16  # the LM backbone's Mamba: d_model 256, expand 2, d_state 16
@@ -495,9 +495,9 @@ def main():
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument(
         "--full-reference", action="store_true",
-        help="also time the x[:, t] loop at the issue's L = 2048 (its backward is O(L²): about 7 minutes on 2 cores)",
+        help="also time the x[:, t] loop at the target's L = 2048 (its backward is O(L²): about 7 minutes on 2 cores)",
     )
-    p.add_argument("--modes-only", action="store_true", help="only part 4: the selective scan's modes (issue 27)")
+    p.add_argument("--modes-only", action="store_true", help="only part 4: the selective scan's modes")
     p.add_argument("--chunk-sweep", action="store_true", help="part 4 also times chunked at L = 16, 32, 64, 128, 256")
     p.add_argument("--candidates", action="store_true", help="part 4 also times the within-chunk recurrences, forward only")
     p.add_argument("--compile", action="store_true", help="with --candidates: also torch.compile of the chunk loop (minutes)")
@@ -548,18 +548,18 @@ def main():
     sp = ssd["results"]["chunk"]["x_recurrent_fwd_bwd"]
     targets.append(target_line(f"SSD chunked fwd+bwd >= 10x recurrent (L={ssd['shape']['L']})", sp >= 10, f"{sp:.1f}x"))
     if args.quick:
-        print("  (--quick: small shapes; the targets are defined at the issue's shapes)")
+        print("  (--quick: small shapes; the targets are defined at the full shapes)")
     for case, m in modes.items():
         r = m["results"]["chunked"]
         targets.append(target_line(
-            f"selective scan chunked (default) vs fused at {case} (report; issue 27)", None,
+            f"selective scan chunked (default) vs fused at {case} (report)", None,
             f"forward {r['x_fused_fwd']:.2f}x, forward+backward {r['x_fused_fwd_bwd']:.2f}x "
             f"({r['fwd_bwd_tokens_per_s']:,.0f} tokens/s fwd+bwd, auto chunk {m['chunk_auto']})",
         ))
     for case, m in cpp.items():
         r = m["results"]["cpp"]
         targets.append(target_line(
-            f"selective scan cpp kernel vs chunked at {case} (report; issue 27)", None,
+            f"selective scan cpp kernel vs chunked at {case} (report)", None,
             f"forward {r['x_chunked_fwd']:.2f}x, forward+backward {r['x_chunked_fwd_bwd']:.2f}x",
         ))
     write_json(args, "ssm", dict(machine=info, conv=conv, s6=s6, s6_reference_length=s6_short, ssd=ssd, scan_modes=modes,

@@ -18,6 +18,9 @@ def pytest_configure(config):
     from seqmix import contract
 
     contract.use_device(config.getoption("--device"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # pytest -n N (make test): the cores shared out, so N workers never run more threads than cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture(autouse=True)

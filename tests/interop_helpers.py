@@ -1,6 +1,6 @@
 """Helpers shared by the interop tests (tests/test_interop*.py): transformers' models converted to
-seqmix mixers and compared with the original. Tiny random models, token ids, the logit bound of
-issue 25, and the checks every family runs (logits in every mode, greedy generation step by step,
+seqmix mixers and compared with the original. Tiny random models, token ids, the logit bound
+(INTEROP_RTOL), and the checks every family runs (logits in every mode, greedy generation step by step,
 the mixers' step-mode calls, a few training steps)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from seqmix.interop import InteropMixer, from_transformers, seqmix_mixers
 from tolerances import max_abs
 
 #: converted vs original logits, float32: max abs error <= INTEROP_RTOL x the logits' scale
-#: (max |logit|), the bound of issue 25
+#: (max |logit|): conversion is exact up to float32 rounding of a different summation order
 INTEROP_RTOL = 2e-4
 
 VOCAB = 64

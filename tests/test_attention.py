@@ -1,7 +1,7 @@
 """The attention family beyond the contract suite: the sliding window and its bounded KV
 cache, the Taylor DSF of softmax attention (Lemma 1), every feature map x normalizer of
-separable attention, the presets, multi-head structure (Appendix G), the options and the
-bad input of issue 3."""
+separable attention, the presets, multi-head structure (Appendix G), the options and their
+bad input."""
 
 from __future__ import annotations
 
@@ -289,7 +289,7 @@ def test_output_projection_option_and_projections_dsf():
         build("linear_attention", bias=True).dsf(x, projections=True)
 
 
-# -- bad input of issue 3 ------------------------------------------------------------------
+# -- bad input -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The gated / position-encoding variants of softmax attention (issue 30): fox, stickbreaking,
+"""The gated / position-encoding variants of softmax attention: fox, stickbreaking,
 path_attention. The contract suite covers the default configs; here: each op's modes against a
 reference written out from the paper's definition (loops over i and j), continuation from a
 cache in every mode, the mixers' options (FoX Pro, stick-breaking's remainder and

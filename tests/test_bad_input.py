@@ -1,4 +1,4 @@
-"""Bad input gets one short message naming the argument (issue 24, part 3).
+"""Bad input gets one short message naming the argument.
 
 Every class of mistake a user makes on the command line or in a config: missing, empty,
 binary or malformed files, zero/negative sizes, non-numbers, unknown names, an output path
@@ -376,7 +376,7 @@ def test_config_error_is_short():
     assert len(msg) < 3 * 500 and "\n" not in msg
 
 
-# -- the commands: config files, output paths, options (issue 24 part 3, CLI-1..7) ----------------
+# -- the commands: config files, output paths, options ----------------------------------------
 
 
 def test_config_files_on_the_command_line(capsys, tmp_path):

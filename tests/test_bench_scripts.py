@@ -5,6 +5,7 @@ what it reports is well-formed, never the figures (those depend on the machine).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def _run(script: str, *args: str, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 def test_peer_smallest(tmp_path):
@@ -47,7 +48,7 @@ def test_peer_refuses_unknown_pair():
 
 
 def test_peer_one_cell(tmp_path):
-    """--pairs mamba2 --modes decode: the Mamba-2 decoding cell alone (issue 27's ratio); an unknown mode is refused."""
+    """--pairs mamba2 --modes decode: the Mamba-2 decoding cell alone (seqmix vs transformers); an unknown mode is refused."""
     pytest.importorskip("transformers")
     out = tmp_path / "peer.json"
     r = _run("peer.py", "--pairs", "mamba2", "--modes", "decode", "--d-model", "32", "--layers", "1", "--prompt", "8",
@@ -75,8 +76,8 @@ def test_lra_pathfinder_probe(tmp_path):
 
 
 def test_calibrate_ratio_prints_the_main_job_targets():
-    """bench/calibrate.py ratio: every point of the main job's grid side by side, ratios to softmax, and issue
-    27's target lines for S6 and SSD at both d."""
+    """bench/calibrate.py ratio: every point of the main job's grid side by side, ratios to softmax, and the
+    step-time target lines for S6 and SSD at both d."""
     r = _run("calibrate.py", "ratio", "dsf-fig2", "--rounds", "1", "--steps", "1")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "mqar" in line]
@@ -87,7 +88,7 @@ def test_calibrate_ratio_prints_the_main_job_targets():
 
 
 def test_lm_ssm_quick(tmp_path):
-    """bench/lm.py --ssm-only --quick: the issue's pair (Mamba without MLP, attention with SwiGLU), the
+    """bench/lm.py --ssm-only --quick: the target's pair (Mamba without MLP, attention with SwiGLU), the
     context rows, the prefill rows; targets n/a at the quick size."""
     out = tmp_path / "lm.json"
     r = _run("lm.py", "--ssm-only", "--quick", "--threads", "1", "--repeats", "1", "--json", str(out))
@@ -220,21 +221,70 @@ def test_calibrate_escape_refuses_an_unknown_model():
     assert r.returncode != 0 and "no tiny run of model 'S7'" in r.stderr and "Traceback" not in r.stderr
 
 
+#: a Triton whose driver finds no device (as on a CPU machine with triton installed): a kernel launch raises
+_TRITON = """
+__version__ = "0.0+driverless"
+
+
+class _Driver:
+    @property
+    def active(self):
+        raise RuntimeError("0 active drivers ([]). There should only be one.")
+
+
+class runtime:
+    driver = _Driver()
+
+
+def launch():
+    return runtime.driver.active
+"""
+#: kernel libraries (fla, mamba_ssm, causal_conv1d) that import on any machine and launch through that Triton
+_KERNEL = "import triton\n\n\ndef {}(*args, **kwargs):\n    triton.launch()\n"
+_STANDINS = {"triton/__init__.py": _TRITON, "fla/__init__.py": "__version__ = '0.0+standin'\n", "fla/ops/__init__.py": "",
+             "fla/ops/gla/__init__.py": _KERNEL.format("chunk_gla"), "fla/ops/simple_gla/__init__.py": _KERNEL.format("chunk_simple_gla"),
+             "mamba_ssm/__init__.py": "", "mamba_ssm/ops/__init__.py": "",
+             "mamba_ssm/ops/selective_scan_interface.py": _KERNEL.format("selective_scan_fn"),
+             "causal_conv1d/__init__.py": _KERNEL.format("causal_conv1d_fn")}
+
+
 @pytest.mark.slow
-def test_gpu_check_smoke(tmp_path):
+def test_gpu_check_smoke_with_kernel_libraries_installed_on_a_cpu(tmp_path):
     """bench/gpu_check.py --smoke: every step of the prepared device script at its smallest on the CPU
-    (the contract suite on one mixer, the fla comparison, bench/gpu.py --smoke, the GPU slice's dry run)."""
-    r = _run("gpu_check.py", "--smoke", "--out", str(tmp_path), timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    (the contract suite on one mixer, the fla comparison, bench/gpu.py --smoke, the GPU slice's dry run),
+    with Triton kernel libraries installed (fla, mamba_ssm, causal_conv1d stand-ins whose Triton driver
+    finds no device, as `pip install flash-linear-attention` gives on a CPU machine): every kernel row of
+    bench/gpu.py is skipped with the dispatch's reason, none is called on the CPU tensors."""
+    lib = tmp_path / "site"
+    for rel, text in _STANDINS.items():
+        (lib / rel).parent.mkdir(parents=True, exist_ok=True)
+        (lib / rel).write_text(text)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(lib), str(ROOT / "src")])}
+    live = subprocess.run([sys.executable, "-c", "from fla.ops.gla import chunk_gla; chunk_gla()"], env=env,
+                          capture_output=True, text=True)
+    assert "0 active drivers" in live.stderr  # the stand-in imports, and fails as Triton does at a launch on a CPU
+    out = tmp_path / "out"
+    r = _run("gpu_check.py", "--smoke", "--out", str(out), timeout=900, env=env)
+    logs = "".join(p.read_text()[-2000:] for p in sorted(out.glob("*.log")))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + logs
+    report = json.loads((out / "gpu_check.json").read_text())
     assert list(report) == ["setup", "contract-fp32", "contract-bf16", "fla", "gpu-bench", "dsf-fig2"]
     assert all(step["rc"] == 0 for step in report.values())
     assert "passed" in report["contract-fp32"]["tail"][-1]
-    fla = json.loads((tmp_path / "fla.json").read_text())
+    assert "fla 0.0+standin" in (out / "setup.log").read_text()
+    fla = json.loads((out / "fla.json").read_text())
     assert {"key/float32", "key/bfloat16", "head/float32", "head/bfloat16"} <= set(fla)
-    if not fla["fla_installed"]:  # auto is the torch path: the same numbers
-        assert all(v["out"] == 0.0 for k, v in fla.items() if k != "fla_installed")
-    assert "40 runs" in (tmp_path / "dsf-fig2.log").read_text().replace("\n", " ")
+    assert fla["fla_installed"] and all(v["out"] == 0.0 for k, v in fla.items() if k != "fla_installed")  # auto: torch's path
+    ops = json.loads((out / "gpu.json").read_text())["ops"]
+    assert len(ops) == 6
+    for case, res in ops.items():
+        assert res["torch"] is not None, case
+        if case.startswith("softmax_attention"):  # sdpa is torch's own: it runs on the CPU
+            assert res["backend"] is not None and res["direct"] is not None and res["skipped"] is None
+        else:
+            assert res["backend"] is None and res["direct"] is None, case
+            assert "run on CUDA, the inputs are on cpu" in res["skipped"], case
+    assert "40 runs" in (out / "dsf-fig2.log").read_text().replace("\n", " ")
 
 
 def test_gpu_check_refuses_an_unknown_step(tmp_path):

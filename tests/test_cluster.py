@@ -1,4 +1,4 @@
-"""Sweeps as cluster jobs (issue 15, docs/scale.md): seqmix.cluster.SubmititLauncher with
+"""Sweeps as cluster jobs (docs/scale.md): seqmix.cluster.SubmititLauncher with
 submitit's local executor (the same job path as on Slurm, as local processes)."""
 
 import sqlite3

@@ -1,4 +1,4 @@
-"""Long convolutions (issue 6): H3, Hyena, GSS beyond the contract suite.
+"""Long convolutions: H3, Hyena, GSS beyond the contract suite.
 
 FFT == direct convolution for every mixer's filters and the causal maps; H3's recurrent
 modes == its convolution mode (and its SISO, shift-SSM and linear-attention special

@@ -527,6 +527,46 @@ def test_narrower_builds_equal_the_reference(other):
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
+_LOAD_AND_RUN = """
+from seqmix.ops import cpp_scan
+from scan_inputs import make
+import test_cpp_scan as t
+a = make(B=1, T=9, D=8, N=4, seed=3)
+t.assert_close(t.run("cpp", a, chunk_size=4), t.reference(a), t.max_abs, t.CPP_F64_ATOL)
+print("ok")
+"""
+
+
+def test_a_build_lock_left_by_a_killed_process_does_not_block_loading(tmp_path, monkeypatch):
+    """torch's cpp_extension.load() holds a lock file in the build's folder while it checks the build; a process
+    killed there (a sweep worker stopped with SIGKILL) leaves it, and every later load() would wait on it forever.
+    A process finding the build made imports it without the lock: here a copy of the build beside a planted lock,
+    in an extensions folder of the test's own (TORCH_EXTENSIONS_DIR), loads and computes the reference's numbers."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from torch.utils import cpp_extension
+
+    name = cpp_scan._name()
+    built = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = Path(cpp_extension._get_build_directory(name, verbose=False))
+    assert folder != built.parent and str(folder).startswith(str(tmp_path))
+    shutil.copy(built, folder / built.name)
+    (folder / "lock").touch()  # what a process killed inside cpp_extension.load() leaves
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
+    try:
+        out = subprocess.run([sys.executable, "-c", _LOAD_AND_RUN], env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("cpp_scan.load() waited on the stale build lock")
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    assert "compiling" not in out.stderr  # the build was imported, not made again
+
+
 # ------------------------------------------------------------------------------------------
 # S6 mixers train with it
 # ------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Issue 30's delta-family mixers: the generalized (diagonal-plus-rank-one) delta op, RWKV-7, Gated DeltaProduct
+"""The generalized (diagonal-plus-rank-one) delta op and its mixers RWKV-7, Gated DeltaProduct
 and Comba, against their own loops and flash-linear-attention's naive references (optional: skipped without fla)."""
 
 from __future__ import annotations
@@ -233,8 +233,8 @@ def test_rwkv7_value_residual_decoding_equals_the_full_pass(mode):
 
 
 def test_rwkv7_value_residual_off_is_the_layer_without_it():
-    """value_residual = False: no ν parameters, each layer is the mixer on its own (the backbone before the
-    residual was wired); with the residual on and σ(ν) = 0 the model equals it, and with its init it does not."""
+    """value_residual = False: no ν parameters, each layer is the mixer on its own (no
+    value residual between the layers); with the residual on and σ(ν) = 0 the model equals it, and with its init it does not."""
     off, on = _rwkv7_lm(value_residual=False), _rwkv7_lm(value_residual=True)
     ids = torch.randint(0, 11, (2, 13), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():

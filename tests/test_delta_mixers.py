@@ -86,7 +86,7 @@ def test_delta_models_are_extras_of_the_mqar_presets():
         assert {"deltanet", "gated_deltanet"} <= set(p.mixers())
 
 
-# -- the options of real models (issue 26: Qwen3-Next's and Kimi-Linear's layers) ----------------------
+# -- the options of real models (Qwen3-Next's and Kimi-Linear's layers) ---------------------------------
 
 
 def test_fused_conv_is_the_three_convs():

@@ -1,4 +1,4 @@
-"""torch.distributed in the trainer (issue 15, docs/scale.md), on CPU with gloo.
+"""torch.distributed in the trainer (docs/scale.md), on CPU with gloo.
 
 Two processes × batch b train what one process × batch 2b trains: the loss of every step
 and of every evaluation agree within DIST_RTOL (float32; the all-reduce sums in another
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ import torch
 
 from seqmix.train import Trainer, make_run_config
 from seqmix.train.distributed import DistributedError, Parallel, check_precision
+from ports import free_port
 from tolerances import DIST_RTOL
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -61,19 +61,13 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(tmp: Path, parallel: str, *, fault: str = "none", stop: int = STOP, timeout: float = 60, run_dir=None):
     """Two ranks as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), without torchrun's
     agent, so that a failing rank is seen by the other one, not killed by the agent."""
     cfg, script = tmp / "config.json", tmp / "worker.py"
     cfg.write_text(json.dumps(CONFIG))
     script.write_text(WORKER)
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = {**os.environ, "PYTHONPATH": SRC, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",

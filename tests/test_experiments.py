@@ -56,7 +56,7 @@ def test_grid_of_a_preset():
 
 
 def test_missing_mixers_are_reported_at_run_time_not_import():
-    assert DSF_FIG2.missing_mixers() == []  # every mixer of the paper presets is registered now
+    assert DSF_FIG2.missing_mixers() == []  # every mixer of the paper presets is registered
     ghost = _mini().model_copy(update={"models": [*_mini().models, ModelSpec(label="g", mixer="ghost_mixer"),
                                                   ModelSpec(label="h", mixer="mamba", model={"hybrid": [{"mixer": "ghost2"}]})]})
     assert ghost.missing_mixers() == ["ghost_mixer", "ghost2"]

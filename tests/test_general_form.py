@@ -1,6 +1,6 @@
 """The general form (seqmix.mixers.linear_attention): option variants through the contract
 checks, each preset against a direct transcription of its paper's equations, the
-equivalences the issue names, parameter counts, bad input."""
+equivalences between presets, parameter counts, bad input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""seqmix.hf (issue 14): SeqmixConfig / SeqmixForCausalLM around LanguageModel, the Auto
+"""seqmix.hf: SeqmixConfig / SeqmixForCausalLM around LanguageModel, the Auto
 classes, save -> from_pretrained -> equal logits and cached generate() == uncached generate()
 for every registered mixer and layer pattern, left-padded batches, sampling, beam search, eos,
 bad input. Skipped when the optional extra 'hf' (transformers, safetensors) is absent."""
@@ -19,7 +19,7 @@ from seqmix.models.generation import left_pad  # noqa: E402
 from tiny_models import CASES, VOCAB, tiny_model  # noqa: E402
 
 PROMPTS = [[3, 1, 4, 1, 5, 9], [2, 7, 1], [8, 2, 8, 1, 8, 2]]
-LOGITS_ATOL = 1e-6  # issue 14: float32 logits after a round trip
+LOGITS_ATOL = 1e-6  # float32 logits after a save / from_pretrained round trip
 
 
 def hf_greedy(model, ids, mask=None, n=5, **kw):
@@ -118,7 +118,7 @@ def test_labels_give_the_next_token_loss():
     assert abs(float(loss) - float(ref)) < 1e-10
 
 
-# -- bad input (issue 14 item 5) ---------------------------------------------------------
+# -- bad input ---------------------------------------------------------------------------
 
 
 def _saved(tmp_path, case="gla"):
@@ -208,7 +208,7 @@ def test_lm_eval_hflm_loglikelihood():
         assert abs(ll - ref) < 1e-4 and greedy == want_greedy, (ctx, cont, ll, ref)
 
 
-# -- transformers' cache keyword and the continuation mask (issue 24) ----------------------
+# -- transformers' cache keyword and the continuation mask -------------------------------
 
 
 def _continue_by_hand(model, ids, mask, n, name):

@@ -1,7 +1,6 @@
-"""`seqmix lm export --hf` and `seqmix lm generate` on a run that `seqmix lm train` made
-(issue 13 item 5, issue 14 item 3): from_pretrained gives the run's logits, pipeline
-("text-generation") works, the three tokenizer kinds convert to PreTrainedTokenizerFast with
-the same ids. Local data only (a corpus the test writes)."""
+"""`seqmix lm export --hf` and `seqmix lm generate` on a run that `seqmix lm train` made:
+from_pretrained gives the run's logits, pipeline ("text-generation") works, the three tokenizer
+kinds convert to PreTrainedTokenizerFast with the same ids. Local data only (a corpus the test writes)."""
 
 import random
 

@@ -1,5 +1,5 @@
 """seqmix.interop: transformers' Mamba, Falcon-Mamba and Mamba-2 converted to seqmix mixers,
-exactly (issue 25; docs/interop.md). Nothing is downloaded: tiny random models are built from
+exactly (docs/interop.md). Nothing is downloaded: tiny random models are built from
 transformers' config classes, and transformers runs its torch paths (no mamba_ssm /
 causal_conv1d kernels are needed)."""
 

@@ -1,4 +1,4 @@
-"""seqmix.interop for the attention families (issue 25): Llama (every LlamaAttention -> seqmix
+"""seqmix.interop for the attention families: Llama (every LlamaAttention -> seqmix
 ``softmax_attention``, the softmax baseline) and RecurrentGemma (its recurrent blocks -> seqmix
 ``rg_lru_block``, its local-attention blocks -> ``softmax_attention`` with the sliding window,
 partial RoPE and MQA, in the config's block_types pattern), exactly, in the style of
@@ -373,8 +373,6 @@ def test_attention_bias_variations():
 
 
 @pytest.mark.parametrize("family, overrides, option, path", [
-    ("llama", {"attention_dropout": 0.1}, "attention_dropout", "model.layers.0.self_attn"),
-    ("recurrent_gemma", {"attention_dropout": 0.1}, "attention_dropout", "model.layers.1.temporal_block"),
     ("recurrent_gemma", {"hidden_activation": "relu"}, "hidden_activation", "model.layers.0.temporal_block"),
     ("recurrent_gemma", {"lru_width": 48}, "lru_width", "model.layers.0.temporal_block"),
     ("recurrent_gemma", {"partial_rotary_factor": 0.375}, "partial_rotary_factor", "model.layers.1.temporal_block"),

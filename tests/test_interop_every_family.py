@@ -2,7 +2,8 @@
 (docs/interop.md): each tiny random model of the interop tests, saved with ``save_pretrained`` (nothing
 downloaded), drawn and reported through the command; the report lists every converted layer with its seqmix
 mixer, and names ALiBi (BLOOM) and MLA (DeepSeek-V3, Kimi-Linear) in the Λ column and GPT-OSS's sinks in
-the normalization column."""
+the normalization column. Beam search on every family: the converted model's beams are the original's, token
+for token (every returned beam), where transformers runs beam search for the original."""
 
 from __future__ import annotations
 
@@ -72,3 +73,29 @@ def test_show_hf_and_the_report_work_for_every_family(family, tmp_path):
         assert any(text in r[column] for r in rows.values()), (family, column, [r[column] for r in rows.values()])
         names = [lambda_structure(mx) if column == "Λ structure" else norm_and_gate(mx)[0] for mx in mixers.values()]
         assert any(text in n for n in names)
+
+
+#: families whose transformers model refuses beam search with a cache (its state cannot be reordered): the
+#: converted model (the same class) refuses it the same way
+NO_BEAM_SEARCH = {"rwkv", "xlstm"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(BUILDERS))
+def test_beam_search_gives_the_originals_beams(family):
+    """3 beams, every beam returned with its score: the converted model's state follows transformers'
+    reordering of the beams (every state kind), so its beams are the original's token for token."""
+    m = BUILDERS[family]()
+    c = from_transformers(m)
+    prompt = torch.randint(2, 60, (2, 5), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=5, min_new_tokens=5, num_beams=3, num_return_sequences=3, do_sample=False,
+              attention_mask=torch.ones_like(prompt), output_scores=True, return_dict_in_generate=True)
+    if family in NO_BEAM_SEARCH:
+        for model in (m, c):
+            with pytest.raises(ValueError, match="beam search"):
+                model.generate(prompt, **kw)
+        return
+    ref, out = m.generate(prompt, **kw), c.generate(prompt, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert len({tuple(s.tolist()) for s in ref.sequences[:3]}) == 3  # three different beams compared
+    torch.testing.assert_close(out.sequences_scores, ref.sequences_scores, rtol=1e-4, atol=1e-5)

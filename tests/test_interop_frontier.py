@@ -1,4 +1,4 @@
-"""seqmix.interop for the frontier hybrids (issue 26 items 1, 2, 5): Qwen3-Next (Gated DeltaNet layers
+"""seqmix.interop for the frontier hybrids: Qwen3-Next (Gated DeltaNet layers
 -> ``qwen3_next_gdn``, gated attention -> ``softmax_attention``), Kimi-Linear (KDA -> ``kimi_kda``; its MLA
 attention -> ``softmax_attention`` with ``kv_lora_rank``, no positions), MiniMax (lightning attention
 -> ``lightning_attention``, attention -> ``softmax_attention``) and LFM2 (gated short conv ->
@@ -244,7 +244,6 @@ def test_converted_linear_layers_keep_their_maps(family):
     ("kimi_linear", {"hidden_act": "gelu"}, "hidden_act", "model.layers.0.self_attn"),
     ("minimax", {"hidden_act": "gelu"}, "hidden_act", "model.layers.1.self_attn"),
     ("minimax", {"sliding_window": 4}, "sliding_window", "model.layers.0.self_attn"),
-    ("qwen3_next", {"attention_dropout": 0.1}, "attention_dropout", "model.layers.1.self_attn"),
 ])
 def test_an_option_seqmix_cannot_express_is_named(family, overrides, option, path):
     m = tiny(family, **overrides)

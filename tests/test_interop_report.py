@@ -1,4 +1,4 @@
-"""`seqmix show --hf X --report` (issue 26 item 3; docs/interop.md): the layer report of a converted
+"""`seqmix show --hf X --report` (docs/interop.md): the layer report of a converted
 model — every layer's transformers class, seqmix mixer (or "kept"), state size, Λ structure, norms
 and gates, decay range and 90% mass lag of Φ on the text — checked against values computed
 directly: the mixers' own state_size, decays(x) and phi(x), the lag measure on hand-made maps.
@@ -210,7 +210,7 @@ def test_report_without_hf_is_refused(capsys):
 
 
 def test_lm_commands_refuse_an_init_from_hf_run_in_one_line(tmp_path, capsys):
-    """issue 25/26: lm eval / generate / export rebuild a seqmix LanguageModel; a run trained from a
+    """lm eval / generate / export rebuild a seqmix LanguageModel; a run trained from a
     transformers checkpoint (--init-from-hf) is refused by analysis.trained.load_run, naming the run."""
     folder = tmp_path / "mamba"
     SHOW.tiny("mamba", vocab=256).save_pretrained(folder)

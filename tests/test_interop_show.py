@@ -1,4 +1,4 @@
-"""Real models in the DSF (issue 25 items 5-6; docs/interop.md): `seqmix show --hf` on tiny
+"""Real models in the DSF (docs/interop.md): `seqmix show --hf` on tiny
 random transformers checkpoints saved to tmp_path (nothing downloaded), the maps it draws
 reproduce each layer's output, the blocked map computation (seqmix.analysis.model_maps) equals
 the mixers' own phi(x) and decays(x), and `seqmix lm train --init-from-hf` fine-tunes a

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from seqmix.interop import InteropMixer, from_transformers, placed_mixers  # noqa: E402
-from seqmix.interop.load import load_converted  # noqa: E402
+from seqmix.interop import load_converted  # noqa: E402
 from browser import CHROMIUM, SKIP_REASON, check_in_browser, console_lines, dump_dom, image_widths  # noqa: E402
 from seqmix.linearize import (  # noqa: E402
     attention_layers, build_student, keep_softmax, linearize, phi_loss, residuals, save, students, teacher_weights, transfer,
@@ -196,7 +196,7 @@ def test_saved_folder_loads_and_decodes_with_constant_state(tmp_path, name, kw):
     lin = linearize(m, mixer=name, layers=[0, 2], **kw)
     x = ids(1, 12)
     save(lin, tmp_path)
-    back, _ = load_converted(str(tmp_path))
+    back = load_converted(tmp_path)
     torch.testing.assert_close(back(x).logits, lin(x).logits, rtol=1e-5, atol=1e-5)
     # greedy generate() through the cache equals the argmax of full forwards
     out = back.generate(x[:, :5], max_new_tokens=6, do_sample=False)
@@ -214,15 +214,64 @@ def test_saved_folder_loads_and_decodes_with_constant_state(tmp_path, name, kw):
             size.setdefault(layer, floats)
             assert floats == size[layer], (layer, t)
             keys = cache.layers[layer].keys
-            assert keys.shape[-2] == t + 1 and keys.untyped_storage().nbytes() <= 8  # one broadcast float
+            assert keys.shape[-2] == t + 1 and keys.untyped_storage().nbytes() <= 4  # one row id (float32), broadcast
     assert cache.layers[1].keys.shape[-2] == 12  # the softmax layer's KV cache grows
 
 
-def test_beam_search_is_refused_for_a_student():
-    m = teacher()
-    lin = linearize(m, mixer="gla", layers=[0])
-    with pytest.raises(ValueError, match="cache"):
-        lin.generate(ids(1, 5), max_new_tokens=3, num_beams=2, do_sample=False)
+def _sequence_logprob(model, seq: list[int], prompt: int) -> float:
+    """log p(seq[prompt:] | seq[:prompt]) under ``model``, one token at a time through its own decoding step (a
+    fresh cache for this sequence alone: no beam, no reordering)."""
+    cache = DynamicCache(config=model.config)
+    total = 0.0
+    with torch.no_grad():
+        for t in range(len(seq) - 1):
+            logits = model(torch.tensor([[seq[t]]]), past_key_values=cache, use_cache=True).logits[0, -1]
+            if t + 1 >= prompt:
+                total += float(torch.log_softmax(logits.double(), -1)[seq[t + 1]])
+    return total
+
+
+def _brute_force_beams(model, prompt: list[int], beams: int, new: int, vocab: int) -> list[tuple[float, list[int]]]:
+    """Beam search by enumeration: at each step every continuation of every kept sequence by every token of
+    the vocabulary is scored from scratch (:func:`_sequence_logprob`), and the ``beams`` best are kept.
+    Returns (log p of the new tokens, sequence), best first."""
+    kept = [list(prompt)]
+    for _ in range(new):
+        scored = [(_sequence_logprob(model, s + [v], len(prompt)), s + [v]) for s in kept for v in range(vocab)]
+        scored.sort(key=lambda e: -e[0])
+        kept = [s for _, s in scored[:beams]]
+    return sorted(((_sequence_logprob(model, s, len(prompt)), s) for s in kept), key=lambda e: -e[0])
+
+
+@pytest.mark.parametrize("name,kw", [STUDENTS[1], pytest.param(*STUDENTS[3], marks=pytest.mark.slow),
+                                     pytest.param(*STUDENTS[4], marks=pytest.mark.slow)], ids=["gla", "gated_deltanet", "mamba2"])
+def test_beam_search_of_a_student_equals_brute_force_beam_search(name, kw):
+    """generate(num_beams=3) of a linearized model (students in layers 0 and 2, the teacher's softmax in
+    layer 1) returns the beams that enumerating every continuation over a vocabulary of 12 finds: the
+    students' state follows transformers' reordering of the beams."""
+    V, K, new = 12, 3, 4
+    m = teacher(vocab=V)
+    lin = linearize(m, mixer=name, layers=[0, 2], **kw)
+    lin.generation_config.eos_token_id = None  # no beam ends early: every beam has `new` tokens, as enumerated
+    lin.generation_config.pad_token_id = 0
+    prompt = [3, 7, 1, 9, 4]
+    out = lin.generate(torch.tensor([prompt]), max_new_tokens=new, num_beams=K, num_return_sequences=K, do_sample=False,
+                       length_penalty=0.0, output_scores=True, return_dict_in_generate=True)
+    want = _brute_force_beams(lin, prompt, K, new, V)
+    assert [s.tolist() for s in out.sequences] == [s for _, s in want]
+    assert len({tuple(s) for _, s in want}) == K
+    torch.testing.assert_close(out.sequences_scores.double(), torch.tensor([lp for lp, _ in want], dtype=torch.float64),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_cropped_cache_is_refused_for_a_student():
+    """A crop would have the student forget tokens a recurrent state cannot give back: refused, naming the cache."""
+    lin = linearize(teacher(), mixer="gla", layers=[0])
+    cache = DynamicCache(config=lin.config)
+    lin(ids(1, 6), past_key_values=cache, use_cache=True)
+    cache.crop(-2)  # drop the last two tokens
+    with pytest.raises(ValueError, match="'cache'.*crop"):
+        lin(ids(1, 1), past_key_values=cache, use_cache=True)
 
 
 # -- stage 2 -------------------------------------------------------------------------------------
@@ -270,7 +319,7 @@ def test_lora_adapts_the_kept_weights_and_trains_the_students(tmp_path):
     assert not any("lora" in n for n, _ in out.named_parameters())
     # a saved and reloaded model (its kept layer a converted softmax attention): LoRA on that layer too
     save(out, tmp_path)
-    back, _ = load_converted(str(tmp_path))
+    back = load_converted(tmp_path)
     names = [n for n, p in lora(back, 2).named_parameters() if p.requires_grad]
     assert any("lora_A" in n and "layers.2.self_attn.mixer.W_qk" in n for n in names)
     assert not any("lora" in n and "layers.0.self_attn" in n for n in names)
@@ -303,11 +352,20 @@ def test_cli_end_to_end_auto_k_resume_and_report(tmp_path, capsys):
     _check_html(out, metrics)
     assert metrics["teacher"]["decode_tokens_per_s"] > 0 and metrics["stages"]["finetune"]["decode_tokens_per_s"] > 0
     assert metrics["stages"]["finetune"]["state"]["recurrent_floats"] > 0
-    back, _ = load_converted(str(out))
+    back = load_converted(out)
     kept = tr["kept_softmax"][0]
     assert back.model.layers[kept].self_attn.mixer.registry_name == "softmax_attention"
     assert {i for i in range(3) if i != kept} == {i for i, a in students(back).items()}
     assert back.generate(ids(1, 4, vocab=256), max_new_tokens=3, do_sample=False).shape == (1, 7)
+    # OUT holds the tokenizer it was trained with (bytes): `seqmix generate OUT` reads it and decodes the model's tokens
+    capsys.readouterr()
+    assert main(["generate", str(out), "--prompt", "To be", "--max-new-tokens", "3", "--temperature", "0"]) == 0
+    io = capsys.readouterr()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok("To be")["input_ids"] == list(b"To be")
+    seq = back.generate(torch.tensor([list(b"To be")]), max_new_tokens=3, do_sample=False, pad_token_id=0)[0].tolist()
+    assert io.out == "To be" + tok.decode(seq)[len("To be"):] + "\n"
+    assert "prefill: 5 tokens" in io.err
     # a re-run skips both finished stages and leaves them as they were
     stamp = (out / "stages" / "finetune" / "done.json").read_text()
     capsys.readouterr()
@@ -490,7 +548,7 @@ def test_stage1_resumes_after_a_kill_without_losing_finished_steps(tmp_path):
     ckpt = tmp_path / "progress.pt"
     with pytest.raises(Killed):
         students_after(lambda lin: transfer(lin, m, lambda i: data[i], checkpoint=ckpt, key="k", on_step=kill, **kw))
-    assert torch.load(ckpt, weights_only=False)["step"] == 4  # saved at step 4; step 5 was lost with the kill
+    assert torch.load(ckpt, weights_only=True)["step"] == 4  # saved at step 4; step 5 was lost with the kill
     seen = []
 
     def batch(i):
@@ -557,7 +615,7 @@ def test_pipeline_stage1_resumes_and_passes_device_precision_trainable(tmp_path)
     with pytest.raises(Killed):
         run(cfg, progress=False, on_transfer_step=kill)
     progress = tmp_path / "o" / "stages" / "transfer_run" / "progress.pt"
-    assert torch.load(progress, weights_only=False)["step"] == 10
+    assert torch.load(progress, weights_only=True)["step"] == 10
     seen = []
     metrics = run(cfg, progress=False, on_transfer_step=lambda s, r: seen.append(s))
     assert seen == [20, 25] and not progress.exists()
@@ -658,7 +716,6 @@ def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
     FSDP2 (with LoRA and KD: frozen and trained parameters in one unit) shards each transformers decoder
     layer; its checkpoint is gathered whole and the saved model loads and decodes."""
     import os
-    import socket
     import subprocess
     import sys
     from pathlib import Path
@@ -667,9 +724,9 @@ def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
 
     m = teacher(layers=2, vocab=256)
     m.save_pretrained(tmp_path / "teacher")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from ports import free_port
+
+    port = free_port()
     src = str(Path(seqmix.__file__).resolve().parents[1])
     argv = [sys.executable, "-c", "import sys; from seqmix.cli import main; sys.exit(main(sys.argv[1:]))", "linearize", "--hf", str(tmp_path / "teacher"), "--mixer", "gla",
             "--seq-len", "16", "--batch-size", "4", "--transfer-tokens", "128", "--finetune-tokens", "128",
@@ -691,9 +748,9 @@ def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
     assert [p.returncode for p in procs] == [0, 0], outs
     metrics = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert metrics["config"]["parallel"] == parallel and metrics["stages"]["finetune"]["steps"] == 2
-    ckpt = torch.load(tmp_path / "o" / "stages" / "finetune_run" / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "o" / "stages" / "finetune_run" / "checkpoint.pt", weights_only=True)
     assert ckpt["world_size"] == 2
-    back, _ = load_converted(str(tmp_path / "o"))
+    back = load_converted(tmp_path / "o")
     assert set(students(back)) == {0, 1}
     out = back.generate(ids(1, 6, vocab=256), max_new_tokens=3, do_sample=False)
     assert out.shape == (1, 9)

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from seqmix.interop import from_transformers  # noqa: E402
-from seqmix.interop.load import load_converted  # noqa: E402
+from seqmix.interop import load_converted  # noqa: E402
 from seqmix.linearize import capture, linearize, residuals, save, students, teacher_weights, transfer, valid_students  # noqa: E402
 from test_linearize import VOCAB, ids, teacher  # noqa: E402
 
@@ -59,7 +59,7 @@ def test_student_takes_qkvo_decodes_saves_and_transfers(tmp_path, name, kw, lr, 
     out = lin.generate(x[:, :5], max_new_tokens=6, do_sample=False)
     assert torch.equal(lin(out).logits[:, 4:-1].argmax(-1), out[:, 5:])
     save(lin, tmp_path)
-    back, _ = load_converted(str(tmp_path))
+    back = load_converted(tmp_path)
     torch.testing.assert_close(back(x).logits, lin(x).logits, rtol=1e-5, atol=1e-5)
     cache = DynamicCache(config=back.config)
     back(x[:, :5], past_key_values=cache, use_cache=True)

@@ -1,4 +1,4 @@
-"""Log-linear attention (issue 30): the op ``seqmix.ops.log_linear`` and the mixers log_linear_mamba2 and
+"""Log-linear attention: the op ``seqmix.ops.log_linear`` and the mixers log_linear_mamba2 and
 log_linear_gdn. The Fenwick partition and the scalar-decay op against flash-linear-attention's naive
 reference (optional: skipped without fla), the delta-rule base against its own definitions, every mode
 against the parallel reference, state carrying at any offset, the O(log T) state."""

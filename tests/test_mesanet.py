@@ -1,7 +1,7 @@
-"""MesaNet (issue 30): the op ``seqmix.ops.mesa`` and the mixer ``mesanet``. The op against the ridge
+"""MesaNet: the op ``seqmix.ops.mesa`` and the mixer ``mesanet``. The op against the ridge
 regression it solves (float64, closed form), both solvers and every mode against the recurrent
 reference, CG converging to the exact solve, the hand-written gradients (backward="manual": the Gram
-matrices' adjoint, the CG's gathered dH; issue 27) against autograd through the same computation, and
+matrices' adjoint, the CG's gathered dH) against autograd through the same computation, and
 against flash-linear-attention's naive references (exact, chunked CG, one-step decoding; optional:
 skipped without fla)."""
 

@@ -58,8 +58,8 @@ def _example(name, **kw):
 
 
 def test_norm_and_gate_name_every_norm_module_and_gate(rows):
-    """rwkv7, mamba3, gsa and mesanet (issue 30 read "none" for them): each norm module the mixer holds is named with
-    what it acts on, and each gate its config turns on."""
+    """rwkv7, mamba3, gsa and mesanet (norms on o, B or C, per head or not): each norm module the mixer holds is
+    named with what it acts on (never "none"), and each gate its config turns on."""
     by = {r["name"]: r for r in rows}
     for name in ("rwkv7", "mamba3", "gsa", "mesanet"):
         m = _example(name)

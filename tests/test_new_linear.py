@@ -1,4 +1,4 @@
-"""The newer gated linear mixers of issue 30 in the general form: rwkv6 (Finch), hgrn2 and gsa (Gated
+"""Gated linear mixers in the general form: rwkv6 (Finch), hgrn2 and gsa (Gated
 Slot Attention). Each against a loop written from its paper's equations (float64, the whole mixer),
 their options through the contract checks, their DSF views, and the cores against
 flash-linear-attention's naive references where fla is installed (an optional test extra)."""

@@ -1,4 +1,4 @@
-"""Mixed precision in the ops (issue 15, docs/scale.md): an op that computes half inputs in
+"""Mixed precision in the ops (docs/scale.md): an op that computes half inputs in
 float32 gives the same numbers under autocast as outside it (autocast would otherwise cast
 its inner matmuls back to the half dtype), and returns the input's dtype."""
 

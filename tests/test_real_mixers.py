@@ -1,4 +1,4 @@
-"""Mixer-level exactness against transformers' own modules (issue 25, part 1): a seqmix mixer
+"""Mixer-level exactness against transformers' own modules: a seqmix mixer
 given the weights of a real model's sequence-mixing module computes the same outputs.
 
 Nothing is downloaded: each transformers module is built from a tiny config of its family's

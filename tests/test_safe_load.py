@@ -1,4 +1,4 @@
-"""Opening a run folder runs no code (issue 24 §5): every checkpoint is read with
+"""Opening a run folder runs no code: every checkpoint is read with
 ``torch.load(weights_only=True)`` (seqmix.train.checkpoint). A checkpoint holding a pickled
 object is refused before anything in it runs — on resume, in analysis.trained.load_run and in
 `seqmix lm eval` — and an empty, truncated or foreign file is a one-line ValueError naming
@@ -209,3 +209,104 @@ def test_plain_pickles_load_numpy_arrays_and_refuse_objects(tmp_path):
     assert not marker.exists()
     with pytest.raises(ValueError, match="not a readable pickle"):
         load_plain_pickle(io.BytesIO(pickle.dumps(batch)[:20]), where="batch")
+
+
+# -- linearize's stage-1 progress file --------------------------------------------------------------
+
+
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("kind", ["open", "os.system", "raw pickle"])
+def test_a_malicious_stage1_progress_file_is_refused(tmp_path, kind):
+    """A file planted at stage 1's progress path (linearize.transfer's ``checkpoint``) that would run
+    code when unpickled is refused with a ValueError naming the file, and its payload never runs."""
+    from seqmix.linearize import linearize, transfer
+
+    teacher = _tiny_llama()
+    lin = linearize(teacher, mixer="gla")
+    marker = tmp_path / "pwned"
+    payload = _Shell(marker) if kind == "os.system" else _Opens(marker)
+    blob = {"key": "", "steps": 1, "step": 0, "students": {}, "optimizer": payload, "history": []}
+    progress = tmp_path / "stages" / "transfer_run" / "progress.pt"
+    progress.parent.mkdir(parents=True)
+    if kind == "raw pickle":
+        progress.write_bytes(pickle.dumps(blob))
+    else:
+        torch.save(blob, progress)
+    ran = []
+    with pytest.raises(ValueError, match="progress.pt") as e:
+        transfer(lin, teacher, lambda i: ran.append(i) or torch.zeros(1, 8, dtype=torch.long), steps=1, checkpoint=progress)
+    assert "pickled Python objects" in str(e.value) or "not a torch.save zip archive" in str(e.value)
+    assert not marker.exists() and ran == []  # refused before anything loaded or trained
+
+
+def test_a_stage1_progress_file_round_trips_through_the_safe_load(tmp_path):
+    """What stage 1 saves is what ``read_checkpoint`` (weights_only=True) reads back: a resumed call
+    runs only the steps after the save."""
+    from seqmix.linearize import linearize, transfer
+
+    teacher = _tiny_llama()
+    progress = tmp_path / "progress.pt"
+    batch = lambda i: torch.randint(0, 32, (1, 8), generator=torch.Generator().manual_seed(i))  # noqa: E731
+    transfer(linearize(teacher, mixer="gla"), teacher, batch, steps=2, checkpoint=progress, save_every=1)
+    blob = read_checkpoint(progress, keys=("step", "students", "optimizer", "history"))
+    assert blob["step"] == 2 and [h["step"] for h in blob["history"]] == [1, 2]
+    seen = []
+    transfer(linearize(teacher, mixer="gla"), teacher, lambda i: seen.append(i) or batch(i), steps=2, checkpoint=progress)
+    assert seen == []  # every step was saved: nothing to run again
+
+
+# -- every torch.load in the repository's code is weights_only=True ----------------------------------
+
+
+def _unsafe_torch_loads(source: str, filename: str = "<string>") -> list[int]:
+    """Line numbers of the calls ``torch.load(...)`` / ``torch.serialization.load(...)`` / a ``load``
+    imported from torch, that do not pass ``weights_only=True`` as a literal keyword (parsed, so a
+    comment or a string saying ``weights_only=True`` does not count)."""
+    import ast
+
+    tree = ast.parse(source, filename)
+    local = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module in ("torch", "torch.serialization")
+             for a in n.names if a.name == "load"}
+
+    def is_load(f) -> bool:
+        if isinstance(f, ast.Name):
+            return f.id in local
+        if isinstance(f, ast.Attribute) and f.attr == "load":
+            v = f.value
+            return (isinstance(v, ast.Name) and v.id == "torch") or (
+                isinstance(v, ast.Attribute) and v.attr == "serialization" and isinstance(v.value, ast.Name) and v.value.id == "torch")
+        return False
+
+    def safe(call) -> bool:
+        return any(k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True for k in call.keywords)
+
+    return sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and is_load(n.func) and not safe(n))
+
+
+def test_the_torch_load_check_sees_what_a_regex_would_miss():
+    """The checker flags a call whose weights_only is missing, False, or only written in a comment or string."""
+    src = ("import torch\nfrom torch import load as L\n"
+           "a = torch.load(p)  # weights_only=True\n"
+           "b = torch.load(p, weights_only=False)\n"
+           "c = L(p, map_location='weights_only=True')\n"
+           "d = torch.serialization.load(p)\n"
+           "e = torch.load(p, weights_only=True)\n"
+           "f = L(p, weights_only=True)\n")
+    assert _unsafe_torch_loads(src) == [3, 4, 5, 6]
+
+
+def test_every_torch_load_in_src_bench_and_tests_is_weights_only():
+    """torch.load without weights_only=True unpickles arbitrary objects (a planted file runs code):
+    src/, bench/ and tests/ call it only with weights_only=True (or read through read_checkpoint)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    bad = [f"{f.relative_to(root)}:{line}" for d in ("src", "bench", "tests") for f in sorted((root / d).rglob("*.py"))
+           for line in _unsafe_torch_loads(f.read_text(), str(f))]
+    assert not bad, "torch.load without weights_only=True at " + ", ".join(bad)

@@ -52,6 +52,6 @@ def assert_decodes_splits_and_maps(m, x, where: str = "", split: int = 5):
 DIST_RTOL = 1e-4
 
 #: a seqmix mixer given a transformers module's weights (tests/test_real_mixers.py): max|y - y_hf| / max|y_hf|.
-#: float32: issue 25's 1e-5 of the output scale; float64: where transformers computes in the input dtype
+#: float32: 1e-5 of the output scale; float64: where transformers computes in the input dtype
 REAL_F32_RTOL = 1e-5
 REAL_F64_RTOL = 1e-12

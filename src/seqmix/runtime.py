@@ -22,7 +22,7 @@ peak):
   step faults its pages in again. A probe that allocates, touches and frees 64 MiB six times
   (``tests/test_runtime.py``) faulted on every step in 4 of 8 fresh processes with the first two
   settings alone (and on one step in six in the other 4), and never after its first step in each
-  of 10 with all four (docs/performance.md, "Fifth version"). From a shell::
+  of 10 with all four (docs/performance.md, the allocator). From a shell::
 
       GLIBC_TUNABLES=$(python -m seqmix.runtime) seqmix train --config run.json
 

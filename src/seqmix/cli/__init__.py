@@ -6,6 +6,7 @@
     seqmix table2 [NAME ...]         MetaLA's Table 2: parameter groups and conditions C0-C3 per preset
     seqmix train --task mqar --mixer s6 --d-model 64 ...    train one model (docs/harness.md)
     seqmix lm train|eval|generate|export     language modelling on text (docs/lm.md)
+    seqmix generate PATH --prompt TEXT       text from any model folder seqmix loads, streamed (docs/generation.md)
     seqmix reproduce NAME --scale tiny|paper   run a preset, print its table and claims, plot
     seqmix reproduce all --scale tiny        every preset, then runs/report/index.html (--dry-run: list the runs)
     seqmix sweep PRESET|FILE.json    run a preset's grid (or a JSON list of runs / a JSON preset)
@@ -14,7 +15,7 @@
     seqmix backends                  the kernel backends of the ops: installed or why not (docs/performance.md)
 
 One module per command group: :mod:`.mixers` (list, info, table2, show), :mod:`.harness`
-(train, sweep, reproduce, results), :mod:`.lm` (lm ...), :mod:`.linearize`, :mod:`.backends`; what they share
+(train, sweep, reproduce, results), :mod:`.lm` (lm ...), :mod:`.generate`, :mod:`.linearize`, :mod:`.backends`; what they share
 is in :mod:`._common`. Each subcommand is a pair of functions ``_add_<name>(subparsers)``
 and ``_run_<name>(args) -> int``, listed in its module's ``COMMANDS``; :data:`COMMANDS` here
 joins them in the order of ``seqmix --help`` (:data:`HELP_ORDER`). A ValueError (or a pydantic ValidationError)
@@ -27,12 +28,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import backends, harness, linearize, lm, mixers
+from . import backends, generate, harness, linearize, lm, mixers
 
 #: the order of ``seqmix --help``: the order of the README's table "What you can do" (compare the
 #: mixers, train on a task, a language model, reproduce the papers, linearize), then the rest
-HELP_ORDER = ("list", "show", "info", "table2", "train", "lm", "reproduce", "sweep", "results", "linearize", "backends")
-_ALL = {**mixers.COMMANDS, **harness.COMMANDS, **lm.COMMANDS, **linearize.COMMANDS, **backends.COMMANDS}
+HELP_ORDER = ("list", "show", "info", "table2", "train", "lm", "generate", "reproduce", "sweep", "results", "linearize", "backends")
+_ALL = {**mixers.COMMANDS, **harness.COMMANDS, **lm.COMMANDS, **generate.COMMANDS, **linearize.COMMANDS, **backends.COMMANDS}
 assert set(HELP_ORDER) == set(_ALL), "every command has its place in HELP_ORDER"
 #: name -> (add parser, run), in the order of ``seqmix --help``
 COMMANDS = {name: _ALL[name] for name in HELP_ORDER}

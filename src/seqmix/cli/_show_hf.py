@@ -28,7 +28,7 @@ def run_show_hf(args, text: str | None) -> int:
 
     from seqmix.analysis import show
     from seqmix.analysis.model_maps import layers_figure, model_maps
-    from seqmix.interop.load import load_config, load_converted, tokenize
+    from seqmix.interop.load import describe, load_config, load_converted, tokenize
 
     if args.mixers or args.run:
         raise ValueError("argument '--hf': real models are shown on their own; show MIXER names or --run in a separate call")
@@ -55,7 +55,8 @@ def run_show_hf(args, text: str | None) -> int:
     paths = picture_paths(args.out, pictures, "--out", suffix)  # a file or folder in the way: one line before minutes of work
     models, descs = [], []
     for src, label in zip(args.hf, labels):
-        model, what = load_converted(src)
+        model = load_converted(src, argument="--hf")
+        what = describe(model)
         toks, how = tokenize(src, text, ids=args.ids, vocab_size=int(model.config.vocab_size), seq_len=args.seq_len)
         with torch.no_grad():
             mm = model_maps(model, toks, layers=layers, heads=heads, n_heads=max(0, args.maps - 1), band=args.band,
@@ -94,12 +95,13 @@ def _run_report(args, text: str | None, labels: list[str], out) -> int:
     import torch
 
     from seqmix.analysis.model_maps import REPORT_NOTE, layer_report, report_html, report_markdown
-    from seqmix.interop.load import load_converted, tokenize
+    from seqmix.interop.load import describe, load_converted, tokenize
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for src, label in zip(args.hf, labels):
-        model, what = load_converted(src)
+        model = load_converted(src, argument="--hf")
+        what = describe(model)
         toks, how = tokenize(src, text, ids=args.ids, vocab_size=int(model.config.vocab_size), seq_len=args.seq_len)
         with torch.no_grad():
             rows = layer_report(model, toks, max_bytes=int(args.max_memory * 2**30))

@@ -67,7 +67,7 @@ def _run_linearize(args) -> int:
     metrics = run(cfg, console=console, progress=not args.no_progress)
     if not metrics:  # a DDP rank > 0: rank 0 writes the folder
         return 0
-    console.print(f"wrote {args.out}: the linearized model (seqmix.interop.load.load_converted), metrics.json, report.md, report.html "
+    console.print(f"wrote {args.out}: the linearized model (seqmix.interop.load_converted), metrics.json, report.md, report.html "
                   f"(final stage: {metrics['final_stage']})", markup=False, highlight=False)
     return 0
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from ._common import _add_harness_common, _add_import, _add_parallel, _check_out_dir, _import_plugins, _is_rank0, _parse_kv, _with_parallel
 
 
@@ -187,91 +185,23 @@ def _run_lm_eval(args) -> int:
 
 
 def _add_lm_generate(sub):
-    p = sub.add_parser("generate", help="generate text from a trained LM run, streaming tokens as they are made")
+    from .generate import add_generation_options
+
+    p = sub.add_parser("generate", help="generate text from a trained LM run, streaming tokens as they are made "
+                                        "(`seqmix generate RUN_FOLDER` is the same; docs/generation.md)")
     _add_import(p)
     p.add_argument("run", help="a run folder, or a run id (prefix) under --runs")
     p.add_argument("--runs", default="runs", help="where runs live (the --out of lm train; default runs/)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", default=None, help="the prompt text (default: a newline)")
-    src.add_argument("--prompt-file", default=None, help="read the prompt from this UTF-8 file")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="default 200, fewer when a learned position table ends sooner (an explicit value past it is an error)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-samples", type=int, default=1, help="samples of the same prompt (drawn one after the other)")
-    p.add_argument("--no-stream", action="store_true", help="print each sample when it is complete")
-    p.add_argument("--threads", type=int, default=None)
+    add_generation_options(p)
 
 
 def _run_lm_generate(args) -> int:
-    from pathlib import Path
+    from ..analysis.trained import find_run_dir
+    from .generate import _check_options, generate_text, load_for_generation
 
-    import torch
-
-    from ..analysis.trained import find_run_dir, load_run
-    from ..data.text import load_tokenizer
-    from ..train.trainer import TOKENIZER
-
-    if args.num_samples < 1:
-        raise ValueError(f"argument --num-samples: expected an integer >= 1, got {args.num_samples}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    run_dir = find_run_dir(args.run, args.runs)
-    if not (run_dir / TOKENIZER).is_file():
-        raise ValueError(f"argument 'run': {str(run_dir)!r} has no {TOKENIZER} (generate needs an `seqmix lm train` run)")
-    tok = load_tokenizer(run_dir / TOKENIZER)
-    if args.prompt_file is not None:
-        path = Path(args.prompt_file)
-        if not path.is_file():
-            raise ValueError(f"argument --prompt-file: {str(path)!r} is not a file")
-        try:
-            prompt = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"argument --prompt-file: {str(path)!r} is not UTF-8 text") from None
-    else:
-        prompt = "\n" if args.prompt is None else args.prompt
-    if not prompt:
-        raise ValueError("argument --prompt: the prompt is empty (give at least one character)")
-    ids = tok.encode(prompt)
-    _, model = load_run(run_dir)
-    n_new = args.max_new_tokens
-    if n_new is None:
-        n_new = 200
-        if model.pos is not None:  # learned positions: prompt + new - 1 <= max_seq_len
-            n_new = min(n_new, model.pos.num_embeddings - len(ids) + 1)
-            if n_new < 200:
-                print(f"(at most {n_new} new tokens: the model's learned position table ends at max_seq_len = "
-                      f"{model.pos.num_embeddings})", file=sys.stderr)
-    from ..models.generation import check_positions
-
-    check_positions(model, len(ids) + max(n_new, 1) - 1, "seqmix lm generate", "--max-new-tokens")
-    for i in range(args.num_samples):
-        if args.num_samples > 1:
-            print(f"--- sample {i + 1} ---")
-        sys.stdout.write(prompt)
-        new: list[int] = []
-        shown = [0]  # characters of the decoded continuation already printed
-
-        def show(tokens, final=False):
-            new.extend(int(t) for t in tokens.reshape(-1))
-            text = tok.decode(new)
-            if not final:  # a byte or BPE token may end inside a UTF-8 character: wait for the rest
-                text = text.rstrip("\ufffd")
-            if len(text) > shown[0]:
-                sys.stdout.write(text[shown[0]:])
-                sys.stdout.flush()
-                shown[0] = len(text)
-
-        out = model.generate(torch.tensor([ids]), n_new, temperature=args.temperature, top_k=args.top_k,
-                             top_p=args.top_p, seed=args.seed + i, callback=None if args.no_stream else show)
-        if args.no_stream:
-            sys.stdout.write(tok.decode(out[0, len(ids):].tolist()))
-        else:
-            show(torch.tensor([], dtype=torch.long), final=True)
-        sys.stdout.write("\n")
-    return 0
+    _check_options(args)
+    model, tok, _ = load_for_generation(find_run_dir(args.run, args.runs), argument="run")
+    return generate_text(model, tok, args)
 
 
 def _add_lm_export(sub):

@@ -94,7 +94,7 @@ _CHANCE_CAVEATS = {
 }
 _LISTOPS_SIZE = ("ListOps at the tiny scale (32,000 examples of lengths 20-100 seen twice: 2,000 steps, d = 32): every "
                  "model reaches 33-35% (chance 10%, the most frequent answer 15%) and the four medians lie within 1.1 "
-                 "points, inside the spread of two seeds; with the earlier 600 steps they were 29-33%. The paper's gap "
+                 "points, inside the spread of two seeds (29-33% at 600 steps). The paper's gap "
                  "(38% vs 16% for linear attention) comes from its long sequences (500-2,000 tokens), d = 128 and 8-10 "
                  "layers trained for 50 epochs of 96,000 examples; at lengths 20-100 linear attention is as good as the "
                  "others, so the ordering is not resolved here.")

@@ -299,8 +299,8 @@ def _norm(label: str, fn: str) -> ModelSpec:
 #: why DSF Table 2's ordering cannot be resolved at CPU size (docs/harness.md, "Tiny presets")
 _NORMALIZER_MARGIN = ("The paper's margins are 1.2 and 1.6 points (85.9 vs 84.3 and 84.7), between converged runs; "
                       "here every normalizer stays on the 25% plateau at d = 32, and at d = 64 the verdict is which "
-                      "runs leave it within 4,000 steps: in this version softplus and sigmoid in both seeds (89-100%), "
-                      "exp in neither (36-39%); in the previous version's runs each did in one seed (medians 69-86%). "
+                      "runs leave it within 4,000 steps: softplus and sigmoid in both seeds (89-100%), exp in neither "
+                      "(36-39%); with other float rounding of the same mixers each left it in one seed (medians 69-86%). "
                       "Whether a run leaves the plateau swings with the seed and the numerics, so two seeds cannot "
                       "resolve a 2-point ordering.")
 

@@ -1,10 +1,11 @@
 """Real models in: transformers' families converted to seqmix mixers, exactly (docs/interop.md).
 
-    from seqmix.interop import from_transformers, seqmix_mixers
+    from seqmix.interop import from_transformers, load_converted, seqmix_mixers
 
     model = MambaForCausalLM.from_pretrained(path)     # or any supported family
     conv = from_transformers(model)                    # same class; every mixer is a seqmix mixer
     conv.generate(ids, max_new_tokens=20)              # decodes through the mixers' step mode
+    conv.save_pretrained("out"); load_converted("out")  # model type "seqmix_converted": read back exactly
     seqmix_mixers(conv)["backbone.layers.0.mixer"].phi(x)   # the DSF view of a real layer
 
 One mechanism for every family: ``InteropMixer`` (adapter.py), a module with the transformers
@@ -40,9 +41,11 @@ How to add a family (e.g. RWKV-4, RecurrentGemma, Llama attention):
 from .adapter import InteropMixer
 from .convert import convert_module, from_transformers, place_mixer, placed_mixers, seqmix_mixers, supported_families
 from .families import FAMILIES
+from .load import load_converted
+from .saved import MODEL_TYPE, SeqmixConvertedConfig
 from .table import Family, ModuleMap, State, Unsupported, Weight
 
 __all__ = [
-    "from_transformers", "seqmix_mixers", "supported_families", "convert_module", "place_mixer", "placed_mixers", "InteropMixer", "FAMILIES", "Family", "ModuleMap",
-    "State", "Unsupported", "Weight",
+    "from_transformers", "load_converted", "seqmix_mixers", "supported_families", "convert_module", "place_mixer", "placed_mixers",
+    "InteropMixer", "FAMILIES", "Family", "ModuleMap", "State", "Unsupported", "Weight", "MODEL_TYPE", "SeqmixConvertedConfig",
 ]

@@ -409,16 +409,32 @@ class InteropMixer(nn.Module):
         return layers[self.layer_idx]
 
     def _read_layer_state(self, hf_cache, where: str) -> dict | None:
+        """The state this adapter last wrote on its cache layer. The layer's ``keys`` hold each row's index in that
+        state (row ids broadcast over the tokens): when transformers has moved the rows since (beam search's
+        ``reorder_cache``, ``batch_select_indices``, ``batch_repeat_interleave``: an index on the batch axis of
+        ``keys``), the ids it left say where each new row comes from, and the state follows by the same
+        ``index_select``. A crop (fewer tokens than the state has read) or a layer this adapter did not write
+        cannot be followed: refused."""
         layer = self._attention_layer(hf_cache, where)
         if not layer.is_initialized or layer.keys is None or layer.get_seq_length() == 0:
             return None
-        if layer.keys is not getattr(layer, "_seqmix_keys", None):
-            raise ValueError(f"{where}: argument 'cache' layer {self.layer_idx} was changed outside the converted mixer (beam "
-                             "search's reorder, crop, or a cache filled by another model): its recurrent state cannot follow; "
-                             "decode greedily or by sampling (num_beams=1)")
-        return layer._seqmix_state
+        keys, mine = layer.keys, getattr(layer, "_seqmix_keys", None)
+        if keys is mine:
+            return layer._seqmix_state
+        if mine is None or keys.dim() != 4 or keys.shape[1:] != mine.shape[1:]:
+            raise ValueError(f"{where}: argument 'cache' layer {self.layer_idx} was changed outside the converted mixer (a crop, "
+                             "or a cache filled by another model): the recurrent state of the seqmix mixer in this attention "
+                             "slot cannot follow; decode from a fresh cache")
+        rows = keys[:, 0, 0, 0].to(torch.long)  # [B']: new row j continues old row rows[j] (no host read)
+        view = Cache()
+        view.set(self.mixer, dict(layer._seqmix_state))
+        view.map_(lambda t: t.index_select(0, rows.to(t.device)))
+        return view.get(self.mixer)
 
     def _write_layer_state(self, hf_cache, state: dict, tokens: int, where: str) -> None:
+        """Keeps ``state`` on the cache layer beside ``keys`` = ``values`` = the row ids 0..B-1 (float32) broadcast to
+        [B, 1, seen, 1] (a stride-0 view: no memory per token), so that transformers' sizes, masks and positions
+        count the tokens seen and its batch reorderings leave the row ids for :meth:`_read_layer_state`."""
         layer = self._attention_layer(hf_cache, where)
         ref = next((t for t in state.values() if isinstance(t, torch.Tensor)), None)
         if ref is None:  # a KV cache (sliding-window attention placed in an attention slot): its buffers
@@ -427,8 +443,7 @@ class InteropMixer(nn.Module):
             raise ValueError(f"{where}: the mixer's state holds no tensor (state table of {self.source})")
         seen = (layer.get_seq_length() if layer.is_initialized and layer.keys is not None else 0) + tokens
         batch = ref.shape[0]
-        one = torch.zeros((), dtype=ref.dtype if ref.is_floating_point() else torch.float32, device=ref.device)
-        keys = one.expand(batch, 1, seen, 1)  # a stride-0 view: transformers counts `seen` tokens, no memory per token
+        keys = torch.arange(batch, dtype=torch.float32, device=ref.device).view(batch, 1, 1, 1).expand(batch, 1, seen, 1)
         if not layer.is_initialized:
             layer.lazy_initialization(keys, keys)
         layer.keys, layer.values = keys, keys

@@ -13,6 +13,7 @@ from torch import nn
 from ..mixers.base import Mixer, build_mixer
 from .adapter import InteropMixer
 from .families import FAMILIES
+from .saved import tag_config
 from .table import Family, ModuleMap, State, Unsupported
 
 _WHERE = "from_transformers"
@@ -34,6 +35,9 @@ def from_transformers(model: nn.Module, *, inplace: bool = False, mode: str | No
     run full sequences in ("auto" by default; e.g. "chunk" to train through the chunked form): set
     on every mixer of a class that has it; a mixer of a class with one mode only (RWKV's channel-mix,
     whose token shift runs one way) keeps it. Decoding with a cache always runs the mixers' own step mode.
+    The converted model's config saves under the model type "seqmix_converted" (seqmix.interop.saved): a
+    folder it is saved to loads back exactly with :func:`seqmix.interop.load_converted` (or, seqmix
+    imported, ``AutoModelForCausalLM.from_pretrained``) and is refused by transformers alone.
 
     Raises ValueError (naming the module path and the option) for an unsupported family or
     module, a config option the seqmix mixer cannot express, a quantized model, or weights on
@@ -64,6 +68,7 @@ def from_transformers(model: nn.Module, *, inplace: bool = False, mode: str | No
         out = copy.deepcopy(model, memo={id(module): adapter for module, adapter in adapters.values()})
     if kept or family.keeps:  # the mixers the family leaves as transformers' own (e.g. Kimi-Linear's MLA): `seqmix show --hf`
         out.seqmix_kept = dict(kept)
+    tag_config(out)  # save_pretrained writes model type "seqmix_converted" (saved.py): load_converted reads it back
     return out
 
 
@@ -113,7 +118,7 @@ def place_mixer(model: nn.Module, path: str, mixer: Mixer) -> InteropMixer:
     attention); any other mixer in an attention slot keeps its whole recurrent state on that slot's
     cache layer (the ``layer`` kind: constant memory per token). The placement is recorded in
     ``model.config.seqmix_placed``, so that :func:`from_transformers` of a model saved with it (and
-    :func:`seqmix.interop.load.load_converted` of its folder) rebuilds the same mixer there.
+    :func:`seqmix.interop.load_converted` of its folder) rebuilds the same mixer there.
     Returns the adapter."""
     family = _family(model)
     try:
@@ -134,6 +139,7 @@ def place_mixer(model: nn.Module, path: str, mixer: Mixer) -> InteropMixer:
     rec = dict(placed_mixers(model))
     rec[path] = {"mixer": mixer.registry_name, "config": mixer.config.model_dump(mode="json")}
     setattr(model.config, PLACED, rec)
+    tag_config(model)
     return adapter
 
 

@@ -174,10 +174,12 @@ class State:
     * ``"layer"``: the whole seqmix state of a finite-state mixer placed in an attention slot (a
       student of ``seqmix.linearize`` in a Llama layer) kept on that slot's attention layer of a
       ``DynamicCache`` (a ``DynamicLayer``): the entries as the mixer returns them, beside
-      ``keys`` / ``values`` that are one float broadcast to [B, 1, seen, 1] (a stride-0 view: no
-      memory per token), so transformers' sizes, masks and positions count the tokens seen. A cache
-      whose keys transformers replaced (beam search's reorder, crop) is refused: the state cannot
-      follow. ``index`` and the transforms are unused.
+      ``keys`` / ``values`` that are the row ids 0..B-1 broadcast to [B, 1, seen, 1] (a stride-0 view:
+      no memory per token), so transformers' sizes, masks and positions count the tokens seen, and a
+      reordering of the batch (beam search's ``reorder_cache``, ``batch_select_indices``,
+      ``batch_repeat_interleave``) leaves in ``keys`` the old row of each new row, by which the state
+      is reordered too (``index_select`` on its batch axis). A crop is refused: a recurrent state
+      cannot forget tokens. ``index`` and the transforms are unused.
 
     ``index`` may be a tuple of slots that together make one seqmix entry (xLSTM's C and n are
     seqmix's S = [C | n]); ``to_seqmix`` then takes the tuple of tensors and ``to_hf`` returns one.

@@ -117,7 +117,7 @@ def hf_model_builder(run_config) -> HFCausalLM:
     source = getattr(run_config, "init_from_hf", None)
     if not source:
         raise ValueError("hf_model_builder: the run config has no 'init_from_hf' (a transformers checkpoint folder)")
-    conv, _ = load_converted(source, argument="--init-from-hf")
+    conv = load_converted(source, argument="--init-from-hf")
     cfg = conv.config
     d, layers = _sizes(cfg)
     m = run_config.model

@@ -141,7 +141,7 @@ def keep_softmax(model: nn.Module, teacher: nn.Module, layers) -> nn.Module:
 
 def save(model: nn.Module, folder) -> None:
     """``model.save_pretrained(folder)`` of a linearized model, loadable by
-    :func:`seqmix.interop.load.load_converted`. A layer that holds a converted teacher attention (a model
+    :func:`seqmix.interop.load_converted`. A layer that holds a converted teacher attention (a model
     that came from ``load_converted``: its weights under seqmix's names) is recorded as placed first, so
     that loading reads those weights rather than the transformers names it no longer has."""
     from pathlib import Path

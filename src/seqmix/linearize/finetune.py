@@ -106,7 +106,7 @@ def finetune_builder(source: str | Path, *, teacher: nn.Module | None, kd: float
     LoRA applied (``lora_rank`` > 0) and wrapped in :class:`LinearizedLM`."""
 
     def build(run_config) -> LinearizedLM:
-        model, _ = load_converted(str(source), argument="--hf")
+        model = load_converted(source, argument="--hf")
         model.train()
         if lora_rank:
             model = lora(model, lora_rank)

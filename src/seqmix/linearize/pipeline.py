@@ -5,7 +5,9 @@
 
 OUT holds, when done:
 
-    config.json, model.safetensors   the linearized model (``seqmix.interop.load.load_converted(OUT)``)
+    config.json, model.safetensors   the linearized model (``seqmix.interop.load_converted(OUT)``)
+    tokenizer.json                   the tokenizer it was trained with, and tokenizer_config.json
+                                     (PreTrainedTokenizerFast: what ``seqmix generate OUT`` reads)
     metrics.json                     per stage: validation loss (nats, bits per byte) of teacher and
                                      student, per-layer transfer residuals, state floats per token
     report.md, report.html           the same as tables (the HTML with maps.png embedded)
@@ -218,6 +220,15 @@ def _save(model, folder: Path) -> None:
     save(model, folder)
 
 
+def _save_tokenizer(corpus, folder: Path) -> None:
+    """The tokenizer the model was trained with (the corpus'), saved into ``folder`` as a PreTrainedTokenizerFast
+    (tokenizer.json, tokenizer_config.json): what `seqmix generate OUT` and AutoTokenizer read."""
+    from ..data.text import corpus_tokenizer
+    from ..hf.tokenizer import to_hf_tokenizer
+
+    to_hf_tokenizer(corpus_tokenizer(corpus)).save_pretrained(str(folder))
+
+
 def _rank() -> int:
     """This process's rank under torchrun (0 otherwise)."""
     return int(os.environ.get("RANK", "0"))
@@ -281,7 +292,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
         return evaluate_lm(model, test, cfg.eval_batches, device=cfg.device, precision=cfg.precision)
 
     def reload(folder: Path):
-        model, _ = load_converted(str(folder), argument="--out")
+        model = load_converted(folder, argument="--out")
         return model.to(device).eval()
 
     metrics: dict[str, Any] = {"config": cfg.model_dump(mode="json"), "stages": {}}
@@ -381,6 +392,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
     for f in current.iterdir():
         if f.name != "done.json" and f.is_file():
             shutil.copy2(f, out / f.name)
+    _save_tokenizer(corpus, out)
     metrics["final_stage"] = current.name
     from .report import write_html, write_maps
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..interop import InteropMixer, convert_module
+from ..train.checkpoint import read_checkpoint
 from ..train.optim import lr_at, param_groups
 from .api import attention_layers, students
 
@@ -167,6 +168,10 @@ def _freeze_copied(studs, teacher: nn.Module) -> list:
     return handles
 
 
+#: what stage 1's progress file holds (tensors, containers and numbers only: read back with weights_only=True)
+_PROGRESS_KEYS = ("key", "steps", "step", "students", "optimizer", "history")
+
+
 def _save_progress(path: Path, blob: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -227,7 +232,7 @@ def transfer(model: nn.Module, teacher: nn.Module, batch: Callable[[int], torch.
     start = 0
     ckpt = Path(checkpoint) if checkpoint is not None else None
     if ckpt is not None and ckpt.is_file():
-        blob = torch.load(ckpt, map_location=device, weights_only=False)
+        blob = read_checkpoint(ckpt, map_location=device, keys=_PROGRESS_KEYS)  # weights_only: a planted file runs nothing
         if blob.get("key") == key and blob.get("steps") == steps:
             holder.load_state_dict(blob["students"])
             opt.load_state_dict(blob["optimizer"])

@@ -580,6 +580,15 @@ class SoftmaxAttentionConfig(AttentionConfig):
         False, description="y = W_o(σ(W_g x) ⊙ o): a sigmoid gate per head and channel on the attention output before W_o "
         "(gated attention: Qiu et al. 2025; Qwen3-Next). W_g: d_model -> heads·V, with a bias when qkv_bias"
     )
+    attn_dropout: float = Field(
+        0.0, ge=0, lt=1, description="dropout on the attention probabilities in training (each entry of Φ zeroed with "
+        "probability p, the others scaled by 1/(1 - p): GPT-2's attn_pdrop, the attention_dropout of transformers' "
+        "attention modules); the identity in eval, in phi(x) and in dsf(x)"
+    )
+    out_dropout: float = Field(
+        0.0, ge=0, lt=1, description="dropout on the output y in training (after W_o: GPT-2's resid_pdrop, BLOOM's "
+        "hidden_dropout inside its attention module); the identity in eval"
+    )
     d_out: int | None = Field(
         None, gt=0, description="width of the output, W_o: heads·V -> d_out (Zamba2's shared attention reads [h; embeddings] "
         "of width 2·d and writes d: seqmix.interop); None = d_model. y is [batch, time, d_out]: such a mixer stands in for a "
@@ -652,8 +661,9 @@ class SoftmaxAttention(_Attention):
         q, k    = RMSNorm(q), RMSNorm(k)           qk_norm ("head" or "full"; qk_norm_kind "layer": LayerNorm)
         q, k    = RoPE(q, p), RoPE(k, p)           rope, rotary_dim, rope_theta, rope_interleaved, rope_scaling (p: absolute position)
         s_ij    = cap(s · q_iᵀk_j) − m_h (i − j)   scale s, softcap (cap(z) = c·tanh(z/c)), alibi (slopes m)
-        o       = softmax(s + mask; sink z_h) v    window; sinks (a logit z_h in each row's normalizer)
-        y       = W_o (σ(W_g x) ⊙ o)               output_gate; biases: qkv_bias, out_bias
+        o       = drop(softmax(s + mask; sink z_h)) v   window; sinks (a logit z_h in each row's normalizer);
+                                                   attn_dropout (drop: dropout in training, the identity in eval)
+        y       = drop(W_o (σ(W_g x) ⊙ o))         output_gate; biases: qkv_bias, out_bias; out_dropout
 
     Multi-head latent attention (MLA; DeepSeek-V2/V3, Kimi), ``kv_lora_rank`` = r::
 
@@ -803,14 +813,18 @@ class SoftmaxAttention(_Attention):
         keys, vals = kv.append(k, v) if kv is not None else (k, v)  # every key the queries see: the cached ones and their own
         if self.mla:  # the cache holds the latent pair: every head's keys and values from it
             keys, vals = self._mla_expand(keys, vals)
-        if mode == "step":
+        p = self.config.attn_dropout if self.training else 0.0
+        if mode == "step" and not p:
             o = attention_decode(q[:, 0], keys, vals, scale=self.qk_scale, **self._score_options()).unsqueeze(1)
         else:
-            o = softmax_attention(q, keys, vals, scale=self.qk_scale, window=self.config.window, mode=mode, check_values=False,
-                                  **self._score_options())
+            o = softmax_attention(q, keys, vals, scale=self.qk_scale, window=self.config.window, check_values=False,
+                                  mode="auto" if mode == "step" else mode, dropout_p=p, **self._score_options())
         T = x.shape[1]
         values = (lambda: vals[:, -T:]) if self.mla else (lambda: repeat_kv(v, self.heads // self.kv_heads))  # the core's input per map
-        return MixOut(self._gated_readout(o, x), {"kv": kv} if need_state else None, values=values, mixed=o)
+        y = self._gated_readout(o, x)
+        if self.training and self.config.out_dropout:
+            y = F.dropout(y, self.config.out_dropout)
+        return MixOut(y, {"kv": kv} if need_state else None, values=values, mixed=o)
 
     # -- DSF view --------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ L2-normalized per head, β_t = σ(x W_β) per head (2σ with ``negative_eigenval
 et al. 2025: the transition may then flip the key direction), scale K^{-1/2}, and the
 readout y = (RMSNorm_h(o) ⊙ SiLU(x W_g)) W_O (norm per head, then the gate).
 
-Issue 30 generalized the op to the transition (I + a_tᵀb_t) Diag(α_t) (keyword options a, b of
+The op also runs the generalized transition (I + a_tᵀb_t) Diag(α_t) (keyword options a, b of
 ``delta_rule``): ``comba`` (b = p = σ(d)k, q ← q − D p) is a preset of this class, ``gated_deltaproduct``
 (``num_householder`` n_h steps per token, ``seqmix.ops.delta_product``) too; RWKV-7 is :class:`RWKV7` below.
 

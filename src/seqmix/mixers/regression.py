@@ -78,7 +78,7 @@ class MesaNet(Mixer):
     family = "linear_attention"
     modes = ("recurrent", "chunk", "parallel")
     #: a forward over more tokens runs in segments of 512 (not the default 1024): a segment holds
-    #: every H_t (16 KB per token at d_model 128) and the CG's vectors. Issue 27, ``python
+    #: every H_t (16 KB per token at d_model 128) and the CG's vectors. Measured by ``python
     #: bench/scaling.py --mixers mesanet --segment-len L`` (d_model 128, 2-core CPU): forward+backward
     #: user CPU per token over T = 512..16384, 249-261 µs at L = 512, 258-297 µs at 256, 285-300 µs
     #: at 1024 (to T = 8192)

@@ -268,7 +268,7 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: int | None, top_
 def stream(model, input_ids, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, seed: int | None = None, attention_mask: torch.Tensor | None = None,
            eos_token_id: int | None = None, pad_token_id: int | None = None, use_cache: bool = True,
-           where: str = "generate") -> Iterator[torch.Tensor]:
+           on_prefill: Callable[[RaggedState], None] | None = None, where: str = "generate") -> Iterator[torch.Tensor]:
     """Yields the new tokens [B] one step at a time (see :func:`generate` for the arguments).
 
     Rows that have produced ``eos_token_id`` yield ``pad_token_id`` (default: eos) afterwards;
@@ -307,6 +307,8 @@ def stream(model, input_ids, max_new_tokens: int, *, temperature: float = 1.0, t
             if use_cache:
                 logits, state = prefill(model, input_ids, lengths, last_only=True)
                 last = logits[:, -1]
+                if on_prefill is not None:
+                    on_prefill(state)
             else:
                 rows = [input_ids[i, T - int(lengths[i]):] for i in range(B)]
                 last = torch.stack([model(r.unsqueeze(0))[0, -1] for r in rows])
@@ -330,7 +332,8 @@ def stream(model, input_ids, max_new_tokens: int, *, temperature: float = 1.0, t
 def generate(model, input_ids, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, attention_mask: torch.Tensor | None = None,
              eos_token_id: int | None = None, pad_token_id: int | None = None, use_cache: bool = True,
-             callback: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+             callback: Callable[[torch.Tensor], None] | None = None,
+             on_prefill: Callable[[RaggedState], None] | None = None) -> torch.Tensor:
     """Generates up to ``max_new_tokens`` tokens after each prompt.
 
     input_ids: [B, T] token ids (left-padded when ``attention_mask`` has zeros), or a list of
@@ -339,6 +342,8 @@ def generate(model, input_ids, max_new_tokens: int, *, temperature: float = 1.0,
     one). eos_token_id: a row stops there (later positions hold ``pad_token_id``, default eos).
     use_cache: False recomputes the whole forward pass per token (the reference).
     callback: called with each step's new tokens [B] as they are produced (streaming).
+    on_prefill: called once with the decoding state (:class:`RaggedState`) after the prefill; the object is
+    updated in place as the tokens are decoded (its ``nbytes()`` at the end: the cache's final size).
 
     Returns [B, T + n] = the (padded) prompts followed by the n <= max_new_tokens new tokens.
     """
@@ -347,7 +352,7 @@ def generate(model, input_ids, max_new_tokens: int, *, temperature: float = 1.0,
     new = []
     for tok in stream(model, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                       attention_mask=attention_mask, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                      use_cache=use_cache):
+                      use_cache=use_cache, on_prefill=on_prefill):
         new.append(tok)
         if callback is not None:
             callback(tok)

@@ -347,6 +347,7 @@ def softmax_attention(
     softcap: float | None = None,
     alibi: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Masked softmax attention; see the module docstring for the mask rules, modes and options.
 
@@ -361,6 +362,9 @@ def softmax_attention(
         softcap: c, scores c·tanh(s/c) (Gemma 2); None = none.
         alibi: slopes m [H], scores s_ij − m_h (i − j) (ALiBi); None = none.
         sinks: logits z [H] added to each row's normalizer (GPT-OSS); None = none.
+        dropout_p: dropout on the probabilities (training: each entry of the matrix zeroed with probability
+            p, the others scaled by 1/(1 - p), as ``F.dropout`` of the matrix; SDPA's ``dropout_p``);
+            0 = none. A draw from torch's generator: pass 0 where the result must be deterministic.
 
     Returns:
         o [B, Tq, H, V] (the matrix itself: :func:`attention_probs`)
@@ -368,10 +372,12 @@ def softmax_attention(
     check_choice("mode", mode, MODES + ("auto",), _WHERE)
     scale, plain = _prepare(q, k, v, scale, window, prefix, offset, key_valid, check_values, _WHERE)
     _check_extras(softcap, alibi, sinks, q.shape[2], _WHERE)
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
+        raise ValueError(f"{_WHERE}: argument 'dropout_p' must be a number in [0, 1), got {dropout_p!r}")
     groups = q.shape[2] // k.shape[2]
     if softcap is not None or alibi is not None or sinks is not None:
-        return _attention_with_extras(q, k, v, scale, window, prefix, offset, key_valid, mode, softcap, alibi, sinks)
-    if backend != "torch":
+        return _attention_with_extras(q, k, v, scale, window, prefix, offset, key_valid, mode, softcap, alibi, sinks, dropout_p)
+    if backend != "torch" and not dropout_p:  # the kernel backends take no dropout
         be = _backends.resolve(_WHERE, backend, _backends.Call(_WHERE, q.device.type, q.dtype, mode, dict(plain_causal=plain)))
         if be.name != "torch":
             return be.run[_WHERE](q, repeat_kv(k, groups), repeat_kv(v, groups), scale=scale)
@@ -379,32 +385,39 @@ def softmax_attention(
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, ·] (k, v: [B, Hkv, T, ·])
     gqa = groups > 1  # SDPA reads the grouped heads itself (enable_gqa), the reference repeats them
     if mode in ("sdpa", "auto") and plain:  # SDPA's is_causal needs no [Tq, Tk] mask
-        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=gqa)
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=gqa, dropout_p=dropout_p)
     else:
         mask, empty = _visible(Tq, Tk, window, prefix, offset, key_valid, q.device, plain)
         if mode == "parallel":
             kh, vh = repeat_kv(kh, groups, 1), repeat_kv(vh, groups, 1)
-            probs = _probs(qh, kh, scale, mask, empty)
+            probs = _dropout(_probs(qh, kh, scale, mask, empty), dropout_p)
             with autocast_off(q.device.type):  # the reference: float32 for half inputs, autocast or not
                 o = (probs @ vh.to(probs.dtype)).to(v.dtype)
         else:
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=gqa)
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=gqa, dropout_p=dropout_p)
             if empty is not None:
                 o = o.masked_fill(empty, 0.0)
     return o.transpose(1, 2)
 
 
-def _attention_with_extras(q, k, v, scale, window, prefix, offset, key_valid, mode, softcap, alibi, sinks):
+def _dropout(probs: torch.Tensor, p: float) -> torch.Tensor:
+    """The attention matrix with dropout p (training; the identity for p = 0): ``F.dropout`` of the matrix,
+    as transformers' eager attention applies it, so one draw of torch's generator gives the same zeros."""
+    return F.dropout(probs, p) if p else probs
+
+
+def _attention_with_extras(q, k, v, scale, window, prefix, offset, key_valid, mode, softcap, alibi, sinks, dropout_p=0.0):
     """softmax_attention with soft-capping, ALiBi or sinks: the explicit matrix ("parallel", and
-    any mode with soft-capping), or SDPA with a float bias (ALiBi; a sink as a zero key and value
-    whose logit is z_h)."""
+    any mode with soft-capping, or with sinks and dropout), or SDPA with a float bias (ALiBi; a sink as a
+    zero key and value whose logit is z_h)."""
     Tq, Tk = q.shape[1], k.shape[1]
     groups = q.shape[2] // k.shape[2]
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     mask, empty = _visible(Tq, Tk, window, prefix, offset, key_valid, q.device, False)
-    if mode == "parallel" or softcap is not None:
+    if mode == "parallel" or softcap is not None or (dropout_p and sinks is not None):  # dropout on Φ, not on a sink's column
         kh, vh = repeat_kv(kh, groups, 1), repeat_kv(vh, groups, 1)
         probs = _probs(qh, kh, scale, mask, empty, softcap=softcap, alibi=alibi, sinks=sinks, prefix=prefix, offset=offset)
+        probs = _dropout(probs, dropout_p)
         with autocast_off(q.device.type):
             o = (probs @ vh.to(probs.dtype)).to(v.dtype)
         return o.transpose(1, 2)
@@ -418,7 +431,7 @@ def _attention_with_extras(q, k, v, scale, window, prefix, offset, key_valid, mo
         vh = torch.cat([vh, vh.new_zeros(B, vh.shape[1], 1, vh.shape[-1])], dim=2)
         z = sinks.to(q.dtype).view(1, H, 1, 1).expand(bias.shape[0], H, Tq, 1)
         bias = torch.cat([bias.expand(bias.shape[0], H, Tq, Tk), z], dim=-1)
-    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, scale=scale, enable_gqa=groups > 1)
+    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, scale=scale, enable_gqa=groups > 1, dropout_p=dropout_p)
     if empty is not None:
         o = o.masked_fill(empty, 0.0)
     return o.transpose(1, 2)

@@ -21,11 +21,11 @@ in time producing dΔ, dA, dx, dB, dC, dD and dh0 in the same pass (sums over ch
 the batch go through per-unit partial buffers reduced here). A small scan (every state and decay
 of the call, 2·B·T·Dp·N floats with D padded to whole blocks, within ``keep_all_floats()``) keeps
 them all instead, and its backward reads them rather than recomputing them (the
-recompute was a third of the backward's time at the main job's B 16, T 32, d 64, n 8). The kept
+recompute takes a third of the backward's time at the main job's B 16, T 32, d 64, n 8). The kept
 values are the recomputed ones bit for bit (the same arithmetic), so the gradients do not depend
-on which way was taken. Against the per-channel kernel (one channel at a time, the loop over n
-vectorized) that this replaced, the decays and states are the same bits and the sums (y, dΔ, dx,
-dB, dC) differ by rounding only; the kernel alone (1 thread) ran 1.6x faster forward and 1.7x
+on which way was taken. Against a per-channel kernel (one channel at a time, the loop over n
+vectorized), the decays and states are the same bits and the sums (y, dΔ, dx,
+dB, dC) differ by rounding only; the kernel alone (1 thread) runs 1.6x faster forward and 1.7x
 forward+backward at the main job's size with S6's A, 3.9x and 2.6x with a scalar A, about 1.45x
 both at (8, 512, 512, 16) and (1, 4096, 512, 16).
 
@@ -141,8 +141,30 @@ def _cflags() -> list[str]:
 
 
 def _name() -> str:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(_cflags()).encode()).hexdigest()[:10]
+    """The build's name: a digest of the source, the flags and torch's version (its headers), so that a
+    build of that name is this kernel for this torch."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(_cflags()).encode() + torch.__version__.encode()).hexdigest()[:10]
     return f"seqmix_selective_scan_{digest}"
+
+
+def _import_built(name: str):
+    """The build ``name`` that a process (this one or another) made earlier, imported directly from torch's
+    extensions directory; None when there is none (or it does not import). This skips cpp_extension.load's
+    lock file, which a process killed inside load() leaves behind: every later load() would wait on it forever."""
+    import importlib.util
+
+    from torch.utils import cpp_extension
+
+    try:
+        path = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
+        if not path.is_file():
+            return None
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception:  # noqa: BLE001  (a private helper of torch that moved, a half-written file: build it)
+        return None
+    return module
 
 
 def available() -> tuple[bool, str]:
@@ -176,12 +198,10 @@ def load():
     from torch.utils import cpp_extension
 
     name = _name()
-    try:
-        built = any(Path(cpp_extension._get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
-    except Exception:  # a private helper of torch: if it moves, only the message is affected
-        built = False
-    if not built:
-        print(f"seqmix: compiling the C++ selective scan kernel ({name}, about a minute, once) ...", file=sys.stderr, flush=True)
+    _module = _import_built(name)
+    if _module is not None:
+        return _module
+    print(f"seqmix: compiling the C++ selective scan kernel ({name}, about a minute, once) ...", file=sys.stderr, flush=True)
     try:
         _module = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=_cflags(),
                                      extra_ldflags=["-fopenmp"], verbose=False)

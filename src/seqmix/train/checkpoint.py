@@ -11,11 +11,10 @@ holds anything else (a pickled object, whose loading could run its code) is refu
 ValueError, and so is an empty, truncated, corrupt or foreign file: never an unpickling
 traceback.
 
-Format 1 (older seqmix) stored numpy's RNG state as a numpy array. Such files are
-still read: the only globals allowed for them are numpy's array reconstruction
-(``numpy.core.multiarray._reconstruct``, ``numpy.ndarray``, ``numpy.dtype``), which build
-arrays of plain numbers and run nothing else — checked on the file's pickle opcodes before
-anything is loaded.
+Format 1 holds numpy's RNG state as a numpy array. Such files are read too: the only globals
+allowed for them are numpy's array reconstruction (``numpy.core.multiarray._reconstruct``,
+``numpy.ndarray``, ``numpy.dtype``), which build arrays of plain numbers and run nothing else —
+checked on the file's pickle opcodes before anything is loaded.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import torch
 from ..table import Family, ModuleMap, State, Transform, Unsupported, Weight, block_diag_t, drop_first, flatten, neg, pad_first, squeeze
 from .recurrent import MAMBA2_STATE, MAMBA2_WEIGHTS, MAMBA_STATE, MAMBA_WEIGHTS, S6_DSF, _dt_init, _silu, mamba_config
 from .transformers import (
-    ATTENTION_STATE, ATTENTION_WEIGHTS, SOFTMAX_DSF, _attention, _group_rows, _rope, kimi_mla_config, kimi_mla_weights,
+    ATTENTION_STATE, ATTENTION_WEIGHTS, SOFTMAX_DSF, _attention, _group_rows, _rope, attention_dropout, kimi_mla_config, kimi_mla_weights,
     llama_attention_config, plus_one, rope_fields,
 )
 
@@ -175,13 +175,10 @@ def qwen3_next_attention_config(cfg, module) -> dict:
     if len(set(has.values())) > 1:
         raise Unsupported("attention_bias", has, "q_proj (and with it the output gate), k_proj, v_proj and o_proj must all have a "
                           "bias or none")
-    p = float(getattr(module, "attention_dropout", 0.0) or 0.0)
-    if p > 0:
-        raise Unsupported("attention_dropout", p, "seqmix's softmax attention has no dropout on the attention weights (set it to 0.0)")
     scale = "sqrt" if math.isclose(float(module.scaling), K ** -0.5, rel_tol=1e-12) else float(module.scaling)
     return dict(d_model=int(q.in_features), heads=H, kv_heads=Hkv, head_dim=K, qkv_bias=has["q_proj"], out_bias=has["o_proj"],
                 scale=scale, **rope_fields(cfg, module, K), qk_norm="head", qk_norm_eps=float(module.q_norm.eps),
-                output_gate=True)
+                output_gate=True, attn_dropout=attention_dropout(module))
 
 
 def qwen3_next_attention_weights(module) -> tuple[Weight, ...]:

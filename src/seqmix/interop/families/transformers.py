@@ -58,14 +58,10 @@ def _attention(cfg, module) -> dict:
         raise Unsupported("attention_bias", {n: b for n, b in has.items() if n != "o_proj"},
                           "seqmix's W_qk = [q_proj; k_proj] and W_v have one switch, qkv_bias: q_proj, k_proj and v_proj "
                           "must all have a bias or none (o_proj's is out_bias, free)")
-    p = float(getattr(module, "attention_dropout", 0.0) or 0.0)
-    if p > 0:
-        raise Unsupported("attention_dropout", p, "seqmix's softmax attention has no dropout on the attention weights (it acts "
-                          "in training only: set it to 0.0 to convert)")
     scaling = float(module.scaling)
     scale = "sqrt" if math.isclose(scaling, K ** -0.5, rel_tol=1e-12) else scaling
     return dict(d_model=int(q.in_features), heads=H, kv_heads=Hkv, head_dim=K, qkv_bias=has["q_proj"], out_bias=has["o_proj"],
-                scale=scale, rope=True)
+                scale=scale, rope=True, attn_dropout=attention_dropout(module))
 
 
 #: transformers' rope_type -> the fields of seqmix's scaling of that type (seqmix.ops.rotary.ROPE_SCALINGS) read from
@@ -138,23 +134,20 @@ def _heads(module, K: int, q_out: int, k_out: int, v_out: int, o_in: int) -> tup
     return H, Hkv
 
 
-def _no_dropout(module) -> None:
-    p = float(getattr(module, "attention_dropout", 0.0) or 0.0)
-    if p > 0:
-        raise Unsupported("attention_dropout", p, "seqmix's softmax attention has no dropout on the attention weights (it acts "
-                          "in training only: set it to 0.0 to convert)")
+def _p(option: str, p) -> float:
+    """A dropout probability (a float or an nn.Dropout's p) -> softmax_attention's field, in [0, 1)."""
+    p = float(getattr(p, "p", p) or 0.0)
+    if not 0 <= p < 1:
+        raise Unsupported(option, p, "a dropout probability in [0, 1) (seqmix's attention keeps 1 - p of the entries)")
+    return p
 
 
-def _refuse_dropout(option: str, p, model_class: str) -> None:
-    """GPT-2's and BLOOM's attention modules drop out their attention weights and their output (BLOOM: before the
-    residual it adds) in training. seqmix's softmax attention has no dropout: the converted model would equal the
-    original in eval but not in training, so a module built with p > 0 is refused (its own probability is read, not
-    the config's, which may have been changed after the module was built). In eval dropout is the identity: a model
-    loaded with the option 0.0 computes what the checkpoint computes in eval, and converts."""
-    if float(p or 0.0) > 0:
-        raise Unsupported(option, float(p), f"seqmix's softmax attention has no dropout; it acts in training only: load the "
-                          f"model with {option}=0.0 (e.g. {model_class}.from_pretrained(..., {option}=0.0): the same outputs in "
-                          "eval) to convert")
+def attention_dropout(module) -> float:
+    """The dropout transformers' attention module applies to its attention probabilities in training (its
+    ``attention_dropout``: a float passed as the attention function's ``dropout``, or an nn.Dropout), read from
+    the module (not the config, which may have been changed after the module was built): softmax_attention's
+    ``attn_dropout``, applied at the same place (the matrix after the softmax), the identity in eval."""
+    return _p("attention_dropout", getattr(module, "attention_dropout", 0.0))
 
 
 def _scale(module, K: int):
@@ -217,12 +210,11 @@ def phi_attention_config(cfg, module) -> dict:
     K = int(module.head_dim)
     H, Hkv = _heads(module, K, module.q_proj.out_features, module.k_proj.out_features, module.v_proj.out_features,
                     module.dense.in_features)
-    _no_dropout(module)
     has = {n: getattr(module, n).bias is not None for n in ("q_proj", "k_proj", "v_proj", "dense")}
     if len({has["q_proj"], has["k_proj"], has["v_proj"]}) > 1:
         raise Unsupported("bias", has, "q_proj, k_proj and v_proj must all have a bias or none (seqmix's qkv_bias)")
     out = dict(d_model=int(module.q_proj.in_features), heads=H, kv_heads=Hkv, head_dim=K, qkv_bias=has["q_proj"],
-               out_bias=has["dense"], scale=_scale(module, K), **rope_fields(cfg, module, K))
+               out_bias=has["dense"], scale=_scale(module, K), attn_dropout=attention_dropout(module), **rope_fields(cfg, module, K))
     if getattr(module, "qk_layernorm", False):
         qn, kn = module.q_layernorm, module.k_layernorm
         for name, n in (("q_layernorm", qn), ("k_layernorm", kn)):
@@ -244,9 +236,8 @@ def phi3_attention_config(cfg, module) -> dict:
     _heads(module, K, H * K, Hkv * K, Hkv * K, module.o_proj.in_features)
     if module.qkv_proj.bias is not None or module.o_proj.bias is not None:
         raise Unsupported("bias", True, "Phi3Attention's projections have no bias in transformers")
-    _no_dropout(module)
     out = dict(d_model=int(module.qkv_proj.in_features), heads=H, kv_heads=Hkv, head_dim=K, scale=_scale(module, K),
-               **rope_fields(cfg, module, K))
+               attn_dropout=attention_dropout(module), **rope_fields(cfg, module, K))
     w = getattr(cfg, "sliding_window", None)
     if w is not None:
         out["window"] = int(w)
@@ -273,10 +264,9 @@ def gpt_neox_attention_config(cfg, module) -> dict:
     _heads(module, K, H * K, H * K, H * K, module.dense.in_features)
     if module.query_key_value.out_features != 3 * H * K:
         raise Unsupported("num_attention_heads", H, f"query_key_value has {module.query_key_value.out_features} rows, not 3·heads·K")
-    _no_dropout(module)
     has_in, has_out = module.query_key_value.bias is not None, module.dense.bias is not None
     return dict(d_model=d, heads=H, head_dim=K, qkv_bias=has_in, out_bias=has_out, scale=_scale(module, K),
-                **rope_fields(cfg, module, K))
+                attn_dropout=attention_dropout(module), **rope_fields(cfg, module, K))
 
 
 def interleaved_qkv_weights(H: int, K: int) -> tuple[Weight, ...]:
@@ -355,12 +345,11 @@ def gpt2_attention_config(cfg, module) -> dict:
     1/sqrt(K) or 1 (scale_attn_weights), divided by layer + 1 (scale_attn_by_inverse_layer_idx)."""
     if getattr(module, "is_cross_attention", False):
         raise Unsupported("add_cross_attention", True, "a cross-attention layer reads another sequence: no causal mixer")
-    for name, p in (("attn_pdrop", module.attn_dropout.p), ("resid_pdrop", module.resid_dropout.p)):
-        _refuse_dropout(name, p, "GPT2LMHeadModel")
     K, H = int(module.head_dim), int(module.num_heads)
     d = int(module.embed_dim)
     _heads(module, K, H * K, H * K, H * K, module.c_proj.weight.shape[0])
-    return dict(d_model=d, heads=H, head_dim=K, bias=True, scale=_scale(module, K), rope=False)
+    return dict(d_model=d, heads=H, head_dim=K, bias=True, scale=_scale(module, K), rope=False,
+                attn_dropout=_p("attn_pdrop", module.attn_dropout), out_dropout=_p("resid_pdrop", module.resid_dropout))
 
 
 def _conv1d_rows(start: int, stop: int) -> Transform:
@@ -386,11 +375,10 @@ def bloom_attention_config(cfg, module) -> dict:
     H, K = int(module.num_heads), int(module.head_dim)
     d = int(module.hidden_size)
     _heads(module, K, H * K, H * K, H * K, module.dense.in_features)
-    for name, p in (("attention_dropout", module.attention_dropout.p), ("hidden_dropout", module.hidden_dropout)):
-        _refuse_dropout(name, p, "BloomForCausalLM")
     if not math.isclose(float(module.inv_norm_factor), K ** -0.5, rel_tol=1e-12) or float(module.beta) != 1.0:
         raise Unsupported("inv_norm_factor", float(module.inv_norm_factor), "seqmix's ALiBi adds the bias to 1/sqrt(K)·qᵀk")
-    return dict(d_model=d, heads=H, head_dim=K, bias=True, scale="sqrt", rope=False, alibi=True)
+    return dict(d_model=d, heads=H, head_dim=K, bias=True, scale="sqrt", rope=False, alibi=True,
+                attn_dropout=_p("attention_dropout", module.attention_dropout), out_dropout=_p("hidden_dropout", module.hidden_dropout))
 
 
 def bloom_attention_weights(module) -> tuple[Weight, ...]:
@@ -406,7 +394,6 @@ def mla_attention_config(cfg, module, *, rope: bool = True) -> dict:
     H, K, R = int(module.num_heads), int(module.qk_head_dim), int(module.qk_rope_head_dim)
     V, r = int(module.v_head_dim), int(module.kv_lora_rank)
     rq = module.q_lora_rank
-    _no_dropout(module)
     if int(getattr(module, "num_key_value_groups", 1)) != 1:
         raise Unsupported("num_key_value_heads", cfg.num_key_value_heads, "MLA's keys are per head (from the shared latent)")
     in_bias = module.kv_a_proj_with_mqa.bias is not None
@@ -418,7 +405,7 @@ def mla_attention_config(cfg, module, *, rope: bool = True) -> dict:
     return dict(d_model=int(module.hidden_size), heads=H, head_dim=K, v_head_dim=V, kv_lora_rank=r,
                 q_lora_rank=None if rq is None else int(rq), qk_rope_head_dim=R, qkv_bias=in_bias,
                 out_bias=module.o_proj.bias is not None, scale=_scale(module, K), mla_norm_eps=eps.pop(),
-                **(rope_fields(cfg, module, R) if rope else dict(rope=False)))
+                attn_dropout=attention_dropout(module), **(rope_fields(cfg, module, R) if rope else dict(rope=False)))
 
 
 def kimi_mla_weights(module) -> tuple[Weight, ...]:

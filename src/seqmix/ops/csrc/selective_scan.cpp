@@ -15,10 +15,9 @@
 // Δ = z for z > 20; σ(z) = softplus'(z) is the logistic function (1 above the threshold, as torch's
 // softplus_backward). The backward evaluates them again, once: for a whole chunk before its
 // recompute, which the adjoint then reads too (or, with every state kept, in the adjoint): the same
-// bits as the forward's Δ. Keeping Δ and σ from the forward instead ([B, T, D] each; tried while
-// the backward still evaluated them twice) was no faster at B 16, T 32, d 64, n 8 (within the
-// noise) and about 12% slower forward + backward at (8, 512, 512, 16) (two fresh 8 MiB tensors
-// written and read back; issue 27). The backward returns the gradient w.r.t. z (the pre-activation
+// bits as the forward's Δ. Keeping Δ and σ from the forward instead ([B, T, D] each) measured no
+// faster at B 16, T 32, d 64, n 8 (within the noise) and about 12% slower forward + backward at
+// (8, 512, 512, 16) (two fresh 8 MiB tensors written and read back). The backward returns the gradient w.r.t. z (the pre-activation
 // delta), dz = dΔ · σ(z), and d(delta_bias) = Σ_(b, t) dz, per batch [B, D] (reduced by the caller).
 //
 // Shapes (contiguous, one dtype: float32 or float64): x, delta, y [B, T, D]; A [D, N]; delta_bias [D] or none;
@@ -30,9 +29,9 @@
 // (h_(-1) = h0 first) with every decay as [B, n_blocks, T, Na, kBlock], as = exp(Δ_t A)
 // (keep = 2). Na = 1 when every row of A is constant over n (below), else N.
 //
-// Loop structure (issue 27: the per-channel loop with the loop over n vectorized was
-// instruction-bound, ~40-50 instructions per (t, channel) step at N = 8, most of them the
-// horizontal sum over n for y and the per-channel scalar work):
+// Loop structure (a per-channel loop with the loop over n vectorized is instruction-bound,
+// ~40-50 instructions per (t, channel) step at N = 8, most of them the horizontal sum over n for y
+// and the per-channel scalar work):
 //   work unit = (b, block of kBlock channels), run in parallel with at::parallel_for;
 //   inside a unit: t (forward: in order; backward: chunks from the last, t reversed inside),
 //     then n, then the kBlock channels of the block as the innermost loop, the SIMD lanes
@@ -51,7 +50,7 @@
 //   Mamba's usual d_state; template argument NC, 0 for any N): the loops over n unroll, about 6%
 //   faster forward and 7-11% backward (the same arithmetic in the same order).
 //
-// Against the per-channel kernel this replaced (issue 27): the decays and states are the same
+// Against a per-channel kernel (channels outer, n vectorized): the decays and states are the same
 // bits; y, du, dΔ, dB, dC sum in another order (over n per lane, over the lanes by the compiler's
 // reduction), a difference of rounding only (float32: about 1e-7 relative; float64: 1e-16).
 //
@@ -116,9 +115,9 @@ inline double exp_s(double x) { return std::exp(x); }
 // log(1 + e) for float32 e in [0, 1] as plain arithmetic (it vectorizes), accurate for small e too:
 // e · P(e) with P a degree-9 polynomial fitted here to log(1 + e) / e on [0, 1] (weighted least squares
 // on Chebyshev nodes iterated toward the minimax relative error; fit error 4.7e-9 relative, evaluated
-// in float32 within 1.9e-7 of log1p over [0, 1] and at e = 2^-k down to 2^-99). No division (issue 27:
-// the first version, 2 atanh(e / (2 + e)) by its series, spent more time in its division than in the
-// polynomial); P(0) = 1 keeps log(1 + e) = e to rounding for tiny e (softplus of a very negative z).
+// in float32 within 1.9e-7 of log1p over [0, 1] and at e = 2^-k down to 2^-99). No division (2 atanh(e / (2 + e))
+// by its series spends more time in its division than this in its polynomial); P(0) = 1 keeps
+// log(1 + e) = e to rounding for tiny e (softplus of a very negative z).
 inline float log1p_unit(float e) {
   float p = -3.244021209e-03f;
   p = p * e + 1.985144429e-02f;

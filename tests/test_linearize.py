@@ -43,6 +43,18 @@ def ids(batch=2, T=24, seed=1, vocab=VOCAB):
     return torch.randint(0, vocab, (batch, T), generator=torch.Generator().manual_seed(seed))
 
 
+def student_attention(m, x, **kw) -> dict:
+    """{layer: the causal softmax of the map of an identity-feature separable student} of teacher ``m`` on tokens ``x``
+    (φ = ψ = identity, η = 1, ``kw`` its linearize options): transformers' own attention weights exactly when the
+    student's scores are the teacher's logits (q, k copied, the 1/√K scale, RoPE, qk-norm and biases as the teacher's)."""
+    studs = students(linearize(m, mixer="separable_attention", feature_map="identity", normalizer="none", **kw))
+    with capture(m, studs) as cap, torch.no_grad():
+        m(input_ids=x, use_cache=False)
+        scores = {layer: a.mixer.phi(cap.inputs[layer]) for layer, a in studs.items()}
+    causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+    return {layer: s.masked_fill(~causal, float("-inf")).softmax(-1) for layer, s in scores.items()}
+
+
 # -- the init table ------------------------------------------------------------------------------
 
 
@@ -82,20 +94,13 @@ def test_identity_feature_map_student_reproduces_the_teachers_attention():
     teacher's logits as its map (q, k copied, kv heads repeated, the 1/√K scale, RoPE at the teacher's
     θ): its causal softmax is the attention map transformers itself returns (eager, output_attentions)."""
     m = teacher(attn="eager")
-    lin = linearize(m, mixer="separable_attention", layers=[0, 1, 2], feature_map="identity", normalizer="none")
     x = ids(2, 12)
     out = m(input_ids=x, output_attentions=True, use_cache=False)
-    studs = students(lin)
-    with capture(m, studs) as cap:
-        m(input_ids=x, use_cache=False)
-    causal = torch.ones(12, 12, dtype=torch.bool).tril()
-    for layer, a in studs.items():
-        scores = a.mixer.phi(cap.inputs[layer]).masked_fill(~causal, float("-inf"))
-        torch.testing.assert_close(scores.softmax(-1), out.attentions[layer], rtol=1e-5, atol=1e-6)
+    for layer, probs in student_attention(m, x, layers=[0, 1, 2]).items():
+        torch.testing.assert_close(probs, out.attentions[layer], rtol=1e-5, atol=1e-6)
     # without RoPE the maps differ: the check can fail
-    plain = linearize(m, mixer="separable_attention", layers=[0], feature_map="identity", normalizer="none", rope=False)
-    scores = plain.model.layers[0].self_attn.mixer.phi(cap.inputs[0]).masked_fill(~causal, float("-inf"))
-    assert (scores.softmax(-1) - out.attentions[0]).abs().max() > 1e-3
+    probs = student_attention(m, x, layers=[0], rope=False)[0]
+    assert (probs - out.attentions[0]).abs().max() > 1e-3
 
 
 def test_students_that_cannot_take_qkv_are_refused_naming_mixer():
@@ -697,15 +702,9 @@ def test_qwen2_teacher_biases_go_with_the_copied_rows(name, kw):
     with pytest.raises(ValueError, match="argument 'mixer'.*has a bias"):
         linearize(m, mixer=name, layers=[1], **kw, **off)
     if name == "linear_attention":  # the exact check, once: the identity-feature student's map is the teacher's
-        exact = linearize(m, mixer="separable_attention", layers=[1], feature_map="identity", normalizer="none")
         x = ids(2, 12)
         ref = m(input_ids=x, output_attentions=True, use_cache=False).attentions[1]
-        studs = students(exact)
-        with capture(m, studs) as cap:
-            m(input_ids=x, use_cache=False)
-        causal = torch.ones(12, 12, dtype=torch.bool).tril()
-        scores = studs[1].mixer.phi(cap.inputs[1]).masked_fill(~causal, float("-inf"))
-        torch.testing.assert_close(scores.softmax(-1), ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(student_attention(m, x, layers=[1])[1], ref, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("parallel,lora", [("ddp", ["--full"]), ("fsdp", ["--lora-rank", "4"])])
@@ -773,19 +772,10 @@ def test_scaled_rope_teacher_is_the_identity_feature_students_map_and_takes_deca
                 p.normal_(0, 0.5)
     x = ids(2, 24)
     out = m(input_ids=x, output_attentions=True, use_cache=False)
-    causal = torch.ones(24, 24, dtype=torch.bool).tril()
-    for kw, exact in (({}, True), ({"rope_scaling": None}, False)):  # the table's config; the scaling dropped from it
-        lin = linearize(m, mixer="separable_attention", feature_map="identity", normalizer="none", **kw)
-        studs = students(lin)
-        with capture(m, studs) as cap, torch.no_grad():
-            m(input_ids=x, use_cache=False)
-            probs_of = {layer: a.mixer.phi(cap.inputs[layer]) for layer, a in studs.items()}
-        for layer, scores in probs_of.items():
-            probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
-            if exact:
-                torch.testing.assert_close(probs, out.attentions[layer], rtol=1e-5, atol=1e-6)
-            else:
-                assert float((probs - out.attentions[layer]).abs().max()) > 1e-3
+    for layer, probs in student_attention(m, x).items():
+        torch.testing.assert_close(probs, out.attentions[layer], rtol=1e-5, atol=1e-6)
+    for layer, probs in student_attention(m, x, rope_scaling=None).items():  # the scaling dropped: the check can fail
+        assert float((probs - out.attentions[layer]).abs().max()) > 1e-3
     lin = linearize(m, mixer="gla")
     assert torch.isfinite(lin(input_ids=ids(1, 8), use_cache=False).logits).all()
 

@@ -14,8 +14,8 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E4
 
 from seqmix.interop import from_transformers  # noqa: E402
 from seqmix.interop import load_converted  # noqa: E402
-from seqmix.linearize import capture, linearize, residuals, save, students, teacher_weights, transfer, valid_students  # noqa: E402
-from test_linearize import VOCAB, ids, teacher  # noqa: E402
+from seqmix.linearize import linearize, residuals, save, students, teacher_weights, transfer, valid_students  # noqa: E402
+from test_linearize import VOCAB, ids, student_attention, teacher  # noqa: E402
 
 #: (student, its config, stage-1 lr, trainable): what each recipe trains in stage 1 (LoLCATs: the feature maps and γ only)
 NEW = [("lolcats", {"window": 4}, 1e-2, "new"), ("liger_gla", {}, 1e-3, "all"), ("liger_attention", {"window": 4}, 3e-4, "all"),
@@ -224,14 +224,8 @@ def test_qwen3_teacher_is_the_window_students_at_init():
         gq = (att.q_proj.weight.view(4, 8, 32) * att.q_norm.weight.view(1, 8, 1)).reshape(32, 32)
         torch.testing.assert_close(s.W_qk.weight[:32], gq, rtol=0, atol=0)
         assert float((folded(input_ids=x, use_cache=False).logits - out.logits).abs().max()) > 1e-3
-        exact = linearize(m, mixer="separable_attention", feature_map="identity", normalizer="none")
-        studs = students(exact)
-        with capture(m, studs) as cap:
-            m(input_ids=x, use_cache=False)
-        causal = torch.ones(24, 24, dtype=torch.bool).tril()
-        for layer, a in studs.items():
-            scores = a.mixer.phi(cap.inputs[layer]).masked_fill(~causal, float("-inf"))
-            torch.testing.assert_close(scores.softmax(-1), out.attentions[layer], rtol=1e-5, atol=1e-6)
+    for layer, probs in student_attention(m, x).items():
+        torch.testing.assert_close(probs, out.attentions[layer], rtol=1e-5, atol=1e-6)
 
 
 # -- sliding-window attention: the control student ---------------------------------------------------------------

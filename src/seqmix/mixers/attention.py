@@ -70,7 +70,7 @@ from torch import nn
 
 from ..dsf import DSF
 from ..ops import (
-    KVCache, RotaryTable, alibi_slopes, attention_decode, attention_probs, check_rope_scaling, linear_recurrence,
+    KVCache, RotaryTable, alibi_slopes, apply_rotary, attention_decode, attention_probs, check_rope_scaling, linear_recurrence,
     recurrence_map, repeat_kv, rotary,
     softmax_attention,
 )
@@ -87,7 +87,7 @@ from ..ops.features import (
     FEATURE_MAPS, LEARNED_FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, hedgehog_features, taylor_feature_dim,
 )
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, rope_rotate, rope_table
+from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, rope_table
 
 FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor", "square", "hedgehog"]
 Normalizer = Literal["none", "row_sum", "abs_row_sum", "exp", "softplus", "sigmoid"]
@@ -168,12 +168,14 @@ class _Attention(Mixer):
         return rope_table(self, c.rope_theta, vars(c).get("rope_scaling"))
 
     def _rotate(self, start: int, *ts, rotary_dim: int | None = None, interleaved: bool = False):
-        """Each of ts [B, T, H, K] rotated by RoPE (theta = config.rope_theta, config.rope_scaling; the first
-        ``rotary_dim`` channels, default K) at the absolute positions start .. start + T − 1, one cos / sin for all:
+        """Each of ts [B, T, H, K] rotated by RoPE (theta = config.rope_theta; the first ``rotary_dim``
+        channels, default K) at the absolute positions start .. start + T − 1, one cos / sin for all:
         the rotary positions of the attentions with a ``rope`` option."""
-        c = self.config
-        return rope_rotate(self, c.rope_theta, start, *ts, scaling=vars(c).get("rope_scaling"), rotary_dim=rotary_dim,
-                           interleaved=interleaved)
+        t0 = ts[0]
+        T, R = t0.shape[1], rotary_dim or t0.shape[-1]
+        dt = torch.float64 if t0.dtype == torch.float64 else torch.float32  # as ops.rotary
+        cos, sin = self.rope_table(start, T, R, device=t0.device, dtype=dt, seq_len=start + T, interleaved=interleaved)
+        return tuple(apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts)
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)

@@ -10,9 +10,10 @@ softmax attention (eq. 2), ``softmax_attention``::
     y_i = Σ_{j<=i, i-j<w} softmax_j(s · q_iᵀ k_j) v_j
 
     one call into ``seqmix.ops.softmax_attention`` (SDPA, or the explicit masked matrix),
-    optional sliding window w, KV-cache decoding bounded by w. Its DSF has an infinite
-    state (Lemma 1); ``dsf(x, taylor_order=P)`` returns the degree-P Taylor-feature
-    separable attention instead, which converges to it as P grows.
+    optional sliding window w, KV-cache decoding bounded by w (the preset
+    ``sliding_window_attention``: w = 64). Its DSF has an infinite state (Lemma 1);
+    ``dsf(x, taylor_order=P)`` returns the degree-P Taylor-feature separable attention
+    instead, which converges to it as P grows.
 
 separable attention (eq. 13-15, the corrected 15b of Appendix B), ``separable_attention``::
 

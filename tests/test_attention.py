@@ -20,7 +20,7 @@ D, N, H = 16, 8, 2
 def build(name, dtype=torch.float64, seed=0, **cfg):
     torch.manual_seed(seed)
     base = {"d_model": D, "n": N, "heads": H}
-    if name != "softmax_attention":
+    if name not in ("softmax_attention", "sliding_window_attention"):
         base["chunk_size"] = 8
     return seqmix.build_mixer(name, **{**base, **cfg}).to(dtype).eval()
 
@@ -73,6 +73,25 @@ def test_window_decoding_split_and_bounded_cache(window):
             y = torch.cat([m(x[:, :cut], cache=c), m(x[:, cut:], cache=c)], 1)
             assert max_abs(y, y_full) < F64_ATOL, (mode, cut)
     assert m.state_size() == (N + D) * (window - 1)
+
+
+def test_sliding_window_attention_preset_is_windowed_softmax_with_a_bounded_cache():
+    """The preset: softmax attention's class at window 64 under its own name (seqmix.linearize's windowed student); its
+    state, the window's keys and values, is constant in the context: 150 decoded tokens keep 63 in a bounded buffer."""
+    m = build("sliding_window_attention")
+    assert type(m) is type(build("softmax_attention")) and m.config.window == 64
+    assert m.registry_name == "sliding_window_attention"
+    x = x_of(150)
+    y_full = m(x)
+    cache = Cache()
+    with torch.no_grad():  # the buffers written in place (no autograd record)
+        steps = []
+        for t in range(x.shape[1]):
+            steps.append(m(x[:, t : t + 1], cache=cache))
+            kv = cache.get(m)["kv"]
+            assert len(kv) == min(t + 1, 63) and kv.capacity <= max(2 * 63, 63 + kv.BLOCK)
+    assert max_abs(torch.cat(steps, 1), y_full) < F64_ATOL
+    assert cache.floats() == 2 * m.state_size() == 2 * (N + D) * 63  # state_size() needs no seq_len: it is bounded
 
 
 def test_window_phi_is_banded_and_matches_forward():

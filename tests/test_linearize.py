@@ -43,6 +43,18 @@ def ids(batch=2, T=24, seed=1, vocab=VOCAB):
     return torch.randint(0, vocab, (batch, T), generator=torch.Generator().manual_seed(seed))
 
 
+def student_attention(m, x, **kw) -> dict:
+    """{layer: the causal softmax of the map of an identity-feature separable student} of teacher ``m`` on tokens ``x``
+    (φ = ψ = identity, η = 1, ``kw`` its linearize options): transformers' own attention weights exactly when the
+    student's scores are the teacher's logits (q, k copied, the 1/√K scale, RoPE, qk-norm and biases as the teacher's)."""
+    studs = students(linearize(m, mixer="separable_attention", feature_map="identity", normalizer="none", **kw))
+    with capture(m, studs) as cap, torch.no_grad():
+        m(input_ids=x, use_cache=False)
+        scores = {layer: a.mixer.phi(cap.inputs[layer]) for layer, a in studs.items()}
+    causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+    return {layer: s.masked_fill(~causal, float("-inf")).softmax(-1) for layer, s in scores.items()}
+
+
 # -- the init table ------------------------------------------------------------------------------
 
 
@@ -82,20 +94,13 @@ def test_identity_feature_map_student_reproduces_the_teachers_attention():
     teacher's logits as its map (q, k copied, kv heads repeated, the 1/√K scale, RoPE at the teacher's
     θ): its causal softmax is the attention map transformers itself returns (eager, output_attentions)."""
     m = teacher(attn="eager")
-    lin = linearize(m, mixer="separable_attention", layers=[0, 1, 2], feature_map="identity", normalizer="none")
     x = ids(2, 12)
     out = m(input_ids=x, output_attentions=True, use_cache=False)
-    studs = students(lin)
-    with capture(m, studs) as cap:
-        m(input_ids=x, use_cache=False)
-    causal = torch.ones(12, 12, dtype=torch.bool).tril()
-    for layer, a in studs.items():
-        scores = a.mixer.phi(cap.inputs[layer]).masked_fill(~causal, float("-inf"))
-        torch.testing.assert_close(scores.softmax(-1), out.attentions[layer], rtol=1e-5, atol=1e-6)
+    for layer, probs in student_attention(m, x, layers=[0, 1, 2]).items():
+        torch.testing.assert_close(probs, out.attentions[layer], rtol=1e-5, atol=1e-6)
     # without RoPE the maps differ: the check can fail
-    plain = linearize(m, mixer="separable_attention", layers=[0], feature_map="identity", normalizer="none", rope=False)
-    scores = plain.model.layers[0].self_attn.mixer.phi(cap.inputs[0]).masked_fill(~causal, float("-inf"))
-    assert (scores.softmax(-1) - out.attentions[0]).abs().max() > 1e-3
+    probs = student_attention(m, x, layers=[0], rope=False)[0]
+    assert (probs - out.attentions[0]).abs().max() > 1e-3
 
 
 def test_students_that_cannot_take_qkv_are_refused_naming_mixer():
@@ -697,15 +702,9 @@ def test_qwen2_teacher_biases_go_with_the_copied_rows(name, kw):
     with pytest.raises(ValueError, match="argument 'mixer'.*has a bias"):
         linearize(m, mixer=name, layers=[1], **kw, **off)
     if name == "linear_attention":  # the exact check, once: the identity-feature student's map is the teacher's
-        exact = linearize(m, mixer="separable_attention", layers=[1], feature_map="identity", normalizer="none")
         x = ids(2, 12)
         ref = m(input_ids=x, output_attentions=True, use_cache=False).attentions[1]
-        studs = students(exact)
-        with capture(m, studs) as cap:
-            m(input_ids=x, use_cache=False)
-        causal = torch.ones(12, 12, dtype=torch.bool).tril()
-        scores = studs[1].mixer.phi(cap.inputs[1]).masked_fill(~causal, float("-inf"))
-        torch.testing.assert_close(scores.softmax(-1), ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(student_attention(m, x, layers=[1])[1], ref, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("parallel,lora", [("ddp", ["--full"]), ("fsdp", ["--lora-rank", "4"])])
@@ -756,17 +755,27 @@ def test_cli_parallel_two_ranks(tmp_path, parallel, lora):
     assert out.shape == (1, 9)
 
 
-def test_scaled_rope_teacher_refuses_separable_students_and_takes_decay_students():
-    """A Llama-3 teacher (its "llama3" RoPE scaling): a linear attention student would take the teacher's RoPE
-    without the scaling, so it is refused naming 'mixer'; gla (no RoPE, a decay) is built and runs."""
+def test_scaled_rope_teacher_is_the_identity_feature_students_map_and_takes_decay_students():
+    """A Llama-3 teacher (its "llama3" RoPE scaling): a separable student takes the scaled RoPE (rope_scaling), so the
+    identity-feature student's causal softmax is transformers' own attention map (without the scaling it is not: the
+    check can fail); gla (no RoPE, a decay) is built and runs."""
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=256,
                       rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8})
+    cfg._attn_implementation = "eager"
     m = LlamaForCausalLM(cfg).eval()
-    with pytest.raises(ValueError, match="argument 'mixer'.*rope_scaling"):
-        linearize(m, mixer="linear_attention", feature_map="hedgehog")
+    with torch.no_grad():
+        for layer in m.model.layers:
+            for p in (layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight):
+                p.normal_(0, 0.5)
+    x = ids(2, 24)
+    out = m(input_ids=x, output_attentions=True, use_cache=False)
+    for layer, probs in student_attention(m, x).items():
+        torch.testing.assert_close(probs, out.attentions[layer], rtol=1e-5, atol=1e-6)
+    for layer, probs in student_attention(m, x, rope_scaling=None).items():  # the scaling dropped: the check can fail
+        assert float((probs - out.attentions[layer]).abs().max()) > 1e-3
     lin = linearize(m, mixer="gla")
     assert torch.isfinite(lin(input_ids=ids(1, 8), use_cache=False).logits).all()
 

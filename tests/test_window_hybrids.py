@@ -149,12 +149,17 @@ def test_lolcats_modes_decoding_and_splits_agree_at_windows_below_at_and_above_t
 
 
 def _attention_twin(m, **kw):
-    """softmax_attention with m's q/k/v/o weights, heads, scale and RoPE."""
+    """softmax_attention with m's q/k/v/o weights, heads, scale, RoPE (its scaling too) and qk-norm."""
     c = m.config
     att = seqmix.build_mixer("softmax_attention", d_model=c.d_model, n=c.n, heads=c.heads, scale=c.scale, rope=c.rope,
-                             rope_theta=c.rope_theta, **kw).to(D64)
-    att.load_state_dict({k: v for k, v in m.state_dict().items() if k.startswith(("W_qk", "W_v", "W_o"))})
+                             rope_theta=c.rope_theta, rope_scaling=c.rope_scaling, qk_norm=c.qk_norm, qk_norm_eps=c.qk_norm_eps,
+                             **kw).to(D64)
+    att.load_state_dict({k: v for k, v in m.state_dict().items() if k.startswith(("W_qk", "W_v", "W_o", "q_norm", "k_norm"))})
     return att
+
+
+#: Llama 3.1's RoPE scaling at a small context (original 8 tokens: the test lengths reach past it)
+LLAMA3 = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
 
 
 @pytest.mark.parametrize("rope", [False, True])
@@ -170,6 +175,50 @@ def test_lolcats_with_the_window_covering_the_sequence_is_softmax_attention(rope
     short = build("lolcats", window=4, rope=rope, scale="sqrt")
     short.load_state_dict(m.state_dict())
     assert max_abs(short(x), att(x)) > 1e-3
+
+
+def test_lolcats_with_scaled_rope_and_qk_norm_covering_the_sequence_is_that_softmax_attention():
+    """The options a real teacher needs (Llama 3's scaled RoPE, Qwen3's per-head qk-norm with weights off 1): with the
+    window covering the sequence the student is softmax attention with the same options, in every mode; dropping either
+    option from the student leaves it another map (the check can fail)."""
+    m = perturb_(build("lolcats", window=32, rope=True, rope_scaling=LLAMA3, qk_norm="head", scale="sqrt"))
+    att = _attention_twin(m)
+    assert float((att.q_norm.weight.detach() - 1).abs().max()) > 0.1  # the norm's weights are not the identity
+    x = x_of(T=19)
+    for mode in m.modes:
+        m.mode = mode
+        assert max_abs(m(x), att(x)) < F64_ATOL, mode
+    for off in ({"rope_scaling": None}, {"qk_norm": "none"}):
+        other = build("lolcats", **{**m.config.model_dump(), **off})
+        other.load_state_dict(m.state_dict(), strict=False)
+        assert max_abs(other(x), att(x)) > 1e-3, off
+
+
+@pytest.mark.parametrize("name,kw", [("lolcats", {"window": 4, "rope": True, "qk_norm": "head"}),
+                                     ("liger_attention", {"window": 4}), ("rad_rwkv7", {})], ids=["lolcats", "liger_attention", "rad_rwkv7"])
+def test_scaled_rope_students_agree_across_modes_decoding_and_splits(name, kw):
+    """The students that take a teacher's RoPE, with its scaling (and lolcats with a qk-norm): every mode, step decoding
+    (positions from the state), splits, phi and the DSF agree in float64, at lengths past the scaling's original
+    context."""
+    m = perturb_(build(name, rope_scaling=LLAMA3, **kw))
+    x = x_of(T=19)
+    assert_modes_agree_f64(m, x, name)
+    assert_decodes_splits_and_maps(m, x, name, split=7)
+
+
+def test_rope_scaling_and_qk_norm_options_are_checked_naming_the_field():
+    with pytest.raises(ValueError, match="rope_scaling"):
+        build("lolcats", rope=False, rope_scaling=LLAMA3)
+    with pytest.raises(ValueError, match="rope_scaling"):
+        build("lolcats", rope=True, rope_scaling={"type": "llama3", "factor": 8.0})  # fields missing
+    with pytest.raises(ValueError, match="rope_scaling"):
+        build("liger_attention", rope_theta=None, rope_scaling=LLAMA3)
+    with pytest.raises(ValueError, match="rope_scaling"):
+        build("rad_rwkv7", rope_theta=None, rope_scaling=LLAMA3)
+    with pytest.raises(ValueError, match="rope"):
+        build("linear_attention", n=6, heads=2, rope=True)  # K = 3: RoPE turns pairs
+    with pytest.raises(ValueError, match="qk_norm"):
+        build("linear_attention", qk_norm="full")
 
 
 def test_lolcats_with_the_factor_saturated_toward_softmax_is_sliding_window_attention():
@@ -282,7 +331,7 @@ def test_liger_attention_is_the_weighted_sum_of_its_window_and_its_recurrence():
     m = perturb_(build("liger_attention"))
     x = x_of()
     rec = seqmix.build_mixer("liger_gla", **{k: v for k, v in m.config.model_dump().items()
-                                             if k not in ("window", "window_weight", "linear_weight", "rope_theta")}).to(D64)
+                                             if k not in ("window", "window_weight", "linear_weight", "rope_theta", "rope_scaling")}).to(D64)
     rec.load_state_dict(m.state_dict())
     assert _n_params(m) == _n_params(rec)
     att = seqmix.build_mixer("softmax_attention", d_model=16, heads=2, scale="sqrt", window=5, rope=True, rope_theta=10000.0).to(D64)

@@ -514,6 +514,7 @@ def layers_figure(models: list[ModelMaps], *, dpi: int = 100) -> Figure:
 LAMBDA_STRUCTURE: dict[str, str] = {
     # attention: no finite-state Λ
     "softmax_attention": "none: softmax attention (KV cache)",
+    "sliding_window_attention": "none: softmax attention over the last w tokens (a bounded KV cache of w − 1)",
     "fox": "none: softmax attention with forget gate",
     "path_attention": "none: PaTH attention",
     "stickbreaking": "none: stick-breaking attention",

@@ -437,6 +437,8 @@ class InteropMixer(nn.Module):
         count the tokens seen and its batch reorderings leave the row ids for :meth:`_read_layer_state`."""
         layer = self._attention_layer(hf_cache, where)
         ref = next((t for t in state.values() if isinstance(t, torch.Tensor)), None)
+        if ref is None:  # a KV cache (sliding-window attention placed in an attention slot): its buffers
+            ref = next((t.k for t in state.values() if isinstance(t, KVCache) and t.k is not None), None)
         if ref is None:
             raise ValueError(f"{where}: the mixer's state holds no tensor (state table of {self.source})")
         seen = (layer.get_seq_length() if layer.is_initialized and layer.keys is not None else 0) + tokens

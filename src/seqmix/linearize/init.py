@@ -10,26 +10,34 @@ family (the registered mixer class), never code per mixer:
   widths) and its rows;
 * a :class:`Take` row: the student parameter ``student`` (a name in its state dict) takes the
   teacher tensor ``teacher`` — ``"q"``, ``"k"``, ``"v"``, ``"o"`` in seqmix's layout (q, k: [H·K,
-  d]; v: [H·V, d]; o: [d, H·V]; grouped kv heads repeated to H) — into its row block ``rows``
+  d]; v: [H·V, d]; o: [d, H·V]; grouped kv heads repeated to H; ``"k_kv"``, ``"v_kv"``: k and v
+  of the kv heads themselves, for a student that keeps them grouped) — into its row block ``rows``
   (packed projections: Mamba-2's in_proj = [z; x; B; C; dt]); ``teacher="identity_conv"`` sets a
   short convolution to the identity (its last tap 1), so the copied projections reach the
   recurrence unchanged.
 
 Biases (Qwen2's q/k/v): a teacher with biases gives the student the config fields of its entry's
 ``bias`` (its projections biased), the teacher's biases fill the same rows as the weights, and every
-other bias of those projections starts at 0. Decays, gates, norms and feature maps keep their own init. A registered mixer is a valid student
-when its class has an entry here and the built mixer has every parameter the rows name (so
-``hgrn``, a GeneralForm without W_q, is refused). Teacher RoPE: the separable (linear) attention
-students take it (``rope=True`` at the teacher's θ: the feature maps act on the rotated q, k, as in
-LoLCATs), so an identity-feature student's scores are exactly the teacher's logits; the students
-with a decay run without it (Mamba-in-the-Llama's choice; RetNet keeps its own rotation at its own
-frequencies, B'MOJO has none): their decay carries the position, and stage 1 trains them to do
-without RoPE.
+other bias of those projections starts at 0. Decays, gates, norms (a teacher's qk-norm aside: below)
+and feature maps keep their own init. A registered mixer is a valid student when its class has an
+entry here and the built mixer has every parameter the rows name (so ``hgrn``, a GeneralForm without
+W_q, is refused; ``softmax_attention`` itself is the teacher, never a student). Teacher RoPE: the separable (linear) attention
+students take it (``rope=True`` at the teacher's θ and frequency scaling, ``rope_scaling``: the
+feature maps act on the rotated q, k, as in LoLCATs), so an identity-feature student's scores are
+exactly the teacher's logits; the students with a decay run without it (Mamba-in-the-Llama's
+choice; RetNet keeps its own rotation at its own frequencies, B'MOJO has none): their decay carries
+the position, and stage 1 trains them to do without RoPE.
+
+Teacher qk-norm (Qwen3's per-head RMSNorm of q and k, weights γ): a student with a per-head qk-norm of
+its own (the separable attentions and sliding-window attention: ``qk_norm="head"``, set by their
+entries) takes the teacher's q, k rows as they are and γ into its norm weights (rows
+``q_norm.weight``, ``k_norm.weight``), so it divides by each token's RMS as the teacher does; every
+other student takes γ folded into its q and k rows (:meth:`Teacher.fold_qk_norm`) and no division.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -39,6 +47,10 @@ from ..ops import repeat_kv
 
 __all__ = ["Take", "StudentInit", "STUDENTS", "Teacher", "teacher_weights", "student_init", "build_student", "valid_students",
            "copied_rows", "INITS"]
+
+
+#: the registered name of the teacher's attention (a kept layer, never a student)
+TEACHER = "softmax_attention"
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,11 @@ class Teacher:
     v: torch.Tensor = field(repr=False)
     o: torch.Tensor = field(repr=False)
     rope_scaling: dict | None = None  # the teacher's RoPE scaling (Llama 3's "llama3", ...), None: plain RoPE
+    # a per-head qk-norm's weights γ (Qwen3: q_h ← RMSNorm(q_h)·γ_q before RoPE), q_norm, k_norm [head_dim], None without
+    # one; q and k above are the projection's rows before the norm
+    q_norm: torch.Tensor | None = field(default=None, repr=False)
+    k_norm: torch.Tensor | None = field(default=None, repr=False)
+    qk_norm_eps: float = 1e-6
     # the projections' biases where the teacher has them (Qwen2's q/k/v), None where not: q_bias, k_bias [heads·K],
     # v_bias [heads·V] (kv heads repeated as the weights), o_bias [d]
     q_bias: torch.Tensor | None = field(default=None, repr=False)
@@ -68,12 +85,33 @@ class Teacher:
     def has_bias(self) -> bool:
         return any(b is not None for b in (self.q_bias, self.k_bias, self.v_bias, self.o_bias))
 
+    def fold_qk_norm(self) -> Teacher:
+        """The teacher for a student without a qk-norm: γ_q, γ_k folded into each head's q and k rows (γ ⊙ q: the norm's
+        weights; its division by each token's RMS has no row: Gated DeltaNet's L2 norm of q, k removes the scale again,
+        the other students see γ ⊙ q unnormalised and stage 1 trains them to do without it). Itself without a qk-norm."""
+        if self.q_norm is None:
+            return self
+        H, K = self.heads, self.head_dim
+        q = (self.q.view(H, K, -1) * self.q_norm.view(1, K, 1)).reshape(H * K, -1)
+        k = (self.k.view(H, K, -1) * self.k_norm.view(1, K, 1)).reshape(H * K, -1)
+        return replace(self, q=q, k=k, q_norm=None, k_norm=None)
+
+    def tensor(self, name: str, bias: bool = False) -> torch.Tensor | None:
+        """The teacher tensor a :class:`Take` row names ("q", "k", "v", "o"; "k_kv", "v_kv": k, v of the kv heads
+        themselves, [kv_heads·K, d] without the repeat; "q_norm", "k_norm": γ), or with ``bias`` its bias (None where
+        the teacher has none)."""
+        base, grouped = (name[:-3], True) if name.endswith("_kv") else (name, False)
+        x = getattr(self, f"{base}_bias" if bias else base, None)
+        if x is None or not grouped:
+            return x
+        return x.reshape(self.kv_heads, self.heads // self.kv_heads, -1)[:, 0].reshape(-1, *x.shape[1:])
+
 
 @dataclass(frozen=True)
 class Take:
     """One row: student parameter ``student`` (rows ``rows`` = (start, stop) of its first dimension,
-    as functions of the teacher) takes teacher tensor ``teacher`` ("q", "k", "v", "o" or
-    "identity_conv")."""
+    as functions of the teacher) takes teacher tensor ``teacher`` ("q", "k", "v", "o", "k_kv", "v_kv",
+    "q_norm", "k_norm" or "identity_conv")."""
 
     student: str
     teacher: str
@@ -98,31 +136,37 @@ def _heads(t: Teacher) -> dict:
     return {"heads": t.heads}
 
 
+def _rope(t: Teacher) -> dict:
+    """The teacher's RoPE for a student that rotates by it: its base and frequency scaling ({} without RoPE)."""
+    if not t.rope_theta:
+        return {}
+    return {"rope_theta": t.rope_theta, **({"rope_scaling": dict(t.rope_scaling)} if t.rope_scaling else {})}
+
+
+def _qk_norm(t: Teacher) -> dict:
+    """The teacher's per-head qk-norm for a student that has one ({} without)."""
+    return {"qk_norm": "head", "qk_norm_eps": t.qk_norm_eps} if t.q_norm is not None else {}
+
+
 def _separable(t: Teacher) -> dict:
-    if t.rope_scaling is not None:
-        raise ValueError(f"linearize: argument 'mixer': a separable (linear) attention student takes the teacher's RoPE, and "
-                         f"its RoPE has no scaling (the teacher's rope_scaling = {t.rope_scaling}): use a student with a "
-                         "decay (gla, retnet, gated_deltanet, mamba2), which runs without RoPE")
-    return {"heads": t.heads, "n": t.heads * t.head_dim, "scale": "sqrt",
-            **({"rope": True, "rope_theta": t.rope_theta} if t.rope_theta else {})}
+    return {"heads": t.heads, "n": t.heads * t.head_dim, "scale": "sqrt", **({"rope": True, **_rope(t)} if t.rope_theta else {}),
+            **_qk_norm(t)}
+
+
+def _sliding_window(t: Teacher) -> dict:
+    """The teacher's attention itself, cut to the preset's window: its heads, kv heads (kept grouped), head width, scale,
+    RoPE and qk-norm."""
+    return {"heads": t.heads, "kv_heads": t.kv_heads, "head_dim": t.head_dim, "scale": "sqrt",
+            **({"rope": True, **_rope(t)} if t.rope_theta else {}), **_qk_norm(t)}
 
 
 def _general_form(t: Teacher) -> dict:
     return {"heads": t.heads, "expand_k": t.heads * t.head_dim / t.d_model, "expand_v": t.heads * t.head_dim / t.d_model}
 
 
-def _plain_rope(t: Teacher, what: str) -> float | None:
-    """The teacher's RoPE base for a student that rotates ``what`` (None without RoPE); a scaled RoPE is refused."""
-    if t.rope_scaling is not None:
-        raise ValueError(f"linearize: argument 'mixer': the student's {what} takes the teacher's RoPE, and its RoPE has no scaling "
-                         f"(the teacher's rope_scaling = {t.rope_scaling}): use a student with a decay and no RoPE (gla, retnet, "
-                         "gated_deltanet, mamba2)")
-    return t.rope_theta
-
-
 def _window_general_form(t: Teacher) -> dict:
     """The general form's sizes, and the teacher's RoPE for the sliding window of Liger attention (its recurrence runs without)."""
-    return {**_general_form(t), "rope_theta": _plain_rope(t, "sliding window")}
+    return {**_general_form(t), **_rope(t)}
 
 
 def _rwkv7(t: Teacher) -> dict:
@@ -132,7 +176,7 @@ def _rwkv7(t: Teacher) -> dict:
     if t.heads * t.head_dim != t.d_model:
         raise ValueError(f"linearize: argument 'mixer': RWKV-7's heads split d_model (heads·head size = d_model), the teacher has "
                          f"{t.heads} heads of {t.head_dim} = {t.heads * t.head_dim} for d_model = {t.d_model}")
-    return {"heads": t.heads, "value_residual": False, "rope_theta": _plain_rope(t, "r and k")}
+    return {"heads": t.heads, "value_residual": False, **_rope(t)}
 
 
 def _ssd_rows(t: Teacher, which: str) -> tuple[int, int]:
@@ -146,6 +190,14 @@ def _ssd_rows(t: Teacher, which: str) -> tuple[int, int]:
 _QK_PACKED = (Take("W_qk.weight", "q", lambda t: (0, t.heads * t.head_dim)),
               Take("W_qk.weight", "k", lambda t: (t.heads * t.head_dim, 2 * t.heads * t.head_dim)),
               Take("W_v.weight", "v"), Take("W_o.weight", "o"))
+#: the rows of softmax attention's packed parametrization with its kv heads kept grouped: [q; k_kv] -> W_qk, v_kv -> W_v, o -> W_o
+_QK_GROUPED = (Take("W_qk.weight", "q", lambda t: (0, t.heads * t.head_dim)),
+               Take("W_qk.weight", "k_kv", lambda t: (t.heads * t.head_dim, (t.heads + t.kv_heads) * t.head_dim)),
+               Take("W_v.weight", "v_kv"), Take("W_o.weight", "o"))
+#: the rows of a teacher's per-head qk-norm, in a student with one of its own (its γ into the student's norm weights)
+_QK_NORM = (Take("q_norm.weight", "q_norm"), Take("k_norm.weight", "k_norm"))
+#: the teacher tensors that are a projection's rows (their biases go with them)
+_PROJECTIONS = ("q", "k", "v", "o", "k_kv", "v_kv")
 #: the rows of the general form's separate projections (GLA, RetNet, Liger, ...)
 _QKV_SEPARATE = (Take("W_q.weight", "q"), Take("W_k.weight", "k"), Take("W_v.weight", "v"), Take("W_o.weight", "o"))
 
@@ -158,6 +210,11 @@ STUDENTS: dict[str, StudentInit] = {
     # included), so with the window covering the sequence the student is the teacher's attention
     "LolcatsAttention": StudentInit(_separable, _QK_PACKED, "softmax over the last w tokens + φ(q)ᵀψ(k) before them, one "
                                     "normalization: q → C, k → B, v → u; φ, ψ (Hedgehog: identity), γ at their own init", bias={"bias": True}),
+    # sliding-window attention (the window + linear hybrids' control): the teacher's attention itself, cut to the window;
+    # kv heads kept grouped (its KV cache is the teacher's, w − 1 tokens long). The teacher's own name, softmax_attention,
+    # is not a student (student_init)
+    "SoftmaxAttention": StudentInit(_sliding_window, _QK_GROUPED, "softmax over the last w tokens: q, k, v, o, RoPE and "
+                                    "qk-norm the teacher's; nothing at its own init", bias={"bias": True}),
     # MetaLA's general form (GLA, RetNet, TransNormer, Liger-GLA, ...): separate W_q, W_k, W_v, W_o
     "GeneralForm": StudentInit(
         _general_form, _QKV_SEPARATE,
@@ -199,24 +256,24 @@ STUDENTS: dict[str, StudentInit] = {
 def teacher_weights(attention: Mixer) -> Teacher:
     """The :class:`Teacher` of a converted softmax attention mixer (``seqmix.interop``'s Llama, Qwen3, ...
     attention: W_qk = [q; k], W_v, W_o), kv heads repeated to the query heads. A per-head qk-norm
-    (Qwen3: q_h ← RMSNorm(q_h)·γ_q) folds its weights γ into the q and k rows; its division by each
-    token's RMS has no student row (Gated DeltaNet's L2 norm of q, k removes the scale again; the other
-    students see γ ⊙ q unnormalised and stage 1 trains them to do without it)."""
-    if attention.registry_name != "softmax_attention":
-        raise ValueError(f"linearize: the teacher layer is a seqmix {attention.registry_name!r}, expected 'softmax_attention'")
+    (Qwen3: q_h ← RMSNorm(q_h)·γ_q) gives its weights γ (``q_norm``, ``k_norm``) beside the q and k rows
+    (the module docstring: a student with a qk-norm takes them, the others take them folded)."""
+    if attention.registry_name != TEACHER:
+        raise ValueError(f"linearize: the teacher layer is a seqmix {attention.registry_name!r}, expected {TEACHER!r}")
     c = attention.config
-    if c.qk_norm == "full" or c.output_gate:
-        raise ValueError("linearize: argument 'model': attention with a qk-norm over the whole projection (OLMo-2) or an output "
-                         "gate has no student row in the init table")
+    if c.qk_norm == "full" or c.output_gate or (c.qk_norm == "head" and c.qk_norm_kind != "rms"):
+        raise ValueError("linearize: argument 'model': attention with a qk-norm over the whole projection (OLMo-2), a LayerNorm "
+                         "as its qk-norm (Phi's qk_layernorm) or an output gate has no student row in the init table")
     H, Hkv, K, V = attention.heads, attention.kv_heads, attention.head_qk, attention.head_v
     if K != V:
         raise ValueError(f"linearize: argument 'model': query/key width {K} != value width {V} per head")
     d = c.d_model
     W = attention.W_qk.weight.detach()
     q, k = W[: H * K], W[H * K:]
-    if c.qk_norm == "head":  # Qwen3: RMSNorm(q_h)·γ_q per head; γ folds into the rows, the RMS division has no row (below)
-        q = (q.view(H, K, d) * attention.q_norm.weight.detach().view(1, K, 1)).reshape(H * K, d)
-        k = (k.view(Hkv, K, d) * attention.k_norm.weight.detach().view(1, K, 1)).reshape(Hkv * K, d)
+    norm = {}
+    if c.qk_norm == "head":  # Qwen3: RMSNorm(q_h)·γ_q per head, one γ [K] shared by the heads
+        norm = {"q_norm": attention.q_norm.weight.detach().clone(), "k_norm": attention.k_norm.weight.detach().clone(),
+                "qk_norm_eps": float(c.qk_norm_eps)}
     k = repeat_kv(k.view(Hkv, K, d), H // Hkv, dim=0).reshape(H * K, d)
     v = repeat_kv(attention.W_v.weight.detach().view(Hkv, V, d), H // Hkv, dim=0).reshape(H * V, d)
     if c.rope and (c.rotary_dim not in (None, K) or c.rope_interleaved):
@@ -235,7 +292,7 @@ def teacher_weights(attention: Mixer) -> Teacher:
     if isinstance(attention.W_o, torch.nn.Linear) and attention.W_o.bias is not None:
         biases["o_bias"] = attention.W_o.bias.detach().clone()
     return Teacher(d, H, Hkv, K, theta, q.clone(), k.clone(), v.clone(), attention.W_o.weight.detach().clone(),
-                   rope_scaling=dict(c.rope_scaling) if c.rope and c.rope_scaling else None, **biases)
+                   rope_scaling=dict(c.rope_scaling) if c.rope and c.rope_scaling else None, **norm, **biases)
 
 
 def valid_students() -> dict[str, str]:
@@ -259,6 +316,9 @@ def valid_students() -> dict[str, str]:
 def student_init(mixer: str) -> StudentInit:
     """The table entry of the registered mixer ``mixer`` (ValueError naming 'mixer' if none)."""
     entry = mixer_entry(mixer)
+    if mixer == TEACHER:
+        raise ValueError(f"linearize: argument 'mixer' = {TEACHER!r} is the teacher's own attention (seqmix.linearize keeps a "
+                         "teacher layer under that name, never as a student); its windowed student is 'sliding_window_attention'")
     init = STUDENTS.get(entry.cls.__name__)
     if init is None:
         raise ValueError(f"linearize: argument 'mixer' = {mixer!r} ({entry.cls.__name__}) cannot take attention's q/k/v: the "
@@ -305,12 +365,13 @@ def build_student(mixer: str, teacher: Teacher, *, init: str = "attention", init
                         sub.bias.zero_()
     if init != "attention":
         return student
+    teacher, rows = _with_qk_norm(entry, teacher, params)
     with torch.no_grad():
-        for row in entry.rows:  # the biases of the copied projections start at 0 (the rows the table fills: below)
+        for row in rows:  # the biases of the copied projections start at 0 (the rows the table fills: below)
             b = params.get(_bias_name(row))
-            if b is not None and row.teacher in ("q", "k", "v", "o"):
+            if b is not None and row.teacher in _PROJECTIONS:
                 b.zero_()
-        for row in entry.rows:
+        for row in rows:
             p = params[row.student]
             if row.teacher == "identity_conv":  # [C, W]: the last tap (the current token) 1, the others 0
                 p.zero_()
@@ -319,15 +380,26 @@ def build_student(mixer: str, teacher: Teacher, *, init: str = "attention", init
                 if bias is not None:
                     bias.zero_()
                 continue
-            src = getattr(teacher, row.teacher)
+            src = teacher.tensor(row.teacher)
             dst = p if row.rows is None else p[slice(*row.rows(teacher))]
             if tuple(dst.shape) != tuple(src.shape):
                 raise ValueError(f"linearize: argument 'mixer' = {mixer!r}: {row.student} rows {row.rows(teacher) if row.rows else 'all'} "
                                  f"have shape {list(dst.shape)}, the teacher's {row.teacher} {list(src.shape)} (a config override "
                                  "changed the widths the table fills?)")
             dst.copy_(src.to(dst.dtype))
-            _copy_bias(params, row, teacher, mixer)
+            if row.teacher in _PROJECTIONS:
+                _copy_bias(params, row, teacher, mixer)
     return student
+
+
+def _with_qk_norm(entry: StudentInit, teacher: Teacher, params: dict) -> tuple[Teacher, tuple[Take, ...]]:
+    """The teacher and the rows for a student with parameters ``params``: a teacher's qk-norm goes into a student's own
+    (its rows as they are, γ into q_norm.weight, k_norm.weight) or, for a student without one, folds into the rows."""
+    if teacher.q_norm is None:
+        return teacher, entry.rows
+    if all(r.student in params for r in _QK_NORM):
+        return teacher, entry.rows + _QK_NORM
+    return teacher.fold_qk_norm(), entry.rows
 
 
 def _copy_bias(params: dict, row: Take, teacher: Teacher, mixer: str) -> None:
@@ -335,7 +407,7 @@ def _copy_bias(params: dict, row: Take, teacher: Teacher, mixer: str) -> None:
     one, else 0 (a student bias the teacher lacks starts at 0: the copy is still the teacher's map). A
     teacher bias with no student bias to take it: ValueError naming 'mixer'."""
     bias = params.get(_bias_name(row))
-    src = getattr(teacher, f"{row.teacher}_bias")
+    src = teacher.tensor(row.teacher, bias=True)
     if bias is None:
         if src is not None and bool(src.ne(0).any()):
             raise ValueError(f"linearize: argument 'mixer' = {mixer!r}: the teacher's {row.teacher} projection has a bias and "
@@ -360,12 +432,14 @@ def copied_rows(mixer: Mixer, teacher: Teacher) -> dict[str, list[tuple[int, int
     """{student parameter name: the row blocks (start, stop) of it that ``init="attention"`` copies
     from the teacher's q/k/v/o (None: the whole tensor)} of the student ``mixer`` — the init table's
     rows, and the same rows of those projections' biases where the student has them; everything else in the student (feature maps, decays, gates, norms, the convolutions set to
-    the identity) is new. Stage 1's ``trainable="new"`` freezes exactly these rows."""
+    the identity) is new; a teacher's qk-norm weights γ, where the student has a qk-norm, are copied too. Stage 1's
+    ``trainable="new"`` freezes exactly these rows."""
     entry = student_init(mixer.registry_name)
     out: dict[str, list[tuple[int, int] | None]] = {}
     params = dict(mixer.named_parameters())
-    for row in entry.rows:
-        if row.teacher in ("q", "k", "v", "o"):
+    teacher, rows = _with_qk_norm(entry, teacher, params)
+    for row in rows:
+        if row.teacher in _PROJECTIONS + ("q_norm", "k_norm"):
             out.setdefault(row.student, []).append(row.rows(teacher) if row.rows else None)
             if _bias_name(row) in params:  # the projection's bias: the same output rows
                 out.setdefault(_bias_name(row), []).append(_bias_block(row, teacher))

@@ -10,9 +10,10 @@ softmax attention (eq. 2), ``softmax_attention``::
     y_i = Σ_{j<=i, i-j<w} softmax_j(s · q_iᵀ k_j) v_j
 
     one call into ``seqmix.ops.softmax_attention`` (SDPA, or the explicit masked matrix),
-    optional sliding window w, KV-cache decoding bounded by w. Its DSF has an infinite
-    state (Lemma 1); ``dsf(x, taylor_order=P)`` returns the degree-P Taylor-feature
-    separable attention instead, which converges to it as P grows.
+    optional sliding window w, KV-cache decoding bounded by w (the preset
+    ``sliding_window_attention``: w = 64). Its DSF has an infinite state (Lemma 1);
+    ``dsf(x, taylor_order=P)`` returns the degree-P Taylor-feature separable attention
+    instead, which converges to it as P grows.
 
 separable attention (eq. 13-15, the corrected 15b of Appendix B), ``separable_attention``::
 
@@ -87,7 +88,7 @@ from ..ops.features import (
     FEATURE_MAPS, LEARNED_FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, hedgehog_features, taylor_feature_dim,
 )
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv
+from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, rope_table
 
 FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor", "square", "hedgehog"]
 Normalizer = Literal["none", "row_sum", "abs_row_sum", "exp", "softplus", "sigmoid"]
@@ -161,14 +162,11 @@ class _Attention(Mixer):
 
     @property
     def rope_table(self) -> RotaryTable:
-        """This layer's RoPE cos / sin at positions 0 .. N − 1 (``seqmix.ops.RotaryTable``, built on first
-        use from ``config.rope_theta`` and ``config.rope_scaling``): a call slices it."""
-        table = self.__dict__.get("_rope_table")
-        if table is None:
-            c = self.config
-            # vars(c): a config without the field (pydantic's __getattr__ breaks torch.compile's graph)
-            table = self.__dict__["_rope_table"] = RotaryTable(c.rope_theta, vars(c).get("rope_scaling"))
-        return table
+        """This layer's RoPE cos / sin at positions 0 .. N − 1 (``seqmix.ops.RotaryTable`` of ``config.rope_theta`` and
+        ``config.rope_scaling``, kept by :func:`~seqmix.mixers.layers.rope_table`): a call slices it."""
+        c = self.config
+        # vars(c): a config without the field (pydantic's __getattr__ breaks torch.compile's graph)
+        return rope_table(self, c.rope_theta, vars(c).get("rope_scaling"))
 
     def _rotate(self, start: int, *ts, rotary_dim: int | None = None, interleaved: bool = False):
         """Each of ts [B, T, H, K] rotated by RoPE (theta = config.rope_theta; the first ``rotary_dim``
@@ -281,6 +279,20 @@ class SeparableAttentionConfig(AttentionConfig):
     rope: bool = Field(False, description="RoPE (RoFormer) on q and k at their absolute positions before the feature maps, "
                        "as LoLCATs' linearized Llama layers do (Llama's rotate_half pairs; the state counts the positions)")
     rope_theta: float = Field(10000.0, gt=1, description="RoPE base (rope): pair j turns by p·rope_theta^(-2j/K)")
+    rope_scaling: dict | None = Field(
+        None, description="RoPE's frequency scaling (rope), softmax attention's field: a dict with 'type' in linear, dynamic, yarn, "
+        "llama3, longrope and its fields (seqmix.ops.rotary), so a student takes a Llama-3.x teacher's RoPE; None = theta^(-2j/K)"
+    )
+    qk_norm: Literal["none", "head"] = Field(
+        "none", description="'head': RMSNorm with a learned weight [K] (shared by the heads) over each head's q and k, before the "
+        "scale and RoPE, as Qwen3's attention (softmax attention's qk_norm = 'head'); 'none': no norm"
+    )
+    qk_norm_eps: float = Field(1e-6, gt=0, description="ε of the qk-norm")
+
+    @model_validator(mode="after")
+    def _rope(self):
+        check_rope_fields(self.rope, self.rope_scaling, (self.n or self.d_model) // self.heads, "rope")
+        return self
 
     @model_validator(mode="after")
     def _features(self):
@@ -352,6 +364,10 @@ class SeparableAttention(_Attention):
             self.feature_beta = nn.Parameter(torch.zeros(self.head_qk))
         self.row_sum = c.normalizer in ROW_SUM_NORMALIZERS
         self.W_eta = nn.Linear(c.d_model, c.heads, bias=c.eta_bias) if c.normalizer in INPUT_NORMALIZERS else None
+        self.q_norm = self.k_norm = None
+        if c.qk_norm == "head":  # Qwen3's per-head RMSNorm of q and k (softmax attention's parameter names)
+            self.q_norm = RMSNorm(self.head_qk, eps=c.qk_norm_eps)
+            self.k_norm = RMSNorm(self.head_qk, eps=c.qk_norm_eps)
 
     @classmethod
     def example_config(cls) -> dict:
@@ -360,15 +376,19 @@ class SeparableAttention(_Attention):
     # -- parametrization -------------------------------------------------------------------
 
     def _rotated(self, x, start: int = 0):
-        """q (scaled), k after the feature norm and RoPE: [B, T, H, K]; v: [B, T, H, V]. ``start``: the
+        """q (scaled), k after the qk-norm, the feature norm and RoPE: [B, T, H, K]; v: [B, T, H, V]. ``start``: the
         absolute position of x's first token (RoPE)."""
         # a signed η = 1 + |φ(q)ᵀΣψ(k)| cancels: with q, k rounded to bf16 its error grows with T
         # (relative error 0.29 at T = 512), so q and k stay in float32 there (docs/scale.md)
         c = self.config
         norm = c.feature_norm == "layernorm"
-        q, k, v = self._qkv(x, qk_f32=c.normalizer == "abs_row_sum", scaled=not norm)
-        if norm:  # the norm before the scale (LN(s·q) = LN(q) would drop it)
+        pre = norm or self.q_norm is not None  # the norms act before the scale (LN(s·q) = LN(q) would drop it)
+        q, k, v = self._qkv(x, qk_f32=c.normalizer == "abs_row_sum", scaled=not pre)
+        if self.q_norm is not None:  # Qwen3: q_h ← RMSNorm(q_h)·γ_q, k alike, before RoPE
+            q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
+        if norm:
             q, k = (F.layer_norm(t, (self.head_qk,), self.feature_gamma.to(t.dtype), self.feature_beta.to(t.dtype)) for t in (q, k))
+        if pre:
             q = q * self.qk_scale
         if c.rope:
             q, k = self._rotate(start, q, k)
@@ -875,6 +895,18 @@ class SoftmaxAttention(_Attention):
         if self.mla:  # the latent c and the shared rotary key per token
             return (self.config.kv_lora_rank + self.config.qk_rope_head_dim) * self._cached_tokens(seq_len)
         return self.kv_heads * (self.head_qk + self.head_v) * self._cached_tokens(seq_len)
+
+
+#: sliding-window attention (Beltagy et al. 2020, Longformer §3.1; Mistral 7B's sliding_window): softmax over each token's
+#: last w tokens, itself included. Its own name, so that seqmix.linearize tells it (a student: the teacher's attention cut
+#: to a window, the control of the window + linear hybrids) from a kept teacher layer (``softmax_attention``)
+SLIDING_WINDOW = dict(window=64)
+register_preset(
+    "sliding_window_attention", SoftmaxAttention,
+    description="Sliding-window softmax attention (Longformer, Mistral): each token's last w = 64 tokens, a KV cache of w − 1",
+    defaults=SLIDING_WINDOW,
+    example={"window": 5},
+)
 
 
 # ------------------------------------------------------------------------------------------

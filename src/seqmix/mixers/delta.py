@@ -55,7 +55,7 @@ from ..ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_map
 from ..ops.recurrence import linear_recurrence
 from ..ops.precision import linear_f32, upcast
 from .base import ExpandedWidths, Mixer, MixerConfig, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv, rope_rotate, short_conv_qkv
+from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, rope_rotate, short_conv_qkv
 
 # Gated DeltaNet's initialization (the released code): A uniform in [A_MIN, A_MAX], Δ at init log-uniform in [DT_MIN, DT_MAX]
 A_MIN, A_MAX = 1.0, 16.0
@@ -501,6 +501,8 @@ class RWKV7Config(MixerConfig):
                         "(RAD-RWKV7)")
     rope_theta: float | None = Field(None, gt=1, description="RoPE (Llama's rotate-half pairs, this base) on r and k at their "
                                      "absolute positions, before κ̂ and k̃ (RAD-RWKV7 keeps the teacher's); None: no rotation")
+    rope_scaling: dict | None = Field(None, description="the frequency scaling of that RoPE (softmax attention's field: 'type' in "
+                                      "linear, dynamic, yarn, llama3, longrope; seqmix.ops.rotary); None = rope_theta^(-2j/K)")
     qkv_bias: bool = Field(False, description="biases in W_r, W_k, W_v (a Qwen2 teacher's q/k/v biases, RADLADS)")
     chunk_size: int = Field(64, gt=0, description="chunk length of the chunk mode")
 
@@ -508,9 +510,7 @@ class RWKV7Config(MixerConfig):
     def _check(self):
         if self.d_model % self.heads:
             raise ValueError(f"d_model = {self.d_model} must be divisible by heads = {self.heads}")
-        if self.rope_theta is not None and (self.d_model // self.heads) % 2:
-            raise ValueError(f"rope_theta: RoPE rotates pairs of channels, the head size d_model / heads = "
-                             f"{self.d_model // self.heads} must be even")
+        check_rope_fields(self.rope_theta is not None, self.rope_scaling, self.d_model // self.heads, "rope_theta")
         return self
 
 
@@ -627,7 +627,8 @@ class RWKV7(Mixer):
         r, k, v = self.W_r(xr), self.W_k(xk), self.W_v(xv)
         if c.rope_theta is not None:  # RAD-RWKV7: the teacher's RoPE on r and k, before κ̂ and k̃
             r, k = (t.view(B, T, H, K) for t in (r, k))
-            r, k = (t.flatten(2) for t in rope_rotate(self, c.rope_theta, state.get("pos", 0) if state else 0, r, k))
+            pos = state.get("pos", 0) if state else 0
+            r, k = (t.flatten(2) for t in rope_rotate(self, c.rope_theta, pos, r, k, scaling=c.rope_scaling))
         logw = -math.exp(-0.5) * torch.sigmoid(self.w0 + self.w2(torch.tanh(self.w1(xw))))  # log w (eq. 11)
         a = torch.sigmoid(self.a0 + self.a2(self.a1(xa)))  # in-context learning rate (eq. 12)
         g = self.g2(torch.sigmoid(self.g1(xg)))  # gate (eq. 10)

@@ -78,7 +78,7 @@ from ..ops.memory_attention import chunked_memory_attention, n_chunks
 from ..ops.precision import upcast
 from .attention import AttentionConfig, SeparableAttention, SeparableAttentionConfig, _Attention
 from .base import AUTO_SEGMENT_LEN, MixOut, register, register_preset
-from .layers import rope_rotate
+from .layers import check_rope_fields, rope_rotate
 from .linear_attention import LIGER_GLA, GeneralForm, GeneralFormConfig
 from .ssm import S6, S6Config
 
@@ -755,6 +755,8 @@ class LigerAttentionConfig(GeneralFormConfig):
     linear_weight: float = Field(0.5, ge=0, description="α (see window_weight; Liger: 0.5)")
     rope_theta: float | None = Field(None, gt=1, description="RoPE base of the window's q and k (Llama's rotate-half pairs); None: "
                                      "no rotation (linearize sets the teacher's; the recurrence runs without RoPE)")
+    rope_scaling: dict | None = Field(None, description="the window's RoPE frequency scaling (softmax attention's field: 'type' in "
+                                      "linear, dynamic, yarn, llama3, longrope; seqmix.ops.rotary); None = rope_theta^(-2j/K)")
 
     @model_validator(mode="after")
     def _window_fits(self):
@@ -767,8 +769,7 @@ class LigerAttentionConfig(GeneralFormConfig):
         if extras:
             raise ValueError(f"{extras[0]}: Liger attention's gated recurrence is the plain general form (q_t S_t, a real state); "
                              f"{', '.join(extras)} do not combine with the window")
-        if self.head_k % 2 and self.rope_theta is not None:
-            raise ValueError(f"rope_theta: RoPE rotates pairs of channels, d_k' = {self.head_k} must be even")
+        check_rope_fields(self.rope_theta is not None, self.rope_scaling, self.head_k, "rope_theta")
         return self
 
 
@@ -807,8 +808,8 @@ class LigerAttention(GeneralForm):
     def _window_qk(self, P, start: int):
         """The window's q (scaled 1/√K), k [B, T, H, K]: the projections before the feature map, rotated by RoPE."""
         q, k = P.q_proj * self.K**-0.5, P.k_proj
-        theta = self.config.rope_theta
-        return (q, k) if theta is None else rope_rotate(self, theta, start, q, k)
+        c = self.config
+        return (q, k) if c.rope_theta is None else rope_rotate(self, c.rope_theta, start, q, k, scaling=c.rope_scaling)
 
     def _forward(self, x, *, state, mode, need_state):
         c = self.config

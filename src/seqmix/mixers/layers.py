@@ -13,20 +13,42 @@ from torch import nn
 
 from ..ops.conv import causal_conv1d, causal_conv1d_step
 from ..ops.precision import upcast
-from ..ops.rotary import RotaryTable, apply_rotary
+from ..ops.rotary import RotaryTable, apply_rotary, check_rope_scaling
 
 
-def rope_rotate(module: nn.Module, theta: float, start: int, *ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Each of ts [B, T, H, K] rotated by RoPE (base ``theta``, Llama's rotate-half pairs over all K channels) at the
-    absolute positions start .. start + T − 1, one cos / sin for all, from a :class:`~seqmix.ops.RotaryTable` kept on
-    ``module`` (built on first use, outside its parameters and state dict)."""
+def rope_table(module: nn.Module, theta: float, scaling: dict | None = None) -> RotaryTable:
+    """The :class:`~seqmix.ops.RotaryTable` of RoPE at base ``theta`` with the frequency ``scaling`` (``seqmix.ops.rotary``:
+    linear, dynamic, yarn, llama3, longrope; None: the default frequencies) kept on ``module`` (built on first use and
+    again when theta or the scaling changes, outside its parameters and state dict): the one table every mixer with
+    RoPE rotates by."""
     table = module.__dict__.get("_rope_table")
-    if table is None or table.theta != theta:
-        table = module.__dict__["_rope_table"] = RotaryTable(theta)
+    if table is None or table.theta != theta or table.scaling != scaling:
+        table = module.__dict__["_rope_table"] = RotaryTable(theta, scaling)
+    return table
+
+
+def check_rope_fields(on: bool, scaling: dict | None, K: int, field: str) -> None:
+    """The config check of a mixer's RoPE fields: with RoPE on (``on``; its switch is the config field ``field``) the head
+    width K is even (pairs of channels turn), and a frequency ``scaling`` (``rope_scaling``) needs RoPE on and fits K
+    (ValueError naming the field)."""
+    if on and K % 2:
+        raise ValueError(f"{field}: RoPE rotates pairs of channels, the head width K = {K} must be even")
+    if scaling is not None:
+        if not on:
+            raise ValueError(f"rope_scaling = {scaling!r} is set but {field} turns RoPE off")
+        check_rope_scaling(scaling, K, where="rope_scaling")
+
+
+def rope_rotate(module: nn.Module, theta: float, start: int, *ts: torch.Tensor, scaling: dict | None = None,
+                rotary_dim: int | None = None, interleaved: bool = False) -> tuple[torch.Tensor, ...]:
+    """Each of ts [B, T, H, K] rotated by RoPE (base ``theta``, frequency ``scaling``; the first ``rotary_dim`` channels,
+    default all K; Llama's rotate-half pairs, or (2j, 2j + 1) with ``interleaved``) at the absolute positions
+    start .. start + T − 1, one cos / sin for all, sliced from :func:`rope_table` of ``module``."""
     t0 = ts[0]
+    T, R = t0.shape[1], rotary_dim or t0.shape[-1]
     dt = torch.float64 if t0.dtype == torch.float64 else torch.float32  # as ops.rotary
-    cos, sin = table(start, t0.shape[1], t0.shape[-1], device=t0.device, dtype=dt, seq_len=start + t0.shape[1])
-    return tuple(apply_rotary(t, cos, sin) for t in ts)
+    cos, sin = rope_table(module, theta, scaling)(start, T, R, device=t0.device, dtype=dt, seq_len=start + T, interleaved=interleaved)
+    return tuple([apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts])
 
 
 class RMSNorm(nn.Module):

@@ -58,6 +58,8 @@ DEFAULT_CASES = list(STUDENTS) + ["hybrid:gla", "hybrid:gated_deltanet", "unifor
                                   "finetune_only:gla", "phi:gla"]
 #: the student cases of a budget's targets alone (best pure student, the hybrid): --cases targets
 TARGET_CASES = ["lolcats(window 64)", "gated_deltanet", "hybrid:gated_deltanet"]
+#: the students that keep a sliding window of softmax attention (a bounded KV cache beside or inside their recurrence)
+WINDOWED = {"lolcats", "liger_attention", "sliding_window_attention", "bmojo", "bmojo_f"}
 #: the method flags of the student cases (None: the recipe's value) -> LinearizeConfig field
 METHOD_FLAGS = {"transfer_lr": "transfer_lr", "finetune_lr": "finetune_lr", "kd": "kd", "lora_rank": "lora_rank",
                 "transfer_trainable": "transfer_trainable", "transfer_frac": "transfer_share"}
@@ -330,6 +332,11 @@ def target_lines(rows: list[dict], frac: float) -> list[str]:
         lines.append(f"best pure student: {best['case']} G = {best['G']:.3f} -> target G >= {need:g} at {frac:.0%} of the "
                      f"teacher's tokens: {'MET' if best['G'] >= need else 'NOT MET'}"
                      + ("" if best["G"] >= need else f" ({_short_of(best, need)})"))
+        plain = [r for r in pure if r.get("mixer") not in WINDOWED]
+        if plain and best.get("mixer") in WINDOWED:  # what a student does without any softmax window, for reference
+            b = max(plain, key=lambda r: r["G"])
+            lines.append(f"best pure student without a softmax window: {b['case']} G = {b['G']:.3f}"
+                         + ("" if b["G"] >= need else f" ({_short_of(b, need)})"))
     if students:
         lines.append(f"every student G > 0: {'MET' if all(r['G'] > 0 for r in students) else 'NOT MET'} "
                      f"({len(students)} of {len(STUDENTS)} students measured)"

@@ -266,3 +266,20 @@ def mixer_fwd_bwd(m, x):
         m(x).sum().backward()
 
     return run
+
+
+def write_docs_section(page: Path, name: str, text: str) -> Path:
+    """Replaces the section ``name`` of a docs page — the text between the lines ``<!-- name -->`` and
+    ``<!-- /name -->`` — with ``text`` (the markers are appended at the end of the page when absent), so
+    that a page's figures are what the script that measures them printed, not hand-pasted tables."""
+    page = Path(page)
+    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    body = page.read_text(encoding="utf-8") if page.is_file() else ""
+    block = f"{start}\n{text.rstrip()}\n{end}"
+    if start in body and end in body.split(start, 1)[1]:
+        head, rest = body.split(start, 1)
+        body = head + block + rest.split(end, 1)[1]
+    else:
+        body = body.rstrip("\n") + ("\n\n" if body else "") + block + "\n"
+    page.write_text(body, encoding="utf-8")
+    return page

@@ -342,9 +342,10 @@ def test_interop_rows_and_counts(tmp_path):
         "per decoding step: 12 aten ops (original 10), 30 Python calls (original 20); where: z"
 
 
-def test_linearize_table_prints_targets_and_measured_shortfalls(tmp_path):
-    """bench/linearize.py's table from stored case results (written here): the targets' MET / NOT MET lines,
-    and for a target not met the shortfall computed from the stored losses."""
+def test_linearize_tables_print_targets_shortfalls_claims_and_length(tmp_path):
+    """bench/linearize.py's tables from stored case results (written here): the targets' MET / NOT MET lines,
+    and for a target not met the shortfall computed from the stored losses; each recipe's claims checked on
+    the stored bits per byte; the length rows."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import linearize as bench_lin
@@ -355,19 +356,34 @@ def test_linearize_table_prints_targets_and_measured_shortfalls(tmp_path):
     (teacher / "teacher.json").write_text(json.dumps({"tokens": 1000}))
     (tmp_path / "out" / "results").mkdir(parents=True)
 
-    def case(name, kind, L_student, L_scratch, L_teacher=1.0):
-        r = {"case": name, "kind": kind, "kept_softmax": [0] if kind == "hybrid" else [], "L_teacher": L_teacher,
-             "L_scratch": L_scratch, "L_student": L_student, "L_after_transfer": None, "tokens": 100,
-             "G": (L_scratch - L_student) / (L_scratch - L_teacher), "settings": {"budget_frac": 0.1},
-             "state_floats": {"recurrent_floats": 1, "kv_floats_per_token": 0}}
+    def case(name, kind, L_student, L_scratch, L_teacher=1.0, frac=0.1, ablation=None, student=None, bpb=None, kv=0):
+        r = {"case": name, "kind": kind, "student": student or name, "ablation": ablation, "mixer": "m", "kept_softmax":
+             [0] if kind == "hybrid" else [], "L_teacher": L_teacher, "L_scratch": L_scratch, "L_student": L_student,
+             "L_after_transfer": None, "tokens": 100, "bpb_student": bpb if bpb is not None else L_student / 0.69,
+             "G": None if L_scratch is None else (L_scratch - L_student) / (L_scratch - L_teacher),
+             "settings": {"budget_frac": frac}, "state_floats": {"recurrent_floats": 1, "kv_floats_per_token": kv},
+             "pure": kind in ("student", "recipe") and kv == 0,
+             "length": {"window": 64, "windows": 2, "bands": ["0-16", "16-64"], "loss": {"teacher": [1.0, 2.0], "student": [1.5, 1.25]}}}
         (tmp_path / "out" / "results" / f"{bench_lin._slug(name)}.json").write_text(json.dumps(r))
 
     case("gla", "student", 1.5, 2.0)  # G = 0.5
     case("mamba2", "student", 2.1, 2.0)  # G < 0
     case("hybrid:gla", "hybrid", 1.05, 2.0)  # G = 0.947
     text = bench_lin.table(tmp_path / "out", teacher)
-    assert "best student: gla G = 0.500 -> target G >= 0.8: NOT MET" in text
+    assert "best pure student: gla G = 0.500 -> target G >= 0.8 at 10% of the teacher's tokens: NOT MET" in text
     # G = 0.8 needs 0.8 nats below the baseline: L_student <= 1.2000; it is 1.5000
     assert "G = 0.8 needs 0.800: L_student <= 1.2000, it is 1.5000" in text
     assert "every student G > 0: NOT MET" in text and "mamba2: measured: the linearized model is -0.100 nats" in text
     assert "G >= 0.9: MET" in text and "hybrid:gla: measured" not in text
+    assert bench_lin.pure_target(0.01) == 0.9 and bench_lin.pure_target(0.1) == 0.8
+    # the recipes: a claim "a below b" on the stored bits per byte, MET or NOT MET with the numbers
+    case("recipe:lolcats", "recipe", 1.2, 2.0, student="lolcats", bpb=1.70)
+    case("recipe:lolcats:no_transfer", "recipe", 1.4, None, student="lolcats", ablation="no_transfer", bpb=2.00)
+    case("recipe:lolcats:linear_only", "recipe", 1.1, None, student="lolcats", ablation="linear_only", bpb=1.60)
+    rt = bench_lin.recipe_table(tmp_path / "out")
+    assert "attention transfer + LoRA beats LoRA alone (Table 1): MET (lolcats 1.7000 vs lolcats:no_transfer 2.0000" in rt
+    assert "beats linear attention alone (Table 6): NOT MET (lolcats 1.7000 vs lolcats:linear_only 1.6000" in rt
+    assert "suffices: within 0.02 bits/byte of training every student weight: not measured" in rt
+    assert "| recipe:lolcats | m | — | 2.0000 | — | 1.2000 | 1.7000 | 0.800 | 1 + 0 | yes |" in rt  # G = (2 - 1.2) / (2 - 1)
+    lt = bench_lin.length_table(tmp_path / "out")
+    assert "| gla | 1.0000 | 2.0000 | 1.5000 | 1.2500 |" in lt and "windows of 64 tokens" in lt

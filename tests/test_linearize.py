@@ -19,7 +19,7 @@ from seqmix.linearize import (  # noqa: E402
     attention_layers, build_student, keep_softmax, linearize, phi_loss, residuals, save, students, teacher_weights, transfer,
     valid_students,
 )
-from seqmix.linearize.transfer import _layer_losses, _teacher_mixers, capture  # noqa: E402
+from seqmix.linearize.attention_transfer import _layer_losses, _teacher_mixers, capture  # noqa: E402
 
 VOCAB = 64
 STUDENTS = [("linear_attention", {"feature_map": "hedgehog"}), ("gla", {}), ("retnet", {}), ("gated_deltanet", {}),

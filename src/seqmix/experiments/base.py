@@ -118,8 +118,9 @@ class Claim(_Frozen):
     a's state size is more accurate by more than value);
     ``where``: at every x (all), at the largest x (max) or on the mean over x (mean).
     Language-modelling presets (``metric="bpb"``, lower is better) check validation bits
-    per byte: ``below`` (a < b − value) and ``closes_gap`` (a lies below b: it closes part of
-    the gap from b down to c; the fraction closed, (b − a)/(b − c), is reported).
+    per byte: ``below`` (a < b − value), ``not_above`` (a <= b + value: a is no worse than b
+    by more than value) and ``closes_gap`` (a lies below b: it closes part of the gap from b
+    down to c; the fraction closed, (b − a)/(b − c), is reported).
 
     With several seeds the claim is checked on the medians over seeds and on each seed's
     own table: it agrees when it holds on the medians and for a majority of the seeds.
@@ -128,7 +129,8 @@ class Claim(_Frozen):
     """
 
     text: str
-    check: Literal["at_least", "above", "not_below", "close", "increasing", "gap_shrinks", "not_dominated", "below", "closes_gap"]
+    check: Literal["at_least", "above", "not_below", "close", "increasing", "gap_shrinks", "not_dominated", "below", "not_above",
+                   "closes_gap"]
     a: str
     b: str | None = None
     c: str | None = Field(None, description="closes_gap: the better end of the gap (a closes part of the gap from b to c)")
@@ -415,8 +417,9 @@ def _not_dominated(claim: Claim, rows: list[dict]) -> tuple[str, str]:
     return "agrees", f"{compared} budget(s) compared, {claim.a} never below {claim.b} by more than {100 * claim.value:.1f}"
 
 
-def _check_lm(claim: Claim, rows: list[dict]) -> tuple[str, str]:
-    """A bits-per-byte claim (lower is better) on one task's best-over-LR LM rows."""
+def check_lm_claim(claim: Claim, rows: list[dict]) -> tuple[str, str]:
+    """(verdict, detail) of a bits-per-byte claim (lower is better) on ``rows`` ({"label", "bpb"} each): the check
+    of a language-modelling preset's claims (one task's best-over-LR rows), and of seqmix.linearize's recipes."""
     bpb = {r["label"]: r["bpb"] for r in rows}
     need = [x for x in (claim.a, claim.b, claim.c) if x]
     if any(x not in bpb for x in need):
@@ -424,6 +427,9 @@ def _check_lm(claim: Claim, rows: list[dict]) -> tuple[str, str]:
     a, b = bpb[claim.a], bpb[claim.b]
     if claim.check == "below":
         return ("agrees" if a < b - claim.value else "does not agree"), f"{claim.a} {a:.4f} vs {claim.b} {b:.4f} bits/byte"
+    if claim.check == "not_above":
+        return (("agrees" if a <= b + claim.value else "does not agree"),
+                f"{claim.a} {a:.4f} vs {claim.b} {b:.4f} bits/byte (tolerance {claim.value:g})")
     if claim.check == "closes_gap":
         c = bpb[claim.c]
         frac = (b - a) / (b - c) if b != c else float("nan")
@@ -447,7 +453,7 @@ def evaluate_claims(preset: Preset, rows: list[dict]) -> list[dict]:
         out = []
         for claim in preset.claims:
             for task in sorted({r["task"] for r in rows}):
-                verdict, detail = _check_lm(claim, [r for r in rows if r["task"] == task])
+                verdict, detail = check_lm_claim(claim, [r for r in rows if r["task"] == task])
                 out.append({"text": claim.text, "panel": task, "verdict": verdict, "detail": detail, "seeds_agree": 0,
                             "seeds": 0, "caveat": claim.caveat if verdict == "does not agree" else ""})
         return out

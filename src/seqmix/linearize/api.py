@@ -21,7 +21,7 @@ from ..interop.convert import PLACED
 from ..interop.families import FAMILIES
 from .init import build_student, teacher_weights
 
-__all__ = ["linearize", "attention_layers", "parse_layers", "keep_softmax", "students", "save"]
+__all__ = ["linearize", "attention_layers", "parse_layers", "uniform_layers", "keep_softmax", "students", "save"]
 
 
 def attention_layers(model: nn.Module) -> dict[int, str]:
@@ -48,30 +48,46 @@ def attention_layers(model: nn.Module) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
+def uniform_layers(n_layers: int, K: int) -> list[int]:
+    """The K layers of ``n_layers`` kept as softmax by even spacing: the last layer of each of K equal groups, as
+    Mamba-in-the-Llama keeps its attention layers (n 32, K 16: the odd layers 1, 3, ..., 31; K 4: 7, 15, 23, 31;
+    n 4, K 1: [3])."""
+    return sorted({-(-(i + 1) * n_layers // K) - 1 for i in range(K)})
+
+
 def parse_layers(layers, n_layers: int) -> tuple[list[int], int | None]:
-    """(the layers to linearize, K of "auto:K" or None). ``layers``: "all", "auto:K", a list of
-    indices or a comma-separated string of them; every index in 0 .. n_layers - 1."""
+    """(the layers to linearize, K of "auto:K" or None). ``layers``: "all"; "auto:K" (every layer here;
+    the pipeline keeps K softmax layers after stage 1); "uniform:K" or "uniform:P%" (K, or P% of the
+    layers rounded, kept as softmax, evenly spaced: :func:`uniform_layers`); a list of indices or a
+    comma-separated string of them; every index in 0 .. n_layers - 1."""
     if isinstance(layers, str):
         s = layers.strip()
         if s == "all":
             return list(range(n_layers)), None
-        if s.startswith("auto:"):
+        for kind in ("auto:", "uniform:"):
+            if not s.startswith(kind):
+                continue
+            spec = s[len(kind):]
             try:
-                K = int(s[5:])
+                K = round(float(spec[:-1]) / 100 * n_layers) if kind == "uniform:" and spec.endswith("%") else int(spec)
             except ValueError:
                 K = -1
             if not 0 <= K < n_layers:
-                raise ValueError(f"linearize: argument 'layers' = {layers!r}: auto:K keeps K softmax layers, "
-                                 f"0 <= K < {n_layers} (the model's attention layers)")
-            return list(range(n_layers)), K
+                raise ValueError(f"linearize: argument 'layers' = {layers!r}: {kind}K keeps K softmax layers, "
+                                 f"0 <= K < {n_layers} (the model's attention layers; uniform:P% takes P% of them)")
+            if kind == "auto:":
+                return list(range(n_layers)), K
+            kept = uniform_layers(n_layers, K) if K else []
+            return [i for i in range(n_layers) if i not in kept], None
         try:
             layers = [int(v) for v in s.replace(",", " ").split()]
         except ValueError:
-            raise ValueError(f"linearize: argument 'layers' must be 'all', 'auto:K' or layer indices, got {layers!r}") from None
+            raise ValueError(f"linearize: argument 'layers' must be 'all', 'auto:K', 'uniform:K' or layer indices, "
+                             f"got {layers!r}") from None
     try:
         idx = sorted({int(i) for i in layers})
     except (TypeError, ValueError):
-        raise ValueError(f"linearize: argument 'layers' must be 'all', 'auto:K' or layer indices, got {layers!r}") from None
+        raise ValueError(f"linearize: argument 'layers' must be 'all', 'auto:K', 'uniform:K' or layer indices, got {layers!r}") from None
     if not idx or idx[0] < 0 or idx[-1] >= n_layers:
         raise ValueError(f"linearize: argument 'layers' = {layers!r} is out of range: the model has {n_layers} attention "
                          f"layers (indices 0 .. {n_layers - 1})")

@@ -40,41 +40,71 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 import torch
 
 from .._checks import check_device, output_dir
+from .recipes import DEFAULT_RECIPE, MATCHES, METHOD_FIELDS, RECIPES, recipe_settings
 
-__all__ = ["LinearizeConfig", "run", "evaluate_lm", "state_floats_per_token"]
+__all__ = ["LinearizeConfig", "run", "evaluate_lm", "evaluate_length", "state_floats_per_token"]
 
 STAGES = ("transfer", "finetune")
 
 
+#: the default recipe's settings: the defaults of LinearizeConfig's method fields (one source: recipes.py)
+_D = RECIPES[DEFAULT_RECIPE].settings
+#: the token budget of a run that names none (split transfer_share : 1 - transfer_share between the stages)
+DEFAULT_TOKENS = 300_000
+
+
 class LinearizeConfig(BaseModel):
-    """Every setting of a linearization run (the CLI's flags)."""
+    """Every setting of a linearization run (the CLI's flags).
+
+    ``recipe`` names a preset of the method fields (:mod:`seqmix.linearize.recipes`); a field given
+    explicitly overrides the recipe's value. The default recipe's values are the fields' defaults.
+    The budget: ``tokens`` split ``transfer_share`` : 1 − ``transfer_share`` between stage 1 and
+    stage 2, unless ``transfer_tokens`` / ``finetune_tokens`` are given themselves."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    recipe: str = Field(DEFAULT_RECIPE, description="a recipe of seqmix.linearize.recipes: its method fields are the defaults")
     hf: str = Field(description="the teacher: a transformers checkpoint folder (or a hub id in the local cache)")
-    mixer: str = Field("gla", description="the student: a registered mixer the init table covers")
-    mixer_config: dict[str, Any] = Field(default_factory=dict, description="the student's config fields")
-    layers: str = Field("all", description="'all', 'auto:K' or comma-separated layer indices")
+    mixer: str = Field(_D["mixer"], description="the student: a registered mixer the init table covers")
+    mixer_config: dict[str, Any] = Field(default_factory=lambda: dict(_D["mixer_config"]), description="the student's config fields")
+    layers: str = Field(_D["layers"], description="'all', 'auto:K', 'uniform:K' or 'uniform:P%' (K softmax layers kept, evenly "
+                        "spaced), or comma-separated layer indices")
     init: Literal["attention", "random", "random_hf"] = Field(
-        "attention", description="student init: from the attention weights, its own, or its own with the Linear weights drawn "
+        _D["init"], description="student init: from the attention weights, its own, or its own with the Linear weights drawn "
         "as transformers draws the host model's (normal(0, initializer_range))")
-    match: Literal["output", "phi", "both"] = Field("output", description="stage 1's loss")
-    stages: tuple[str, ...] = Field(STAGES, description="the stages to run, in order: transfer, finetune")
+    match: str = Field(_D["match"], description="stage 1's loss, or comma-separated losses run one after the other: output, phi, "
+                       "both, block")
+    transfer_split: tuple[float, ...] | None = Field(
+        _D["transfer_split"], description="stage 1's steps split between its losses in this ratio (None: equal shares)")
+    stages: tuple[str, ...] = Field(_D["stages"], description="the stages to run, in order: transfer, finetune")
     corpus: str = Field("tinyshakespeare", description="the text: a built-in corpus name or a path")
     tokenizer: str = Field("byte", description="byte, char, bpe, a tokenizer.json, or 'hf' (the teacher's tokenizer.json)")
     seq_len: int = Field(128, gt=0, description="tokens per training window")
     batch_size: int = Field(16, gt=0, description="windows per batch")
-    transfer_tokens: int = Field(100_000, ge=0, description="stage 1's token budget")
-    transfer_lr: float = Field(1e-3, gt=0, description="stage 1's peak learning rate")
-    transfer_trainable: Literal["all", "new"] = Field(
-        "all", description="stage 1's trainable set: every student parameter, or 'new': only what the init table did not copy "
-        "from the teacher (feature maps, decays, gates, norms, convolutions; LoLCATs' stage 1)")
+    tokens: int = Field(DEFAULT_TOKENS, ge=0, description="the token budget of both stages together")
+    transfer_share: float = Field(_D["transfer_share"], ge=0, le=1, description="stage 1's share of ``tokens``")
+    transfer_tokens: int = Field(description="stage 1's token budget (default: transfer_share · tokens)", ge=0)
+    transfer_lr: float = Field(_D["transfer_lr"], gt=0, description="stage 1's peak learning rate")
+    transfer_trainable: Literal["all", "new", "block"] = Field(
+        _D["transfer_trainable"], description="stage 1's trainable set: every student parameter, 'new': only what the init table "
+        "did not copy from the teacher (feature maps, decays, gates, norms, convolutions; LoLCATs' stage 1), or 'block': the "
+        "students and the rest of their decoder blocks (MLP, norms)")
     transfer_save_every: int = Field(50, gt=0, description="stage 1 saves its progress every this many steps (a killed run resumes)")
     phi_len: int = Field(512, gt=0, description="chunk length of the Φ loss")
-    finetune_tokens: int = Field(200_000, ge=0, description="stage 2's token budget")
-    finetune_lr: float = Field(1e-3, gt=0, description="stage 2's peak learning rate")
-    lora_rank: int = Field(0, ge=0, description="LoRA rank on the kept weights (0: full fine-tuning)")
-    kd: float = Field(0.0, ge=0, description="weight of KL(teacher ‖ student) in stage 2")
+    finetune_tokens: int = Field(description="stage 2's token budget (default: the rest of ``tokens``)", ge=0)
+    finetune_lr: float = Field(_D["finetune_lr"], gt=0, description="stage 2's peak learning rate")
+    lora_rank: int = Field(_D["lora_rank"], ge=0, description="LoRA rank (0: no LoRA)")
+    lora_targets: Literal["kept", "students", "all"] = Field(
+        _D["lora_targets"], description="what LoRA adapts: the Linears kept from the teacher (MLPs, softmax layers kept), the "
+        "students' projections copied from q/k/v/o, or both")
+    finetune_trainable: Literal["all", "students", "lora"] | None = Field(
+        _D["finetune_trainable"], description="stage 2's trained weights besides the LoRA adapters: every weight LoRA does not "
+        "wrap ('all'), the students' ('students'), none ('lora'); None: 'students' with LoRA, 'all' without")
+    kd: float = Field(_D["kd"], ge=0, description="weight of KL(teacher ‖ student) in stage 2")
+    ce: float = Field(_D["ce"], ge=0, description="weight of the next-token cross-entropy in stage 2")
+    length_multiples: tuple[int, ...] = Field(
+        (1, 4, 16), description="the final model and the teacher are evaluated on windows of the largest of these multiples of "
+        "seq_len that the validation text holds, the loss reported per band of positions (() : no length evaluation)")
     eval_batches: int = Field(8, gt=0, description="validation batches per evaluation")
     seed: int = Field(0, ge=0)
     threads: int | None = Field(None, gt=0, description="torch CPU threads")
@@ -83,10 +113,45 @@ class LinearizeConfig(BaseModel):
     parallel: Literal["none", "ddp", "fsdp"] = Field("none", description="stage 2 under torchrun: DDP or FSDP2 over the ranks (the Trainer's)")
     out: str = Field(description="the output folder")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe(cls, data):
+        """The recipe's method fields under the ones given; the budget split into the stages' tokens."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        given = {k: data[k] for k in METHOD_FIELDS if k in data}
+        data.update(recipe_settings(data.get("recipe", DEFAULT_RECIPE), given))
+        stages = data["stages"]
+        if isinstance(stages, str):
+            stages = tuple(s.strip() for s in stages.split(",") if s.strip())
+            data["stages"] = stages
+        tokens = data.get("tokens", DEFAULT_TOKENS)
+        if isinstance(tokens, int) and isinstance(data.get("transfer_share"), (int, float)):
+            if data.get("transfer_tokens") is None:
+                data["transfer_tokens"] = round(data["transfer_share"] * tokens) if "transfer" in stages else 0
+            if data.get("finetune_tokens") is None and isinstance(data["transfer_tokens"], int):
+                data["finetune_tokens"] = max(0, tokens - data["transfer_tokens"]) if "finetune" in stages else 0
+        return data
+
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:
         return check_device(v, "argument --device")
+
+    @field_validator("match")
+    @classmethod
+    def _match(cls, v: str) -> str:
+        parts = [m.strip() for m in v.split(",")]
+        bad = [m for m in parts if m not in MATCHES]
+        if bad or not parts:
+            raise ValueError(f"match: expected one of {', '.join(MATCHES)} or several of them comma-separated, got {v!r}")
+        return ",".join(parts)
+
+    @property
+    def matches(self) -> list[str]:
+        """Stage 1's losses, in the order they run."""
+        return self.match.split(",")
 
     @model_validator(mode="after")
     def _check(self):
@@ -98,7 +163,37 @@ class LinearizeConfig(BaseModel):
         if self.transfer_trainable == "new" and self.init != "attention":
             raise ValueError(f"transfer_trainable: 'new' freezes the weights copied from the teacher, and init={self.init!r} copies "
                              "none: use 'all' (or init='attention')")
+        if self.transfer_split is not None and (len(self.transfer_split) != len(self.matches)
+                                                or any(not v > 0 for v in self.transfer_split)):
+            raise ValueError(f"transfer_split: expected {len(self.matches)} positive shares, one per loss of match={self.match!r}, "
+                             f"got {self.transfer_split}")
+        if self.finetune_trainable == "lora" and self.lora_rank == 0:
+            raise ValueError("finetune_trainable: 'lora' trains only the LoRA adapters, and lora_rank is 0 (no LoRA): give a rank "
+                             "or another trainable set")
+        if self.lora_targets != "kept" and self.lora_rank == 0 and "lora_targets" in self.model_fields_set:
+            raise ValueError(f"lora_targets: {self.lora_targets!r} needs lora_rank > 0")
+        if any(m < 1 for m in self.length_multiples):
+            raise ValueError(f"length_multiples: expected positive multiples of seq_len, got {self.length_multiples}")
+        if "finetune" in self.stages and self.ce == 0 and self.kd == 0:
+            raise ValueError("ce, kd: stage 2 needs a loss: the cross-entropy weight (ce) or the KD weight (kd) must be > 0")
         return self
+
+    @property
+    def trainable(self) -> str:
+        """Stage 2's trainable set with the default resolved ('students' with LoRA, 'all' without)."""
+        if self.finetune_trainable is not None:
+            return self.finetune_trainable
+        return "students" if self.lora_rank else "all"
+
+    def transfer_steps(self) -> list[int]:
+        """Stage 1's optimizer steps per loss of :attr:`matches` (its tokens over batch × seq_len, split by transfer_split)."""
+        total = max(1, -(-self.transfer_tokens // (self.batch_size * self.seq_len))) if self.transfer_tokens else 0
+        n = len(self.matches)
+        shares = self.transfer_split or (1.0,) * n
+        out = [int(total * s / sum(shares)) for s in shares]
+        for i in sorted(range(n), key=lambda i: -shares[i])[: total - sum(out)]:  # the rounding's remainder: largest shares first
+            out[i] += 1
+        return out
 
     def stage_key(self, stage: str) -> str:
         """The settings a stage's result depends on (a finished stage with another key is run again)."""
@@ -107,10 +202,15 @@ class LinearizeConfig(BaseModel):
         if stage == "finetune":
             common += ["finetune_tokens", "finetune_lr", "lora_rank", "kd"]
         fields = {k: getattr(self, k) for k in common}
-        # settings added later enter the key only away from their default (finished runs keep their keys)
-        for k, default in (("transfer_trainable", "all"), ("precision", "fp32")):
+        # the fields below enter the key only away from their neutral value, so that a key names only what matters
+        neutral = {"transfer_trainable": "all", "precision": "fp32", "transfer_split": None}
+        if stage == "finetune":
+            neutral.update(ce=1.0, lora_targets="kept", finetune_trainable=None)
+        for k, default in neutral.items():
             if getattr(self, k) != default:
                 fields[k] = getattr(self, k)
+        if stage == "finetune" and "finetune_trainable" in fields and self.finetune_trainable == ("students" if self.lora_rank else "all"):
+            del fields["finetune_trainable"]  # the value None resolves to: the same run
         blob = json.dumps(fields, sort_keys=True, default=list)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
@@ -162,6 +262,48 @@ def evaluate_lm(model, test, eval_batches: int, trainer=None, *, device: str = "
     trainer = trainer or _evaluator(model, test, device, precision)
     ev = trainer.evaluate(HFCausalLM(model, None), test, max_batches=eval_batches)
     return {"loss": ev["loss"], "bpb": ev.get("bpb"), "ppl": ev.get("ppl")}
+
+
+def evaluate_length(models: dict, corpus, multiples=(1, 4, 16), *, windows: int = 16, batch_size: int = 4,
+                    device: str = "cpu", precision: str = "fp32") -> dict:
+    """The next-token loss of each of ``models`` ({name: transformers causal LM}) per band of positions, on
+    validation windows of the largest multiple of ``corpus.seq_len`` in ``multiples`` that the validation
+    text holds (at most ``windows`` windows, the same for every model): bands [0, T), [T, 4T), [4T, 16T) for
+    multiples (1, 4, 16) — a causal model's loss in the band [0, T) is what it scores in windows of T.
+    Returns {"window": L, "windows": n, "bands": ["0-128", ...], "loss": {name: [loss per band]}};
+    {} when not even one window of T fits."""
+    from ..data import build_data
+    from ..train.trainer import autocast
+
+    T = corpus.seq_len
+    for m in sorted(set(multiples), reverse=True):
+        try:
+            _, test = build_data(corpus.model_copy(update={"eval_seq_len": m * T, "eval_batch_size": batch_size}))
+        except ValueError:  # the validation text is shorter than m·T
+            continue
+        batches = [b for _, b in zip(range(-(-windows // batch_size)), test.batches())]
+        if batches:
+            break
+    else:
+        return {}
+    edges = [e * T for e in sorted(set(multiples)) if e <= m]
+    edges = [0] + edges
+    dev = torch.device(device)
+    out = {}
+    for name, model in models.items():
+        total = torch.zeros(len(edges) - 1, dtype=torch.float64)
+        count = 0
+        model.eval()
+        with torch.no_grad(), autocast(precision, dev):
+            for b in batches:
+                logits = model(input_ids=b.inputs.to(dev), use_cache=False).logits.float()
+                ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), b.labels.to(dev), reduction="none")  # [B, L]
+                for i in range(len(edges) - 1):
+                    total[i] += float(ce[:, edges[i]:edges[i + 1]].mean()) * ce.shape[0]
+                count += ce.shape[0]
+        out[name] = [float(v / count) for v in total]
+    return {"window": m * T, "windows": sum(b.inputs.shape[0] for b in batches),
+            "bands": [f"{edges[i]}-{edges[i + 1]}" for i in range(len(edges) - 1)], "loss": out}
 
 
 def _evaluator(model, test, device: str = "cpu", precision: str = "fp32"):
@@ -253,7 +395,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
     from ..interop.load import load_converted, load_transformers
     from .api import attention_layers, keep_softmax, linearize, parse_layers, students
     from .report import write_report
-    from .transfer import residuals, transfer
+    from .attention_transfer import residuals, transfer
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -308,7 +450,8 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
     auto = lin.seqmix_linearize["auto"]
     held_out = [b.inputs.to(device) for _, b in zip(range(2), test.batches())]
     metrics["init"] = evaluate(lin)
-    res_before = residuals(lin, teacher, held_out, match=cfg.match, phi_len=cfg.phi_len)
+    res_match = cfg.matches[-1]  # the residual auto:K ranks: stage 1's last loss
+    res_before = residuals(lin, teacher, held_out, match=res_match, phi_len=cfg.phi_len)
     _say(console, f"init ({cfg.mixer}, {cfg.init}): val loss {metrics['init']['loss']:.4f} nats")
 
     # -- stage 1: attention transfer ----------------------------------------------------------
@@ -317,37 +460,42 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
         key = cfg.stage_key("transfer")
         done = _done(folder, key)
         if done is None:
-            steps = max(1, -(-cfg.transfer_tokens // (cfg.batch_size * cfg.seq_len))) if cfg.transfer_tokens else 0
+            parts = cfg.transfer_steps()  # steps per loss of cfg.matches, run one after the other
+            steps = sum(parts)
             t0 = time.perf_counter()
             bar = _bar(progress, console, "stage 1 transfer", steps)
-
-            def on_step(step, rec):
-                if bar:
-                    bar[0].update(bar[1], completed=step, info=f"loss {rec['loss']:.4g}")
-                if on_transfer_step is not None:
-                    on_transfer_step(step, rec)
-
-            progress_file = stage_dir / "transfer_run" / "progress.pt"
-            resumed = progress_file.is_file()  # (a file of other settings is not used: transfer checks its key)
+            hist, offset = [], 0
+            progress_files = [stage_dir / "transfer_run" / (f"progress{i}.pt" if i else "progress.pt") for i in range(len(parts))]
+            resumed = any(f.is_file() for f in progress_files)  # (a file of other settings is not used: transfer checks its key)
             try:
-                hist = transfer(lin, teacher, lambda m: train.batch(m, seed=cfg.seed).inputs, steps=steps, match=cfg.match,
-                                lr=cfg.transfer_lr, phi_len=cfg.phi_len, trainable=cfg.transfer_trainable,
-                                precision=cfg.precision, on_step=on_step, checkpoint=progress_file,
-                                save_every=cfg.transfer_save_every, key=key)
+                for i, (match, n) in enumerate(zip(cfg.matches, parts)):
+                    def on_step(step, rec, offset=offset, match=match):
+                        if bar:
+                            bar[0].update(bar[1], completed=offset + step, info=f"{match} loss {rec['loss']:.4g}")
+                        if on_transfer_step is not None:
+                            on_transfer_step(offset + step, rec)
+
+                    hist += transfer(lin, teacher, lambda m, offset=offset: train.batch(offset + m, seed=cfg.seed).inputs, steps=n,
+                                     match=match, lr=cfg.transfer_lr, phi_len=cfg.phi_len, trainable=cfg.transfer_trainable,
+                                     precision=cfg.precision, on_step=on_step, checkpoint=progress_files[i],
+                                     save_every=cfg.transfer_save_every, key=f"{key}:{i}" if i else key)
+                    offset += n
             finally:
                 if bar:
                     bar[0].stop()
-            res_after = residuals(lin, teacher, held_out, match=cfg.match, phi_len=cfg.phi_len)
+            res_after = residuals(lin, teacher, held_out, match=res_match, phi_len=cfg.phi_len)
             kept = []
             if auto:
                 kept = sorted(sorted(res_after, key=lambda l: -res_after[l])[:auto])
                 keep_softmax(lin, teacher, kept)
             _save(lin, folder)
-            done = {"key": key, "steps": steps, "seconds": time.perf_counter() - t0, "history": hist[-1:] if hist else [],
+            done = {"key": key, "steps": steps, "steps_per_match": dict(zip(cfg.matches, parts)),
+                    "seconds": time.perf_counter() - t0, "history": hist[-1:] if hist else [],
                     "residual_before": res_before, "residual_after": res_after, "kept_softmax": kept,
                     "tokens": steps * cfg.batch_size * cfg.seq_len, "trainable": cfg.transfer_trainable}
             (folder / "done.json").write_text(json.dumps(done, indent=1))
-            progress_file.unlink(missing_ok=True)
+            for f in progress_files:
+                f.unlink(missing_ok=True)
             _say(console, f"stage 1: {steps} steps in {done['seconds']:.0f} s" + (" (resumed from its saved progress)" if resumed else "")
                  + (f"; softmax kept in layers {kept}" if auto else ""))
         else:
@@ -397,6 +545,11 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
     from .report import write_html, write_maps
 
     final = reload(out)
+    attn = attention_layers(final)
+    metrics["kept_softmax"] = [l for l in attn if l not in students(final)]
+    if cfg.length_multiples:
+        metrics["length"] = evaluate_length({"teacher": teacher, "student": final}, corpus, cfg.length_multiples,
+                                            device=cfg.device, precision=cfg.precision)
     if students(final):
         ids = next(iter(test.batches())).inputs[:1, :64].to(device)
         metrics["maps"] = write_maps(final, teacher, ids, out / "maps.png").name
@@ -427,16 +580,20 @@ def _finetune(cfg: LinearizeConfig, source: Path, teacher, corpus, folder: Path,
 
     hcfg = teacher.config
     steps = max(1, -(-cfg.finetune_tokens // (cfg.batch_size * cfg.seq_len)))
+    placed = json.loads((source / "config.json").read_text()).get("seqmix_placed", {})
+    student = next((r["config"] for r in placed.values() if r["mixer"] == cfg.mixer), None)  # the sizes the table gave it
+    mixer_kwargs = {k: v for k, v in (student or {}).items() if k != "d_model"}
     run_cfg = make_run_config(
         experiment="linearize", label=f"{cfg.mixer} linearized", tags={"stage": "finetune", "key": key},
         data=corpus, init_from_hf=str(source.resolve()),
-        model=ModelConfig(mixer=cfg.mixer, d_model=int(hcfg.hidden_size), n_layers=int(hcfg.num_hidden_layers),
-                          vocab_size=int(hcfg.vocab_size), positions="none"),
+        model=ModelConfig(mixer=cfg.mixer, mixer_kwargs=mixer_kwargs, d_model=int(hcfg.hidden_size),
+                          n_layers=int(hcfg.num_hidden_layers), vocab_size=int(hcfg.vocab_size), positions="none"),
         train=TrainConfig(lr=cfg.finetune_lr, max_steps=steps, weight_decay=0.0, early_stop=None, seed=cfg.seed,
                           eval_batches=cfg.eval_batches, eval_every_steps=max(1, steps // 4), threads=cfg.threads,
                           device=cfg.device, precision=cfg.precision, parallel=cfg.parallel),
     )
-    builder = finetune_builder(source, teacher=teacher if cfg.kd > 0 else None, kd=cfg.kd, lora_rank=cfg.lora_rank)
+    builder = finetune_builder(source, teacher=teacher if cfg.kd > 0 else None, kd=cfg.kd, lora_rank=cfg.lora_rank, ce=cfg.ce,
+                               lora_targets=cfg.lora_targets, trainable=cfg.trainable)
     run_dir = folder.parent / "finetune_run"
     t0 = time.perf_counter()
     trainer = Trainer(run_cfg, run_dir=run_dir, model_builder=builder, progress=progress, console=console, maps=False,
@@ -450,7 +607,8 @@ def _finetune(cfg: LinearizeConfig, source: Path, teacher, corpus, folder: Path,
     final = merged(model.hf)
     _save(final, folder)
     done = {"key": key, "steps": result.steps, "tokens": result.tokens, "seconds": time.perf_counter() - t0,
-            "history": result.history, "lora_rank": cfg.lora_rank, "kd": cfg.kd, "precision": cfg.precision,
+            "history": result.history, "lora_rank": cfg.lora_rank, "lora_targets": cfg.lora_targets, "kd": cfg.kd, "ce": cfg.ce,
+            "trainable_set": cfg.trainable, "precision": cfg.precision,
             "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     (folder / "done.json").write_text(json.dumps(done, indent=1, default=float))
     return done

@@ -125,7 +125,7 @@ def write_maps(model, teacher, ids, path: Path, *, head: int = 0) -> Path:
 
     from .._plotting import save_figure
     from .api import students
-    from .transfer import _teacher_mixers, capture
+    from .attention_transfer import _teacher_mixers, capture
 
     studs = students(model)
     if not studs:

@@ -219,6 +219,12 @@ class Trainer:
         return F.cross_entropy(logits.float(), target, reduction=reduction), logits, target
 
     @staticmethod
+    def ce_weight(model) -> float:
+        """The weight of the next-token cross-entropy in the training loss: the model's ``ce_weight``
+        attribute when it has one (e.g. 0 for a distillation stage that trains on the KL term alone), else 1."""
+        return float(getattr(model, "ce_weight", 1.0))
+
+    @staticmethod
     def auxiliary_loss(model) -> torch.Tensor | float:
         """A training-only term the model adds to the step's loss: ``model.auxiliary_loss()`` when the
         model has one (the term its last training forward computed, e.g. linearization's KL to the
@@ -419,7 +425,7 @@ class Trainer:
                     b = next(batches)
                     inputs, labels, weight = par.shard(*self.to_device(b))  # this rank's rows of the global batch
                     loss, _, _ = self.loss(model, inputs, labels)
-                    loss = loss + self.auxiliary_loss(model)
+                    loss = self.ce_weight(model) * loss + self.auxiliary_loss(model)
                     loss = loss * weight / tc.grad_accum
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                     loss_v += float(loss.detach())

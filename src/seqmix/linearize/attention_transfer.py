@@ -8,6 +8,10 @@ output y_l (hooks on the teacher's attention modules); student l trains on its o
     match="phi"      L_l = mean over (batch, head, query i) of Σ_j (Φ_s[i, j] − Φ_t[i, j])²
                      on chunks of at most ``phi_len`` tokens (each chunk its own sequence)  (MOHAWK)
     match="both"     the sum of the two
+    match="block"    L_l = mean ‖block_l(x_l) − y_l‖² with x_l, y_l the input and output of the teacher's whole
+                     decoder layer l (attention, MLP, norms, residuals) and block_l the linearized model's
+                     layer l fed the teacher's x_l: each block trained on its own (MOHAWK's hidden-state
+                     alignment, stage 2)
 
 With "phi" the layers' losses are backpropagated one layer at a time, so at most one layer's maps
 ([B, heads, T, T] of teacher and student) exist at once. The optimizer, its parameter groups and
@@ -20,6 +24,7 @@ The transfer residual of layer l (what ``layers="auto:K"`` ranks) is the relativ
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -32,27 +37,43 @@ from ..interop import InteropMixer, convert_module
 from ..train.checkpoint import read_checkpoint
 from ..train.optim import lr_at, param_groups
 from .api import attention_layers, students
+from .recipes import MATCHES
 
-__all__ = ["MATCHES", "TRAINABLE", "capture", "phi_loss", "transfer", "residuals"]
+__all__ = ["MATCHES", "TRAINABLE", "capture", "phi_loss", "transfer", "residuals", "block_path"]
 
-MATCHES = ("output", "phi", "both")
+
+
+def block_path(attention_path: str) -> str:
+    """The decoder layer that holds an attention module: "model.layers.3.self_attn" -> "model.layers.3"."""
+    found = re.search(r"(?:^|\.)layers\.\d+(?=\.)", attention_path + ".")
+    if found is None:
+        raise ValueError(f"linearize: match 'block': the attention module {attention_path!r} is not inside a 'layers.N' decoder layer")
+    return attention_path[: found.end()]
 
 
 class capture:
-    """Context manager: hooks on the teacher's attention modules at ``layers`` that record, for each
-    forward, the module's input hidden states ``inputs[l]`` [B, T, d] and its output ``outputs[l]``."""
+    """Context manager: hooks on the teacher's attention modules at ``layers`` (``level="attention"``)
+    or on the decoder layers that hold them (``level="block"``) that record, for each forward, the
+    module's input hidden states ``inputs[l]`` [B, T, d], its output ``outputs[l]``, and its call's
+    other arguments ``calls[l]`` = (args after the hidden states, kwargs) to call another module alike."""
 
-    def __init__(self, teacher: nn.Module, layers: Iterable[int]):
+    def __init__(self, teacher: nn.Module, layers: Iterable[int], level: str = "attention"):
         paths = attention_layers(teacher)
-        self.modules = {l: teacher.get_submodule(paths[l]) for l in layers}
+        self.modules = {l: teacher.get_submodule(block_path(paths[l]) if level == "block" else paths[l]) for l in layers}
         self.inputs: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.calls: dict[int, tuple[tuple, dict]] = {}
         self.handles = []
 
     def __enter__(self):
         for l, m in self.modules.items():
             def pre(mod, args, kwargs, l=l):
-                self.inputs[l] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+                if "hidden_states" in kwargs:
+                    self.inputs[l] = kwargs["hidden_states"]
+                    self.calls[l] = (args, {k: v for k, v in kwargs.items() if k != "hidden_states"})
+                else:
+                    self.inputs[l] = args[0]
+                    self.calls[l] = (args[1:], dict(kwargs))
 
             def post(mod, args, kwargs, out, l=l):
                 self.outputs[l] = out[0] if isinstance(out, tuple) else out
@@ -95,14 +116,31 @@ def _teacher_mixers(teacher: nn.Module, layers) -> dict[int, nn.Module]:
     return out
 
 
-def _layer_losses(studs, tmix, cap, match: str, phi_len: int, backward: bool) -> dict[int, torch.Tensor]:
+def _blocks(model: nn.Module, layers) -> dict[int, nn.Module]:
+    """The decoder layers of ``model`` that hold the attention modules at ``layers``."""
+    paths = attention_layers(model)
+    return {l: model.get_submodule(block_path(paths[l])) for l in layers}
+
+
+def _student_output(adapter, block, cap, l: int, match: str) -> torch.Tensor:
+    """The student's side of layer l on the captured batch: the student mixer on the teacher's attention
+    input, or (``match="block"``) the linearized decoder layer on the teacher's decoder-layer input."""
+    x = cap.inputs[l].detach()
+    if match != "block":
+        return adapter.mixer(x)
+    args, kwargs = cap.calls[l]
+    out = block(x, *args, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _layer_losses(studs, tmix, cap, match: str, phi_len: int, backward: bool, blocks=None) -> dict[int, torch.Tensor]:
     """Each student layer's loss on the captured batch (backpropagated layer by layer when ``backward``)."""
     out = {}
     for l, adapter in studs.items():
         x, y = cap.inputs[l].detach(), cap.outputs[l].detach()
         loss = x.new_zeros((), dtype=torch.float32)
-        if match in ("output", "both"):
-            loss = loss + F.mse_loss(adapter.mixer(x).float(), y.float())
+        if match in ("output", "both", "block"):
+            loss = loss + F.mse_loss(_student_output(adapter, blocks and blocks[l], cap, l, match).float(), y.float())
         if match in ("phi", "both"):
             xc = _chunks(x, phi_len)
             with torch.no_grad():
@@ -117,15 +155,19 @@ def _layer_losses(studs, tmix, cap, match: str, phi_len: int, backward: bool) ->
 def residuals(model: nn.Module, teacher: nn.Module, batches: list[torch.Tensor], *, match: str = "output",
               phi_len: int = 512) -> dict[int, float]:
     """{layer: transfer residual} of the students of ``model`` on ``batches`` (token ids [B, T]):
-    the relative output error Σ‖s(x) − y‖² / Σ‖y‖² ("output", "both"), or the Φ error ("phi")."""
+    the relative output error Σ‖s(x) − y‖² / Σ‖y‖² ("output", "both"; "block": of the decoder layer's
+    output), or the Φ error ("phi")."""
+    if match not in MATCHES:
+        raise ValueError(f"linearize: argument 'match' must be one of {', '.join(MATCHES)}, got {match!r}")
     studs = students(model)
     tmix = _teacher_mixers(teacher, studs) if match == "phi" else None
+    blocks = _blocks(model, studs) if match == "block" else None
     num = {l: 0.0 for l in studs}
     den = {l: 0.0 for l in studs}
     was = {l: a.training for l, a in studs.items()}
     with torch.no_grad():
         for ids in batches:
-            with capture(teacher, studs) as cap:
+            with capture(teacher, studs, level="block" if match == "block" else "attention") as cap:
                 teacher(input_ids=ids, use_cache=False)
             for l, a in studs.items():
                 a.eval()
@@ -135,14 +177,14 @@ def residuals(model: nn.Module, teacher: nn.Module, batches: list[torch.Tensor],
                     num[l] += float(phi_loss(a.mixer.phi(xc), tmix[l].phi(xc))) * ids.shape[0]
                     den[l] += ids.shape[0]
                 else:
-                    num[l] += float((a.mixer(x).float() - y.float()).pow(2).sum())
+                    num[l] += float((_student_output(a, blocks and blocks[l], cap, l, match).float() - y.float()).pow(2).sum())
                     den[l] += float(y.float().pow(2).sum())
     for l, a in studs.items():
         a.train(was[l])
     return {l: num[l] / max(den[l], 1e-30) for l in studs}
 
 
-TRAINABLE = ("all", "new")
+TRAINABLE = ("all", "new", "block")
 
 
 def _freeze_copied(studs, teacher: nn.Module) -> list:
@@ -188,7 +230,9 @@ def transfer(model: nn.Module, teacher: nn.Module, batch: Callable[[int], torch.
     ``batch(m)`` returns the token ids [B, T] of step m (moved to the students' device). Only the
     students' parameters change (the teacher is frozen; the rest of ``model`` is not touched):
     all of them (``trainable="all"``) or only those the init table did not copy from the teacher
-    (``"new"``: feature maps, decays, gates, norms, convolutions — LoLCATs' stage 1). ``precision``:
+    (``"new"``: feature maps, decays, gates, norms, convolutions — LoLCATs' stage 1); or
+    (``"block"``) the whole decoder layers that hold the students (their MLPs and norms too).
+    ``match``: one of :data:`MATCHES` (module docstring). ``precision``:
     the autocast dtype of the forwards ("fp32", "bf16", "fp16"; the losses are float32).
 
     ``checkpoint``: a file where the progress (the students, the optimizer, the history) is saved
@@ -212,7 +256,12 @@ def transfer(model: nn.Module, teacher: nn.Module, batch: Callable[[int], torch.
     studs = students(model)
     if not studs:
         raise ValueError("linearize: argument 'model' holds no student (linearize it first)")
-    holder = nn.ModuleList([a.mixer for a in studs.values()])
+    blocks = _blocks(model, studs) if "block" in (match, trainable) else None
+    # what trains: the students ("all", "new"), or the whole decoder layers that hold them ("block")
+    holder = nn.ModuleList(blocks.values() if trainable == "block" else [a.mixer for a in studs.values()])
+    trained = {id(p) for p in holder.parameters()}
+    # the rest of a block that only carries the gradient to its student: no gradient kept for it
+    carried = [p for b in (blocks or {}).values() for p in b.parameters() if id(p) not in trained and p.requires_grad]
     device = next(holder.parameters()).device
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"linearize: argument 'precision' of stage 1 must be fp32 or bf16 (fp16 would need gradient scaling), "
@@ -224,8 +273,16 @@ def transfer(model: nn.Module, teacher: nn.Module, batch: Callable[[int], torch.
         p.requires_grad_(True)
         p.grad = None
     handles = _freeze_copied(studs, teacher) if trainable == "new" else []
-    for a in studs.values():
-        a.train()
+    if trainable == "new" and not any(p.requires_grad for p in holder.parameters()):
+        for p in holder.parameters():
+            p.requires_grad_(True)
+        raise ValueError(f"linearize: argument 'trainable' = 'new': the students "
+                         f"({', '.join(sorted({a.mixer.registry_name for a in studs.values()}))}) have no parameter the init "
+                         "table did not copy from the teacher (nothing to train): use 'all'")
+    for p in carried:
+        p.requires_grad_(False)
+    for m in (holder if trainable == "block" else studs.values()):
+        m.train()
     opt = torch.optim.AdamW(param_groups(holder, weight_decay), lr=lr)
     history, pending = [], []
     layers = list(studs)
@@ -259,11 +316,11 @@ def transfer(model: nn.Module, teacher: nn.Module, batch: Callable[[int], torch.
                 g["lr"] = cur
             ids = batch(m).to(device)
             with torch.no_grad(), autocast(precision, device):
-                with capture(teacher, studs) as cap:
+                with capture(teacher, studs, level="block" if match == "block" else "attention") as cap:
                     teacher(input_ids=ids, use_cache=False)
             opt.zero_grad(set_to_none=True)
             with autocast(precision, device):
-                losses = _layer_losses(studs, tmix, cap, match, phi_len, backward=True)
+                losses = _layer_losses(studs, tmix, cap, match, phi_len, backward=True, blocks=blocks)
             if grad_clip:
                 torch.nn.utils.clip_grad_norm_(holder.parameters(), grad_clip)
             opt.step()
@@ -279,8 +336,8 @@ def transfer(model: nn.Module, teacher: nn.Module, batch: Callable[[int], torch.
     finally:
         for h in handles:
             h.remove()
-        for p in holder.parameters():  # the frozen copies ("new") are trainable again for stage 2
+        for p in [*holder.parameters(), *carried]:  # the frozen copies ("new") are trainable again for stage 2
             p.requires_grad_(True)
-    for a in studs.values():
-        a.eval()
+    for m in (holder if trainable == "block" else studs.values()):
+        m.eval()
     return history

@@ -317,7 +317,7 @@ def test_lm_eval_and_generate_options(capsys, tmp_path, monkeypatch, lm_run):
     f = files(tmp_path)
     bad(capsys, ["lm", "generate", run, "--prompt-file", f["binary"]], "--prompt-file")
     for opt, v in (("--max-new-tokens", "-1"), ("--temperature", "-1"), ("--top-k", "0"), ("--top-p", "2")):
-        bad(capsys, ["lm", "generate", run, "--max-new-tokens", "2", opt, v], opt.lstrip("-").replace("-", "_"))
+        bad(capsys, ["lm", "generate", run, "--max-new-tokens", "2", opt, v], opt)
 
 
 # -- config objects raise a ValueError that names the field -----------------------------------

@@ -54,10 +54,11 @@ STUDENTS = {
     "bmojo_f(window 32)": ("bmojo_f", {"window": 32, "ssm_mode": "chunk", "expand": 1, "d_state": 4}),
 }
 #: the student cases of docs/linearize.md's table: the students, the hybrids (auto:1) and the ablations on GLA
-DEFAULT_CASES = list(STUDENTS) + ["hybrid:gla", "hybrid:gated_deltanet", "uniform1:gla", "transfer_only:gla",
-                                  "finetune_only:gla", "phi:gla"]
-#: the student cases of a budget's targets alone (best pure student, the hybrid): --cases targets
-TARGET_CASES = ["lolcats(window 64)", "gated_deltanet", "hybrid:gated_deltanet"]
+DEFAULT_CASES = list(STUDENTS) + ["hybrid:lolcats(window 64)", "hybrid:gla", "hybrid:gated_deltanet", "uniform1:gla",
+                                  "transfer_only:gla", "finetune_only:gla", "phi:gla"]
+#: the student cases of a budget's targets alone (the default's student and its one-softmax hybrid; Gated DeltaNet's,
+#: the best student without a window): --cases targets
+TARGET_CASES = ["lolcats(window 64)", "hybrid:lolcats(window 64)", "gated_deltanet", "hybrid:gated_deltanet"]
 #: the students that keep a sliding window of softmax attention (a bounded KV cache beside or inside their recurrence)
 WINDOWED = {"lolcats", "liger_attention", "sliding_window_attention", "bmojo", "bmojo_f"}
 #: the method flags of the student cases (None: the recipe's value) -> LinearizeConfig field

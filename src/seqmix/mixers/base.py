@@ -366,6 +366,18 @@ class Mixer(nn.Module):
             cache.set(self, out.state)
         return out.y
 
+    def decode_step(self, x: torch.Tensor, state: dict[str, Any] | None) -> tuple[torch.Tensor, dict[str, Any] | None]:
+        """One decoding step without :meth:`forward`'s input checks, for a caller that checked its input once
+        (interop's trusted step, DESIGN.md "the decode path"): x [B, 1, d] and this layer's state (a Cache
+        entry, or None) -> (y [B, 1, d], the new state). The same computation as ``forward(x, cache)`` with
+        the state in that cache (the "step" mode, or the mixer's own mode where it has no step)."""
+        mode = "step" if self.supports_step else self.mode
+        if self.uses_context:
+            out = self._forward(x, state=state, mode=mode, need_state=True, context=None)
+        else:
+            out = self._forward(x, state=state, mode=mode, need_state=True)
+        return out.y, out.state
+
     def _forward(self, x: torch.Tensor, *, state: dict | None, mode: str, need_state: bool) -> MixOut:
         raise NotImplementedError
 

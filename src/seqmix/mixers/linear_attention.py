@@ -730,7 +730,7 @@ class GeneralForm(Mixer):
         V = v.shape[-1]
         if mode == "step" or delayed:  # one token: the step on the heads as they are (nothing to fold)
             o, S = recurrence_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0] if gk is not None else None, None, S0, scale=self._scale,
-                                   check_values=False, delayed=delayed)
+                                   check_values=False, check_shapes=False, delayed=delayed)
             return o.unsqueeze(1), S
         kw = dict(scale=self._scale, output_final_state=need_state, mode=mode, chunk_size=c.chunk_size, check_values=False)
         if K > 1:

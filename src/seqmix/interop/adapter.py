@@ -53,10 +53,13 @@ class _Verified:
     layer's check serves the others (each layer would otherwise read them on the host again). An entry is
     a weak reference to the tensor, its version counter and the check's key (the positions or the mask the
     layer expects); another tensor, one written in place since, or an inference tensor (no version counter)
-    is checked again."""
+    is checked again. ``steps``: per kind ("padding", "causal", "positions"), the tensor a trusted decoding
+    step checked last, with its key and version counter (a strong reference to a one-token call's small
+    tensor: the later layers of that step find it there without a lookup)."""
 
     def __init__(self):
         self._seen: dict = {}
+        self.steps: dict = {}
 
     def __contains__(self, item) -> bool:
         t, key = item
@@ -290,29 +293,57 @@ class InteropMixer(nn.Module):
                 return None
         kind = self.state_table[0].kind
         try:
-            objs, versions = self._slot_record(hf, kind)
-        except (AttributeError, IndexError, KeyError, TypeError):
+            objs = self._slot_objects(hf)
+            if kind in _VERSIONED_KINDS and tuple([o._version for o in objs if isinstance(o, torch.Tensor)]) != trust.versions:
+                return None
+        except (AttributeError, IndexError, KeyError, TypeError, RuntimeError):
             return None
-        if len(objs) != len(trust.objs) or versions != trust.versions:
+        if len(objs) != len(trust.objs):
             return None
         for a, b in zip(objs, trust.objs):
             if a is not b:
                 return None
-        if mask is not None or (self.positions and kwargs.get("position_ids") is not None):
-            where = f"{self.where} ({self.source} -> seqmix {mixer.registry_name!r})"
-            if self.mask_kind == "padding":
-                self._check_mask(mask, x, where)
-            elif self.mask_kind == "causal":
-                self._check_causal_mask(mask, x, trust.seen, where)
-            if self.positions:
-                self._check_positions(kwargs.get("position_ids"), x, trust.seen if kind in ("kv", "layer") else None, where)
+        pos = kwargs.get("position_ids") if self.positions else None
+        if (mask is not None and self.mask_kind != "ignored") or pos is not None:
+            self._step_checks(mixer, x, mask, pos, trust)
         with states_in_place():
             y, new = (self.__dict__.get("_step_fn") or mixer.decode_step)(x, trust.state)
         out = self._write_trusted(hf, trust, new)
         trust.seen += 1
         trust.state = new
-        trust.objs, trust.versions = self._slot_record(hf, kind)
-        return self._output(y if residual is None else y + residual, out)
+        if kind in _VERSIONED_KINDS:
+            trust.objs, trust.versions = self._slot_record(hf, kind)
+        else:
+            trust.objs = self._slot_objects(hf)
+        if residual is not None:
+            y = y + residual
+        return (y, None) if self.returns_pair else (y, out) if self.returns_state else y
+
+    def _step_checks(self, mixer, x, mask, pos, trust) -> None:
+        """A trusted step's per-token checks: the attention mask and ``position_ids`` against the tokens seen,
+        each read by the first layer of the step that is handed the tensor (the later ones find it in
+        ``_VERIFIED.steps``: the same tensor, key and version)."""
+        steps, where = _VERIFIED.steps, None
+        kv_like = self.state_table[0].kind in ("kv", "layer")
+        for t, is_pos in ((mask if self.mask_kind != "ignored" else None, False), (pos, True)):
+            if t is None:
+                continue
+            if is_pos:
+                key = ("positions", trust.seen if kv_like else None, 1)
+            else:
+                key = ("padding", 1) if self.mask_kind == "padding" else ("causal", trust.seen, 1, self._window())
+            e = steps.get(key[0])
+            if e is not None and e[0] is t and e[1] == key and e[2] == t._version:
+                continue
+            where = where or f"{self.where} ({self.source} -> seqmix {mixer.registry_name!r})"
+            if key[0] == "padding":
+                self._check_mask(t, x, where)
+            elif key[0] == "causal":
+                self._check_causal_mask(t, x, trust.seen, where)
+            else:
+                self._check_positions(t, x, key[1], where)
+            if isinstance(t, torch.Tensor) and not t.is_inference():
+                steps[key[0]] = (t, key, t._version)
 
     def _write_trusted(self, hf, trust, new: dict):
         """The trusted step's write: what :meth:`write_state` writes, without its lookups and checks, and nothing

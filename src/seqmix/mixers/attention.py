@@ -178,7 +178,7 @@ class _Attention(Mixer):
         T, R = t0.shape[1], rotary_dim or t0.shape[-1]
         dt = torch.float64 if t0.dtype == torch.float64 else torch.float32  # as ops.rotary
         cos, sin = self.rope_table(start, T, R, device=t0.device, dtype=dt, seq_len=start + T, interleaved=interleaved)
-        return tuple(apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts)
+        return tuple([apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts])
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
@@ -750,14 +750,19 @@ class SoftmaxAttention(_Attention):
         c = self.config
         B, T, _ = x.shape
         H, Hkv, K = self.heads, self.kv_heads, self.head_qk
-        q, k = self.W_qk(x).split([H * K, Hkv * K], dim=-1)
-        if c.qk_norm == "full":
-            q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
-        q, k = q.view(B, T, H, K), k.view(B, T, Hkv, K)
-        if c.qk_norm == "head":
-            q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
-        if c.rope:
-            q, k = self._rope(start, q, k)
+        qk = self.W_qk(x)
+        if c.rope and c.qk_norm == "none":  # q and k rotated as one tensor of H + Hkv heads (the same arithmetic per head)
+            qk = self._rope(start, qk.view(B, T, H + Hkv, K))[0]
+            q, k = qk[:, :, :H], qk[:, :, H:]
+        else:
+            q, k = qk.split([H * K, Hkv * K], dim=-1)
+            if c.qk_norm == "full":
+                q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
+            q, k = q.view(B, T, H, K), k.view(B, T, Hkv, K)
+            if c.qk_norm == "head":
+                q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
+            if c.rope:
+                q, k = self._rope(start, q, k)
         if scaled and self.qk_scale != 1.0:
             q = q * self.qk_scale
         return q, k, self.W_v(x).view(B, T, Hkv, self.head_v)
@@ -771,6 +776,15 @@ class SoftmaxAttention(_Attention):
         if need_state and kv is None:
             kv = KVCache(window=self.config.window)
         q, k, v = self._qkv(x, start=kv.seen if kv is not None else 0, scaled=False)  # the op scales qᵀk
+        if mode == "step" and kv is not None and not self.mla:  # a decoding step: the token written into the cache in place
+            heads = kv.append_step(k, v)
+            if heads is not None:
+                B, H = q.shape[0], self.heads
+                o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, **self._score_options())
+                o = o.view(B, 1, H, -1)
+                y = self.W_o(o.flatten(2)) if self.W_g is None else self._gated_readout(o, x)
+                return MixOut(y, {"kv": kv} if need_state else None,
+                              values=lambda: repeat_kv(v, H // self.kv_heads), mixed=o)
         keys, vals = kv.append(k, v) if kv is not None else (k, v)  # every key the queries see: the cached ones and their own
         if self.mla:  # the cache holds the latent pair: every head's keys and values from it
             keys, vals = self._mla_expand(keys, vals)

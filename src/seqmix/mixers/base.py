@@ -371,7 +371,7 @@ class Mixer(nn.Module):
         (interop's trusted step, DESIGN.md "the decode path"): x [B, 1, d] and this layer's state (a Cache
         entry, or None) -> (y [B, 1, d], the new state). The same computation as ``forward(x, cache)`` with
         the state in that cache (the "step" mode, or the mixer's own mode where it has no step)."""
-        mode = "step" if self.supports_step else self.mode
+        mode = "step" if type(self).supports_step is Mixer.supports_step or self.supports_step else self.mode
         if self.uses_context:
             out = self._forward(x, state=state, mode=mode, need_state=True, context=None)
         else:

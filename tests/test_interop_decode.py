@@ -210,3 +210,67 @@ def test_another_cache_object_takes_the_full_path(monkeypatch):
         assert not taken
         b = model(x[:, 8:9], cache=second, use_cache=True).logits
     assert torch.equal(a, b)
+
+
+# -- torch.compile of the decoding step (opt-in: seqmix.compile_decode) ------------------------------------
+
+
+def _student(mixer: str, layers: int = 2, **cfg):
+    from seqmix.linearize import linearize
+
+    torch.manual_seed(0)
+    t = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                                     num_key_value_heads=2, intermediate_size=64, pad_token_id=0, eos_token_id=1, bos_token_id=1))
+    return linearize(t.eval(), mixer=mixer, **cfg).eval()
+
+
+def test_compile_decode_refuses_what_it_cannot_compile():
+    import seqmix
+
+    with pytest.raises(ValueError, match="holds no converted or linearized"):
+        seqmix.compile_decode(LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
+                                                           num_attention_heads=4, intermediate_size=64)))
+    with pytest.raises(ValueError, match="'prompt'"):
+        seqmix.compile_decode(_student("gla"), prompt=torch.randn(1, 4))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mixer,cfg", [("gla", {}), ("retnet", {}), ("mamba2", {}), ("gated_deltanet", {}),
+                                       ("linear_attention", {"feature_map": "hedgehog"}),
+                                       ("bmojo_f", {"window": 8, "ssm_mode": "chunk", "expand": 1, "d_state": 4})])
+def test_a_students_decoding_step_is_one_graph(mixer, cfg):
+    """torch.compile traces each student's decoding step (in place, as the trusted step runs it) without a break."""
+    import torch._dynamo as dynamo
+
+    from seqmix.ops import states_in_place
+
+    model = _student(mixer, layers=1, **cfg)
+    adapter = _adapters(model)[0]
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids(batch=1, T=12), cache=cache, use_cache=True)
+        dynamo.reset()
+        with states_in_place():
+            ex = dynamo.explain(adapter.mixer.decode_step)(torch.randn(1, 1, 32), adapter._trust.state)
+    assert ex.graph_break_count == 0, [str(b.reason).splitlines()[0] for b in ex.break_reasons]
+
+
+@pytest.mark.slow
+def test_compile_decode_gives_the_eager_logits():
+    """A linearized Llama's greedy generation with the compiled decoding step: the eager tokens and scores (to
+    float32 rounding); the first call's time is measured; uncompile_decode restores the eager step."""
+    import seqmix
+    from seqmix.interop import uncompile_decode
+
+    model, prompt = _student("gla"), ids(batch=1, T=9)
+    kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        ref = model.generate(prompt, **kw)
+        info = seqmix.compile_decode(model, prompt=prompt)
+        out = model.generate(prompt, **kw)
+    assert info["compiled"] == 2 and info["eager"] == 0 and info["first_call_s"] > 0
+    assert all(a.__dict__.get("_step_fn") is not None for a in _adapters(model))
+    assert torch.equal(out.sequences, ref.sequences)
+    assert scale_err(torch.stack(out.scores), torch.stack(ref.scores)) <= INTEROP_RTOL
+    uncompile_decode(model)
+    assert all(a.__dict__.get("_step_fn") is None for a in _adapters(model))

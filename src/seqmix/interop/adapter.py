@@ -31,6 +31,7 @@ the input's finite check and the cache layer's lookups and type checks run on th
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
@@ -223,17 +224,18 @@ class InteropMixer(nn.Module):
         if kind == "layer":
             layer = hf_cache.layers[i]
             return layer, layer.keys
+        spec = self.__dict__.get("_slot_spec")
+        if spec is None:  # (conv?, slot) of every slot the table reads, once
+            spec = self.__dict__["_slot_spec"] = tuple((row.kind == "conv", j) for row in self.state_table for j in row.slots)
         if kind in ("conv", "recurrent"):
             layer = hf_cache.layers[i]
             out = [layer, layer.record_past]
-            for row in self.state_table:
-                held = layer.conv_states if row.kind == "conv" else layer.recurrent_states
-                for j in row.slots:
-                    out += (held[j], layer.has_previous_state[j])
+            for conv, j in spec:
+                out += ((layer.conv_states if conv else layer.recurrent_states)[j], layer.has_previous_state[j])
             return tuple(out)
         if kind == "linear_cache":
             return (hf_cache.get_linear_cache(i),)
-        return (hf_cache, *(hf_cache[j] for row in self.state_table for j in row.slots))  # "stacked", "tuple"
+        return (hf_cache, *[hf_cache[j] for _, j in spec])  # "stacked", "tuple"
 
     def _record(self, hf_cache, x, state, where: str) -> None:
         """After a fully checked call with a cache: the :class:`_Trust` a later one-token call is matched against
@@ -727,3 +729,51 @@ class InteropMixer(nn.Module):
         if hasattr(layer, "cumulative_length"):  # a sliding layer counts every token seen (positions, mask sizes)
             layer.cumulative_length = kv.seen
         layer._seqmix_kv, layer._seqmix_keys, layer._seqmix_values = kv, keys, values
+
+
+# -- compiling the decoding step (opt-in) -----------------------------------------------------------
+
+
+def compile_decode(model: nn.Module, *, prompt: torch.Tensor | None = None, **compile_kwargs) -> dict:
+    """Compiles the decoding step of every finite-state seqmix layer of ``model`` (a converted or linearized
+    transformers model) with ``torch.compile``: each adapter's trusted step then runs the compiled
+    ``mixer.decode_step`` (its state updated in place, as eager). Attention layers (the ``kv`` kind: a KV cache
+    that grows by a token per step, which would recompile every step) stay eager. Opt-in: compiling costs
+    time at the first decoding step (one graph per layer; torch.compile's recompile limit is raised to the
+    number of layers so that none falls back to eager), and pays where the step's many small ops dominate
+    (small widths, CPU). ``compile_kwargs`` go to ``torch.compile`` (e.g. ``mode="max-autotune"``).
+
+    ``prompt`` [B, T] token ids: run ``generate`` of two tokens after it once, so that the compilation
+    happens here, and report its time. Returns {"compiled": layers, "eager": layers left eager,
+    "first_call_s": that time or None}. ``model`` without a seqmix layer: ValueError."""
+    adapters = [m for m in model.modules() if isinstance(m, InteropMixer) and m.state_table]
+    if not adapters:
+        raise ValueError(f"compile_decode: argument 'model' ({type(model).__name__}) holds no converted or linearized "
+                         "seqmix layer (seqmix.interop.from_transformers, seqmix.linearize.linearize)")
+    if prompt is not None and (not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.is_floating_point()):
+        raise ValueError("compile_decode: argument 'prompt' must be token ids [batch, time] (an integer tensor), got "
+                         f"{list(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt).__name__}")
+    compiled = [m for m in adapters if m.state_table[0].kind != "kv"]
+    from torch import _dynamo
+
+    limit = 2 * len(compiled) + 8  # one graph per layer (its module's guards), a second where the first state's layout differs
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(_dynamo.config, name) and getattr(_dynamo.config, name) < limit:
+            setattr(_dynamo.config, name, limit)
+    for m in compiled:
+        m.__dict__["_step_fn"] = torch.compile(m.mixer.decode_step, **compile_kwargs)
+    first = None
+    if prompt is not None:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=2, min_new_tokens=2, do_sample=False,
+                           pad_token_id=getattr(model.config, "pad_token_id", None) or 0)
+        first = time.perf_counter() - t0
+    return {"compiled": len(compiled), "eager": len(adapters) - len(compiled), "first_call_s": first}
+
+
+def uncompile_decode(model: nn.Module) -> None:
+    """Undoes :func:`compile_decode`: every adapter of ``model`` runs the eager decoding step again."""
+    for m in model.modules():
+        if isinstance(m, InteropMixer):
+            m.__dict__.pop("_step_fn", None)

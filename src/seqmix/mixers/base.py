@@ -378,6 +378,26 @@ class Mixer(nn.Module):
             out = self._forward(x, state=state, mode=mode, need_state=True)
         return out.y, out.state
 
+    def layer_constant(self, key: str, fn, *params: torch.Tensor):
+        """``fn()``, a quantity of the layer that no token changes (a decay made of parameters alone:
+        RetNet's γ_h, Mamba's A = −exp(A_log)), computed once and kept for the calls that follow while
+        ``params`` (the tensors it is made of) are the same tensors at the same versions; computed anew where
+        autograd records them or torch.compile traces (the kept value is Python state)."""
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
+            return fn()
+        stamp = [key]
+        for p in params:
+            if p.is_inference():
+                return fn()
+            stamp += (id(p), p._version)
+        kept = self.__dict__.setdefault("_layer_constants", {})
+        e = kept.get(key)
+        if e is not None and e[0] == stamp:
+            return e[1]
+        value = fn()
+        kept[key] = (stamp, value)
+        return value
+
     def _forward(self, x: torch.Tensor, *, state: dict | None, mode: str, need_state: bool) -> MixOut:
         raise NotImplementedError
 

@@ -573,15 +573,9 @@ class GeneralForm(Mixer):
         kind, delta = c.decay, None
         if kind == "none":
             return None, None
-        if kind == "fixed_head":  # not learned (RetNet, TransNormer): computed here, in the input's precision
-            h = torch.arange(H, dtype=torch.float64, device=u.device)
-            if c.head_decay_rates is not None:
-                log_gamma = -torch.tensor(c.head_decay_rates, dtype=torch.float64, device=u.device)
-            elif c.head_decay == "lightning":
-                log_gamma = -(2.0 ** (-8 * (h + 1) / H))
-            else:
-                log_gamma = torch.log1p(-(2.0 ** (-5 - h))) if c.head_decay == "retnet" else -8 * h / H
-            la = log_gamma.to(compute_dtype(u)).expand(B, T, H)  # float32 or wider: docs/scale.md
+        if kind == "fixed_head":  # not learned (RetNet, TransNormer): computed once per device and dtype
+            key = f"gamma {c.head_decay} {c.head_decay_rates} {u.device} {compute_dtype(u)}"
+            la = self.layer_constant(key, lambda: self._head_log_decay(u)).expand(B, T, H)
         elif kind == "fixed":
             la = (-torch.exp(upcast(self.w))).view(H, K).expand(B, T, H, K)
         elif kind == "lru":
@@ -610,6 +604,19 @@ class GeneralForm(Mixer):
         if c.tau != 1.0:
             la = la / c.tau
         return la, delta
+
+    def _head_log_decay(self, u):
+        """log γ_h [H] of the fixed per-head decays (RetNet's 1 − 2^(−5−h), lightning attention's, TransNormer's,
+        or ``head_decay_rates``), in float32 or wider (docs/scale.md), on u's device."""
+        c, H = self.config, self.H
+        h = torch.arange(H, dtype=torch.float64, device=u.device)
+        if c.head_decay_rates is not None:
+            log_gamma = -torch.tensor(c.head_decay_rates, dtype=torch.float64, device=u.device)
+        elif c.head_decay == "lightning":
+            log_gamma = -(2.0 ** (-8 * (h + 1) / H))
+        else:
+            log_gamma = torch.log1p(-(2.0 ** (-5 - h))) if c.head_decay == "retnet" else -8 * h / H
+        return log_gamma.to(compute_dtype(u))
 
     def _soft_cap(self, z):
         """xLSTM-7B's gate soft cap: cap·tanh(z/cap) (identity without gate_soft_cap)."""
@@ -659,13 +666,15 @@ class GeneralForm(Mixer):
         # f_q
         qk_heads = 1 if c.shared_qk else H
         if c.query == "proj":
-            q = _act(c.feature_map, self.W_q(u_q)).view(B, T, qk_heads, K).expand(B, T, H, K)
+            q = _act(c.feature_map, self.W_q(u_q)).view(B, T, qk_heads, K)
+            q = q if qk_heads == H else q.expand(B, T, H, K)
         else:
             q = u.new_ones(B, T, H, K)
         # f_k
         kind = c.key
         if kind == "proj":
-            k = _act(c.feature_map, self.W_k(u_k)).view(B, T, qk_heads, K).expand(B, T, H, K)
+            k = _act(c.feature_map, self.W_k(u_k)).view(B, T, qk_heads, K)
+            k = k if qk_heads == H else k.expand(B, T, H, K)
         elif kind == "one":
             k = u.new_ones(B, T, H, K)
         elif kind in ("one_minus_decay", "sqrt_one_minus_decay_sq"):

@@ -565,7 +565,7 @@ class S6(Mixer):
     @property
     def A(self) -> torch.Tensor:
         """A = -exp(A_log) [d_inner, d_state] (< 0; the paper's A is its negative)."""
-        return (-self.A_log.exp()).expand(self.d_inner, self.config.d_state)
+        return self.layer_constant("A", lambda: (-self.A_log.exp()).expand(self.d_inner, self.config.d_state), self.A_log)
 
     def _inputs(self, u, conv_state=None, need_state=False, pre_activation=False):
         """u [B, T, d_model] -> (x [B, T, D], z or None, Δ [B, T, D], b [B, T, n], c [B, T, n], conv state).
@@ -853,7 +853,7 @@ class SSD(Mixer):
 
     def _recurrence(self, delta, Bm, Cm):
         """(q, k, gk): q = C, k = ΔB, per-head log-decay Δ·a [B, T, H]."""
-        return Cm, delta.unsqueeze(-1) * Bm, delta * (-self.A_log.exp())
+        return Cm, delta.unsqueeze(-1) * Bm, delta * self.layer_constant("a", lambda: -self.A_log.exp(), self.A_log)
 
     # -- forward ---------------------------------------------------------------------------
 

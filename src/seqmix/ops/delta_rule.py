@@ -55,7 +55,7 @@ from einops import rearrange
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape, reads_values
 from .precision import full_precision
 from .inplace import writable
-from .recurrence import _compute_dtype, _exp_where, _step_dtype, _tile_size, _tiled_scores
+from .recurrence import _compute_dtype, _exp_where, _read, _step_dtype, _tile_size, _tiled_scores
 
 MODES = ("recurrent", "chunk", "parallel", "step")
 BETA_MAX = 2.0
@@ -480,13 +480,13 @@ def fused_step(S, q, k, v, beta, g, scale, a=None, b=None, in_place=False):
         S = S.clone()
     beta_ = beta.view(*beta.shape, 1, 1)
     if a is None and b is None:  # S ← S + kᵀ (β (v − k S)): the value under k moves a fraction β toward v
-        u = (v.unsqueeze(-2) - torch.matmul(k.unsqueeze(-2), S)).mul_(beta_)  # [B, H, 1, V]
-        S.addcmul_(k.unsqueeze(-1), u)
+        u = (v - _read(k, S)).mul_(beta_[..., 0])  # [B, H, V]
+        S.addcmul_(k.unsqueeze(-1), u.unsqueeze(-2))
     else:  # S ← S + aᵀ (b S) + β kᵀ v, with a = −β k and b = k where not given
-        r = torch.matmul((k if b is None else b).unsqueeze(-2), S)  # b S [B, H, 1, V], of the decayed S
-        S.addcmul_((-beta_[..., 0] * k if a is None else a).unsqueeze(-1), r)
+        r = _read(k if b is None else b, S)  # b S [B, H, V], of the decayed S
+        S.addcmul_((-beta_[..., 0] * k if a is None else a).unsqueeze(-1), r.unsqueeze(-2))
         S.addcmul_(k.unsqueeze(-1), v.unsqueeze(-2) * beta_)
-    o = torch.matmul(q.unsqueeze(-2), S).squeeze(-2)
+    o = _read(q, S)
     return (o.mul_(scale) if scale != 1.0 else o), S
 
 

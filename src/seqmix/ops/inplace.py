@@ -9,7 +9,10 @@ interop's adapter, :func:`seqmix.models.generation.generate`'s Cache) runs its s
 ``addcmul_``), with no new state tensor per token, and return that same tensor.
 
 Where a state cannot be written (autograd records it, an inference tensor outside inference mode, a
-dtype other than the step's compute dtype) the op computes a new one as without the context.
+dtype other than the step's compute dtype) the op computes a new one as without the context. Inside the
+context the step ops also skip their argument checks (:func:`owned`): the caller made the states and the
+inputs, and checked what it was handed once (interop's adapter checks a call fully before it trusts the
+next ones).
 """
 
 from __future__ import annotations
@@ -38,4 +41,12 @@ def writable(state: torch.Tensor | None, dtype: torch.dtype) -> bool:
         return False
     if state.requires_grad and torch.is_grad_enabled():
         return False
+    if torch.compiler.is_compiling():  # (is_inference() cannot be traced; a compiled step runs on the eager step's states)
+        return True
     return not state.is_inference() or torch.is_inference_mode_enabled()
+
+
+def owned() -> bool:
+    """Whether the running step's caller owns its states and inputs (inside :func:`states_in_place`): the step
+    ops then skip their argument checks."""
+    return bool(_IN_PLACE)

@@ -1055,7 +1055,7 @@ def fused_step(S, q, k, v, gk, gv, scale, delayed=False, in_place=False):
     gv [B, H, V] or None: log-decays (not exponentiated, unlike :func:`_step`). Every tensor in the compute
     dtype. ``in_place``: S is the caller's to overwrite (the returned state is S itself); otherwise S is left
     as it is and a new state is returned. Returns (o [B, H, V], the new state)."""
-    o = torch.matmul(q.unsqueeze(-2), S) if delayed else None
+    o = _read(q, S) if delayed else None
     fresh = in_place  # whether S may be written: the caller's buffer, or a tensor made here
     if gk is not None:  # key-wise [B, H, K, 1] or per head [B, H, 1, 1]
         a = gk.exp()
@@ -1069,9 +1069,17 @@ def fused_step(S, q, k, v, gk, gv, scale, delayed=False, in_place=False):
     k_, v_ = k.unsqueeze(-1), v.unsqueeze(-2)
     S = S.addcmul_(k_, v_) if fresh else torch.addcmul(S, k_, v_)
     if not delayed:
-        o = torch.matmul(q.unsqueeze(-2), S)
-    o = o.squeeze(-2)
+        o = _read(q, S)
     return (o.mul_(scale) if scale != 1.0 else o), S
+
+
+def _read(q: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """q S per head: q [B, H, K], S [B, H, K, V] -> [B, H, V], one batched matrix-vector product (``bmm`` on
+    [B·H] heads where S's layout allows it without a copy)."""
+    B, H, K = q.shape
+    if S.is_contiguous():
+        return torch.bmm(q.reshape(B * H, 1, K), S.view(B * H, K, -1)).view(B, H, -1)
+    return torch.matmul(q.unsqueeze(-2), S).squeeze(-2)
 
 
 @full_precision

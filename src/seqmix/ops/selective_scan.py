@@ -123,9 +123,9 @@ def selective_scan_step(x, delta, A, B, C, D=None, *, state=None, delta_bias=Non
         delta = delta + delta_bias
     if delta_softplus:
         delta = F.softplus(delta)
-    out_dtype = x.dtype
-    dt = x.dtype
-    if dt not in (torch.float32, torch.float64) or any(t is not None and t.dtype != dt for t in (delta, A, B, C, D, state)):
+    out_dtype = dt = x.dtype
+    if dt not in (torch.float32, torch.float64) or delta.dtype != dt or A.dtype != dt or B.dtype != dt or C.dtype != dt \
+            or (D is not None and D.dtype != dt) or (state is not None and state.dtype != dt):
         dt = torch.promote_types(torch.promote_types(x.dtype, delta.dtype), torch.promote_types(A.dtype, B.dtype))
         dt = torch.promote_types(dt, C.dtype)
         dt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt

@@ -80,8 +80,10 @@ def _sharing_copy(model):
     return copy.deepcopy(model, memo)
 
 
-def models_for(d: int, layers: int, max_len: int, hybrid: str, kept: int) -> dict:
-    """name -> model: the teacher, each pure student, the hybrid (``hybrid:<mixer label>``)."""
+def models_for(d: int, layers: int, max_len: int, hybrid: str, kept: int, compiled: bool = False) -> dict:
+    """name -> model: the teacher, each pure student, the hybrid (``hybrid:<mixer label>``); with ``compiled``,
+    also each pure student with its decoding step compiled (``<label> compiled``: a copy sharing its weights,
+    ``seqmix.compile_decode`` applied when it first runs: :func:`ensure_compiled`)."""
     from seqmix.linearize import linearize
 
     t = teacher(d, layers, max_len)
@@ -95,7 +97,25 @@ def models_for(d: int, layers: int, max_len: int, hybrid: str, kept: int) -> dic
         torch.manual_seed(1)
         rest = [i for i in range(layers) if i != kept]
         out[f"hybrid:{hybrid}"] = linearize(_sharing_copy(t), mixer=mixer, layers=rest, inplace=True, **cfg).eval()
+    if compiled:
+        for label in students:
+            out[f"{label} compiled"] = _sharing_copy(out[label])
     return out
+
+
+def ensure_compiled(name: str, model, costs: dict) -> None:
+    """``seqmix.compile_decode`` on a ``<label> compiled`` model the first time it runs (its first call, which
+    compiles every layer's decoding step, timed into ``costs[name]``)."""
+    from seqmix.interop import InteropMixer
+
+    if not name.endswith(" compiled") or any(isinstance(m, InteropMixer) and m.__dict__.get("_step_fn") for m in model.modules()):
+        return
+    import seqmix
+
+    info = seqmix.compile_decode(model, prompt=torch.randint(2, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0)))
+    costs[name] = info["first_call_s"]
+    print(f"    {name}: compile_decode's first call (compiling {info['compiled']} layers) took {info['first_call_s']:.1f} s",
+          flush=True)
 
 
 def _tensors(obj, seen: set, depth: int = 0):
@@ -162,7 +182,7 @@ def run_once(model, P: int, new: int) -> dict:
             "load": os.getloadavg()[0]}
 
 
-def measure_group(path: Path, models: dict, P: int, new: int, repeats: int) -> dict:
+def measure_group(path: Path, models: dict, P: int, new: int, repeats: int, compile_costs: dict) -> dict:
     """Every model of ``models`` at prompt P, interleaved over ``repeats`` (after one warm-up run each at a short
     prompt), each measurement stored in ``path`` as it finishes; a stored one is not run again."""
     data = json.loads(path.read_text()) if path.exists() else {"P": P, "new_tokens": new, "runs": {}}
@@ -170,7 +190,8 @@ def measure_group(path: Path, models: dict, P: int, new: int, repeats: int) -> d
     todo = [(r, name) for r in range(repeats) for name in models if len(runs.get(name, [])) <= r]
     if not todo:
         return data
-    for m in models.values():  # warm-up: first-call costs (allocator, lazy tables) out of the timed runs
+    for name, m in models.items():  # warm-up: first-call costs (allocator, lazy tables, compiling) out of the timed runs
+        ensure_compiled(name, m, compile_costs)
         run_once(m, min(P, 64), 2)
     for r, name in todo:
         runs.setdefault(name, []).append(run_once(models[name], P, new))
@@ -313,7 +334,8 @@ def section(results: dict, status: list[str], meta: dict, plot_rel: str | None) 
                 cells.append(f"{r['ms_per_token']:.2f} ms{dec}; {r['prefill_s']:.2f} s{pre}; {_mb(r['cache_bytes'])}")
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("")
-    out += ["Targets (every pure student):", ""] + [f"* {line}" for line in status]
+    out += ["Targets (every pure student; a student with its decoding step compiled is another row) and the compile costs:",
+            ""] + [f"* {line}" for line in status]
     return "\n".join(out)
 
 
@@ -335,6 +357,8 @@ def main() -> None:
     p.add_argument("--write-docs", action="store_true", help="write the results section of --docs and the plot --plot")
     p.add_argument("--docs", type=Path, default=DOCS, help="the Markdown page of the results section (default docs/linearize.md)")
     p.add_argument("--plot", type=Path, default=PLOT, help="the plot's file (default docs/img/linearize_speed.png)")
+    p.add_argument("--compile", action="store_true", help="also each pure student with seqmix.compile_decode (opt-in "
+                   "torch.compile of the decoding step), as '<label> compiled'; its first call's cost is printed")
     p.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK}")
     a = p.parse_args()
     if a.quick:
@@ -353,23 +377,31 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     info = machine_info("cpu")
     print(f"load average at the start {os.getloadavg()[0]:.2f}; torch threads {torch.get_num_threads()} on {os.cpu_count()} cores")
-    results, counts = {}, {}
+    results, counts, compile_costs = {}, {}, {}
     for d, L in sizes:
         size = f"{d}x{L}"
         count_path = a.out / f"{size}_counts.json"
         models = None
         if not a.table:
-            models = models_for(d, L, max(prompts) + a.new_tokens + 16, a.hybrid, a.kept)
+            models = models_for(d, L, max(prompts) + a.new_tokens + 16, a.hybrid, a.kept, compiled=a.compile)
             if a.models:
                 keep = {"teacher", *a.models.split(",")}
-                models = {k: v for k, v in models.items() if k in keep}
+                models = {k: v for k, v in models.items() if k in keep or k.removesuffix(" compiled") in keep}
             print(f"{size}: {', '.join(models)}", flush=True)
+            cost_path = a.out / f"{size}_compile.json"
+            costs = json.loads(cost_path.read_text()) if cost_path.exists() else {}
+            stored = dict(costs)
             for P in prompts:
-                measure_group(a.out / f"{size}_P{P}.json", models, P, a.new_tokens, a.repeats)
+                measure_group(a.out / f"{size}_P{P}.json", models, P, a.new_tokens, a.repeats, costs)
+                if costs != stored:
+                    cost_path.write_text(json.dumps(costs, indent=1))
+                    stored = dict(costs)
             if not a.no_counts and not count_path.exists():
                 count_path.write_text(json.dumps(counted(models), indent=1))
         results[size] = {P: summarize(json.loads((a.out / f"{size}_P{P}.json").read_text()))
                          for P in prompts if (a.out / f"{size}_P{P}.json").exists()}
+        cost_path = a.out / f"{size}_compile.json"
+        compile_costs[size] = json.loads(cost_path.read_text()) if cost_path.exists() else {}
         counts[size] = json.loads(count_path.read_text()) if count_path.exists() else None
         del models
     rows, status = [], []
@@ -382,6 +414,9 @@ def main() -> None:
                  "repeats", "load"], rows)
     for line in status:
         print(" ", line)
+    compiled_lines = [f"{size} {name}: compile_decode's first call {t:.1f} s" for size, c in compile_costs.items() for name, t in c.items()]
+    for line in compiled_lines:
+        print(" ", line)
     loads = [r[-1] for r in rows] or [os.getloadavg()[0]]
     print(f"load average: {min(loads):.2f} to {max(loads):.2f} over the stored runs (the machine is shared); now {os.getloadavg()[0]:.2f}")
     if a.write_docs:
@@ -393,10 +428,10 @@ def main() -> None:
             except ValueError:
                 plot_rel = str(a.plot)
         argv = f"--sizes {a.sizes} --prompts {a.prompts} --new-tokens {a.new_tokens} --repeats {a.repeats} --threads {a.threads}" \
-            + (f" --hybrid {a.hybrid} --kept {a.kept}" if a.hybrid else " --hybrid ''") + " --out OUT"
+            + (f" --hybrid {a.hybrid} --kept {a.kept}" if a.hybrid else " --hybrid ''") + (" --compile" if a.compile else "") + " --out OUT"
         meta = {"argv": argv, "when": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads(),
                 "cpus": os.cpu_count(), "load_min": min(loads), "load_max": max(loads), "new_tokens": a.new_tokens}
-        write_doc_section(a.docs, MARKER, section(results, status, meta, plot_rel))
+        write_doc_section(a.docs, MARKER, section(results, status + compiled_lines, meta, plot_rel))
     (a.out / "summary.json").write_text(json.dumps({"machine": info, "results": {s: {str(P): g for P, g in gs.items()}
                                                                                  for s, gs in results.items()},
                                                     "counts": counts, "status": status}, indent=1))

@@ -162,3 +162,22 @@ def test_step_ops_still_check_their_arguments():
         recurrence_step(q, k, v)
     with pytest.raises(ValueError, match="'v'"):
         delta_rule_step(q, k, v, torch.rand(B, H))
+
+
+@pytest.mark.parametrize("name", ["mamba", "mamba2", "gated_deltanet", "rwkv6", "retnet", "gla"])
+def test_a_prefills_state_keeps_no_activations_alive(name):
+    """After a prefill through a Cache, the state's tensors own storages of their own size: none is a view of the
+    prefill's activations (a conv window's last inputs, a token shift's last input), which would keep the whole
+    call's input alive and grow the decoding state's memory with the prompt."""
+    from seqmix import Cache, build_mixer, mixer_entry
+
+    m = build_mixer(name, **mixer_entry(name).example_config()).eval()
+    sizes = []
+    for T in (16, 64):
+        cache = Cache()
+        with torch.no_grad():
+            m(torch.randn(2, T, m.d_model), cache=cache)
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in cache._tensors()}
+        sizes.append(sum(storages.values()))
+        assert sizes[-1] <= cache.nbytes() + 64 * len(storages), (T, sizes[-1], cache.nbytes())
+    assert sizes[0] == sizes[1]

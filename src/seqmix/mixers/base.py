@@ -231,6 +231,20 @@ class Cache:
 # ------------------------------------------------------------------------------------------
 
 
+def _compact(state: dict | None) -> dict | None:
+    """``state`` with each tensor that is a view of a larger one (a full-sequence call's last token: u[:, -1])
+    copied out, so that a cache does not keep the call's activations alive (a prefill of 16k tokens' inputs,
+    for a state of one token's)."""
+    if not state:
+        return state
+    out = None
+    for key, t in state.items():
+        if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 2 * t.numel() * t.element_size() + 64:
+            out = out if out is not None else dict(state)
+            out[key] = t.clone()
+    return out if out is not None else state
+
+
 @dataclass
 class MixOut:
     """What ``Mixer._forward`` returns.
@@ -363,7 +377,7 @@ class Mixer(nn.Module):
         extra = {"context": context} if self.uses_context else {}
         out = self._forward(x, state=state, mode=mode, need_state=cache is not None, **extra)
         if cache is not None:
-            cache.set(self, out.state)
+            cache.set(self, _compact(out.state) if x.shape[1] > 1 else out.state)
         return out.y
 
     def decode_step(self, x: torch.Tensor, state: dict[str, Any] | None) -> tuple[torch.Tensor, dict[str, Any] | None]:

@@ -169,7 +169,8 @@ def causal_conv1d(x, weight, bias=None, state=None, *, activation: str | None = 
         y = F.silu(y)
     elif activation is not None:
         raise ValueError(f"causal_conv1d: unknown activation {activation!r}; expected None or 'silu'")
-    new_state = full[:, full.shape[1] - (W - 1) :].transpose(1, 2) if output_final_state else None
+    # (a copy: a view would keep the whole of ``full``, the call's input, alive in the cache)
+    new_state = full[:, full.shape[1] - (W - 1) :].transpose(1, 2).clone() if output_final_state else None
     return y, new_state
 
 

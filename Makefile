@@ -3,6 +3,8 @@
 #   make test       the whole test suite, slow tests included (what CI runs; about 22 min on 2 cores, set-up excluded)
 #   make test-slow  only the tests marked slow (pytest -m "not slow" skips them while developing)
 #   make bench      every benchmark script at full size
+#   make docs       the docs site into site/ (mkdocs build --strict; the suite builds it too)
+#   make docs-serve the docs site on http://127.0.0.1:8000, rebuilt as pages change
 #   make test-latest   the whole suite in .venv-latest, with the newest release of every dependency
 #   make lock       test-latest, then (only if it passed) moves requirements/lock.txt to those versions
 
@@ -13,10 +15,10 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 # every install of setup/main/test/CI is constrained to the versions the tests passed with
 LOCK   ?= requirements/lock.txt
-EXTRAS := dev,text,tensorboard,hf,eval,cluster,lra,reference,linearize
+EXTRAS := dev,text,tensorboard,hf,eval,cluster,lra,reference,linearize,docs
 LATEST ?= .venv-latest
 
-.PHONY: setup main test test-slow bench clean test-latest lock
+.PHONY: setup main test test-slow bench clean test-latest lock docs docs-serve
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	python3 -m venv $(VENV)
@@ -27,7 +29,8 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 
 setup: $(VENV)/.installed
 
-# the main job: DSF Fig. 2 at CPU size (5 mixers on MQAR, <= 10 min on 2 cores); prints the
+# the main job: DSF Fig. 2 at CPU size (5 mixers on MQAR, 8-17 min on 2 cores by machine; it prints
+# its own estimate of the time left after each run); prints the
 # results table and the paper's claims, writes runs/main/dsf-fig2-tiny.png; a second run
 # skips the finished runs
 main: setup
@@ -47,6 +50,13 @@ test-slow: setup
 
 bench: setup
 	for f in bench/[a-z]*.py; do $(PY) $$f || exit 1; done
+
+# the docs site (mkdocs.yml): guide pages, the README as front page, the API reference from the docstrings
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # the newest release of every dependency (pyproject's ranges ignored, so a release past an upper
 # bound shows up here first); torch stays $(TORCH) unless you pass TORCH=torch. Not in CI: its
@@ -68,4 +78,4 @@ lock: test-latest
 	git diff --stat -- $(LOCK)
 
 clean:
-	rm -rf $(VENV) $(LATEST) .pytest_cache bench/out
+	rm -rf $(VENV) $(LATEST) .pytest_cache bench/out site

@@ -255,11 +255,15 @@ def test_sweep_and_plot_into_a_file(tmp_path):
     assert f["text"].read_bytes() == before
 
 
-def test_results_plot_into_a_folder(capsys, tmp_path):
+def test_results_plot_into_a_folder_or_a_png_file_and_nothing_else(capsys, tmp_path):
     out = tmp_path / "out"
     assert main(["train", *TINY_TASK, "--out", str(out)]) == 0
     capsys.readouterr()
-    bad(capsys, ["results", "--db", out / "results.sqlite", "--plot", tmp_path], "--plot")
+    assert main(["results", "--db", str(out / "results.sqlite"), "--plot", str(tmp_path / "plots")]) == 0  # a folder
+    assert (tmp_path / "plots" / "results.png").is_file() and str(tmp_path / "plots" / "results.png") in capsys.readouterr().out
+    bad(capsys, ["results", "--db", out / "results.sqlite", "--plot", tmp_path / "plot.svg"], "--plot")
+    (tmp_path / "dir.png").mkdir()
+    bad(capsys, ["results", "--db", out / "results.sqlite", "--plot", tmp_path / "dir.png"], "--plot")
     bad(capsys, ["results", "--db", out / "results.sqlite", "--experiment", "nope"], "--experiment")
     bad(capsys, ["results", "--db", out / "results.sqlite", "--x", "nope"], "x axis")
 
@@ -457,7 +461,9 @@ def test_lm_generate_eval_export_options(capsys, tmp_path, monkeypatch, lm_run):
     monkeypatch.setenv("SEQMIX_CACHE", str(cache))
     capsys.readouterr()
     bad(capsys, ["lm", "generate", run, "--num-samples", "0", "--max-new-tokens", "2"], "--num-samples")
-    bad(capsys, ["lm", "eval", run, "--plot", tmp_path], "--plot")
+    (tmp_path / "taken.png").mkdir()
+    bad(capsys, ["lm", "eval", run, "--plot", tmp_path / "taken.png"], "--plot")  # a folder where the file goes
+    bad(capsys, ["lm", "eval", run, "--plot", tmp_path / "length.pdf"], "--plot")  # a format it does not write
     assert not (run / "eval_val.json").exists()  # said before evaluating
     # a run folder whose config.json is corrupt or not a RunConfig
     broken = tmp_path / "broken"

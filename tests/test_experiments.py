@@ -225,6 +225,8 @@ def test_reproduce_end_to_end(tmp_path, monkeypatch, capsys):
     assert "| lin |" in r.table and r.claims[0]["verdict"] == "agrees"
     log = (tmp_path / "log.txt").read_text()
     assert "the paper's claims" in log and "agrees" in log
+    agree = sum(c["verdict"] == "agrees" for c in r.claims)
+    assert f"verdict: {agree} of {len(r.claims)} claims agree" in log
     r2 = reproduce("mini", "tiny", out_dir=tmp_path / "out", workers=1, progress=False, console=con)
     assert r2.rows == r.rows  # every run was skipped, the same table
     assert "already finished" in (tmp_path / "log.txt").read_text()
@@ -287,7 +289,35 @@ def test_sweep_stop_runs_a_cells_rates_in_order_until_one_reaches_early_stop(tmp
             solved = {k for k, acc in first.items() if acc >= early_stop}
             assert solved and second == set(first) - solved
             assert f"round 2/2: {4 - len(solved)} runs ({len(solved)} cells already" in (tmp_path / "log.txt").read_text()
+        log_lines = (tmp_path / "log.txt").read_text().splitlines()
+        assert [ln for ln in log_lines if "acc " in ln][-1].endswith("done, none to go]")  # each run's line: the estimate
         for row in r.rows:
             assert set(row["per_seed_lr"].values()) <= {1e-2, 1e-3}
         saved = json.loads((out / "mini-tiny.json").read_text())
         assert saved["lr_select"] == "per_seed" and len(saved["cells"]) == len(r.rows)
+
+
+def test_time_left_counts_the_runs_to_go_as_a_range_and_times_them_at_the_finished_runs_rate():
+    """TimeLeft: after a run that reaches the early-stop accuracy, the runs to go are at least the
+    rest of its round and at most that plus the later rates of the cells not yet solved; each is
+    timed at the finished runs' seconds per unit of cost (equal costs here: seconds per run), shared
+    by the workers. Runs finished before the call are neither run nor counted."""
+    from types import SimpleNamespace
+
+    from seqmix.experiments import TimeLeft, lr_waves
+
+    sc = _mini().scales["tiny"].model_copy(update={
+        "d_models": [8], "ns": [4], "lrs": [1e-2, 1e-3], "seeds": [0, 1], "sweep_stop": True,
+        "train": {"epochs": 1, "threads": 1, "early_stop": 0.99}})
+    configs = _mini().model_copy(update={"scales": {"tiny": sc}}).runs("tiny")
+    waves = lr_waves(configs)  # 2 rounds of 4 runs (2 models × 2 seeds), all of one cost
+    left = TimeLeft(waves, workers=1)
+    left.start_round(0, waves[0])
+    first = left.note(waves[0][0], SimpleNamespace(wall_time=60.0, accuracy=1.0))  # solved: its second rate drops out
+    assert first == "  [1 done, 3-6 to go: about 3-6 min left]"
+    second = left.note(waves[0][1], SimpleNamespace(wall_time=180.0, accuracy=0.5))  # not solved; mean 120 s a run
+    assert second == "  [2 done, 2-5 to go: about 4-10 min left]"
+    two = TimeLeft(waves, workers=2, done={waves[0][0].run_id})
+    two.start_round(0, waves[0][1:])
+    assert two.note(waves[0][1], SimpleNamespace(wall_time=60.0, accuracy=0.5)) == "  [1 done, 2-6 to go: about 1-3 min left]"
+    assert two.note(waves[0][2], None) == "  [2 done, 1-5 to go: about 1-2 min left]"  # failed: counted, nothing learned from it

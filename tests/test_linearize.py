@@ -14,6 +14,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E4
 
 from seqmix.interop import InteropMixer, from_transformers, placed_mixers  # noqa: E402
 from seqmix.interop.load import load_converted  # noqa: E402
+from browser import CHROMIUM, SKIP_REASON, check_in_browser, console_lines, dump_dom, image_widths  # noqa: E402
 from seqmix.linearize import (  # noqa: E402
     attention_layers, build_student, keep_softmax, linearize, phi_loss, residuals, save, students, teacher_weights, transfer,
     valid_students,
@@ -415,6 +416,30 @@ def test_the_trainer_adds_a_models_auxiliary_loss():
         trainer.fit()
         norms[w] = float(models[0].embed.weight.norm())
     assert norms[10.0] < norms[0.0] - 1e-3, norms
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
+def test_report_html_opens_in_headless_chromium(tmp_path):
+    """linearize's report.html, from a tiny run, in a real browser: its one picture (maps.png) decodes
+    at its own width, no console error, a screenshot that is not blank; and a page whose picture is
+    corrupted fails the check."""
+    from PIL import Image
+
+    from seqmix.cli import main
+
+    teacher(layers=2, vocab=256).save_pretrained(tmp_path / "teacher")
+    out = tmp_path / "lin"
+    assert main(["linearize", "--hf", str(tmp_path / "teacher"), "--mixer", "gla", "--layers", "0", "--seq-len", "16",
+                 "--batch-size", "2", "--transfer-tokens", "32", "--finetune-tokens", "32", "--full",
+                 "--eval-batches", "1", "--no-progress", "--out", str(out)]) == 0
+    page = out / "report.html"
+    r = dump_dom(page, tmp_path / "profile")
+    assert r.returncode == 0 and not console_lines(r), console_lines(r)
+    widths = check_in_browser(page, tmp_path, 1)
+    assert widths == [Image.open(out / "maps.png").width]
+    bad = tmp_path / "bad.html"
+    bad.write_text(page.read_text(encoding="utf-8").replace("base64,iVBOR", "base64,AAAA", 1), encoding="utf-8")
+    assert image_widths(bad, tmp_path / "profile") == [0]
 
 
 def _check_html(out, metrics):

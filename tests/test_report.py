@@ -12,7 +12,7 @@ from seqmix.experiments.presets import tiny_mqar
 from seqmix.experiments.report import report_html, write_report
 from seqmix.train.results import best_over_lr, lm_table, plot, seed_rows, table
 
-from browser import CHROMIUM, SKIP_REASON, console_lines, dump_dom
+from browser import CHROMIUM, SKIP_REASON, check_in_browser, console_lines, dump_dom, image_widths
 
 pytestmark = pytest.mark.usefixtures("private_cache")  # conftest: a data cache of the test's own
 
@@ -172,11 +172,13 @@ def test_report_opens_in_headless_chromium(small_report, tmp_path):
     dom = r.stdout
     assert 'data-images-decoded="1/1"' in dom
     assert "60.0 (10.0–90.0)" in dom and "does not agree" in dom and "1 of 2 agree" in dom
+    check_in_browser(page, tmp_path, 1)  # the plot decoded, the screenshot not blank
     # the check can fail: a corrupted plot is reported
     bad = tmp_path / "bad.html"
     bad.write_text(page.read_text(encoding="utf-8").replace("base64,iVBOR", "base64,AAAA", 1), encoding="utf-8")
     r = dump_dom(bad, tmp_path / "profile")
     assert 'data-images-decoded="0/1"' in r.stdout
+    assert image_widths(bad, tmp_path / "profile") == [0]
 
 
 def test_reproduce_all_end_to_end(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ import pytest
 import torch
 from matplotlib.image import AxesImage
 
-from browser import CHROMIUM, SKIP_REASON, console_lines, dump_dom
+from browser import CHROMIUM, SKIP_REASON, check_in_browser, console_lines, dump_dom, image_widths
 
 import seqmix
 from seqmix.analysis import mapstats, show
@@ -253,6 +253,29 @@ def test_plotted_decay_spectrum_is_the_mixers_decays(views_and_mixers):
             assert float((mag - row.unsqueeze(1)).abs().amax(0).min()) == 0
 
 
+def test_overview_figure_draws_each_mixers_first_map_and_its_spectrum(views_and_mixers):
+    """overview_figure (the README's and the gallery's picture): one column per mixer holding
+    phi(x)[0, 0] and the same spectrum rows as show_figure; no spectrum for a mixer without a DSF."""
+    views, mixers, inp = views_and_mixers
+    fig = show.overview_figure(views, dpi=40, titles=[v.label.upper() for v in views])
+    assert png_size(show.figure_png(fig)) == (round(show.OVERVIEW_INCHES[0] * 3 * 40), round(show.OVERVIEW_INCHES[1] * 40))
+    phis, decays = images(fig, "phi:"), images(fig, "decays:")
+    full = images(show.show_figure(views), "decays:")
+    for v, m in zip(views, mixers):
+        with torch.no_grad():
+            phi = m.phi(show.embed(inp, m.d_model, seed=3))[0, 0]
+        assert float((torch.from_numpy(phis[f"phi:{v.label}"].get_array().data) - phi).abs().max()) == 0
+        if v.lam is None:
+            assert f"decays:{v.label}" not in decays
+        else:
+            assert (decays[f"decays:{v.label}"].get_array().data == full[f"decays:{v.label}"].get_array().data).all()
+    assert {t.get_text() for t in fig.texts} >= {v.label.upper() for v in views}
+    with pytest.raises(ValueError, match="argument 'titles'"):
+        show.overview_figure(views, titles=["one"])
+    with pytest.raises(ValueError, match="argument 'subtitles'"):
+        show.overview_figure(views, subtitles=[])
+
+
 def test_view_numbers_match_the_functions(views_and_mixers):
     views, mixers, inp = views_and_mixers
     ref = show.softmax_reference(show.embed(inp, mixers[0].d_model, seed=3), seed=3)
@@ -377,11 +400,14 @@ def test_html_report_opens_in_headless_chromium(report, tmp_path):
     assert not console, console
     n = len(views) + 1
     assert f'data-images-decoded="{n}/{n}"' in r.stdout, r.stdout[:500]
+    widths = check_in_browser(path, tmp_path, n)  # every image decoded, the screenshot not blank
+    assert widths[0] == show.figure_size_px(1, 50)[0]
     # the check can fail: a corrupted image is reported
     bad = tmp_path / "bad.html"
     bad.write_text(path.read_text(encoding="utf-8").replace("base64,iVBOR", "base64,AAAA", 1), encoding="utf-8")
     r = dump_dom(bad, tmp_path / "profile")
     assert f'data-images-decoded="{n - 1}/{n}"' in r.stdout and console_lines(r)
+    assert image_widths(bad, tmp_path / "profile")[0] == 0
 
 
 # ------------------------------------------------------------------------------------------
@@ -467,6 +493,30 @@ def test_cli_writes_png_with_expected_size(tmp_path, capsys):
     assert "effective rank" in text and "linear_attention" in text and "wrote" in text
     assert png_size((out / "maps.png").read_bytes()) == show.figure_size_px(2, 40)
     assert (out / "lemma1.png").is_file()
+
+
+def test_cli_out_file_png_writes_that_file_and_the_other_pictures_beside_it(tmp_path, capsys):
+    """--out FILE.png is a file (the maps; a theory figure beside it as FILE-NAME.png), --out FILE.html
+    with --html the report; a picture suffix the command does not write is refused before any work."""
+    maps = tmp_path / "sub" / "maps_s6.png"
+    assert main(["show", "s6", "-T", "16", "--d-model", "8", "--out", str(maps), "--dpi", "40", "--theory", "lemma1"]) == 0
+    assert maps.is_file() and png_size(maps.read_bytes()) == show.figure_size_px(1, 40)
+    assert (tmp_path / "sub" / "maps_s6-lemma1.png").is_file() and sorted(p.name for p in maps.parent.iterdir()) == [
+        "maps_s6-lemma1.png", "maps_s6.png"]
+    only_theory = tmp_path / "lemma.png"
+    assert main(["show", "--theory", "lemma1", "--out", str(only_theory), "--dpi", "40"]) == 0
+    assert only_theory.is_file()
+    page = tmp_path / "page.html"
+    assert main(["show", "s6", "-T", "16", "--d-model", "8", "--html", "--out", str(page), "--dpi", "40"]) == 0
+    assert page.is_file() and len(check_html(page.read_text(encoding="utf-8")).images) == 1
+    capsys.readouterr()
+    assert main(["show", "s6", "-T", "16", "--out", str(tmp_path / "maps.svg")]) == 2
+    assert "argument --out: this writes PNG files" in capsys.readouterr().err and not (tmp_path / "maps.svg").exists()
+    assert main(["show", "s6", "-T", "16", "--html", "--out", str(tmp_path / "x.png")]) == 2
+    assert "writes HTML files" in capsys.readouterr().err
+    (tmp_path / "taken.png").mkdir()
+    assert main(["show", "s6", "-T", "16", "--out", str(tmp_path / "taken.png")]) == 2
+    assert "is a folder, expected a file name" in capsys.readouterr().err
 
 
 def test_cli_html_report(tmp_path):

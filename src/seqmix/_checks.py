@@ -188,6 +188,46 @@ def output_file(path, argument: str) -> Path:
     return p
 
 
+#: file suffixes an output option may name; a picture or report is written in its own format only
+PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".pdf", ".html", ".htm")
+
+
+def picture_paths(out, names: Sequence[str], argument: str = "--out", suffix: str = ".png", *,
+                  create: bool = True) -> dict[str, Path]:
+    """Where each picture of ``names`` goes for an output option, by one rule for every command
+    that writes pictures: ``out`` ending in ``suffix`` is a file, the first picture is written
+    there and each other one beside it as ``STEM-NAME{suffix}``; any other path is a folder
+    holding ``NAME{suffix}`` each. A picture suffix other than ``suffix`` (``.svg`` for a PNG), a
+    folder at a file's place or a file at a folder's: one ValueError naming ``argument``.
+    ``create``: make the folder now (else only check that it could be made).
+
+        picture_paths("maps.png", ["maps", "lemma1"]) -> {"maps": maps.png, "lemma1": maps-lemma1.png}
+        picture_paths("out", ["maps"])                -> {"maps": out/maps.png}
+    """
+    p = Path(out).expanduser()
+    ext = p.suffix.lower()
+    if ext == suffix or (suffix == ".html" and ext == ".htm"):
+        (output_file if create else _check_file_place)(p, argument)
+        return {n: p if i == 0 else p.with_name(f"{p.stem}-{n}{p.suffix}") for i, n in enumerate(names)}
+    if ext in PICTURE_SUFFIXES:
+        raise ValueError(f"argument {argument}: this writes {suffix[1:].upper()} files: expected a FILE{suffix} or a folder, "
+                         f"got {str(out)!r}")
+    if create:
+        output_dir(p, argument)
+    else:
+        _check_file_place(p / "x", argument)
+    return {n: p / f"{n}{suffix}" for n in names}
+
+
+def _check_file_place(p: Path, argument: str) -> None:
+    """A file could be written at ``p``: no folder there, no file in place of a parent (nothing created)."""
+    if p.is_dir():
+        raise ValueError(f"argument {argument}: {str(p)!r} is a folder, expected a file name")
+    for q in p.parents:
+        if q.exists() and not q.is_dir():
+            raise ValueError(f"argument {argument}: {str(q)!r} is a file, expected a folder (or a path that does not exist)")
+
+
 def check_device(v: str, name: str = "device") -> str:
     """``v`` if torch reads it as a device (cpu, cuda, cuda:0, ...), else a ValueError naming ``name``."""
     try:

@@ -44,8 +44,8 @@ __all__ = [
     "CHECKPOINT_FORMAT", "save_mixer_checkpoint", "load_mixer_checkpoint", "build_for_show",
     "check_mixer_name", "parse_overrides", "assign_checkpoints", "mixers_for_show",
     "MixerView", "inspect_mixer", "inspect_mixers", "softmax_reference",
-    "show_figure", "figure_size_px", "figure_png", "html_report", "write_html",
-    "COLUMN_INCHES",
+    "show_figure", "overview_figure", "figure_size_px", "figure_png", "html_report", "write_html",
+    "COLUMN_INCHES", "OVERVIEW_INCHES",
 ]
 
 INPUT_KINDS = ("random", "mqar", "text")
@@ -55,6 +55,8 @@ COLUMN_INCHES = (4.0, 10.0)
 RANK_MAPS = 16
 #: rows of the decay-spectrum image (distinct trajectories, evenly spaced by memory length)
 SPECTRUM_ROWS = 128
+#: one mixer's column in :func:`overview_figure`: (width, height) in inches
+OVERVIEW_INCHES = (1.5, 2.55)
 
 
 # ------------------------------------------------------------------------------------------
@@ -518,9 +520,7 @@ def _draw_column(col: _Column, view: MixerView, *, log: bool, max_maps: int) -> 
         ax.set_title("decay spectrum |Λ_i|", fontsize=7, pad=3)
     else:
         d = view.decay
-        order = d["order"]
-        pick = order[torch.linspace(0, len(order) - 1, min(SPECTRUM_ROWS, len(order))).round().long()] if len(order) else order
-        mag = view.lam[:, pick].abs().to(torch.float64).T  # [rows, T]
+        mag = _spectrum_rows(view)
         top = max(1.0, float(mag.max())) if mag.numel() else 1.0
         im = ax.imshow(mag.numpy(), aspect="auto", cmap="magma", vmin=0, vmax=top, interpolation="nearest")
         im.set_gid(f"decays:{view.label}")
@@ -539,6 +539,60 @@ def _draw_column(col: _Column, view: MixerView, *, log: bool, max_maps: int) -> 
     table.auto_set_font_size(False)
     table.set_fontsize(6.5)
     table.scale(1.0, 1.2)
+
+
+def _spectrum_rows(view: MixerView) -> torch.Tensor:
+    """|Λ_i| of at most :data:`SPECTRUM_ROWS` distinct state trajectories, evenly spaced by memory: [rows, T] float64."""
+    order = view.decay["order"]
+    pick = order[torch.linspace(0, len(order) - 1, min(SPECTRUM_ROWS, len(order))).round().long()] if len(order) else order
+    return view.lam[:, pick].abs().to(torch.float64).T
+
+
+def overview_figure(views: list[MixerView], *, log: bool = False, dpi: int = 100, titles: list[str] | None = None,
+                    subtitles: list[str] | None = None) -> Figure:
+    """A compact picture of several mixers (the README's and the docs gallery's): one column of
+    :data:`OVERVIEW_INCHES` each, its first map Φ on top (for a real model's layer, the mean map)
+    and its decay spectrum |Λ_i| below (as in :func:`show_figure`), titled by ``titles`` and
+    ``subtitles`` (default: the labels and the families); no facts table. ``log``: a logarithmic
+    colour scale for the maps. Image artists: gid "phi:LABEL" and "decays:LABEL"."""
+    if not views:
+        raise ValueError("argument 'views' must hold at least one mixer")
+    titles = list(titles) if titles is not None else [v.label for v in views]
+    subtitles = list(subtitles) if subtitles is not None else [v.family for v in views]
+    for name, given in (("titles", titles), ("subtitles", subtitles)):
+        if len(given) != len(views):
+            raise ValueError(f"argument '{name}' must have one entry per view ({len(views)}), got {len(given)}")
+    W, H = OVERVIEW_INCHES
+    n = len(views)
+    fig = Figure(figsize=(W * n, H), dpi=dpi)
+
+    def axes(i, left, top, width, height):
+        return fig.add_axes([(i * W + left) / (n * W), (H - top - height) / H, width / (n * W), height / H])
+
+    for i, (view, title, sub) in enumerate(zip(views, titles, subtitles)):
+        fig.text((i * W + W / 2) / (n * W), 1 - 0.06 / H, title, ha="center", va="top", fontsize=8, weight="bold")
+        fig.text((i * W + W / 2) / (n * W), 1 - 0.24 / H, sub, ha="center", va="top", fontsize=6.5, color="#444")
+        norm, cmap = _map_norm(view.phi[:1], log)
+        ax = axes(i, 0.12, 0.45, W - 0.24, W - 0.24)
+        im = ax.imshow(view.phi[0].numpy(), cmap=cmap, norm=norm, interpolation="antialiased")
+        im.set_gid(f"phi:{view.label}")
+        ax.set_title(view.map_labels[0] if view.map_labels else f"Φ, {view.map_unit} 0", fontsize=6, pad=2)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax = axes(i, 0.12, W + 0.45, W - 0.24, H - W - 0.6)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if view.lam is None:
+            ax.text(0.5, 0.5, "no finite-state\nDSF: no Λ_i", ha="center", va="center", fontsize=6.5, transform=ax.transAxes)
+            ax.set_title("decay spectrum", fontsize=6, pad=2)
+        else:
+            mag = _spectrum_rows(view)
+            top = max(1.0, float(mag.max())) if mag.numel() else 1.0
+            im = ax.imshow(mag.numpy(), aspect="auto", cmap="magma", vmin=0, vmax=top, interpolation="nearest")
+            im.set_gid(f"decays:{view.label}")
+            what = "|Λ_i|" if view.diagonal else "|eig Λ_i|"
+            ax.set_title(f"{what}, memory ≈ {_fmt_len(view.decay['memory'])}", fontsize=6, pad=2)
+    return fig
 
 
 def show_figure(views: list[MixerView], *, log: bool = False, max_maps: int = 4, dpi: int = 100) -> Figure:

@@ -1,15 +1,15 @@
 """The ``seqmix`` command.
 
     seqmix list                      the registered mixers: family, modes, state size
+    seqmix show MIXER [MIXER ...]    maps Φ, decay spectra and DSF facts side by side (PNG, or --html)
     seqmix info NAME                 one mixer: its config fields, defaults and docstring
     seqmix table2 [NAME ...]         MetaLA's Table 2: parameter groups and conditions C0-C3 per preset
-    seqmix show MIXER [MIXER ...]    maps Φ, decay spectra and DSF facts side by side (PNG, or --html)
     seqmix train --task mqar --mixer s6 --d-model 64 ...    train one model (docs/harness.md)
-    seqmix sweep PRESET|FILE.json    run a preset's grid (or a JSON list of runs / a JSON preset)
-    seqmix results                   tables (markdown/CSV) and plots from the results store
+    seqmix lm train|eval|generate|export     language modelling on text (docs/lm.md)
     seqmix reproduce NAME --scale tiny|paper   run a preset, print its table and claims, plot
     seqmix reproduce all --scale tiny        every preset, then runs/report/index.html (--dry-run: list the runs)
-    seqmix lm train|eval|generate|export     language modelling on text (docs/lm.md)
+    seqmix sweep PRESET|FILE.json    run a preset's grid (or a JSON list of runs / a JSON preset)
+    seqmix results                   tables (markdown/CSV) and plots from the results store
     seqmix linearize --hf DIR --mixer NAME --out DIR   a checkpoint's attention -> a seqmix mixer (docs/linearize.md)
     seqmix backends                  the kernel backends of the ops: installed or why not (docs/performance.md)
 
@@ -17,7 +17,7 @@ One module per command group: :mod:`.mixers` (list, info, table2, show), :mod:`.
 (train, sweep, reproduce, results), :mod:`.lm` (lm ...), :mod:`.linearize`, :mod:`.backends`; what they share
 is in :mod:`._common`. Each subcommand is a pair of functions ``_add_<name>(subparsers)``
 and ``_run_<name>(args) -> int``, listed in its module's ``COMMANDS``; :data:`COMMANDS` here
-joins them in the order of ``seqmix --help``. A ValueError (or a pydantic ValidationError)
+joins them in the order of ``seqmix --help`` (:data:`HELP_ORDER`). A ValueError (or a pydantic ValidationError)
 of a command is bad input: ``seqmix CMD: error: ...`` in at most 3 lines on stderr, no
 traceback, and exit status 2.
 """
@@ -29,8 +29,13 @@ import sys
 
 from . import backends, harness, linearize, lm, mixers
 
+#: the order of ``seqmix --help``: the order of the README's table "What you can do" (compare the
+#: mixers, train on a task, a language model, reproduce the papers, linearize), then the rest
+HELP_ORDER = ("list", "show", "info", "table2", "train", "lm", "reproduce", "sweep", "results", "linearize", "backends")
+_ALL = {**mixers.COMMANDS, **harness.COMMANDS, **lm.COMMANDS, **linearize.COMMANDS, **backends.COMMANDS}
+assert set(HELP_ORDER) == set(_ALL), "every command has its place in HELP_ORDER"
 #: name -> (add parser, run), in the order of ``seqmix --help``
-COMMANDS = {**mixers.COMMANDS, **harness.COMMANDS, **lm.COMMANDS, **linearize.COMMANDS, **backends.COMMANDS}
+COMMANDS = {name: _ALL[name] for name in HELP_ORDER}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,17 +39,20 @@ def run_show_hf(args, text: str | None) -> int:
             raise ValueError(f"argument '--{name}' must be >= {low}, got {value}")
     layers = parse_index_list(args.layers, "--layers", allow_all=True)
     heads = parse_index_list(args.heads, "--heads")
-    from seqmix._checks import output_dir
+    from seqmix._checks import PICTURE_SUFFIXES, output_dir, picture_paths
 
     if not args.max_memory > 0:
         raise ValueError(f"argument '--max-memory' must be > 0 GiB, got {args.max_memory}")
     for src in args.hf:  # every source checked (offline, family) before any weight is loaded
         load_config(src)
-    output_dir(args.out, "--out")  # a file in the way: one line before minutes of work
-    out = Path(args.out)
     labels = _labels(args.hf)
     if getattr(args, "report", False):
-        return _run_report(args, text, labels, out)
+        if Path(args.out).suffix.lower() in PICTURE_SUFFIXES:
+            raise ValueError(f"argument --out: --report writes a page per model (report.md, report.html): expected a folder, "
+                             f"got {args.out!r}")
+        return _run_report(args, text, labels, output_dir(args.out, "--out"))  # a file in the way: one line before the work
+    pictures, suffix = (["report"], ".html") if args.html else (["maps", "layers"], ".png")
+    paths = picture_paths(args.out, pictures, "--out", suffix)  # a file or folder in the way: one line before minutes of work
     models, descs = [], []
     for src, label in zip(args.hf, labels):
         model, what = load_converted(src)
@@ -63,18 +66,17 @@ def run_show_hf(args, text: str | None) -> int:
     views = [v for mm in models for v in mm.views]
     snippet = (text[:60] + ("…" if len(text) > 60 else "")) if text is not None else f"ids {args.ids[:40]}"
     desc = f"text {snippet!r}; " + "; ".join(descs)
-    out.mkdir(parents=True, exist_ok=True)
     written = []
     across = layers_figure(models, dpi=args.dpi)
     if args.html:
-        written.append(show.write_html(out / "report.html", views, theory={"decay memory and state size across layers": across},
+        written.append(show.write_html(paths["report"], views, theory={"decay memory and state size across layers": across},
                                        input_description=desc, log=args.log, max_maps=args.maps, dpi=args.dpi,
                                        title="seqmix show --hf " + " ".join(labels), theory_heading="Across layers",
                                        reference="a randomly initialized softmax attention on the same layer input"))
     else:
-        (out / "maps.png").write_bytes(show.figure_png(show.show_figure(views, log=args.log, max_maps=args.maps, dpi=args.dpi)))
-        (out / "layers.png").write_bytes(show.figure_png(across))
-        written += [out / "maps.png", out / "layers.png"]
+        paths["maps"].write_bytes(show.figure_png(show.show_figure(views, log=args.log, max_maps=args.maps, dpi=args.dpi)))
+        paths["layers"].write_bytes(show.figure_png(across))
+        written += [paths["maps"], paths["layers"]]
     print_facts_table(views, f"seqmix show --hf: {desc}; numbers of the mean map Φ̄")
     for mm in models:
         print(f"{mm.label}: state floats per sequence (T = {mm.T}) over {len(mm.layers)} layers = "

@@ -201,19 +201,24 @@ def _add_results(sub):
                         "or one rate per cell, best on the median over seeds (median)")
     p.add_argument("--lr-criterion", choices=["best", "final"], default="best",
                    help="the accuracy that chooses a run's rate: the best validation accuracy seen (default) or the last")
-    p.add_argument("--plot", help="write a PNG plot here")
+    p.add_argument("--plot", help="write the accuracy plot: FILE.png, or a folder (it gets EXPERIMENT.png)")
     p.add_argument("--maps", action="store_true",
                    help="list each run's maps of its trained first and last layer (maps.png beside the run; `seqmix show --run ID`)")
 
 
 def _run_results(args) -> int:
+    import re
     from pathlib import Path
 
+    from .._checks import picture_paths
     from ..train.results import best_lm_over_lr, best_over_lr, lm_table, plot, table
     from ..train.store import ResultsStore
 
     if not Path(args.db).exists():
         raise ValueError(f"argument --db: no results store at {args.db}")
+    plot_name = re.sub(r"[^A-Za-z0-9_.-]+", "-", args.experiment or "results")
+    if args.plot:  # a file or folder in the way: said before the store is read
+        picture_paths(args.plot, [plot_name], "--plot", create=False)
     store = ResultsStore(args.db, argument="--db")
     if args.list:
         for e in store.experiments():
@@ -238,7 +243,8 @@ def _run_results(args) -> int:
         if ls:
             print(lm_table(ls, fmt=args.format))
     if args.plot:
-        print(f"plot: {plot(rows, args.plot, x=args.x, title=args.experiment or '')}")
+        path = picture_paths(args.plot, [plot_name], "--plot")[plot_name]
+        print(f"plot: {plot(rows, path, x=args.x, title=args.experiment or '')}")
     if args.maps:
         _print_maps(store, args)
     return 0

@@ -141,7 +141,8 @@ def _add_lm_eval(sub):
     p.add_argument("--split", default="val", choices=["val", "test"])
     p.add_argument("--lengths", default="1,2,4", help="context multiples of the training length (empty: skip)")
     p.add_argument("--max-tokens", type=int, default=65_536, help="tokens evaluated at each length (default 65536)")
-    p.add_argument("--plot", default=None, help="loss-by-position PNG (default: <run>/length.png)")
+    p.add_argument("--plot", default=None, help="the loss-by-position plot: FILE.png, or a folder (it gets length.png; "
+                                                 "default: the run folder)")
     p.add_argument("--threads", type=int, default=None)
 
 
@@ -149,7 +150,7 @@ def _run_lm_eval(args) -> int:
     import json
     from pathlib import Path
 
-    from .._checks import output_file
+    from .._checks import picture_paths
     from ..analysis.lm import evaluate_lm, length_generalization, plot_length_generalization
     from ..analysis.trained import find_run_dir, load_run
 
@@ -157,8 +158,8 @@ def _run_lm_eval(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    if args.plot:  # a folder or an unwritable path: said before minutes of evaluation
-        output_file(args.plot, "--plot")
+    if args.plot:  # a file or folder in the way: said before minutes of evaluation
+        picture_paths(args.plot, ["length"], "--plot", create=False)
     run_dir = find_run_dir(args.run, args.runs)
     config, model = load_run(run_dir)
     ev = evaluate_lm(config, model, split=args.split)
@@ -178,7 +179,7 @@ def _run_lm_eval(args) -> int:
                 print(f"| {r['k']}×T = {r['seq_len']} | not evaluated: {r['error']} | | |")
             else:
                 print(f"| {r['k']}×T = {r['seq_len']} | {r['ppl']:.3f} | {r['bpb']:.4f} | {r['windows']} |")
-        path = plot_length_generalization(lg, args.plot or Path(run_dir) / "length.png")
+        path = plot_length_generalization(lg, picture_paths(args.plot or run_dir, ["length"], "--plot")["length"])
         print(f"\nplot: {path}")
         out["length_generalization"] = lg
     (Path(run_dir) / f"eval_{args.split}.json").write_text(json.dumps(out, indent=1))

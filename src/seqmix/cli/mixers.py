@@ -3,7 +3,7 @@ Table 2, and their maps Φ side by side."""
 
 from __future__ import annotations
 
-from ._common import _add_import, _check_out_dir, print_facts_table
+from ._common import _add_import, print_facts_table
 
 
 def _add_list(sub):
@@ -123,7 +123,9 @@ def _add_show(sub):
     p.add_argument("--maps", type=int, default=4, help="heads or channels drawn per mixer (default 4)")
     p.add_argument("--theory", action="append", default=[], choices=[*THEORY_FIGURES, "all"], help="add a theory figure (repeatable)")
     p.add_argument("--html", action="store_true", help="write one self-contained HTML report instead of PNG files")
-    p.add_argument("--out", default="seqmix_show", help="output folder (default ./seqmix_show)")
+    p.add_argument("--out", default="seqmix_show",
+                   help="a folder (default ./seqmix_show: maps.png, one PNG per theory figure, or report.html), or a file "
+                        "FILE.png (FILE.html with --html) that gets the first picture, the others beside it as FILE-NAME.png")
     p.add_argument("--dpi", type=int, default=100, help="pixels per inch of the pictures (default 100)")
     p.add_argument("--max-memory", type=float, default=1.0, help="GiB the dense maps of one mixer may take (default 1)")
     g = p.add_argument_group("real models (docs/interop.md)")
@@ -142,7 +144,7 @@ def _add_show(sub):
 def _run_show(args) -> int:
     from pathlib import Path
 
-    from seqmix._checks import output_dir
+    from seqmix._checks import picture_paths
     from seqmix.analysis import show
     from seqmix.analysis.theory_figures import THEORY_FIGURES
 
@@ -171,7 +173,9 @@ def _run_show(args) -> int:
         from ._show_hf import run_show_hf
 
         return run_show_hf(args, text)
-    out = _check_out_dir(args.out, "--out")  # a file in the way: one line at once (the folder is made before drawing)
+    names = list(THEORY_FIGURES) if "all" in args.theory else list(dict.fromkeys(args.theory))
+    pictures, suffix = (["report"], ".html") if args.html else ((["maps"] if args.mixers or args.run else []) + names, ".png")
+    picture_paths(args.out, pictures, "--out", suffix, create=False)  # a file or folder in the way: one line at once
     views, inp = [], None
     if args.mixers:
         inp = show.make_input(args.input, args.seq_len, text=text, seed=args.seed)
@@ -194,21 +198,20 @@ def _run_show(args) -> int:
                                          source=f"trained: {config.name}", max_bytes=int(args.max_memory * 2**30))
             descs.append(f"run {config.run_id[:8]} ({config.name}): test example 0, {config.data.describe()}")
         inp = show.ShowInput("run", tokens, config.data.vocab_size, "; ".join(descs))
-    names = list(THEORY_FIGURES) if "all" in args.theory else list(dict.fromkeys(args.theory))
-    out = output_dir(out, "--out")  # created only now that the input is known good, before any drawing
+    paths = picture_paths(args.out, pictures, "--out", suffix)  # made only now that the input is known good
     theory = {n: THEORY_FIGURES[n](dpi=args.dpi)[0] for n in names}
     written = []
     if args.html:
         desc = inp.description if inp is not None else ""
-        written.append(show.write_html(out / "report.html", views, theory=theory, input_description=desc, log=args.log,
+        written.append(show.write_html(paths["report"], views, theory=theory, input_description=desc, log=args.log,
                                        max_maps=args.maps, dpi=args.dpi, title="seqmix show: " + " ".join(args.mixers or names)))
     else:
         if views:
-            (out / "maps.png").write_bytes(show.figure_png(show.show_figure(views, log=args.log, max_maps=args.maps, dpi=args.dpi)))
-            written.append(out / "maps.png")
+            paths["maps"].write_bytes(show.figure_png(show.show_figure(views, log=args.log, max_maps=args.maps, dpi=args.dpi)))
+            written.append(paths["maps"])
         for n, fig in theory.items():
-            (out / f"{n}.png").write_bytes(show.figure_png(fig))
-            written.append(out / f"{n}.png")
+            paths[n].write_bytes(show.figure_png(fig))
+            written.append(paths[n])
     if views:
         print_facts_table(views, f"seqmix show: {inp.description}; P = the reference softmax map")
     for p in written:

@@ -88,14 +88,16 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
     store = ResultsStore(out_dir / "results.sqlite")
     outcomes, solved = [], set()
     waves = lr_waves(configs) if sc.sweep_stop else [configs]
+    left = TimeLeft(waves, workers or sc.workers, done=store.finished_ids())
     for i, wave in enumerate(waves):
         todo = [c for c in wave if cell_key(c) not in solved]
         if len(waves) > 1:
             console.print(f"[dim]learning rates, round {i + 1}/{len(waves)}: {len(todo)} runs "
                           f"({len(wave) - len(todo)} cells already at the early-stop accuracy)[/dim]")
+        left.start_round(i, todo)
         outcomes += run_sweep(todo, out_dir=out_dir, store=store, workers=workers or sc.workers, threads=threads,
                               plugins=plugins, progress=progress, console=console, launcher=launcher,
-                              write_maps=write_run_maps) if todo else []
+                              write_maps=write_run_maps, note=left.note) if todo else []
         solved |= {cell_key(o.config) for o in outcomes
                    if o.result is not None and o.config.train.early_stop is not None
                    and o.result.accuracy >= o.config.train.early_stop}
@@ -123,6 +125,8 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
             console.print(f"[{style}]{c['verdict']:>15}[/{style}]{seeds}  {c['text']}  [dim]({c['panel']}: {c['detail']})[/dim]")
             if c["caveat"]:
                 console.print(f"{'':>17}[dim]why: {c['caveat']}[/dim]")
+        agree = sum(c["verdict"] == "agrees" for c in claims)
+        console.print(f"[bold]verdict: {agree} of {len(claims)} claims agree[/bold]")
     draw = lm_plot if lm else plot
     kw = {} if lm else {"x": x}
     path = draw(rows, out_dir / f"{preset.name}-{scale}.png", title=f"{preset.title} ({scale})", order=order, **kw) if rows else None
@@ -140,6 +144,61 @@ def reproduce(name: str, scale: str = "tiny", *, out_dir: str | Path = "runs", w
     train_time = sum(r["wall_time"] for r in store.rows(preset.experiment(scale), run_ids=ids))
     console.print(f"time: {_minutes(elapsed)} this call; {_minutes(train_time)} of training summed over the {len(ids)} runs")
     return Reproduction(preset, scale, rows, text, path, claims, failed, configs, elapsed, train_time)
+
+
+class TimeLeft:
+    """A job's own estimate of the time it has left, from the runs it has finished so far.
+
+    Each run finished in this call gives seconds per unit of its relative cost
+    (:func:`seqmix.train.sweep.run_cost`); the runs still to go, at the mean of those rates, shared
+    by ``workers`` processes, give the time left. With ``Scale.sweep_stop`` (a cell stops at the
+    first learning rate that reaches the early-stop accuracy) the number of runs to go is a range:
+    at least the rest of the current round (:func:`lr_waves`), at most that plus every later rate of
+    each cell not yet solved. ``done``: run ids finished before this call (not run, not counted).
+    :meth:`note` is the text that ends each run's line of the sweep (``run_sweep(note=...)``).
+    """
+
+    def __init__(self, waves: list[list], workers: int, done: set[str] = frozenset()):
+        self.waves = [[c for c in w if c.run_id not in done] for w in waves]
+        self.workers = max(1, workers)
+        self.round, self.todo = 0, {}
+        self.solved: set[tuple] = set()
+        self.finished = 0
+        self.seconds = self.cost = 0.0
+
+    def start_round(self, i: int, todo: list) -> None:
+        self.round, self.todo = i, {c.run_id: c for c in todo}
+
+    def note(self, config, result) -> str:
+        """Records ``config``'s run (``result`` None: it failed) and returns ``"  [N done, a-b to go: about x-y min left]"``."""
+        from ..train.sweep import run_cost
+
+        self.todo.pop(config.run_id, None)
+        self.finished += 1
+        if result is not None:
+            self.seconds += result.wall_time
+            self.cost += run_cost(config)
+            stop = config.train.early_stop
+            if stop is not None and result.accuracy is not None and result.accuracy >= stop:
+                self.solved.add(cell_key(config))
+        low = list(self.todo.values())
+        high = low + [c for w in self.waves[self.round + 1:] for c in w if cell_key(c) not in self.solved]
+        if not high:
+            return f"  [{self.finished} done, none to go]"
+        n = f"{len(low)}" if len(low) == len(high) else f"{len(low)}-{len(high)}"
+        if not self.cost:
+            return f"  [{self.finished} done, {n} to go]"
+        per_cost = self.seconds / self.cost
+        t = [sum(run_cost(c) for c in runs) * per_cost / min(self.workers, max(1, len(runs))) for runs in (low, high)]
+        return f"  [{self.finished} done, {n} to go: about {_span(*t)} left]"
+
+
+def _span(low: float, high: float) -> str:
+    """``about`` text of a time range in seconds: "40 s", "3 min", "3-9 min"."""
+    if high < 90:
+        return f"{low:.0f} s" if round(low) == round(high) else f"{low:.0f}-{high:.0f} s"
+    a, b = max(1, round(low / 60)), max(1, round(high / 60))
+    return f"{b} min" if a == b else f"{a}-{b} min"
 
 
 def reproduce_all(scale: str = "tiny", *, out_dir: str | Path = "runs", names: list[str] | None = None,
@@ -203,5 +262,5 @@ def _minutes(s: float) -> str:
 
 __all__ = [
     "LR_DSF", "LR_METALA_512", "PRESETS", "Claim", "ModelSpec", "Preset", "Reproduction", "Scale", "TaskSpec",
-    "evaluate_claims", "get_preset", "load_sweep", "plan_table", "reproduce", "reproduce_all",
+    "TimeLeft", "evaluate_claims", "get_preset", "load_sweep", "plan_table", "reproduce", "reproduce_all",
 ]

@@ -123,7 +123,10 @@ SMALL_TRAIN = {**TINY_TRAIN, "epochs": 2, "eval_every_steps": 1_000}
 MAIN_LRS = [LR_DSF[2], LR_DSF[1], LR_DSF[3]]
 #: at most 2,500 steps (2.5 passes over the 16,000 examples), evaluated every 500 steps
 MAIN_SWEEP_TRAIN = {**TINY_TRAIN, "epochs": 3, "max_steps": 2_500, "eval_every_steps": 500}
-MAIN_BUDGET = "≤ 10 min on 2 CPU cores (at most 90 runs: 5 models × 2 d × 3 rates × 3 seeds; fewer where a cell reaches 99% at its first rate)"
+#: measured on 2-core machines of one kind: the job took 7.5-17 min there, 14-31 min of training summed over its runs
+MAIN_BUDGET = ("8-17 min on 2 CPU cores, by machine (14-31 min of training summed over the runs); at most 90 runs: 5 models × "
+               "2 d × 3 rates × 3 seeds, fewer where a cell reaches 99% at its first rate; each run's line ends with the "
+               "estimate of the time left")
 
 #: the GPU slice of dsf-fig2 (one device call of ≤ 5 minutes, bench/gpu_check.py): the paper's task at its
 #: smaller size, MQAR (256, 16) with the paper's data (20,000 examples here, batch 64, vocabulary 8,192), d ∈ {64,

@@ -535,6 +535,9 @@ def unregister(name: str) -> MixerEntry:
 
 
 def mixer_entry(name: str) -> MixerEntry:
+    """The registry entry of ``name``: its class, preset defaults, description and example config
+    (``entry.example_config()``, the config the contract suite checks). An unknown name: a ValueError
+    listing the registered mixers."""
     if not isinstance(name, str) or name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
         raise ValueError(f"unknown mixer {name!r}; registered mixers: {known}")

@@ -186,6 +186,8 @@ class ModelConfig(BaseModel):
 
 
 class MLP(nn.Module):
+    """The channel mixer "mlp": Linear(d, ratio·d), GELU, Linear(ratio·d, d)."""
+
     def __init__(self, d: int, ratio: float):
         super().__init__()
         h = int(round(ratio * d))
@@ -196,6 +198,9 @@ class MLP(nn.Module):
 
 
 class SwiGLU(nn.Module):
+    """The channel mixer "swiglu": fc2(SiLU(a) ⊙ b) with [a; b] = fc1(x), no biases; hidden width
+    2/3 · ratio · d rounded up to a multiple of 8 (about the parameters of an MLP of that ratio)."""
+
     def __init__(self, d: int, ratio: float):
         super().__init__()
         h = 8 * math.ceil(2 * ratio * d / 3 / 8)

@@ -56,6 +56,7 @@ def register_pattern(name: str, build: Callable[..., list[dict[str, Any]]], desc
 
 
 def list_patterns() -> list[LayerPattern]:
+    """Every registered layer pattern (hybrid stacks), sorted by name."""
     return [_PATTERNS[k] for k in sorted(_PATTERNS)]
 
 

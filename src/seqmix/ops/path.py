@@ -245,8 +245,8 @@ def path_attention(
     """PaTH attention; see the module docstring.
 
     Args:
-        q [B, Tq, H, K]; k [B, Tk, H, K] (the first Tk − Tq already carried to position Tk − Tq − 1);
-        v [B, Tk, H, V]; w [B, Tq, H, K] (unit vectors), beta [B, Tq, H]: the factors of the new positions.
+        q, k, v: [B, Tq, H, K], [B, Tk, H, K] (the first Tk − Tq already carried to position Tk − Tq − 1), [B, Tk, H, V].
+        w, beta: [B, Tq, H, K] (unit vectors) and [B, Tq, H]: the factors of the new positions.
         c: [B, Tk, H] cumulative log forget gate (PaTH-FoX) or None.
         scale: multiplies the scores; None = 1/sqrt(K). gate_scaled: the scale multiplies the forget bias too.
         mode: "parallel" (explicit products, the reference), "recurrent" or "chunk" ("auto" = "chunk").

@@ -22,6 +22,8 @@
   finished job's result.json and is the only writer of the SQLite store (no concurrent
   SQLite writes over a network filesystem). A sweep restarted after a crash skips the runs
   whose result.json says finished.
+* ``note``: a function ``(config, result or None) -> str`` whose text ends each run's line
+  (the time estimate of :func:`seqmix.experiments.reproduce`).
 * ``write_maps``: given to every run's :class:`~seqmix.train.trainer.Trainer` (the maps of a
   finished task-set run, :func:`seqmix.analysis.trained.write_run_maps`; a module-level
   function, so workers and jobs get it by name).
@@ -57,8 +59,8 @@ def _import_plugins(plugins) -> None:
         importlib.import_module(name)
 
 
-def _cost(c: RunConfig) -> float:
-    """A rough relative cost for scheduling (longest first)."""
+def run_cost(c: RunConfig) -> float:
+    """A rough relative cost of a run: tokens × width × layers, for scheduling (longest first) and time estimates."""
     L = c.data.max_seq_len
     if c.is_lm:
         tokens = c.train.max_tokens or (c.train.max_steps or 1) * c.train.grad_accum * c.data.batch_size * L
@@ -130,6 +132,7 @@ def run_sweep(
     console=None,
     launcher=None,
     write_maps=None,
+    note=None,
 ) -> list[SweepOutcome]:
     """Runs every config (module docstring); returns one outcome per distinct run, in input order."""
     from rich.console import Console
@@ -166,7 +169,7 @@ def run_sweep(
             todo.append(c)
     if len(unique) - len(todo):
         console.print(f"[dim]{len(unique) - len(todo)} of {len(unique)} runs already finished: skipped[/dim]")
-    todo.sort(key=_cost, reverse=True)
+    todo.sort(key=run_cost, reverse=True)
 
     # generate (or load) each distinct dataset once, before the workers need it
     from ..data import build_data
@@ -191,10 +194,11 @@ def run_sweep(
             r = RunResult(**payload["result"])
             store.put(c, r, version=version, git_commit=commit)
             outcomes[c.run_id] = SweepOutcome(c, r)
-            console.print(_line(c, r), markup=False, highlight=False)
+            console.print(_line(c, r, note=note(c, r) if note else ""), markup=False, highlight=False)
         else:
             outcomes[c.run_id] = SweepOutcome(c, None, error=payload["error"])
-            console.print(_line(c, None, payload["error"]), style="red", markup=False, highlight=False)
+            console.print(_line(c, None, payload["error"]) + (note(c, None) if note else ""), style="red", markup=False,
+                          highlight=False)
 
     t_start = time.perf_counter()
     if todo and launcher is not None:
@@ -275,4 +279,4 @@ def _job_payload(job, result_file: Path) -> dict:
     return {"error": f"job {getattr(job, 'job_id', '?')} ended without a finished {result_file}"}
 
 
-__all__ = ["SweepOutcome", "run_sweep"]
+__all__ = ["SweepOutcome", "run_cost", "run_sweep"]

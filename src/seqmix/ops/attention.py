@@ -443,16 +443,20 @@ def attention_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     :class:`KVCache`'s buffers), the last key the query's own (ALiBi's lags: L − 1 − l); ``heads_first``:
     keys [B, Hkv, L, K], values [B, Hkv, L, V] (:meth:`KVCache.append_step`'s views, read without a transpose).
     ``softcap``, ``alibi``, ``sinks`` as in :func:`softmax_attention`. Returns o [B, H, V].
-    Scores and softmax in float32 or wider: in float32 and float64 without those options, one SDPA
-    call (no mask: the query sees every key); otherwise the explicit scores and softmax.
+    Scores and softmax in float32 or wider: in float32 and float64 without softcap and sinks, one SDPA
+    call (no mask: the query sees every key; ALiBi's lags as its additive mask); otherwise the explicit
+    scores and softmax.
     """
     B, H, K = q.shape
     Hkv, L = (keys.shape[1], keys.shape[2]) if heads_first else (keys.shape[2], keys.shape[1])
     scale = _scale(scale, K, "attention_decode")
     kh, vh = (keys, values) if heads_first else (keys.transpose(1, 2), values.transpose(1, 2))  # [B, Hkv, L, ·]
-    if softcap is None and alibi is None and sinks is None and q.dtype in (torch.float32, torch.float64) \
-            and keys.dtype == values.dtype == q.dtype:
-        o = F.scaled_dot_product_attention(q.unsqueeze(2), kh, vh, scale=scale, enable_gqa=H != Hkv)  # [B, H, 1, V]
+    if softcap is None and sinks is None and q.dtype in (torch.float32, torch.float64) and keys.dtype == values.dtype == q.dtype:
+        bias = None
+        if alibi is not None:  # ALiBi: the score of key l less slope_h · (L − 1 − l), as SDPA's additive mask
+            lag = torch.arange(1 - L, 1, device=q.device, dtype=q.dtype)
+            bias = (alibi.to(q.dtype).view(1, H, 1, 1) * lag)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), kh, vh, attn_mask=bias, scale=scale, enable_gqa=H != Hkv)  # [B, H, 1, V]
         return o.view(B, H, -1)
     dt = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     with autocast_off(q.device.type):

@@ -355,7 +355,7 @@ class InteropMixer(nn.Module):
             self._put_kv(hf.layers[self.layer_idx], new["kv"])
             return hf
         if kind == "layer":
-            self._write_layer_state(hf, new, 1, "")
+            self._put_layer_state(trust.objs[0], new, 1)
             return hf
         alias = list(trust.alias)
         todo = []
@@ -656,7 +656,10 @@ class InteropMixer(nn.Module):
         return layer._seqmix_state
 
     def _write_layer_state(self, hf_cache, state: dict, tokens: int, where: str) -> None:
-        layer = self._attention_layer(hf_cache, where)
+        self._put_layer_state(self._attention_layer(hf_cache, where), state, tokens, where)
+
+    def _put_layer_state(self, layer, state: dict, tokens: int, where: str = "") -> None:
+        """:meth:`_write_layer_state` on the cache ``layer`` itself (the trusted step has it already)."""
         ref = next((t for t in state.values() if isinstance(t, torch.Tensor)), None)
         if ref is None:
             raise ValueError(f"{where}: the mixer's state holds no tensor (state table of {self.source})")

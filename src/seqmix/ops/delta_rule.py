@@ -453,7 +453,8 @@ def delta_rule_step(
         _check_inputs(q, k, v, beta, g, state, check_values=check_values, where=where, step=True, a=a, b=b)
     dt = _step_dtype(q, k, v, beta, g, state, a, b)
     out_dtype = q.dtype
-    q, k, v, beta, g, a, b = (x if x is None or x.dtype == dt else x.to(dt) for x in (q, k, v, beta, g, a, b))
+    if q.dtype != dt or k.dtype != dt or v.dtype != dt or beta.dtype != dt or any(x is not None and x.dtype != dt for x in (g, a, b)):
+        q, k, v, beta, g, a, b = (x if x is None or x.dtype == dt else x.to(dt) for x in (q, k, v, beta, g, a, b))
     if state is None:
         S, in_place = torch.zeros(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], dtype=dt, device=q.device), True
     else:

@@ -1034,14 +1034,19 @@ def _recurrence_step(q, k, v, gk, gv, state, scale, delayed=False):
         S, in_place = torch.zeros(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], dtype=dt, device=q.device), True
     else:
         S, in_place = (state, True) if writable(state, dt) else (state if state.dtype == dt else state.to(dt), False)
-    o, S = fused_step(S, *(t if t is None or t.dtype == dt else t.to(dt) for t in (q, k, v, gk, gv)), scale, delayed, in_place)
+    if q.dtype != dt or k.dtype != dt or v.dtype != dt or (gk is not None and gk.dtype != dt) or (gv is not None and gv.dtype != dt):
+        q, k, v, gk, gv = (t if t is None or t.dtype == dt else t.to(dt) for t in (q, k, v, gk, gv))
+    o, S = fused_step(S, q, k, v, gk, gv, scale, delayed, in_place)
     return (o if out_dtype == dt else o.to(out_dtype)), S
 
 
 def _step_dtype(*tensors) -> torch.dtype:
     """:func:`_compute_dtype` with the common case first: every tensor of one full-precision dtype."""
     dt = tensors[0].dtype
-    if dt in (torch.float32, torch.float64) and all(t is None or t.dtype == dt for t in tensors):
+    if dt in (torch.float32, torch.float64):
+        for t in tensors:
+            if t is not None and t.dtype != dt:
+                return _compute_dtype(*tensors)
         return dt
     return _compute_dtype(*tensors)
 

@@ -150,29 +150,16 @@ def weight_bytes(model) -> int:
     return sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
 
 
-def _clock():
-    from transformers import StoppingCriteria
-
-    class Clock(StoppingCriteria):
-        def __init__(self):
-            self.times: list[float] = []
-
-        def __call__(self, input_ids, scores, **kwargs):
-            self.times.append(time.perf_counter())
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-    return Clock()
-
-
 def run_once(model, P: int, new: int) -> dict:
     """One greedy generate of ``new`` tokens after a P-token prompt: prefill seconds (to the first token),
     the decoding intervals (seconds), the cache bytes after it, the load average."""
+    from interop import _step_clock
     from transformers import StoppingCriteriaList
 
     from seqmix.hf.modeling import output_cache
 
     ids = torch.randint(2, VOCAB, (1, P), generator=torch.Generator().manual_seed(P))
-    clock = _clock()
+    clock = _step_clock()
     with torch.no_grad():
         t0 = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False,

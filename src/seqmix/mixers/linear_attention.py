@@ -720,13 +720,21 @@ class GeneralForm(Mixer):
         B, T, H, K = P.q.shape
         q = complex_(P.q[..., 0::2], P.q[..., 1::2])
         k = complex_(P.k[..., 0::2], -P.k[..., 1::2])
-        j2 = torch.arange(0, K, 2, dtype=compute_dtype(q.real), device=P.q.device)  # the phases in float32 or wider
-        theta = self.config.rotary_base ** (-j2 / K)
-        real = P.gk.unsqueeze(-1) if P.gk is not None else torch.zeros((), dtype=j2.dtype, device=P.q.device)
-        if self.config.xpos:  # relative factor ζ_j^{(t-s)/512}: a decay per pair
-            real = real + torch.log((j2 + 0.4 * K) / (1.4 * K)) / 512
+        dt = compute_dtype(q.real)  # the phases in float32 or wider
+        c = self.config
+        theta, zeta = self.layer_constant(f"rotary {K} {c.rotary_base} {c.xpos} {dt} {P.q.device}", lambda: self._rotary_phases(K, dt, P.q.device))
+        real = P.gk.unsqueeze(-1) if P.gk is not None else torch.zeros((), dtype=dt, device=P.q.device)
+        if zeta is not None:  # xPos's relative factor ζ_j^{(t-s)/512}: a decay per pair
+            real = real + zeta
         gk = complex_(real.expand(B, T, H, K // 2), theta.expand(B, T, H, K // 2))
         return q, k, gk
+
+    def _rotary_phases(self, K: int, dt, device):
+        """(θ_j = base^(−2j/K), log ζ_j / 512 with xPos else None), j = 0 .. K/2 − 1: the pair phases of the
+        rotary form (constants of the layer)."""
+        j2 = torch.arange(0, K, 2, dtype=dt, device=device)
+        theta = self.config.rotary_base ** (-j2 / K)
+        return theta, (torch.log((j2 + 0.4 * K) / (1.4 * K)) / 512 if self.config.xpos else None)
 
     def _recur(self, q, k, v, gk, S0, mode, need_state, delayed=False):
         """linear_recurrence on [B, T, H, K] inputs. With K == 1 (a vector state per head) the H

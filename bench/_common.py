@@ -268,18 +268,22 @@ def mixer_fwd_bwd(m, x):
     return run
 
 
-def write_docs_section(page: Path, name: str, text: str) -> Path:
-    """Replaces the section ``name`` of a docs page — the text between the lines ``<!-- name -->`` and
-    ``<!-- /name -->`` — with ``text`` (the markers are appended at the end of the page when absent), so
-    that a page's figures are what the script that measures them printed, not hand-pasted tables."""
-    page = Path(page)
-    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
-    body = page.read_text(encoding="utf-8") if page.is_file() else ""
-    block = f"{start}\n{text.rstrip()}\n{end}"
-    if start in body and end in body.split(start, 1)[1]:
-        head, rest = body.split(start, 1)
-        body = head + block + rest.split(end, 1)[1]
+def write_doc_section(path: Path, marker: str, text: str) -> Path:
+    """Replaces the text between ``<!-- {marker} -->`` and ``<!-- /{marker} -->`` in the Markdown file ``path``
+    with ``text`` (a script's results section: the script owns that text, the rest of the page is written by
+    hand); where the markers are absent they are appended at the end of the file with the text between them."""
+    path = Path(path)
+    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    page = path.read_text() if path.exists() else ""
+    block = f"{start}\n{text.strip()}\n{end}"
+    i, j = page.find(start), page.find(end)
+    if i >= 0 and j > i:
+        page = page[:i] + block + page[j + len(end):]
+    elif i >= 0 or j >= 0:
+        raise SystemExit(f"{path}: only one of the markers {start!r} / {end!r} is present; fix the page by hand")
     else:
-        body = body.rstrip("\n") + ("\n\n" if body else "") + block + "\n"
-    page.write_text(body, encoding="utf-8")
-    return page
+        page = page.rstrip("\n") + ("\n\n" if page.strip() else "") + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page)
+    print(f"wrote the section {marker!r} of {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    return path

@@ -5,6 +5,7 @@ forward, prefill and decode tokens/s per family, side by side in one run, with t
     python bench/interop.py --quick    # T = 64, 8 decode steps, one repeat (a smoke run)
     python bench/interop.py --families mamba,mamba2
     python bench/interop.py --report-table   # docs/interop.md's table: every family's layer report, one Markdown table
+    python bench/interop.py --write-docs     # and the results section of docs/interop.md
 
 Every family of ``seqmix.interop.FAMILIES`` is run (a family without an entry in ``CONFIGS``, the one dict of
 tiny per-family configs, is listed as not measured). Per family a random model from transformers' config
@@ -18,11 +19,20 @@ eval mode, batch 1, transformers on its torch paths (no mamba_ssm / causal_conv1
   (the interval between two tokens: one decoding step through the cache, with generate's own work;
   the converted model: the seqmix mixers' step mode), each step's min over the repeats.
 
+Counted work (deterministic, whatever the load): for every family the aten ops and Python calls per decoding
+step of the converted model against the original's (``call_counts``), each row MET where both are no more
+than the original's, else NOT MET with the entries counted most above the original (the measured reason).
+
+``--write-docs`` writes the results (the command, the load, both tables, the reasons) into docs/interop.md
+between the markers ``<!-- bench/interop.py:results -->`` and ``<!-- /bench/interop.py:results -->`` (appended
+at the end of the page where they are absent); the rest of the page is written by hand.
+
 The models run interleaved (each repeat times the original, then the converted model, then the A/A
 control: a second copy of the original), min over ``--repeats`` runs; each row prints MET where the
 converted model is at least as fast (ratio >= 1.0) and NOT MET otherwise, with the measured reason: the
 A/A control's where the gap is no larger than the one between the two copies of the original in the same
-run (``status_of``: the run cannot tell the models apart), else the reason known (``REASONS``). The load average (``os.getloadavg``) is printed beside the
+run (``status_of``: the run cannot tell the models apart), else the work counted per call, converted against
+original, with the entries counted most above the original (``counted_reason``). The load average (``os.getloadavg``) is printed beside the
 figures: the machine may be shared. A family whose tiny model transformers cannot build
 here, or that seqmix refuses, is listed with the reason.
 """
@@ -32,14 +42,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import re
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from _common import base_parser, machine_info, print_table, setup, write_json
+from _common import ROOT, base_parser, machine_info, print_table, setup, write_doc_section, write_json
 
 D, LAYERS, VOCAB = 256, 4, 256
+MARKER = "bench/interop.py:results"
+DOCS = ROOT / "docs" / "interop.md"
 
 
 H, KV, HD = 4, 2, 64  # attention heads, key-value heads, head width (d = H·HD)
@@ -119,24 +133,6 @@ CONFIGS: dict[str, tuple[str, str, dict]] = {
 
 #: the target of every row: the converted model at least as fast as the original
 TARGET = 1.0
-#: the transformers families whose every attention layer is the converted softmax attention (decode rows share a reason)
-ATTENTION_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text", "phi3",
-                      "phi", "gpt_neox", "olmo2", "smollm3", "granite", "gpt_oss", "gpt2", "bloom", "deepseek_v3")
-_ADAPTER_CALL = ("where: the adapter's path around the same attention op (transformers' cache layer looked up and checked, "
-                 "a seqmix Cache view per call, the input's finite check, the KV cache written in place through views)")
-#: (family, mode) -> where the extra work of a NOT MET row comes from (printed after the row's counts, which
-#: ``call_counts`` measures in the same run; docs/interop.md gives the analysis)
-REASONS: dict[tuple[str, str], str] = {
-    **{(f, "decode"): _ADAPTER_CALL for f in ATTENTION_FAMILIES},
-    ("rwkv", "decode"): "where: the WKV state carried between transformers' stacked list (stabilized: num, den, max) and "
-                        "seqmix's unstabilized form each step, read and written, and the general-form step's Python path",
-    ("xlstm", "decode"): "where: the general form's Python path per step (its gate, decay and readout functions, the tuple "
-                         "state's transforms); its aten ops are no more than the original's",
-    ("minimax", "decode"): "where: separate q, k, v projections and activations (transformers fuses them) and the fixed head "
-                           "decays rebuilt per call",
-}
-
-
 def build(family: str):
     """The random transformers model of ``family`` (d = 256, 4 layers, vocab 256; nothing downloaded)."""
     import transformers as tf
@@ -211,19 +207,21 @@ def _quiet_stderr():
         os.close(saved)
 
 
-def call_counts(model, T: int) -> dict:
+def call_counts(model, T: int, *, detail: bool = False) -> dict:
     """What one call costs the interpreter, counted (deterministic, unlike a time on a shared machine): aten
     ops (torch.profiler) and Python function calls (cProfile) of one forward on T tokens ("forward", and
     "prefill" with the cache) and of one decoding step ("decode": generate of 6 tokens minus generate of 1,
-    over 5). Returns mode -> (aten ops, Python calls)."""
+    over 5). Returns mode -> (aten ops, Python calls); with ``detail``, mode -> (aten ops, Python calls, {op:
+    count}, {function: count}) (functions as file:name, per call or step)."""
     import cProfile
+    import collections
     import pstats
 
     from torch.profiler import ProfilerActivity, profile
 
     ids = torch.randint(2, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
 
-    def count(fn) -> tuple[int, int]:
+    def count(fn):
         fn()  # warm
         with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as p:  # (the profiler logs each start to fd 2)
             fn()
@@ -231,7 +229,12 @@ def call_counts(model, T: int) -> dict:
         pr.enable()
         fn()
         pr.disable()
-        return sum(e.count for e in p.key_averages()), pstats.Stats(pr).total_calls
+        ops = collections.Counter({e.key: e.count for e in p.key_averages()})
+        st = pstats.Stats(pr)
+        calls = collections.Counter()
+        for (file, _, name), v in st.stats.items():
+            calls[f"{os.path.basename(file)}:{name}" if file != "~" else _builtin_name(name)] += v[1]
+        return sum(ops.values()), st.total_calls, ops, calls
 
     def gen(n):
         return lambda: model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
@@ -240,15 +243,37 @@ def call_counts(model, T: int) -> dict:
         out = {"forward": count(lambda: model(input_ids=ids, use_cache=False)),
                "prefill": count(lambda: model(input_ids=ids, use_cache=True))}
         six, one = count(gen(6)), count(gen(1))
-    out["decode"] = tuple(round((a - b) / 5) for a, b in zip(six, one))
-    return out
+    per = [{k: (six[i][k] - one[i].get(k, 0)) / 5 for k in six[i]} for i in (2, 3)]
+    out["decode"] = (round((six[0] - one[0]) / 5), round((six[1] - one[1]) / 5), *per)
+    return out if detail else {mode: c[:2] for mode, c in out.items()}
 
 
-def counted_reason(mode: str, orig: tuple[int, int], conv: tuple[int, int], known: str) -> str:
+def _builtin_name(name: str) -> str:
+    """cProfile's name of a built-in ("<built-in method builtins.len>", "<method 'view' of 'torch._C.TensorBase'
+    objects>") as code writes it ("len", "Tensor.view")."""
+    m = re.fullmatch(r"<built-in method (?:builtins\.)?(.+)>", name)
+    if m:
+        return m.group(1)
+    m = re.fullmatch(r"<method '(.+)' of '(?:.*\.)?(\w+)' objects>", name)
+    if m:
+        return f"{m.group(2).replace('TensorBase', 'Tensor')}.{m.group(1)}"
+    return name
+
+
+def excess(orig: dict, conv: dict, k: int = 4) -> str:
+    """The ``k`` entries (aten ops or Python functions) the converted model counts most above the original
+    (:func:`call_counts` with ``detail``), as "name +n" (n per call or step)."""
+    more = sorted(((conv.get(key, 0) - orig.get(key, 0), key) for key in conv), reverse=True)
+    return ", ".join(f"{key} +{n:.3g}" for n, key in more[:k] if n > 0) or "none"
+
+
+def counted_reason(mode: str, orig: tuple, conv: tuple, known: str = "") -> str:
     """The measured reason of a NOT MET row outside the A/A noise: the counts of :func:`call_counts` side
-    by side, then what is known of where they come from (REASONS)."""
+    by side (with ``detail`` counts: the entries counted most above the original), then ``known``."""
     unit = "decoding step" if mode == "decode" else f"{mode} call"
     text = (f"per {unit}: {conv[0]} aten ops (original {orig[0]}), {conv[1]} Python calls (original {orig[1]})")
+    if len(orig) > 2 and len(conv) > 2:
+        text += f"; most above the original: {excess(orig[2], conv[2])}; {excess(orig[3], conv[3])}"
     return f"{text}; {known}" if known else text
 
 
@@ -256,7 +281,7 @@ def status_of(ratio: float | None, aa: float | None, reason: str) -> tuple[str, 
     """(status, reason) of a row: MET where ratio >= TARGET; NOT MET otherwise, with the measured reason:
     the A/A control's where the gap is no larger than the gap between two copies of the original measured
     in the same run (min(aa, 1/aa) <= ratio: the run cannot tell the two models apart), else ``reason``
-    (REASONS, or nothing where none is known)."""
+    (the counted work: :func:`counted_reason`)."""
     if ratio is None:
         return "not measured", ""
     if ratio >= TARGET:
@@ -316,6 +341,8 @@ def main() -> None:
                    "the two models: the run's noise; a third of the time)")
     p.add_argument("--report-table", action="store_true", help="print the layer report of every family's model as one "
                    "Markdown table (docs/interop.md) instead of timing")
+    p.add_argument("--write-docs", action="store_true", help="write the results section of --docs (between its markers)")
+    p.add_argument("--docs", type=Path, default=DOCS, help="the page of the results section (default docs/interop.md)")
     args = p.parse_args()
     info = setup(args)
     from transformers.utils import logging as hf_logging
@@ -330,7 +357,7 @@ def main() -> None:
     if args.report_table:
         return report_table(fams, T=args.seq_len or 64)
     load_before = os.getloadavg()
-    rows, results = [], {}
+    rows, count_rows, results = [], [], {}
     for fam in fams:
         if fam not in CONFIGS:
             results[fam] = {"skipped": "no benchmark model for this family in bench/interop.py's CONFIGS"}
@@ -349,37 +376,97 @@ def main() -> None:
             models["control"] = copy.deepcopy(orig)  # the A/A control: a second copy of the original
         r = measure(models, T, steps, repeats)
         r_o, r_c, r_a = r["original"], r["converted"], r.get("control")
-        results[fam] = {"convert_s": conv_s, "original": r_o, "converted": r_c, "control": r_a}
-        counts = None
+        counts = {who: call_counts(m, T, detail=True) for who, m in (("original", orig), ("converted", conv))}
+        results[fam] = {"convert_s": conv_s, "original": r_o, "converted": r_c, "control": r_a,
+                        "counts": {who: {mode: c[:2] for mode, c in cs.items()} for who, cs in counts.items()}}
         for k, name in (("forward_tok_s", "forward"), ("prefill_tok_s", "prefill"), ("decode_tok_s", "decode")):
             ratio = r_c[k] / r_o[k] if r_c[k] and r_o[k] else None
             aa = r_a[k] / r_o[k] if r_a and r_a[k] and r_o[k] else None
-            status, reason = status_of(ratio, aa, REASONS.get((fam, name), ""))
-            if status == "NOT MET" and not reason.startswith("within this run's noise"):
-                if counts is None:  # counted once per family, where a row needs it
-                    counts = {who: call_counts(m, T) for who, m in (("original", orig), ("converted", conv))}
-                    results[fam]["counts"] = counts
-                reason = counted_reason(name, counts["original"][name], counts["converted"][name], reason)
+            status, reason = status_of(ratio, aa, "")
+            if status == "NOT MET" and not reason:
+                reason = counted_reason(name, counts["original"][name], counts["converted"][name])
             results[fam][f"{name}_ratio"], results[fam][f"{name}_aa"], results[fam][f"{name}_status"] = ratio, aa, status
+            results[fam][f"{name}_reason"] = reason
             rows.append([fam, name, r_o[k], r_c[k], ratio, aa, status, reason, conv_s if name == "forward" else None])
+        co, cc = counts["original"]["decode"], counts["converted"]["decode"]
+        ok = cc[0] <= co[0] and cc[1] <= co[1]
+        count_rows.append([fam, cc[0], co[0], cc[1], co[1], "MET" if ok else "NOT MET",
+                           "" if ok else f"most above the original: {excess(co[2], cc[2])}; {excess(co[3], cc[3])}"])
+        results[fam]["decode_counts_status"], results[fam]["decode_counts_reason"] = count_rows[-1][5], count_rows[-1][6]
         print(f"  {fam}: done (load average now {os.getloadavg()[0]:.2f})", flush=True)
     load_after = os.getloadavg()
-    print(f"\nd = {D}, {LAYERS} layers, vocab {VOCAB}, batch 1, float32, T = {T} (forward, prefill), {steps} decode steps, "
-          f"min of {repeats}; torch threads {torch.get_num_threads()} on {os.cpu_count()} cores")
-    print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
-          f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f} (the machine is shared: figures under load)")
+    setting = (f"d = {D}, {LAYERS} layers, vocab {VOCAB}, batch 1, float32, T = {T} (forward, prefill), {steps} decode steps, "
+               f"min of {repeats}; torch threads {torch.get_num_threads()} on {os.cpu_count()} cores")
+    loads = (f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+             f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f} (the machine is shared: figures under load)")
+    print(f"\n{setting}\n{loads}")
     print_table(f"converted (seqmix mixers) vs original (transformers), CPU tokens/s; target: ratio >= {TARGET}",
                 ["family", "mode", "original tok/s", "converted tok/s", "ratio conv/orig", "A/A copy/orig", "status",
                  "reason (measured)", "convert (s)"], rows)
     n_met = sum(r[6] == "MET" for r in rows)
     n_noise = sum(r[6] == "NOT MET" and r[7].startswith("within this run's noise") for r in rows)
-    print(f"  {n_met} of {len(rows)} rows MET (converted >= {TARGET}x the original); {n_noise} NOT MET within the run's "
-          "A/A noise (the gap no larger than between two copies of the original)")
-    for fam, r in results.items():
-        if "skipped" in r:
-            print(f"  {fam}: not measured: {r['skipped']}")
+    summary = (f"{n_met} of {len(rows)} rows MET (converted >= {TARGET}x the original); {n_noise} NOT MET within the run's "
+               f"A/A noise (the gap no larger than between two copies of the original); {len(rows) - n_met - n_noise} NOT MET "
+               "beyond it")
+    print(f"  {summary}")
+    print_table("counted work per decoding step (call_counts: aten ops by torch.profiler, Python calls by cProfile); "
+                "target: converted <= original", ["family", "aten ops conv", "aten ops orig", "Python calls conv",
+                                                   "Python calls orig", "status", "reason (measured)"], count_rows)
+    n_counts = sum(r[5] == "MET" for r in count_rows)
+    print(f"  {n_counts} of {len(count_rows)} families MET (aten ops and Python calls per decoding step <= the original's)")
+    skipped = [f"{fam}: not measured: {r['skipped']}" for fam, r in results.items() if "skipped" in r]
+    for line in skipped:
+        print(f"  {line}")
     write_json(args, "interop", {"machine": info, "T": T, "decode_tokens": steps, "d_model": D, "layers": LAYERS,
                                  "vocab": VOCAB, "load_before": load_before, "load_after": load_after, "results": results})
+    if args.write_docs:
+        write_doc_section(args.docs, MARKER, docs_section(args, setting, loads, rows, summary, count_rows, n_counts, skipped))
+
+
+def _rate(v) -> str:
+    return "—" if v is None else f"{v:,.0f}" if v >= 1000 else f"{v:.1f}"
+
+
+def docs_section(args, setting: str, loads: str, rows: list, summary: str, count_rows: list, n_counts: int,
+                 skipped: list) -> str:
+    """The results section of docs/interop.md: the command, the setting and load, one row per family (forward,
+    prefill, decode: original -> converted tokens/s, the ratio, the A/A ratio, the status), the counted work per
+    decoding step, and the measured reason of every row NOT MET beyond the noise."""
+    cmd = " ".join(a for a in ("python bench/interop.py", f"--repeats {args.repeats}" if args.repeats != 3 else "",
+                               f"--threads {args.threads}" if args.threads else "", "--quick" if args.quick else "",
+                               f"--families {args.families}" if args.families else "", "--write-docs") if a)
+    out = [f"`{cmd}` ({time.strftime('%Y-%m-%d')}): {setting}; {loads}. Each cell: original → converted tokens/s (the "
+           "ratio, the A/A control's ratio: a second copy of the original timed in the same loop; the status: MET, "
+           "\"noise\" where NOT MET but no further from 1 than the A/A control, **NOT MET** beyond it).", "",
+           "| family | convert (s) | forward tok/s orig → conv | prefill tok/s orig → conv | decode tok/s orig → conv |",
+           "|---|---|---|---|---|"]
+    by_fam: dict = {}
+    for fam, mode, o, c, ratio, aa, status, reason, conv_s in rows:
+        by_fam.setdefault(fam, {"convert": conv_s})[mode] = (o, c, ratio, aa, status, reason)
+    notes = []
+    for fam, m in by_fam.items():
+        cells = []
+        for mode in ("forward", "prefill", "decode"):
+            o, c, ratio, aa, status, reason = m[mode]
+            tag = "MET" if status == "MET" else "noise" if reason.startswith("within this run's noise") else "**NOT MET**"
+            cells.append(f"{_rate(o)} → {_rate(c)} ({ratio:.2f}×, A/A {aa:.2f}; {tag})" if ratio is not None and aa is not None
+                         else f"{_rate(o)} → {_rate(c)} ({ratio:.2f}×; {tag})" if ratio is not None else "—")
+            if tag == "**NOT MET**":
+                notes.append(f"* {fam} {mode}: {reason}")
+        out.append(f"| {fam} | {m['convert']:.2f} | " + " | ".join(cells) + " |")
+    out += ["", f"**{summary}.**", ""]
+    if notes:
+        out += ["The rows NOT MET beyond the noise, with the work counted per call (converted against original) and the "
+                "entries counted most above the original:", ""] + notes + [""]
+    out += ["Counted work per decoding step (`call_counts`: aten ops by torch.profiler and Python calls by cProfile, "
+            "generate of 6 tokens minus generate of 1, over 5; counts, so the load does not move them): "
+            f"**{n_counts} of {len(count_rows)} families at or below the original on both.**", "",
+            "| family | aten ops conv / orig | Python calls conv / orig | status |", "|---|---|---|---|"]
+    for fam, oc, oo, pc, po, status, reason in count_rows:
+        out.append(f"| {fam} | {oc} / {oo} | {pc} / {po} | {status}{': ' + reason if reason else ''} |")
+    if skipped:
+        out += [""] + [f"* {line}" for line in skipped]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -478,16 +478,16 @@ def main(argv=None) -> int:
     if a.write_docs:
         import sys
 
-        from _common import ROOT, write_docs_section
+        from _common import ROOT, write_doc_section
 
         argv = [v for v in (sys.argv[1:] if argv is None else argv)]
         cmd = "python bench/linearize.py " + " ".join(v for i, v in enumerate(argv) if v not in ("--write-docs", "--table")
                                                       and (i == 0 or argv[i - 1] != "--write-docs"))
         from seqmix.linearize.recipes import recipes_markdown
 
-        write_docs_section(ROOT / "docs" / "linearize.md", f"bench/linearize.py:{a.write_docs}",
+        write_doc_section(ROOT / "docs" / "linearize.md", f"bench/linearize.py:{a.write_docs}",
                            f"Printed by `{cmd} --table` (2-core CPU, shared):\n\n{text}")
-        write_docs_section(ROOT / "docs" / "linearize.md", "seqmix.linearize.recipes", recipes_markdown())
+        write_doc_section(ROOT / "docs" / "linearize.md", "seqmix.linearize.recipes", recipes_markdown())
     return 0
 
 

@@ -387,3 +387,40 @@ def test_linearize_tables_print_targets_shortfalls_claims_and_length(tmp_path):
     assert "| recipe:lolcats | m | — | 2.0000 | — | 1.2000 | 1.7000 | 0.800 | 1 + 0 | yes |" in rt  # G = (2 - 1.2) / (2 - 1)
     lt = bench_lin.length_table(tmp_path / "out")
     assert "| gla | 1.0000 | 2.0000 | 1.5000 | 1.2500 |" in lt and "windows of 64 tokens" in lt
+
+
+def test_linearize_speed_quick_resumes_and_writes_its_section(tmp_path):
+    """bench/linearize_speed.py --quick: the teacher, every student of bench/linearize.py and the hybrid at two
+    prompt lengths, stored per (size, P) group (a re-run measures nothing again), each student's cache bytes
+    the same at both lengths, the results section written between its markers of a page (the page's other
+    text kept) and the plot."""
+    pytest.importorskip("transformers", reason="the optional extra 'hf' is not installed: pip install 'seqmix[hf]'")
+    out, page, png = tmp_path / "runs", tmp_path / "page.md", tmp_path / "img" / "speed.png"
+    page.write_text("# A page\n\nbefore\n\n<!-- bench/linearize_speed.py:results -->\nold\n<!-- /bench/linearize_speed.py:results -->\n\nafter\n")
+    args = ("--quick", "--out", str(out), "--threads", "1", "--no-counts", "--write-docs", "--docs", str(page), "--plot", str(png))
+    r = _run("linearize_speed.py", *args, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import linearize as bench_lin
+        import linearize_speed
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    names = {"teacher", *bench_lin.STUDENTS, "hybrid:lolcats(window 64)", *linearize_speed.recipe_students()}
+    assert {"recipe:mohawk", "recipe:radlads", "recipe:liger", "recipe:mamba_in_llama"} <= names
+    groups = {P: json.loads((out / f"64x2_P{P}.json").read_text()) for P in (32, 64)}
+    for P, g in groups.items():
+        assert set(g["runs"]) == names and all(len(v) == 1 for v in g["runs"].values())
+        for runs in g["runs"].values():
+            assert runs[0]["prefill_s"] > 0 and len(runs[0]["steps_s"]) == 3 and runs[0]["cache_bytes"] > 0
+    for name in [*bench_lin.STUDENTS, "recipe:mohawk", "recipe:radlads"]:  # a pure student's state does not grow with the prompt; the teacher's does
+        assert groups[32]["runs"][name][0]["cache_bytes"] == groups[64]["runs"][name][0]["cache_bytes"], name
+    assert groups[64]["runs"]["teacher"][0]["cache_bytes"] > groups[32]["runs"]["teacher"][0]["cache_bytes"]
+    assert "cache bytes constant in P" in r.stdout
+    text = page.read_text()
+    assert text.startswith("# A page\n\nbefore\n\n") and text.rstrip().endswith("after") and "\nold\n" not in text
+    assert text.count("<!-- bench/linearize_speed.py:results -->") == 1 and "| teacher |" in text and png.is_file()
+    mtimes = {p: p.stat().st_mtime for p in out.glob("64x2_P*.json")}
+    r = _run("linearize_speed.py", *args, timeout=600)  # resumed: every measurement is stored, nothing runs again
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert {p: p.stat().st_mtime for p in out.glob("64x2_P*.json")} == mtimes and "repeat 1/1" not in r.stdout

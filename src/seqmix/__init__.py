@@ -20,8 +20,17 @@ from .contract import ContractError, check_mixer
 
 __version__ = "0.1.0"
 
+
+def compile_decode(model, **kwargs) -> dict:
+    """``torch.compile`` of the decoding step of every seqmix layer of a converted or linearized transformers
+    model (opt-in): :func:`seqmix.interop.compile_decode`."""
+    from .interop import compile_decode as compile_interop
+
+    return compile_interop(model, **kwargs)
+
+
 __all__ = [
     "DSF", "Cache", "Mixer", "MixerConfig", "MixOut", "build_mixer", "list_mixers", "mixer_entry", "register",
     "register_preset", "unregister", "check_mixer", "ContractError",
-    "linear_recurrence", "recurrence_map", "recurrence_step", "__version__",
+    "linear_recurrence", "recurrence_map", "recurrence_step", "compile_decode", "__version__",
 ]

@@ -38,7 +38,7 @@ How to add a family (e.g. RWKV-4, RecurrentGemma, Llama attention):
    transformers tensors (W_qk = [q_proj; k_proj]) uses ``Weight(..., part=i)`` rows.
 """
 
-from .adapter import InteropMixer
+from .adapter import InteropMixer, compile_decode, uncompile_decode
 from .convert import convert_module, from_transformers, place_mixer, placed_mixers, seqmix_mixers, supported_families
 from .families import FAMILIES
 from .load import load_converted
@@ -46,6 +46,7 @@ from .saved import MODEL_TYPE, SeqmixConvertedConfig
 from .table import Family, ModuleMap, State, Unsupported, Weight
 
 __all__ = [
-    "from_transformers", "load_converted", "seqmix_mixers", "supported_families", "convert_module", "place_mixer", "placed_mixers",
-    "InteropMixer", "FAMILIES", "Family", "ModuleMap", "State", "Unsupported", "Weight", "MODEL_TYPE", "SeqmixConvertedConfig",
+    "from_transformers", "load_converted", "compile_decode", "uncompile_decode", "seqmix_mixers", "supported_families",
+    "convert_module", "place_mixer", "placed_mixers", "InteropMixer", "FAMILIES", "Family", "ModuleMap", "State",
+    "Unsupported", "Weight", "MODEL_TYPE", "SeqmixConvertedConfig",
 ]

@@ -14,10 +14,24 @@ offloads it; the seqmix Cache is a per-call view of it. Families with their own 
 use the state kinds ``stacked`` (RWKV-4's ``state=`` list of [B, d, layers] tensors, this layer's
 column) and ``tuple`` (xLSTM's per-layer (C, n, m), the module's second argument), and return
 ``(output, state)`` as their modules do (``returns_state``).
+
+The decoding step is checked once (DESIGN.md, "the decode path"). The first call with a cache object
+(a prefill, or the first step) runs every check above; the adapter then records what it checked
+(:class:`_Trust`: the cache object, the batch, width, dtype and device of the input, the tokens
+seen, and the objects in this layer's slots of the cache with their version counters). A later
+one-token call that matches the record — the same cache object, the slots still holding what this
+adapter left there, unmodified (a beam-search reorder, a crop, a reset, an offload or another
+model's write replaces or modifies them), no argument the mixer does not take — is a trusted step:
+it runs ``mixer.decode_step`` on the seqmix state kept from the previous call, its state updated in
+place (:func:`seqmix.ops.states_in_place`), and writes back only the slots whose seqmix entry is not
+a view of transformers' tensor. What changes from token to token, ``position_ids`` and the attention
+mask, is still checked on every call (by the first layer: the others share its check, ``_VERIFIED``);
+the input's finite check and the cache layer's lookups and type checks run on the full path only.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
@@ -26,7 +40,7 @@ from torch import nn
 from .._checks import reads_values
 from ..hf.modeling import resolve_cache_argument
 from ..mixers.base import Cache, Mixer
-from ..ops import KVCache
+from ..ops import KVCache, states_in_place
 from .table import State
 
 #: keyword arguments transformers' blocks may pass that do not change a recurrent mixer's output
@@ -40,10 +54,13 @@ class _Verified:
     layer's check serves the others (each layer would otherwise read them on the host again). An entry is
     a weak reference to the tensor, its version counter and the check's key (the positions or the mask the
     layer expects); another tensor, one written in place since, or an inference tensor (no version counter)
-    is checked again."""
+    is checked again. ``steps``: per kind ("padding", "causal", "positions"), the tensor a trusted decoding
+    step checked last, with its key and version counter (a strong reference to a one-token call's small
+    tensor: the later layers of that step find it there without a lookup)."""
 
     def __init__(self):
         self._seen: dict = {}
+        self.steps: dict = {}
 
     def __contains__(self, item) -> bool:
         t, key = item
@@ -59,6 +76,37 @@ class _Verified:
 
 
 _VERIFIED = _Verified()
+
+#: the state kinds whose slots the trusted step reads through its own copy of the seqmix state where that is
+#: not a view of transformers' tensor: their version counters tell a write by anyone else (an attention
+#: layer's keys are replaced, never written, by transformers' reorder, crop and reset: their identity tells)
+_VERSIONED_KINDS = frozenset({"conv", "recurrent", "linear_cache"})
+
+
+class _Trust:
+    """What a fully checked call left (``InteropMixer._trust``), against which a later one-token call is
+    matched (module docstring): the cache object (a weak reference where the object takes one), the input's
+    batch, width, dtype and device, the tokens seen, the seqmix state, for each row of the state table
+    whether that entry is a view of transformers' tensor (an in-place step then needs no write), and the
+    objects in this layer's slots (``objs``) with the version counters of the versioned kinds (``versions``)."""
+
+    __slots__ = ("cache", "batch", "width", "dtype", "device", "seen", "state", "alias", "objs", "versions")
+
+    def __init__(self, cache, x: torch.Tensor, seen: int, state: dict, alias: tuple[bool, ...], objs: tuple, versions: tuple):
+        try:
+            self.cache = weakref.ref(cache)
+        except TypeError:  # a list or tuple (RWKV-4's, xLSTM's): small, held until the next call
+            self.cache = lambda c=cache: c
+        self.batch, self.width, self.dtype, self.device = x.shape[0], x.shape[2], x.dtype, x.device
+        self.seen, self.state, self.alias, self.objs, self.versions = seen, state, alias, objs, versions
+
+
+def _aliases(t, hf) -> bool:
+    """Whether the seqmix entry ``t`` is a view of transformers' tensor(s) ``hf`` (an in-place step on it writes there)."""
+    if isinstance(hf, (tuple, list)):
+        return False
+    return isinstance(t, torch.Tensor) and isinstance(hf, torch.Tensor) and t.device == hf.device \
+        and t.untyped_storage().data_ptr() == hf.untyped_storage().data_ptr()
 
 
 class InteropMixer(nn.Module):
@@ -115,7 +163,6 @@ class InteropMixer(nn.Module):
     def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None, *,
                 state=None, cache_params=None, past_key_values=None, layer_past=None, **kwargs):
         mixer = self._modules["mixer"]  # (one lookup: nn.Module's __getattr__ and this class's cost a call each)
-        where = f"{self.where} ({self.source} -> seqmix {mixer.registry_name!r})"
         if past_key_values is None:  # GPT-NeoX's and BLOOM's attention take their cache as layer_past
             past_key_values = layer_past
         residual = None
@@ -123,6 +170,13 @@ class InteropMixer(nn.Module):
             residual, cache = cache, None
         for name in self.derived_args:  # recomputed by the mixer (ModuleMap.derived_args)
             kwargs.pop(name, None)
+        trust = self.__dict__.get("_trust")
+        if trust is not None:
+            out = self._trusted_step(trust, mixer, hidden_states, cache, state, past_key_values, cache_params, attention_mask,
+                                     kwargs, residual)
+            if out is not None:
+                return out
+        where = f"{self.where} ({self.source} -> seqmix {mixer.registry_name!r})"
         if state is not None and cache is not None and state is not cache:
             raise ValueError(f"{where}: pass the decoding state once (got both 'cache' and 'state')")
         # RWKV-4 passes its state list as ``state=``, xLSTM its layer tuple as the second argument
@@ -130,26 +184,197 @@ class InteropMixer(nn.Module):
         if self.layer_arg is not None:  # Zamba2's shared attention is told its cache layer by the call
             self._check_layer_arg(kwargs.pop(self.layer_arg, None), where)
         self._check_kwargs(kwargs, where)
+        self.__dict__["_trust"] = None
         seqmix_state = self.read_state(hf_cache, where) if hf_cache is not None else None
         if self.mask_kind == "padding":
             self._check_mask(attention_mask, hidden_states, where)
         elif self.mask_kind == "causal":
             self._check_causal_mask(attention_mask, hidden_states, self._cached(hf_cache, seqmix_state), where)
         if self.positions:
-            self._check_positions(kwargs.get("position_ids"), hidden_states, seqmix_state, where, hf_cache)
+            self._check_positions(kwargs.get("position_ids"), hidden_states, self._positions_start(hf_cache, seqmix_state),
+                                  where)
         if hf_cache is None:
             y = mixer(hidden_states)
-            y = y if residual is None else y + residual
-            return (y, None) if (self.returns_state or self.returns_pair) else y
+            return self._output(y if residual is None else y + residual, None)
         view = Cache()
         if seqmix_state is not None:
             view.set(mixer, seqmix_state)
         y = mixer(hidden_states, cache=view)
-        y = y if residual is None else y + residual
-        new = self.write_state(hf_cache, view.get(mixer), where, tokens=hidden_states.shape[1])
+        new_state = view.get(mixer)
+        new = self.write_state(hf_cache, new_state, where, tokens=hidden_states.shape[1])
+        self._record(hf_cache, hidden_states, new_state, where)
+        return self._output(y if residual is None else y + residual, new)
+
+    def _output(self, y, new):
+        """What the replaced module returns: (y, None) for an attention module, (y, state) for RWKV-4 and xLSTM."""
         if self.returns_pair:
             return y, None
         return (y, new) if self.returns_state else y
+
+    # -- the trusted step (module docstring) ------------------------------------------------------
+
+    def _slot_objects(self, hf_cache) -> tuple:
+        """The objects in this layer's slots of transformers' decoding state, as the trusted step compares them
+        (cheap: no checks; an AttributeError, IndexError, KeyError or TypeError where the structure is not the
+        one recorded)."""
+        kind, i = self.state_table[0].kind, self.layer_idx
+        if kind == "kv":
+            layer = hf_cache.layers[i]
+            return layer, layer.keys, layer.values, getattr(layer, "record_past", None)
+        if kind == "layer":
+            layer = hf_cache.layers[i]
+            return layer, layer.keys
+        spec = self.__dict__.get("_slot_spec")
+        if spec is None:  # (conv?, slot) of every slot the table reads, once
+            spec = self.__dict__["_slot_spec"] = tuple((row.kind == "conv", j) for row in self.state_table for j in row.slots)
+        if kind in ("conv", "recurrent"):
+            layer = hf_cache.layers[i]
+            out = [layer, layer.record_past]
+            for conv, j in spec:
+                out += ((layer.conv_states if conv else layer.recurrent_states)[j], layer.has_previous_state[j])
+            return tuple(out)
+        if kind == "linear_cache":
+            return (hf_cache.get_linear_cache(i),)
+        return (hf_cache, *[hf_cache[j] for _, j in spec])  # "stacked", "tuple"
+
+    def _record(self, hf_cache, x, state, where: str) -> None:
+        """After a fully checked call with a cache: the :class:`_Trust` a later one-token call is matched against
+        (none where the mixer kept no state)."""
+        if not self.state_table or state is None:
+            return
+        kind = self.state_table[0].kind
+        # the tokens seen (the start of the next call's positions and mask; a recurrent state's next call starts
+        # anywhere after position 0, so there it is not read)
+        seen = state["kv"].seen if kind == "kv" else self._cached(hf_cache, state) if kind == "layer" else x.shape[1]
+        alias = (False,) * len(self.state_table)
+        if kind in ("conv", "recurrent", "linear_cache"):  # the entries as views of transformers' tensors, where they are
+            state = self.read_state(hf_cache, where)
+            if state is None:
+                return
+            alias = tuple(_aliases(state[row.seqmix], self._hf_tensor(hf_cache, row)) for row in self.state_table)
+        if kind in _VERSIONED_KINDS and any(isinstance(o, torch.Tensor) and o.is_inference() for o in self._slot_objects(hf_cache)):
+            return  # (no version counters to tell another writer: every call takes the full path)
+        self.__dict__["_trust"] = _Trust(hf_cache, x, seen, dict(state), alias, *self._slot_record(hf_cache, kind))
+
+    def _slot_record(self, hf_cache, kind: str) -> tuple[tuple, tuple]:
+        """(:meth:`_slot_objects`, their tensors' version counters for _VERSIONED_KINDS, else ())."""
+        objs = self._slot_objects(hf_cache)
+        if kind not in _VERSIONED_KINDS:
+            return objs, ()
+        return objs, tuple([o._version for o in objs if isinstance(o, torch.Tensor)])
+
+    def _hf_tensor(self, hf_cache, row):
+        """Transformers' tensor of a ``conv`` / ``recurrent`` / ``linear_cache`` row (a tuple for a row of several slots)."""
+        if row.kind == "linear_cache":
+            return hf_cache.get_linear_cache(self.layer_idx)
+        ts = tuple(self._get(hf_cache, row.kind, j) for j in row.slots)
+        return ts if isinstance(row.index, tuple) else ts[0]
+
+    def _trusted_step(self, trust, mixer, x, cache, state, past_key_values, cache_params, mask, kwargs, residual):
+        """The trusted step (module docstring), or None where the call does not match ``trust`` (the full path
+        then runs, checking everything and recording anew)."""
+        hf = cache if cache is not None else state if state is not None else past_key_values \
+            if past_key_values is not None else cache_params
+        if hf is None or hf is not trust.cache() or not isinstance(x, torch.Tensor):
+            return None
+        for other in (cache, state, past_key_values, cache_params):
+            if other is not None and other is not hf:
+                return None
+        shape = x.shape
+        if len(shape) != 3 or shape[1] != 1 or shape[0] != trust.batch or shape[2] != trust.width or x.dtype != trust.dtype \
+                or x.device != trust.device:
+            return None
+        extra = kwargs.keys() - _HARMLESS
+        if extra:
+            if self.layer_arg in extra:
+                layer = kwargs[self.layer_arg]
+                if layer is not None and int(layer) != self.layer_idx:
+                    return None
+                extra = extra - {self.layer_arg}
+            if any(kwargs[k] is not None for k in extra):
+                return None
+        kind = self.state_table[0].kind
+        try:
+            objs = self._slot_objects(hf)
+            if kind in _VERSIONED_KINDS and tuple([o._version for o in objs if isinstance(o, torch.Tensor)]) != trust.versions:
+                return None
+        except (AttributeError, IndexError, KeyError, TypeError, RuntimeError):
+            return None
+        if len(objs) != len(trust.objs):
+            return None
+        for a, b in zip(objs, trust.objs):
+            if a is not b:
+                return None
+        pos = kwargs.get("position_ids") if self.positions else None
+        if (mask is not None and self.mask_kind != "ignored") or pos is not None:
+            self._step_checks(mixer, x, mask, pos, trust)
+        with states_in_place():
+            y, new = (self.__dict__.get("_step_fn") or mixer.decode_step)(x, trust.state)
+        out = self._write_trusted(hf, trust, new)
+        trust.seen += 1
+        trust.state = new
+        if kind in _VERSIONED_KINDS:
+            trust.objs, trust.versions = self._slot_record(hf, kind)
+        else:
+            trust.objs = self._slot_objects(hf)
+        if residual is not None:
+            y = y + residual
+        return (y, None) if self.returns_pair else (y, out) if self.returns_state else y
+
+    def _step_checks(self, mixer, x, mask, pos, trust) -> None:
+        """A trusted step's per-token checks: the attention mask and ``position_ids`` against the tokens seen,
+        each read by the first layer of the step that is handed the tensor (the later ones find it in
+        ``_VERIFIED.steps``: the same tensor, key and version)."""
+        steps, where = _VERIFIED.steps, None
+        kv_like = self.state_table[0].kind in ("kv", "layer")
+        for t, is_pos in ((mask if self.mask_kind != "ignored" else None, False), (pos, True)):
+            if t is None:
+                continue
+            if is_pos:
+                key = ("positions", trust.seen if kv_like else None, 1)
+            else:
+                key = ("padding", 1) if self.mask_kind == "padding" else ("causal", trust.seen, 1, self._window())
+            e = steps.get(key[0])
+            if e is not None and e[0] is t and e[1] == key and e[2] == t._version:
+                continue
+            where = where or f"{self.where} ({self.source} -> seqmix {mixer.registry_name!r})"
+            if key[0] == "padding":
+                self._check_mask(t, x, where)
+            elif key[0] == "causal":
+                self._check_causal_mask(t, x, trust.seen, where)
+            else:
+                self._check_positions(t, x, key[1], where)
+            if isinstance(t, torch.Tensor) and not t.is_inference():
+                steps[key[0]] = (t, key, t._version)
+
+    def _write_trusted(self, hf, trust, new: dict):
+        """The trusted step's write: what :meth:`write_state` writes, without its lookups and checks, and nothing
+        for an entry updated in place as a view of transformers' tensor. Returns what the module hands back."""
+        kind = self.state_table[0].kind
+        if kind == "kv":
+            self._put_kv(hf.layers[self.layer_idx], new["kv"])
+            return hf
+        if kind == "layer":
+            self._put_layer_state(trust.objs[0], new, 1)
+            return hf
+        alias = list(trust.alias)
+        todo = []
+        for n, row in enumerate(self.state_table):
+            t = new[row.seqmix]
+            if alias[n] and t is trust.state.get(row.seqmix):
+                continue  # written in place, in transformers' own tensor
+            alias[n] = False
+            todo.append(row)
+        trust.alias = tuple(alias)
+        if not todo:
+            return hf
+        if kind == "linear_cache":
+            row = todo[0]
+            t = new[row.seqmix]
+            hf.set_linear_cache(self.layer_idx, row.to_hf(t) if row.to_hf else t)
+            trust.alias = (_aliases(t, hf.get_linear_cache(self.layer_idx)),)
+            return hf
+        return self._write_rows(hf, todo, new, hf.layers[self.layer_idx] if kind in ("conv", "recurrent") else None)
 
     def _check_layer_arg(self, layer, where: str) -> None:
         """``ModuleMap.layer_arg``: the cache layer index the caller passes must be this adapter's (the N
@@ -227,9 +452,20 @@ class InteropMixer(nn.Module):
                              f"{' sliding-window' if w else ''} mask): the converted seqmix attention applies the causal mask "
                              "itself and takes no padding mask; pass prompts of equal length (no padding) or one prompt at a time")
 
-    def _check_positions(self, position_ids, x, state, where: str, hf_cache=None) -> None:
+    def _positions_start(self, hf_cache, state) -> int | None:
+        """The position of this call's first token as the seqmix state implies it: 0 without a state, the cached
+        tokens for a KV cache or a ``layer`` state; None for a recurrent state (consecutive positions after 0:
+        the reset happened at the start)."""
+        if state is None:
+            return 0
+        if "kv" in state or (self.state_table and self.state_table[0].kind == "layer"):
+            return self._cached(hf_cache, state)
+        return None
+
+    def _check_positions(self, position_ids, x, start: int | None, where: str) -> None:
         """The seqmix mixer takes its positions from its state (RoPE: the KV cache's token count;
-        RecurrentGemma's reset: whether a state exists), so ``position_ids`` must be those."""
+        RecurrentGemma's reset: whether a state exists), so ``position_ids`` must be those: start ..
+        start + T − 1 (:meth:`_positions_start`; None: any consecutive positions after position 0)."""
         if position_ids is None:
             return
         given = pos = torch.as_tensor(position_ids)
@@ -240,12 +476,6 @@ class InteropMixer(nn.Module):
             pos = pos[None]
         if pos.dim() != 2 or pos.shape[-1] != T:
             raise ValueError(f"{where}: argument 'position_ids' must be [batch, {T}], got {list(pos.shape)}")
-        if state is None:
-            start = 0
-        elif "kv" in state or (self.state_table and self.state_table[0].kind == "layer"):
-            start = self._cached(hf_cache, state)
-        else:  # a recurrent state: consecutive positions after position 0 (the reset happened at the start)
-            start = None
         key = ("positions", start, T)
         if (given, key) in _VERIFIED:
             return
@@ -345,12 +575,18 @@ class InteropMixer(nn.Module):
                 t = state[row.seqmix]
                 hf_cache.set_linear_cache(self.layer_idx, row.to_hf(t) if row.to_hf else t)
             return hf_cache
-        layer = self._layer(hf_cache, where) if kind in ("conv", "recurrent") else None
-        i = self.layer_idx
-        out = list(hf_cache) if kind == "tuple" else None
         for row in self.state_table:
             if row.seqmix not in state or state[row.seqmix] is None:
                 raise ValueError(f"{where}: the mixer's state has no entry {row.seqmix!r} (state table of {self.source})")
+        return self._write_rows(hf_cache, self.state_table, state, self._layer(hf_cache, where) if kind in ("conv", "recurrent") else None)
+
+    def _write_rows(self, hf_cache, rows, state: dict, layer):
+        """Writes the entries of ``rows`` (a ``conv`` / ``recurrent`` / ``stacked`` / ``tuple`` table's) into
+        transformers' state: in place where the slot holds a tensor of the shape (``layer``: this layer's cache
+        layer for conv / recurrent rows). Returns the cache / list itself, or (``tuple``) the new tuple."""
+        i = self.layer_idx
+        out = list(hf_cache) if self.state_table[0].kind == "tuple" else None
+        for row in rows:
             t = state[row.seqmix]
             t = row.to_hf(t) if row.to_hf else t
             for slot, v in zip(row.slots, t if isinstance(row.index, tuple) else (t,), strict=True):
@@ -358,15 +594,16 @@ class InteropMixer(nn.Module):
                     out[slot] = v
                 elif row.kind == "stacked":
                     hf_cache[slot][:, :, i] = v
-                elif row.kind == "conv":
-                    prev = hf_cache.get_conv_state(i, state_idx=slot)
-                    if prev is not None and prev.shape == v.shape:
-                        prev.copy_(v)
-                    else:  # first write (or after reset): transformers allocates the slot, width = v's
-                        hf_cache.update_conv_state(v, i, state_idx=slot, conv_kernel_size=v.shape[-1])
-                    layer.has_previous_state[slot] = True
                 else:
-                    hf_cache.update_recurrent_state(v, i, state_idx=slot)
+                    held = layer.conv_states if row.kind == "conv" else layer.recurrent_states
+                    prev = held[slot] if layer.has_previous_state[slot] else None
+                    if prev is not None and prev.shape == v.shape:
+                        if prev is not v:
+                            prev.copy_(v)
+                    elif row.kind == "conv":  # first write (or after reset): transformers allocates the slot, width = v's
+                        hf_cache.update_conv_state(v, i, state_idx=slot, conv_kernel_size=v.shape[-1])
+                    else:
+                        hf_cache.update_recurrent_state(v, i, state_idx=slot)
                     layer.has_previous_state[slot] = True
         return tuple(out) if out is not None else hf_cache
 
@@ -432,10 +669,13 @@ class InteropMixer(nn.Module):
         return view.get(self.mixer)
 
     def _write_layer_state(self, hf_cache, state: dict, tokens: int, where: str) -> None:
-        """Keeps ``state`` on the cache layer beside ``keys`` = ``values`` = the row ids 0..B-1 (float32) broadcast to
-        [B, 1, seen, 1] (a stride-0 view: no memory per token), so that transformers' sizes, masks and positions
-        count the tokens seen and its batch reorderings leave the row ids for :meth:`_read_layer_state`."""
-        layer = self._attention_layer(hf_cache, where)
+        self._put_layer_state(self._attention_layer(hf_cache, where), state, tokens, where)
+
+    def _put_layer_state(self, layer, state: dict, tokens: int, where: str = "") -> None:
+        """:meth:`_write_layer_state` on the cache ``layer`` itself (the trusted step has it already): keeps ``state``
+        on it beside ``keys`` = ``values`` = the row ids 0..B-1 (float32) broadcast to [B, 1, seen, 1] (a stride-0
+        view: no memory per token), so that transformers' sizes, masks and positions count the tokens seen and its
+        batch reorderings (beam search) leave the row ids for :meth:`_read_layer_state`."""
         ref = next((t for t in state.values() if isinstance(t, torch.Tensor)), None)
         if ref is None:  # a KV cache (sliding-window attention placed in an attention slot): its buffers
             ref = next((t.k for t in state.values() if isinstance(t, KVCache) and t.k is not None), None)
@@ -443,7 +683,10 @@ class InteropMixer(nn.Module):
             raise ValueError(f"{where}: the mixer's state holds no tensor (state table of {self.source})")
         seen = (layer.get_seq_length() if layer.is_initialized and layer.keys is not None else 0) + tokens
         batch = ref.shape[0]
-        keys = torch.arange(batch, dtype=torch.float32, device=ref.device).view(batch, 1, 1, 1).expand(batch, 1, seen, 1)
+        rows = getattr(layer, "_seqmix_rows", None)  # made once per batch size, not at every step
+        if rows is None or rows.shape[0] != batch or rows.device != ref.device:
+            rows = layer._seqmix_rows = torch.arange(batch, dtype=torch.float32, device=ref.device).view(batch, 1, 1, 1)
+        keys = rows.expand(batch, 1, seen, 1)
         if not layer.is_initialized:
             layer.lazy_initialization(keys, keys)
         layer.keys, layer.values = keys, keys
@@ -497,7 +740,11 @@ class InteropMixer(nn.Module):
         kv = state.get("kv")
         if not isinstance(kv, KVCache):
             raise ValueError(f"{where}: the mixer's state has no KV cache 'kv' (state table of {self.source})")
-        layer = self._kv_layer(hf_cache, where)
+        self._put_kv(self._kv_layer(hf_cache, where), kv)
+
+    @staticmethod
+    def _put_kv(layer, kv: KVCache) -> None:
+        """Hands transformers' attention ``layer`` the views of ``kv``'s buffers (and keeps ``kv`` on it)."""
         keys, values = kv.head_first()  # [B, Hkv, L, ·]: views of its buffers
         if not layer.is_initialized:
             layer.lazy_initialization(keys, values)
@@ -505,3 +752,51 @@ class InteropMixer(nn.Module):
         if hasattr(layer, "cumulative_length"):  # a sliding layer counts every token seen (positions, mask sizes)
             layer.cumulative_length = kv.seen
         layer._seqmix_kv, layer._seqmix_keys, layer._seqmix_values = kv, keys, values
+
+
+# -- compiling the decoding step (opt-in) -----------------------------------------------------------
+
+
+def compile_decode(model: nn.Module, *, prompt: torch.Tensor | None = None, **compile_kwargs) -> dict:
+    """Compiles the decoding step of every finite-state seqmix layer of ``model`` (a converted or linearized
+    transformers model) with ``torch.compile``: each adapter's trusted step then runs the compiled
+    ``mixer.decode_step`` (its state updated in place, as eager). Attention layers (the ``kv`` kind: a KV cache
+    that grows by a token per step, which would recompile every step) stay eager. Opt-in: compiling costs
+    time at the first decoding step (one graph per layer; torch.compile's recompile limit is raised to the
+    number of layers so that none falls back to eager), and pays where the step's many small ops dominate
+    (small widths, CPU). ``compile_kwargs`` go to ``torch.compile`` (e.g. ``mode="max-autotune"``).
+
+    ``prompt`` [B, T] token ids: run ``generate`` of two tokens after it once, so that the compilation
+    happens here, and report its time. Returns {"compiled": layers, "eager": layers left eager,
+    "first_call_s": that time or None}. ``model`` without a seqmix layer: ValueError."""
+    adapters = [m for m in model.modules() if isinstance(m, InteropMixer) and m.state_table]
+    if not adapters:
+        raise ValueError(f"compile_decode: argument 'model' ({type(model).__name__}) holds no converted or linearized "
+                         "seqmix layer (seqmix.interop.from_transformers, seqmix.linearize.linearize)")
+    if prompt is not None and (not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.is_floating_point()):
+        raise ValueError("compile_decode: argument 'prompt' must be token ids [batch, time] (an integer tensor), got "
+                         f"{list(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt).__name__}")
+    compiled = [m for m in adapters if m.state_table[0].kind != "kv"]
+    from torch import _dynamo
+
+    limit = 2 * len(compiled) + 8  # one graph per layer (its module's guards), a second where the first state's layout differs
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(_dynamo.config, name) and getattr(_dynamo.config, name) < limit:
+            setattr(_dynamo.config, name, limit)
+    for m in compiled:
+        m.__dict__["_step_fn"] = torch.compile(m.mixer.decode_step, **compile_kwargs)
+    first = None
+    if prompt is not None:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=2, min_new_tokens=2, do_sample=False,
+                           pad_token_id=getattr(model.config, "pad_token_id", None) or 0)
+        first = time.perf_counter() - t0
+    return {"compiled": len(compiled), "eager": len(adapters) - len(compiled), "first_call_s": first}
+
+
+def uncompile_decode(model: nn.Module) -> None:
+    """Undoes :func:`compile_decode`: every adapter of ``model`` runs the eager decoding step again."""
+    for m in model.modules():
+        if isinstance(m, InteropMixer):
+            m.__dict__.pop("_step_fn", None)

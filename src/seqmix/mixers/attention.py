@@ -176,7 +176,7 @@ class _Attention(Mixer):
         T, R = t0.shape[1], rotary_dim or t0.shape[-1]
         dt = torch.float64 if t0.dtype == torch.float64 else torch.float32  # as ops.rotary
         cos, sin = self.rope_table(start, T, R, device=t0.device, dtype=dt, seq_len=start + T, interleaved=interleaved)
-        return tuple(apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts)
+        return tuple([apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts])
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
@@ -777,6 +777,22 @@ class SoftmaxAttention(_Attention):
         k_nope, v = kv.split([K - R, V], dim=-1)
         return torch.cat([k_nope, k_pe.expand(B, L, H, R)], dim=-1), v
 
+    def _mla_absorbed(self, q, lat, k_pe):
+        """MLA's decoding read in the latent space (the absorbed form of DeepSeek-V2 §2.1.2): with W_kvb^h =
+        [W_k^h; W_v^h], the score q_nope^h · (W_k^h c_l) + q_pe^h · k_pe_l = (W_k^hᵀ q_nope^h) · c_l + q_pe^h · k_pe_l
+        and the output W_v^h Σ_l p_l c_l, so no cached latent is expanded to keys and values (O(L·r) per head
+        instead of O(L·r·(K − R + V))). q [B, 1, heads, K] (unscaled); lat [B, 1, L, r], k_pe [B, 1, L, R] (the
+        cache's head-first views). Returns o [B, heads, V]."""
+        B, H, K, V, R = q.shape[0], self.heads, self.head_qk, self.head_v, self.config.qk_rope_head_dim
+        W = self.W_kvb.weight.view(H, K - R + V, -1)  # per head [W_k^h; W_v^h], [K − R + V, r]: views, no copy
+        q = q.view(B, H, K).transpose(0, 1)  # [H, B, K]
+        q_lat = torch.bmm(q[..., :K - R], W[:, :K - R].to(q.dtype)).transpose(0, 1)  # [B, H, r]
+        c, pe = lat[:, 0], k_pe[:, 0]  # [B, L, r], [B, L, R]
+        scores = torch.baddbmm(torch.bmm(q_lat, c.transpose(1, 2)), q[..., K - R:].transpose(0, 1), pe.transpose(1, 2))
+        p = torch.softmax(scores.mul_(self.qk_scale), dim=-1)  # [B, H, L]
+        o_lat = torch.bmm(p, c).transpose(0, 1)  # [H, B, r]
+        return torch.bmm(o_lat, W[:, K - R:].transpose(1, 2).to(q.dtype)).transpose(0, 1)  # [B, H, V]
+
     def _qk(self, x):
         """q [B, T, heads, K] and the keys every head reads [B, T, kv_heads (MLA: heads), K] (phi, the Taylor DSF)."""
         q, k, v = self._qkv(x)
@@ -792,14 +808,19 @@ class SoftmaxAttention(_Attention):
         c = self.config
         B, T, _ = x.shape
         H, Hkv, K = self.heads, self.kv_heads, self.head_qk
-        q, k = self.W_qk(x).split([H * K, Hkv * K], dim=-1)
-        if c.qk_norm == "full":
-            q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
-        q, k = q.view(B, T, H, K), k.view(B, T, Hkv, K)
-        if c.qk_norm == "head":
-            q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
-        if c.rope:
-            q, k = self._rope(start, q, k)
+        qk = self.W_qk(x)
+        if c.rope and c.qk_norm == "none":  # q and k rotated as one tensor of H + Hkv heads (the same arithmetic per head)
+            qk = self._rope(start, qk.view(B, T, H + Hkv, K))[0]
+            q, k = qk[:, :, :H], qk[:, :, H:]
+        else:
+            q, k = qk.split([H * K, Hkv * K], dim=-1)
+            if c.qk_norm == "full":
+                q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
+            q, k = q.view(B, T, H, K), k.view(B, T, Hkv, K)
+            if c.qk_norm == "head":
+                q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
+            if c.rope:
+                q, k = self._rope(start, q, k)
         if scaled and self.qk_scale != 1.0:
             q = q * self.qk_scale
         return q, k, self.W_v(x).view(B, T, Hkv, self.head_v)
@@ -813,6 +834,22 @@ class SoftmaxAttention(_Attention):
         if need_state and kv is None:
             kv = KVCache(window=self.config.window)
         q, k, v = self._qkv(x, start=kv.seen if kv is not None else 0, scaled=False)  # the op scales qᵀk
+        if mode == "step" and kv is not None and self.mla and self.sinks is None and self.alibi_slopes is None \
+                and self.config.softcap is None and q.dtype in (torch.float32, torch.float64):
+            heads = kv.append_step(k, v)  # the latent c and the rotary key of the new token, in place
+            if heads is not None:
+                o = self._mla_absorbed(q, *heads).unsqueeze(1)
+                return MixOut(self._gated_readout(o, x), {"kv": kv} if need_state else None,
+                              values=lambda: self._mla_expand(k, v)[1], mixed=o)
+        if mode == "step" and kv is not None and not self.mla:  # a decoding step: the token written into the cache in place
+            heads = kv.append_step(k, v)
+            if heads is not None:
+                B, H = q.shape[0], self.heads
+                o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, **self._score_options())
+                o = o.view(B, 1, H, -1)
+                y = self.W_o(o.flatten(2)) if self.W_g is None else self._gated_readout(o, x)
+                return MixOut(y, {"kv": kv} if need_state else None,
+                              values=lambda: repeat_kv(v, H // self.kv_heads), mixed=o)
         keys, vals = kv.append(k, v) if kv is not None else (k, v)  # every key the queries see: the cached ones and their own
         if self.mla:  # the cache holds the latent pair: every head's keys and values from it
             keys, vals = self._mla_expand(keys, vals)

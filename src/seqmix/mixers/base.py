@@ -231,6 +231,20 @@ class Cache:
 # ------------------------------------------------------------------------------------------
 
 
+def _compact(state: dict | None) -> dict | None:
+    """``state`` with each tensor that is a view of a larger one (a full-sequence call's last token: u[:, -1])
+    copied out, so that a cache does not keep the call's activations alive (a prefill of 16k tokens' inputs,
+    for a state of one token's)."""
+    if not state:
+        return state
+    out = None
+    for key, t in state.items():
+        if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 2 * t.numel() * t.element_size() + 64:
+            out = out if out is not None else dict(state)
+            out[key] = t.clone()
+    return out if out is not None else state
+
+
 @dataclass
 class MixOut:
     """What ``Mixer._forward`` returns.
@@ -363,8 +377,40 @@ class Mixer(nn.Module):
         extra = {"context": context} if self.uses_context else {}
         out = self._forward(x, state=state, mode=mode, need_state=cache is not None, **extra)
         if cache is not None:
-            cache.set(self, out.state)
+            cache.set(self, _compact(out.state) if x.shape[1] > 1 else out.state)
         return out.y
+
+    def decode_step(self, x: torch.Tensor, state: dict[str, Any] | None) -> tuple[torch.Tensor, dict[str, Any] | None]:
+        """One decoding step without :meth:`forward`'s input checks, for a caller that checked its input once
+        (interop's trusted step, DESIGN.md "the decode path"): x [B, 1, d] and this layer's state (a Cache
+        entry, or None) -> (y [B, 1, d], the new state). The same computation as ``forward(x, cache)`` with
+        the state in that cache (the "step" mode, or the mixer's own mode where it has no step)."""
+        mode = "step" if type(self).supports_step is Mixer.supports_step or self.supports_step else self.mode
+        if self.uses_context:
+            out = self._forward(x, state=state, mode=mode, need_state=True, context=None)
+        else:
+            out = self._forward(x, state=state, mode=mode, need_state=True)
+        return out.y, out.state
+
+    def layer_constant(self, key: str, fn, *params: torch.Tensor):
+        """``fn()``, a quantity of the layer that no token changes (a decay made of parameters alone:
+        RetNet's γ_h, Mamba's A = −exp(A_log)), computed once and kept for the calls that follow while
+        ``params`` (the tensors it is made of) are the same tensors at the same versions; computed anew where
+        autograd records them or torch.compile traces (the kept value is Python state)."""
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
+            return fn()
+        stamp = [key]
+        for p in params:
+            if p.is_inference():
+                return fn()
+            stamp += (id(p), p._version)
+        kept = self.__dict__.setdefault("_layer_constants", {})
+        e = kept.get(key)
+        if e is not None and e[0] == stamp:
+            return e[1]
+        value = fn()
+        kept[key] = (stamp, value)
+        return value
 
     def _forward(self, x: torch.Tensor, *, state: dict | None, mode: str, need_state: bool) -> MixOut:
         raise NotImplementedError

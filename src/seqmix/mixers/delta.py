@@ -278,9 +278,10 @@ class DeltaNet(Mixer):
             beta = 2 * beta
         g = None
         if c.decay == "head":  # Gated DeltaNet: log α = −A_h softplus(x W_a + b_Δ)  (= −Δ_t A, Mamba-2)
-            g = -self.A_log.exp() * F.softplus(self.W_a(x) + self.dt_bias)
+            g = self.layer_constant("a", lambda: -self.A_log.exp(), self.A_log) * F.softplus(self.W_a(x) + self.dt_bias)
         elif c.decay == "key":  # KDA-style: one gate per key channel
-            g = -self.A_log.exp().view(H, 1) * F.softplus(self.W_a(x) + self.dt_bias).view(B, T, H, K)
+            a = self.layer_constant("a", lambda: -self.A_log.exp().view(H, 1), self.A_log)
+            g = a * F.softplus(self.W_a(x) + self.dt_bias).view(B, T, H, K)
         if c.preconditioner == "atk":  # write with k̃ = k ⊙ M_t, erase with k: the op's b (the read key) is k
             k_write, A_T = self._precondition(x, k, state)
             if need_state:

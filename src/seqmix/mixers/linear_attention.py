@@ -590,15 +590,9 @@ class GeneralForm(Mixer):
         kind, delta = c.decay, None
         if kind == "none":
             return None, None
-        if kind == "fixed_head":  # not learned (RetNet, TransNormer): computed here, in the input's precision
-            h = torch.arange(H, dtype=torch.float64, device=u.device)
-            if c.head_decay_rates is not None:
-                log_gamma = -torch.tensor(c.head_decay_rates, dtype=torch.float64, device=u.device)
-            elif c.head_decay == "lightning":
-                log_gamma = -(2.0 ** (-8 * (h + 1) / H))
-            else:
-                log_gamma = torch.log1p(-(2.0 ** (-5 - h))) if c.head_decay == "retnet" else -8 * h / H
-            la = log_gamma.to(compute_dtype(u)).expand(B, T, H)  # float32 or wider: docs/scale.md
+        if kind == "fixed_head":  # not learned (RetNet, TransNormer): computed once per device and dtype
+            key = f"gamma {c.head_decay} {c.head_decay_rates} {u.device} {compute_dtype(u)}"
+            la = self.layer_constant(key, lambda: self._head_log_decay(u)).expand(B, T, H)
         elif kind == "fixed":
             la = (-torch.exp(upcast(self.w))).view(H, K).expand(B, T, H, K)
         elif kind == "lru":
@@ -630,6 +624,19 @@ class GeneralForm(Mixer):
         if c.tau != 1.0:
             la = la / c.tau
         return la, delta
+
+    def _head_log_decay(self, u):
+        """log γ_h [H] of the fixed per-head decays (RetNet's 1 − 2^(−5−h), lightning attention's, TransNormer's,
+        or ``head_decay_rates``), in float32 or wider (docs/scale.md), on u's device."""
+        c, H = self.config, self.H
+        h = torch.arange(H, dtype=torch.float64, device=u.device)
+        if c.head_decay_rates is not None:
+            log_gamma = -torch.tensor(c.head_decay_rates, dtype=torch.float64, device=u.device)
+        elif c.head_decay == "lightning":
+            log_gamma = -(2.0 ** (-8 * (h + 1) / H))
+        else:
+            log_gamma = torch.log1p(-(2.0 ** (-5 - h))) if c.head_decay == "retnet" else -8 * h / H
+        return log_gamma.to(compute_dtype(u))
 
     def _soft_cap(self, z):
         """xLSTM-7B's gate soft cap: cap·tanh(z/cap) (identity without gate_soft_cap)."""
@@ -733,13 +740,21 @@ class GeneralForm(Mixer):
         B, T, H, K = P.q.shape
         q = complex_(P.q[..., 0::2], P.q[..., 1::2])
         k = complex_(P.k[..., 0::2], -P.k[..., 1::2])
-        j2 = torch.arange(0, K, 2, dtype=compute_dtype(q.real), device=P.q.device)  # the phases in float32 or wider
-        theta = self.config.rotary_base ** (-j2 / K)
-        real = P.gk.unsqueeze(-1) if P.gk is not None else torch.zeros((), dtype=j2.dtype, device=P.q.device)
-        if self.config.xpos:  # relative factor ζ_j^{(t-s)/512}: a decay per pair
-            real = real + torch.log((j2 + 0.4 * K) / (1.4 * K)) / 512
+        dt = compute_dtype(q.real)  # the phases in float32 or wider
+        c = self.config
+        theta, zeta = self.layer_constant(f"rotary {K} {c.rotary_base} {c.xpos} {dt} {P.q.device}", lambda: self._rotary_phases(K, dt, P.q.device))
+        real = P.gk.unsqueeze(-1) if P.gk is not None else torch.zeros((), dtype=dt, device=P.q.device)
+        if zeta is not None:  # xPos's relative factor ζ_j^{(t-s)/512}: a decay per pair
+            real = real + zeta
         gk = complex_(real.expand(B, T, H, K // 2), theta.expand(B, T, H, K // 2))
         return q, k, gk
+
+    def _rotary_phases(self, K: int, dt, device):
+        """(θ_j = base^(−2j/K), log ζ_j / 512 with xPos else None), j = 0 .. K/2 − 1: the pair phases of the
+        rotary form (constants of the layer)."""
+        j2 = torch.arange(0, K, 2, dtype=dt, device=device)
+        theta = self.config.rotary_base ** (-j2 / K)
+        return theta, (torch.log((j2 + 0.4 * K) / (1.4 * K)) / 512 if self.config.xpos else None)
 
     def _recur(self, q, k, v, gk, S0, mode, need_state, delayed=False):
         """linear_recurrence on [B, T, H, K] inputs. With K == 1 (a vector state per head) the H
@@ -752,7 +767,7 @@ class GeneralForm(Mixer):
         V = v.shape[-1]
         if mode == "step" or delayed:  # one token: the step on the heads as they are (nothing to fold)
             o, S = recurrence_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0] if gk is not None else None, None, S0, scale=self._scale,
-                                   check_values=False, delayed=delayed)
+                                   check_values=False, check_shapes=False, delayed=delayed)
             return o.unsqueeze(1), S
         kw = dict(scale=self._scale, output_final_state=need_state, mode=mode, chunk_size=c.chunk_size, check_values=False)
         if K > 1:

@@ -35,7 +35,7 @@ from ..dsf import DSF
 from ..ops import linear_recurrence, recurrence_map
 from ..ops.precision import complex_, upcast
 from ..ops.conv import fft_conv, toeplitz
-from ..ops.selective_scan import selective_scan
+from ..ops.selective_scan import selective_scan, selective_scan_step
 from ..ops.ssm import (
     diagonal_ssm_conv, discretize, dplr_kernel, nplr_legs, rotate_pairs, s4d_init, ssm_final_state, ssm_free_response,
     ssm_scan, trapezoidal_map, trapezoidal_recurrence, vandermonde_kernel,
@@ -565,7 +565,7 @@ class S6(Mixer):
     @property
     def A(self) -> torch.Tensor:
         """A = -exp(A_log) [d_inner, d_state] (< 0; the paper's A is its negative)."""
-        return (-self.A_log.exp()).expand(self.d_inner, self.config.d_state)
+        return self.layer_constant("A", lambda: (-self.A_log.exp()).expand(self.d_inner, self.config.d_state), self.A_log)
 
     def _inputs(self, u, conv_state=None, need_state=False, pre_activation=False):
         """u [B, T, d_model] -> (x [B, T, D], z or None, Δ [B, T, D], b [B, T, n], c [B, T, n], conv state).
@@ -614,7 +614,11 @@ class S6(Mixer):
                 chunk_size=self.config.chunk_size, check_values=False,
             )
             y_core = o[..., 0] + self.D * x
-        else:  # "recurrent", "step", "auto": Mamba's selective scan (the same recurrence, fused backward)
+        elif mode == "step":  # one token: the scan's fused step, the state written in place where the caller allows it
+            y_core, S = selective_scan_step(x[:, 0], delta.expand_as(x)[:, 0], self.A, b[:, 0], c[:, 0], self.D,
+                                            state=S0[..., 0] if S0 is not None else None, delta_bias=self.dt_bias, delta_softplus=True)
+            y_core, S = y_core.unsqueeze(1), S.unsqueeze(-1)
+        else:  # "recurrent", "auto": Mamba's selective scan (the same recurrence, fused backward)
             # shared_delta's pre-activation [B, T, 1] is expanded (the kernel copies it to [B, T, D]; measured
             # as fast as or faster than the explicit Δ at the main job's size, and the gradient's sum over the
             # channels comes from expand's backward)
@@ -871,7 +875,7 @@ class SSD(Mixer):
         """(q, k, gk): q = C, k = ΔB, per-head log-decay Δ·a [B, T, H]; discretization 'discrete': k = B, log-decay −Δ."""
         if self.config.discretization == "discrete":
             return Cm, Bm, -delta
-        return Cm, delta.unsqueeze(-1) * Bm, delta * (-self.A_log.exp())
+        return Cm, delta.unsqueeze(-1) * Bm, delta * self.layer_constant("a", lambda: -self.A_log.exp(), self.A_log)
 
     # -- forward ---------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ..mixers.base import Cache
+from ..ops import states_in_place
 
 
 @dataclass
@@ -216,8 +217,10 @@ def extend(model, input_ids: torch.Tensor, state: RaggedState, *, last_only: boo
 
 
 def step(model, tokens: torch.Tensor, state: RaggedState) -> torch.Tensor:
-    """Feeds one token per row ([B] or [B, 1]) and returns the next-token logits [B, vocab]."""
-    return extend(model, tokens.reshape(-1, 1), state)[:, -1]
+    """Feeds one token per row ([B] or [B, 1]) and returns the next-token logits [B, vocab]. The state's
+    tensors are updated in place (:func:`seqmix.ops.states_in_place`: the decoding state is generate's)."""
+    with states_in_place():
+        return extend(model, tokens.reshape(-1, 1), state)[:, -1]
 
 
 # ------------------------------------------------------------------------------------------

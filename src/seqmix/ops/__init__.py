@@ -14,7 +14,8 @@ from .features import FEATURE_MAPS, apply_feature_map, taylor_feature_dim, taylo
 from .recurrence import linear_recurrence, recurrence_map, recurrence_step
 from .delta_rule import MODES as DELTA_RULE_MODES
 from .delta_rule import delta_product, delta_product_map, delta_rule, delta_rule_map, delta_rule_step
-from .selective_scan import selective_scan
+from .selective_scan import selective_scan, selective_scan_step
+from .inplace import states_in_place
 from .stabilizer import max_stabilizer
 from .lse_gate import lse_gate
 from .cyclic_clock import clock_atom, clock_phases, cyclic_readout, readout_basis
@@ -50,7 +51,7 @@ __all__ = [
     "softmax_attention", "attention_probs", "attention_step", "attention_mask", "kv_cache_trim", "ATTENTION_MODES",
     "attention_decode", "alibi_slopes", "KVCache", "repeat_kv", "rotary", "rotary_angles", "rotary_cos_sin", "apply_rotary", "RotaryTable", "rotary_reference", "rope_frequencies", "check_rope_scaling", "ROPE_SCALINGS",
     "FEATURE_MAPS", "apply_feature_map", "taylor_features", "taylor_feature_dim",
-    "selective_scan", "max_stabilizer", "lse_gate", "clock_atom", "clock_phases", "cyclic_readout", "readout_basis", "momentum_delta_rule", "momentum_delta_rule_map", "MOMENTUM_DELTA_MODES",
+    "selective_scan", "selective_scan_step", "states_in_place", "max_stabilizer", "lse_gate", "clock_atom", "clock_phases", "cyclic_readout", "readout_basis", "momentum_delta_rule", "momentum_delta_rule_map", "MOMENTUM_DELTA_MODES",
     "moba_attention", "moba_mask", "moba_probs", "nsa_attention", "nsa_probs", "deltaformer_attention", "deltaformer_probs", "parallax_attention", "parallax_probs", "wall_attention", "wall_probs", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose", "vandermonde_kernel",
     "cauchy", "dplr_kernel", "hippo_legs", "nplr_legs", "s4d_init", "ssm_scan", "ssm_free_response", "ssm_final_state",
     "diagonal_ssm_conv", "delta_product", "delta_product_map",

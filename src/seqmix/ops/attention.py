@@ -448,28 +448,33 @@ def kv_cache_trim(k: torch.Tensor, v: torch.Tensor, window: int | None):
 
 
 def attention_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, scale: float | None = None,
-                     softcap: float | None = None, alibi: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     softcap: float | None = None, alibi: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                     heads_first: bool = False) -> torch.Tensor:
     """One query per sequence over the keys it sees (every one of them): a decoding step's read.
 
     q [B, H, K]; keys [B, L, Hkv, K], values [B, L, Hkv, V] (any strides: views of a
-    :class:`KVCache`'s buffers), the last key the query's own (ALiBi's lags: L − 1 − l).
+    :class:`KVCache`'s buffers), the last key the query's own (ALiBi's lags: L − 1 − l); ``heads_first``:
+    keys [B, Hkv, L, K], values [B, Hkv, L, V] (:meth:`KVCache.append_step`'s views, read without a transpose).
     ``softcap``, ``alibi``, ``sinks`` as in :func:`softmax_attention`. Returns o [B, H, V].
-    Scores and softmax in float32 or wider: in float32 and float64 without those options, one SDPA
-    call (no mask: the query sees every key); otherwise the explicit scores and softmax.
+    Scores and softmax in float32 or wider: in float32 and float64 without softcap and sinks, one SDPA
+    call (no mask: the query sees every key; ALiBi's lags as its additive mask); otherwise the explicit
+    scores and softmax.
     """
     B, H, K = q.shape
-    Hkv, L = keys.shape[2], keys.shape[1]
+    Hkv, L = (keys.shape[1], keys.shape[2]) if heads_first else (keys.shape[2], keys.shape[1])
     scale = _scale(scale, K, "attention_decode")
-    if softcap is None and alibi is None and sinks is None and q.dtype in (torch.float32, torch.float64) \
-            and keys.dtype == values.dtype == q.dtype:
-        o = F.scaled_dot_product_attention(q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2), scale=scale,
-                                           enable_gqa=H != Hkv)  # [B, H, 1, V]
+    kh, vh = (keys, values) if heads_first else (keys.transpose(1, 2), values.transpose(1, 2))  # [B, Hkv, L, ·]
+    if softcap is None and sinks is None and q.dtype in (torch.float32, torch.float64) and keys.dtype == values.dtype == q.dtype:
+        bias = None
+        if alibi is not None:  # ALiBi: the score of key l less slope_h · (L − 1 − l), as SDPA's additive mask
+            lag = torch.arange(1 - L, 1, device=q.device, dtype=q.dtype)
+            bias = (alibi.to(q.dtype).view(1, H, 1, 1) * lag)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), kh, vh, attn_mask=bias, scale=scale, enable_gqa=H != Hkv)  # [B, H, 1, V]
         return o.view(B, H, -1)
     dt = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     with autocast_off(q.device.type):
-        q, keys, values_ = (t if t.dtype == dt else t.to(dt) for t in (q, keys, values))
+        q, kh, vh = (t if t.dtype == dt else t.to(dt) for t in (q, kh, vh))
         qg = q.view(B, Hkv, H // Hkv, K)  # query heads grouped by the kv head they read
-        kh, vh = keys.transpose(1, 2), values_.transpose(1, 2)  # [B, Hkv, L, ·]
         bias = None
         if alibi is not None:
             lag = torch.arange(L - 1, -1, -1, device=q.device, dtype=dt)
@@ -533,11 +538,14 @@ class KVCache:
     time order; ``keys`` / ``values`` are views of them in the ops' layout [B, L, Hkv, ·].
 
     * :meth:`append` writes new tokens into free slots: no torch.cat per token. When they do
-      not fit, the buffers are reallocated: without a window the capacity C doubles (at least
-      ``BLOCK`` slots), so a token costs amortized O(1) copies; with a window w only the last
+      not fit, the buffers are reallocated: without a window the capacity C doubles (at least the
+      tokens plus ``BLOCK`` slots: a prefill leaves room for decoding), so a token costs amortized O(1)
+      copies; with a window w only the last
       w - 1 tokens are kept, moved to the front of a buffer of max(2(w - 1), w - 1 + BLOCK)
       slots (one move of w - 1 tokens every >= w - 1 appends). A multi-token append with a
       window attends over torch.cat(cache, new) once per call and keeps the last w - 1.
+    * :meth:`append_step` writes one token (a decoding step) where it fits and returns the buffers'
+      head-first views, the layout of the read and of transformers' cache.
     * While autograd records (grad enabled and a tensor that requires grad), appends are
       functional (torch.cat, no buffer written in place): the keys of earlier steps are saved
       for the backward pass, so writing into their buffer would invalidate it.
@@ -667,9 +675,30 @@ class KVCache:
             self.start = max(self.start, self.end - self.keep)
         return keys, values
 
+    def append_step(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One token (a decoding step) written into the next free slot, in place: k [B, 1, Hkv, K], v [B, 1, Hkv, V]
+        of the buffers' batch, heads, widths and dtype. Returns (keys [B, Hkv, L + 1, K], values [B, Hkv, L + 1, V]):
+        head-first views of every key the new query sees (as :meth:`append`'s, heads first: the read takes them
+        without a transpose), valid until the next append; or None, writing nothing, where the token does not fit
+        the buffers so (no buffers yet, no free slot, another shape or dtype, a functional append under autograd):
+        the caller then runs :meth:`append`."""
+        kb, vb = self.k, self.v
+        if kb is None or self.end >= kb.shape[2] or k.dtype != kb.dtype or v.dtype != vb.dtype or self._functional(k, v):
+            return None
+        B, H, _, K = kb.shape
+        if k.shape != (B, 1, H, K) or v.shape != (B, 1, H, vb.shape[3]):
+            return None
+        e, start = self.end, self.start
+        kb[:, :, e:e + 1] = k.view(B, H, 1, K)  # (a view: the token axis has size 1)
+        vb[:, :, e:e + 1] = v.view(B, H, 1, -1)
+        self.end, self.seen = e + 1, self.seen + 1
+        if self.window is not None:
+            self.start = max(start, self.end - self.window + 1)
+        return kb[:, :, start:e + 1], vb[:, :, start:e + 1]
+
     def _capacity(self, need: int) -> int:
-        """Slots of a new buffer that must hold ``need`` tokens: doubling without a window,
-        bounded with one."""
+        """Slots of a new buffer that must hold ``need`` tokens: doubling without a window (and room for
+        ``BLOCK`` more: the decoding steps after a prefill), bounded with one."""
         if self.window is None:
-            return max(2 * self.capacity, need, self.BLOCK)
+            return max(2 * self.capacity, need + self.BLOCK)
         return max(2 * self.keep, self.keep + self.BLOCK, need)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from . import backends as _backends
 from .._checks import check_finite, check_positive_int, check_shape, check_tensor, fmt_shape
+from .inplace import owned, writable
 from .precision import full_precision
 
 __all__ = ["fft_conv", "direct_conv", "toeplitz", "causal_conv1d", "causal_conv1d_step", "fft_size"]
@@ -168,20 +169,29 @@ def causal_conv1d(x, weight, bias=None, state=None, *, activation: str | None = 
         y = F.silu(y)
     elif activation is not None:
         raise ValueError(f"causal_conv1d: unknown activation {activation!r}; expected None or 'silu'")
-    new_state = full[:, full.shape[1] - (W - 1) :].transpose(1, 2) if output_final_state else None
+    # (a copy: a view would keep the whole of ``full``, the call's input, alive in the cache)
+    new_state = full[:, full.shape[1] - (W - 1) :].transpose(1, 2).clone() if output_final_state else None
     return y, new_state
 
 
 def causal_conv1d_step(x, weight, bias=None, state=None, *, activation: str | None = None):
-    """One token: x [B, C], state [B, C, W-1] -> (y [B, C], new state [B, C, W-1])."""
-    C, W = _check_short(x, weight, bias, state, "causal_conv1d_step", step=True)
-    prev = state.to(x.dtype) if state is not None else x.new_zeros(x.shape[0], C, W - 1)
+    """One token: x [B, C], state [B, C, W-1] -> (y [B, C], new state [B, C, W-1]). Inside
+    :func:`~seqmix.ops.inplace.states_in_place` the state is shifted in place (the returned state is the given
+    tensor) and the arguments are not checked."""
+    if owned():
+        C, W = weight.shape
+    else:
+        C, W = _check_short(x, weight, bias, state, "causal_conv1d_step", step=True)
+    prev = state if state is not None and state.dtype == x.dtype else state.to(x.dtype) if state is not None \
+        else x.new_zeros(x.shape[0], C, W - 1)
     window = torch.cat([prev, x.unsqueeze(-1)], dim=-1)  # [B, C, W]
-    y = (window * weight.to(x.dtype)).sum(-1)
+    y = (window * (weight if weight.dtype == x.dtype else weight.to(x.dtype))).sum(-1)
     if bias is not None:
-        y = y + bias.to(x.dtype)
+        y = y + (bias if bias.dtype == x.dtype else bias.to(x.dtype))
     if activation == "silu":
         y = F.silu(y)
     elif activation is not None:
         raise ValueError(f"causal_conv1d_step: unknown activation {activation!r}; expected None or 'silu'")
+    if W > 1 and prev is state and writable(state, x.dtype):
+        return y, state.copy_(window[..., 1:])
     return y, window[..., 1:]

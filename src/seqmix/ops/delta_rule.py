@@ -54,7 +54,8 @@ from einops import rearrange
 
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape, reads_values
 from .precision import full_precision
-from .recurrence import _compute_dtype, _exp_where, _tile_size, _tiled_scores
+from .inplace import writable
+from .recurrence import _compute_dtype, _exp_where, _read, _step_dtype, _tile_size, _tiled_scores
 
 MODES = ("recurrent", "chunk", "parallel", "step")
 BETA_MAX = 2.0
@@ -393,6 +394,12 @@ def delta_rule(
     Returns:
         (o [B, T, H, V], final_state [B, H, K, V] or None)
     """
+    if mode == "step" and not check_values and q.dim() == 4 and q.shape[1] == 1:
+        # a mixer's decoding step on inputs it built (check_values=False): the step itself, no argument checks
+        o, S = delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0] if g is not None else None, initial_state,
+                               scale=scale, check_values=False, check_shapes=False, a=a[:, 0] if a is not None else None,
+                               b=b[:, 0] if b is not None else None)
+        return o.unsqueeze(1), (S if output_final_state else None)
     check_choice("mode", mode, MODES + ("auto",), _WHERE)
     check_positive_int("chunk_size", chunk_size, _WHERE)
     K, V = _check_inputs(q, k, v, beta, g, initial_state, check_values=check_values, where=_WHERE, a=a, b=b)
@@ -401,7 +408,7 @@ def delta_rule(
         if T != 1:
             raise ValueError(f"{_WHERE}: mode 'step' takes one token (T == 1), got T = {T}; use 'recurrent' or 'chunk'")
         o, S = delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g[:, 0] if g is not None else None, initial_state,
-                               scale=scale, check_values=False, a=a[:, 0] if a is not None else None,
+                               scale=scale, check_values=False, check_shapes=False, a=a[:, 0] if a is not None else None,
                                b=b[:, 0] if b is not None else None)
         return o.unsqueeze(1), (S if output_final_state else None)
     dt = _compute_dtype(q, k, v, beta, g, initial_state, a, b)
@@ -432,24 +439,56 @@ def delta_rule_step(
     *,
     scale: float = 1.0,
     check_values: bool = True,
+    check_shapes: bool = True,
     a: torch.Tensor | None = None,
     b: torch.Tensor | None = None,
 ):
     """One decoding step. q, k [B, H, K]; v [B, H, V]; beta [B, H]; g [B, H] or [B, H, K] or None;
     state [B, H, K, V] or None (zeros); a, b [B, H, K] or None (the general rank-one pair of
-    ``delta_rule``). Returns (o [B, H, V], new state [B, H, K, V])."""
+    ``delta_rule``). Returns (o [B, H, V], new state [B, H, K, V]): :func:`fused_step`, the state written
+    in place inside :func:`~seqmix.ops.inplace.states_in_place`. ``check_shapes=False``: a caller that built
+    the inputs itself (a mixer's decoding step) skips the argument checks too."""
     where = "delta_rule_step"
-    K, V = _check_inputs(q, k, v, beta, g, state, check_values=check_values, where=where, step=True, a=a, b=b)
-    dt = _compute_dtype(q, k, v, beta, g, state, a, b)
-    a, b = (x.to(dt) if x is not None else None for x in (a, b))
-    q, k, v, beta, g, S, out_dtype = _prep(q, k, v, beta, g, state, dt)
-    if S is None:
-        S = torch.zeros(q.shape[0], q.shape[1], K, V, dtype=q.dtype, device=q.device)
-    a_decay = None
-    if g is not None:
-        a_decay = (g.unsqueeze(-1) if g.dim() == 2 else g).exp()
-    o, S = _step(S, q, k, v, beta, a_decay, scale, a, b)
-    return o.to(out_dtype), S
+    if check_shapes or check_values:
+        _check_inputs(q, k, v, beta, g, state, check_values=check_values, where=where, step=True, a=a, b=b)
+    dt = _step_dtype(q, k, v, beta, g, state, a, b)
+    out_dtype = q.dtype
+    if q.dtype != dt or k.dtype != dt or v.dtype != dt or beta.dtype != dt or any(x is not None and x.dtype != dt for x in (g, a, b)):
+        q, k, v, beta, g, a, b = (x if x is None or x.dtype == dt else x.to(dt) for x in (q, k, v, beta, g, a, b))
+    if state is None:
+        S, in_place = torch.zeros(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], dtype=dt, device=q.device), True
+    else:
+        S, in_place = (state, True) if writable(state, dt) else (state if state.dtype == dt else state.to(dt), False)
+    o, S = fused_step(S, q, k, v, beta, g, scale, a, b, in_place)
+    return (o if o.dtype == out_dtype else o.to(out_dtype)), S
+
+
+def fused_step(S, q, k, v, beta, g, scale, a=None, b=None, in_place=False):
+    """The step of :func:`_step` (the reference) in as few kernels as it takes: decay S in place, read
+    k S and b S as batched matmuls, write the rank-one corrections with ``addcmul_``, read o = scale · q S.
+
+    S [B, H, K, V]; q, k [B, H, K]; v [B, H, V]; beta [B, H]; g [B, H] or [B, H, K] or None (log-decay:
+    not exponentiated, unlike :func:`_step`); a, b [B, H, K] or None (the general pair: S ← S + aᵀ(b S) +
+    β kᵀ v). Every tensor in the compute dtype. ``in_place``: S is the caller's to overwrite (the returned
+    state is S itself); otherwise S is left as it is. Returns (o [B, H, V], the new state)."""
+    fresh = in_place
+    if g is not None:  # [B, H, K, 1] key-wise or [B, H, 1, 1] per head
+        d = g.exp()
+        d = d.unsqueeze(-1) if g.dim() == 3 else d.view(*d.shape, 1, 1)
+        S = S.mul_(d) if fresh else S * d
+        fresh = True
+    if not fresh:
+        S = S.clone()
+    beta_ = beta.view(*beta.shape, 1, 1)
+    if a is None and b is None:  # S ← S + kᵀ (β (v − k S)): the value under k moves a fraction β toward v
+        u = (v - _read(k, S)).mul_(beta_[..., 0])  # [B, H, V]
+        S.addcmul_(k.unsqueeze(-1), u.unsqueeze(-2))
+    else:  # S ← S + aᵀ (b S) + β kᵀ v, with a = −β k and b = k where not given
+        r = _read(k if b is None else b, S)  # b S [B, H, V], of the decayed S
+        S.addcmul_((-beta_[..., 0] * k if a is None else a).unsqueeze(-1), r.unsqueeze(-2))
+        S.addcmul_(k.unsqueeze(-1), v.unsqueeze(-2) * beta_)
+    o = _read(q, S)
+    return (o.mul_(scale) if scale != 1.0 else o), S
 
 
 @full_precision

@@ -87,8 +87,12 @@ def full_precision(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        device = next((a.device.type for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), "cpu")
-        with autocast_off(device):
+        first = args[0] if args else None
+        device = first.device.type if isinstance(first, torch.Tensor) else \
+            next((a.device.type for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), "cpu")
+        if not autocast_enabled(device):  # (the common case: no context to enter)
+            return fn(*args, **kwargs)
+        with torch.autocast(device, enabled=False):
             return fn(*args, **kwargs)
 
     return wrapper

@@ -64,6 +64,7 @@ from einops import rearrange
 from . import backends as _backends
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape, reads_values
 from .autograd import first_order
+from .inplace import writable
 from .precision import autocast_off, full_precision
 
 MODES = ("recurrent", "scan", "chunk", "parallel", "step")
@@ -908,7 +909,9 @@ def linear_recurrence(
             paper drops it, hence the default 1).
         initial_state: [B, H, K, V] or None (zeros).
         output_final_state: also return S_T.
-        mode: "recurrent", "scan", "chunk", "parallel", "step" (T == 1) or "auto".
+        mode: "recurrent", "scan", "chunk", "parallel", "step" (T == 1) or "auto". "step" with
+            ``check_values=False`` (a mixer's decoding step on inputs it built) runs the step without the
+            argument checks.
         chunk_size: C of the chunk mode (any T works; the tail chunk is padded); None picks
             it from the shape by the rule measured on CPU (:func:`chunk_size_for`).
         sub_chunk_size: upper bound on the tile c used for key/value-wise decays in chunk mode (every tile
@@ -928,6 +931,12 @@ def linear_recurrence(
     Returns:
         (o [B, T, H, V], final_state [B, H, K, V] or None)
     """
+    if mode == "step" and not check_values and backend == "auto" and q.dim() == 4 and q.shape[1] == 1:
+        # a mixer's decoding step on inputs it built (check_values=False): the step itself, no argument checks
+        # and no backend lookup (no kernel backend runs a step)
+        o, S = _recurrence_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0] if gk is not None else None,
+                                gv[:, 0] if gv is not None else None, initial_state, scale)
+        return o.unsqueeze(1), (S if output_final_state else None)
     check_choice("mode", mode, MODES + ("auto",), _WHERE)
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size, _WHERE)
@@ -1001,34 +1010,81 @@ def recurrence_step(
     *,
     scale: float = 1.0,
     check_values: bool = True,
+    check_shapes: bool = True,
     delayed: bool = False,
 ):
     """One decoding step. q, k [B, H, K]; v [B, H, V]; gk [B, H, K] or [B, H]; gv [B, H, V];
-    state [B, H, K, V] or None (zeros). Returns (o [B, H, V], new state [B, H, K, V]).
+    state [B, H, K, V] or None (zeros). Returns (o [B, H, V], new state [B, H, K, V]): :func:`fused_step`,
+    the state written in place inside :func:`~seqmix.ops.inplace.states_in_place`.
     ``delayed``: o = scale·q S_{t-1}, the state before this token's write (RWKV's bonus form, where the
     current token enters through a term of its own; the full-sequence modes get it by shifting k, v
-    and the decay one step later)."""
-    _check_inputs(q, k, v, gk, gv, state, check_values=check_values, where="recurrence_step", step=True)
+    and the decay one step later). ``check_shapes=False`` (with ``check_values=False``): a caller that
+    built the inputs itself (a mixer's decoding step) skips the argument checks."""
+    if check_shapes or check_values:
+        _check_inputs(q, k, v, gk, gv, state, check_values=check_values, where="recurrence_step", step=True)
     return _recurrence_step(q, k, v, gk, gv, state, scale, delayed)
 
 
 def _recurrence_step(q, k, v, gk, gv, state, scale, delayed=False):
-    """:func:`recurrence_step` after its checks (shapes as there; autocast already off)."""
-    B, H, K = q.shape
-    V = v.shape[-1]
-    dt = _compute_dtype(q, k, v, gk, gv, state)
+    """:func:`recurrence_step` after its checks (shapes as there; autocast already off): :func:`fused_step` in
+    the compute dtype, the state written in place inside :func:`~seqmix.ops.inplace.states_in_place`."""
+    dt = _step_dtype(q, k, v, gk, gv, state)
     out_dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) and not dt.is_complex else dt
-    def as_dt(t):  # (a cast to the dtype a tensor has costs a call per step)
-        return t if t.dtype == dt else t.to(dt)
-
     if state is None:
-        state = torch.zeros(B, H, K, V, dtype=dt, device=q.device)
-    ak = None
-    if gk is not None:
-        ak = as_dt(gk.unsqueeze(-1) if gk.dim() == 2 else gk).exp()
-    av = as_dt(gv).exp() if gv is not None else None
-    o, S = _step(as_dt(state), as_dt(q), as_dt(k), as_dt(v), ak, av, scale, delayed)
-    return as_dt(o) if out_dtype == dt else o.to(out_dtype), S
+        S, in_place = torch.zeros(q.shape[0], q.shape[1], q.shape[2], v.shape[-1], dtype=dt, device=q.device), True
+    else:
+        S, in_place = (state, True) if writable(state, dt) else (state if state.dtype == dt else state.to(dt), False)
+    if q.dtype != dt or k.dtype != dt or v.dtype != dt or (gk is not None and gk.dtype != dt) or (gv is not None and gv.dtype != dt):
+        q, k, v, gk, gv = (t if t is None or t.dtype == dt else t.to(dt) for t in (q, k, v, gk, gv))
+    o, S = fused_step(S, q, k, v, gk, gv, scale, delayed, in_place)
+    return (o if out_dtype == dt else o.to(out_dtype)), S
+
+
+def _step_dtype(*tensors) -> torch.dtype:
+    """:func:`_compute_dtype` with the common case first: every tensor of one full-precision dtype."""
+    dt = tensors[0].dtype
+    if dt in (torch.float32, torch.float64):
+        for t in tensors:
+            if t is not None and t.dtype != dt:
+                return _compute_dtype(*tensors)
+        return dt
+    return _compute_dtype(*tensors)
+
+
+def fused_step(S, q, k, v, gk, gv, scale, delayed=False, in_place=False):
+    """One step of the recurrence in as few kernels as it takes: the same update as :func:`_step` (the
+    reference), S ← (exp(gk)ᵀ exp(gv)) ⊙ S + kᵀ v as an in-place decay (``mul_``) and one ``addcmul_``, and the
+    read o = scale · q S as one batched matmul (``delayed``: of the state before the update).
+
+    S [B, H, K, V]; q, k [B, H, K]; v [B, H, V]; gk [B, H, K] (key-wise) or [B, H] (per head) or None;
+    gv [B, H, V] or None: log-decays (not exponentiated, unlike :func:`_step`). Every tensor in the compute
+    dtype. ``in_place``: S is the caller's to overwrite (the returned state is S itself); otherwise S is left
+    as it is and a new state is returned. Returns (o [B, H, V], the new state)."""
+    o = _read(q, S) if delayed else None
+    fresh = in_place  # whether S may be written: the caller's buffer, or a tensor made here
+    if gk is not None:  # key-wise [B, H, K, 1] or per head [B, H, 1, 1]
+        a = gk.exp()
+        a = a.unsqueeze(-1) if gk.dim() == 3 else a.view(*a.shape, 1, 1)
+        S = S.mul_(a) if fresh else S * a
+        fresh = True
+    if gv is not None:  # value-wise [B, H, 1, V]
+        a = gv.exp().unsqueeze(-2)
+        S = S.mul_(a) if fresh else S * a
+        fresh = True
+    k_, v_ = k.unsqueeze(-1), v.unsqueeze(-2)
+    S = S.addcmul_(k_, v_) if fresh else torch.addcmul(S, k_, v_)
+    if not delayed:
+        o = _read(q, S)
+    return (o.mul_(scale) if scale != 1.0 else o), S
+
+
+def _read(q: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """q S per head: q [B, H, K], S [B, H, K, V] -> [B, H, V], one batched matrix-vector product (``bmm`` on
+    [B·H] heads where S's layout allows it without a copy)."""
+    B, H, K = q.shape
+    if S.is_contiguous():
+        return torch.bmm(q.reshape(B * H, 1, K), S.view(B * H, K, -1)).view(B, H, -1)
+    return torch.matmul(q.unsqueeze(-2), S).squeeze(-2)
 
 
 @full_precision

@@ -63,12 +63,13 @@ import torch.nn.functional as F
 from . import backends as _backends
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape, reads_values
 from .autograd import first_order
+from .inplace import writable
 from .precision import backward_autocast_off, full_precision
 
 MODES = ("reference", "chunked", "fused")
 _WHERE = "selective_scan"
 
-__all__ = ["selective_scan", "scan_chunk_size", "MODES"]
+__all__ = ["selective_scan", "selective_scan_step", "scan_chunk_size", "MODES"]
 
 
 def _scan_reference(a, b, c, h):
@@ -94,6 +95,47 @@ def _contract_d(w: torch.Tensor, X: torch.Tensor, like: torch.Tensor) -> torch.T
         T, Bt, D, N = X.shape
         return (w.reshape(T * Bt, 1, D) @ X.reshape(T * Bt, D, N)).reshape(T, Bt, 1, N)
     return w.unsqueeze(-1) * X
+
+
+def fused_step(h, x, delta, A, B, C, D=None, in_place=False):
+    """One step of :func:`_scan_reference` in as few kernels as it takes: h ← exp(Δ A) ⊙ h + (Δ x) ⊗ B
+    (an in-place decay and one ``addcmul_``), y = h C (+ D x).
+
+    h [B, D, N]; x, delta (Δ, after its activation) [B, D]; A [D, N]; B, C [B, N] (shared by the channels) or
+    [B, D, N]; D [D] or None. Every tensor in the compute dtype. ``in_place``: h is the caller's to overwrite
+    (the returned state is h itself); otherwise h is left as it is. Returns (y [B, D], the new state)."""
+    a = torch.exp(delta.unsqueeze(-1) * A)  # [B, D, N]
+    h = h.mul_(a) if in_place else h * a
+    u = (delta * x).unsqueeze(-1)
+    h.addcmul_(u, B.unsqueeze(1) if B.dim() == 2 else B)
+    y = torch.matmul(h, C.unsqueeze(-1)).squeeze(-1) if C.dim() == 2 else torch.linalg.vecdot(h, C)
+    return (y.addcmul_(D, x) if D is not None else y), h
+
+
+@full_precision
+def selective_scan_step(x, delta, A, B, C, D=None, *, state=None, delta_bias=None, delta_softplus=False):
+    """One decoding step of :func:`selective_scan` for inputs a caller built itself (a mixer's decoding step:
+    no argument checks): x, delta [B, D]; A [D, N]; B, C [B, N] or [B, D, N]; D [D] or None; state [B, D, N]
+    or None (zeros); Δ = softplus(delta + delta_bias) with ``delta_softplus``, else delta (+ delta_bias), as
+    there. Returns (y [B, D], new state [B, D, N]): :func:`fused_step` in the compute dtype (float32 for half
+    inputs), the state written in place inside :func:`~seqmix.ops.inplace.states_in_place`."""
+    if delta_bias is not None:
+        delta = delta + delta_bias
+    if delta_softplus:
+        delta = F.softplus(delta)
+    out_dtype = dt = x.dtype
+    if dt not in (torch.float32, torch.float64) or delta.dtype != dt or A.dtype != dt or B.dtype != dt or C.dtype != dt \
+            or (D is not None and D.dtype != dt) or (state is not None and state.dtype != dt):
+        dt = torch.promote_types(torch.promote_types(x.dtype, delta.dtype), torch.promote_types(A.dtype, B.dtype))
+        dt = torch.promote_types(dt, C.dtype)
+        dt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+        x, delta, A, B, C, D = (t if t is None or t.dtype == dt else t.to(dt) for t in (x, delta, A, B, C, D))
+    if state is None:
+        h, in_place = torch.zeros(x.shape[0], x.shape[1], A.shape[1], dtype=dt, device=x.device), True
+    else:
+        h, in_place = (state, True) if writable(state, dt) else (state if state.dtype == dt else state.to(dt), False)
+    y, h = fused_step(h, x, delta, A, B, C, D, in_place)
+    return (y if y.dtype == out_dtype else y.to(out_dtype)), h
 
 
 class _FusedScan(torch.autograd.Function):

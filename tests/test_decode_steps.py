@@ -1,0 +1,183 @@
+"""The fused decoding steps of the three op families (seqmix.ops: the general form's recurrence, the delta
+rule, the selective scan) against their reference steps, and the in-place state writes of
+``states_in_place``: float64 tight, float32 relative (tests/tolerances.py)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from tolerances import F32_RTOL, F64_ATOL, max_abs, rel_err
+
+from seqmix.ops import delta_rule_step, recurrence_step, selective_scan, selective_scan_step, states_in_place
+
+# the op modules (seqmix.ops exports functions under the names of two of them)
+dr = importlib.import_module("seqmix.ops.delta_rule")
+rec = importlib.import_module("seqmix.ops.recurrence")
+ss = importlib.import_module("seqmix.ops.selective_scan")
+
+B, H, K, V, D, N = 2, 3, 4, 5, 6, 4
+
+
+def _close(a, b, dtype):
+    if dtype == torch.float64:
+        assert max_abs(a, b) < F64_ATOL
+    else:
+        assert rel_err(a, b) < F32_RTOL
+
+
+def _rand(*shape, dtype, g=None, complex_=False):
+    t = torch.randn(*shape, dtype=dtype, generator=g)
+    return torch.complex(t, torch.randn(*shape, dtype=dtype, generator=g)) if complex_ else t
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("decay", ["key", "head", "value", "both", "none"])
+@pytest.mark.parametrize("delayed", [False, True])
+def test_recurrence_fused_step_equals_reference(dtype, decay, delayed):
+    g = torch.Generator().manual_seed(0)
+    q, k = _rand(B, H, K, dtype=dtype, g=g), _rand(B, H, K, dtype=dtype, g=g)
+    v, S = _rand(B, H, V, dtype=dtype, g=g), _rand(B, H, K, V, dtype=dtype, g=g)
+    gk = {"key": -torch.rand(B, H, K, dtype=dtype, generator=g), "head": -torch.rand(B, H, dtype=dtype, generator=g),
+          "both": -torch.rand(B, H, K, dtype=dtype, generator=g)}.get(decay)
+    gv = -torch.rand(B, H, V, dtype=dtype, generator=g) if decay in ("value", "both") else None
+    ak = None if gk is None else (gk.exp() if gk.dim() == 3 else gk.exp().unsqueeze(-1))
+    o_ref, S_ref = rec._step(S, q, k, v, ak, gv.exp() if gv is not None else None, 0.5, delayed)
+    S0 = S.clone()
+    o, S_new = rec.fused_step(S, q, k, v, gk, gv, 0.5, delayed, in_place=False)
+    _close(o, o_ref, dtype)
+    _close(S_new, S_ref, dtype)
+    assert torch.equal(S, S0), "out of place: the given state is left as it is"
+    o2, S2 = rec.fused_step(S, q, k, v, gk, gv, 0.5, delayed, in_place=True)
+    assert S2 is S, "in place: the returned state is the given buffer"
+    _close(o2, o_ref, dtype)
+    _close(S2, S_ref, dtype)
+
+
+def test_recurrence_fused_step_complex():
+    """Complex q, k, decays (S4D, LRU, the rotary general form): the same update."""
+    g = torch.Generator().manual_seed(1)
+    q, k = _rand(B, H, K, dtype=torch.float64, g=g, complex_=True), _rand(B, H, K, dtype=torch.float64, g=g, complex_=True)
+    v, S = _rand(B, H, V, dtype=torch.float64, g=g, complex_=True), _rand(B, H, K, V, dtype=torch.float64, g=g, complex_=True)
+    gk = torch.complex(-torch.rand(B, H, K, dtype=torch.float64, generator=g), torch.randn(B, H, K, dtype=torch.float64, generator=g))
+    o_ref, S_ref = rec._step(S, q, k, v, gk.exp(), None, 1.0)
+    o, S_new = rec.fused_step(S.clone(), q, k, v, gk, None, 1.0, in_place=True)
+    assert max_abs(o, o_ref) < F64_ATOL and max_abs(S_new, S_ref) < F64_ATOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("decay", ["head", "key", "none"])
+@pytest.mark.parametrize("pair", [False, True])
+def test_delta_rule_fused_step_equals_reference(dtype, decay, pair):
+    g = torch.Generator().manual_seed(2)
+    q, k = _rand(B, H, K, dtype=dtype, g=g), torch.nn.functional.normalize(_rand(B, H, K, dtype=dtype, g=g), dim=-1)
+    v, S = _rand(B, H, V, dtype=dtype, g=g), _rand(B, H, K, V, dtype=dtype, g=g)
+    beta = torch.rand(B, H, dtype=dtype, generator=g)
+    lg = {"head": -torch.rand(B, H, dtype=dtype, generator=g), "key": -torch.rand(B, H, K, dtype=dtype, generator=g)}.get(decay)
+    a = _rand(B, H, K, dtype=dtype, g=g) * 0.3 if pair else None
+    b = _rand(B, H, K, dtype=dtype, g=g) * 0.3 if pair else None
+    ad = None if lg is None else (lg.exp().unsqueeze(-1) if lg.dim() == 2 else lg.exp())
+    o_ref, S_ref = dr._step(S, q, k, v, beta, ad, 0.7, a, b)
+    S0 = S.clone()
+    o, S_new = dr.fused_step(S, q, k, v, beta, lg, 0.7, a, b, in_place=False)
+    _close(o, o_ref, dtype)
+    _close(S_new, S_ref, dtype)
+    assert torch.equal(S, S0)
+    o2, S2 = dr.fused_step(S, q, k, v, beta, lg, 0.7, a, b, in_place=True)
+    assert S2 is S
+    _close(o2, o_ref, dtype)
+    _close(S2, S_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_selective_scan_fused_step_equals_reference(dtype, per_channel):
+    g = torch.Generator().manual_seed(3)
+    x, delta = _rand(B, D, dtype=dtype, g=g), torch.rand(B, D, dtype=dtype, generator=g)
+    A = -torch.rand(D, N, dtype=dtype, generator=g)
+    Bm = _rand(B, D, N, dtype=dtype, g=g) if per_channel else _rand(B, N, dtype=dtype, g=g)
+    Cm = _rand(B, D, N, dtype=dtype, g=g) if per_channel else _rand(B, N, dtype=dtype, g=g)
+    Dv, h = _rand(D, dtype=dtype, g=g), _rand(B, D, N, dtype=dtype, g=g)
+    Bx = Bm.unsqueeze(1) if Bm.dim() == 3 else Bm.unsqueeze(1).unsqueeze(2)
+    Cx = Cm.unsqueeze(1) if Cm.dim() == 3 else Cm.unsqueeze(1).unsqueeze(2)
+    a = torch.exp(delta.unsqueeze(-1) * A).unsqueeze(1)  # [B, 1, D, N]
+    y_ref, h_ref = ss._scan_reference(a, (delta * x).unsqueeze(-1).unsqueeze(1) * Bx, Cx, h)
+    y_ref = y_ref[:, 0] + Dv * x
+    h0 = h.clone()
+    y, h_new = ss.fused_step(h, x, delta, A, Bm, Cm, Dv, in_place=False)
+    _close(y, y_ref, dtype)
+    _close(h_new, h_ref, dtype)
+    assert torch.equal(h, h0)
+    y2, h2 = ss.fused_step(h, x, delta, A, Bm, Cm, Dv, in_place=True)
+    assert h2 is h
+    _close(y2, y_ref, dtype)
+    _close(h2, h_ref, dtype)
+
+
+def test_selective_scan_step_equals_one_token_scan():
+    """selective_scan_step (Δ = softplus(delta + bias) computed as the scan computes it) equals a one-token
+    selective_scan from the same state (its reference mode)."""
+    g = torch.Generator().manual_seed(4)
+    x, pre = torch.randn(B, 1, D, dtype=torch.float64, generator=g), torch.randn(B, 1, D, dtype=torch.float64, generator=g)
+    A, bias = -torch.rand(D, N, dtype=torch.float64, generator=g), torch.randn(D, dtype=torch.float64, generator=g)
+    Bm, Cm = torch.randn(B, 1, N, dtype=torch.float64, generator=g), torch.randn(B, 1, N, dtype=torch.float64, generator=g)
+    Dv, h = torch.randn(D, dtype=torch.float64, generator=g), torch.randn(B, D, N, dtype=torch.float64, generator=g)
+    y_ref, h_ref = selective_scan(x, pre, A, Bm, Cm, Dv, initial_state=h, output_final_state=True, mode="reference",
+                                  delta_bias=bias, delta_softplus=True, backend="torch")
+    y, h_new = selective_scan_step(x[:, 0], pre[:, 0], A, Bm[:, 0], Cm[:, 0], Dv, state=h, delta_bias=bias, delta_softplus=True)
+    assert max_abs(y, y_ref[:, 0]) < F64_ATOL and max_abs(h_new, h_ref) < F64_ATOL
+    assert h_new is not h, "outside states_in_place the state is a new tensor"
+
+
+def test_states_in_place_writes_the_given_state_and_only_where_allowed():
+    g = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(B, H, K, generator=g), torch.randn(B, H, K, generator=g), torch.randn(B, H, V, generator=g)
+    gk, S = -torch.rand(B, H, generator=g), torch.randn(B, H, K, V, generator=g)
+    o_ref, S_ref = recurrence_step(q, k, v, gk, state=S)
+    assert S_ref is not S
+    with states_in_place():
+        o, S_new = recurrence_step(q, k, v, gk, state=S.clone())
+        assert rel_err(o, o_ref) < F32_RTOL and rel_err(S_new, S_ref) < F32_RTOL
+        S_mine = S.clone()
+        assert recurrence_step(q, k, v, gk, state=S_mine)[1] is S_mine
+        beta = torch.rand(B, H, generator=g)
+        S_mine = S.clone()
+        assert delta_rule_step(q, torch.nn.functional.normalize(k, dim=-1), v, beta, gk, S_mine)[1] is S_mine
+        # a state of another dtype than the step's compute dtype, or one autograd records: a new tensor
+        S32 = S.clone()  # float64 inputs: the step computes in float64
+        out = recurrence_step(q.double(), k.double(), v.double(), gk.double(), state=S32)[1]
+        assert out is not S32 and out.dtype == torch.float64
+        Sg = S.clone().requires_grad_()
+        out = recurrence_step(q, k, v, gk, state=Sg)[1]
+        assert out is not Sg and out.requires_grad
+    S_after = S.clone()
+    assert recurrence_step(q, k, v, gk, state=S_after)[1] is not S_after, "the context is closed again"
+
+
+def test_step_ops_still_check_their_arguments():
+    """The public steps keep their argument checks (check_shapes=False is for a caller that built the inputs)."""
+    q, k, v = torch.randn(B, H, K), torch.randn(B, H, K), torch.randn(B, H + 1, V)
+    with pytest.raises(ValueError, match="'v'"):
+        recurrence_step(q, k, v)
+    with pytest.raises(ValueError, match="'v'"):
+        delta_rule_step(q, k, v, torch.rand(B, H))
+
+
+@pytest.mark.parametrize("name", ["mamba", "mamba2", "gated_deltanet", "rwkv6", "retnet", "gla"])
+def test_a_prefills_state_keeps_no_activations_alive(name):
+    """After a prefill through a Cache, the state's tensors own storages of their own size: none is a view of the
+    prefill's activations (a conv window's last inputs, a token shift's last input), which would keep the whole
+    call's input alive and grow the decoding state's memory with the prompt."""
+    from seqmix import Cache, build_mixer, mixer_entry
+
+    m = build_mixer(name, **mixer_entry(name).example_config()).eval()
+    sizes = []
+    for T in (16, 64):
+        cache = Cache()
+        with torch.no_grad():
+            m(torch.randn(2, T, m.d_model), cache=cache)
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in cache._tensors()}
+        sizes.append(sum(storages.values()))
+        assert sizes[-1] <= cache.nbytes() + 64 * len(storages), (T, sizes[-1], cache.nbytes())
+    assert sizes[0] == sizes[1]

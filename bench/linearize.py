@@ -243,7 +243,7 @@ def run_case(case: str, a, teacher_dir: Path, out: Path) -> dict:
            "L_teacher": lin["teacher"]["loss"], "bpb_teacher": lin["teacher"]["bpb"], "L_student": last["eval"]["loss"],
            "bpb_student": last["eval"]["bpb"], "L_after_transfer": lin["stages"].get("transfer", {}).get("eval", {}).get("loss"),
            "state_floats": state, "teacher_state": lin["teacher"]["state"],
-           "pure": not kept and state["kv_floats_per_token"] == 0, "length": lin.get("length", {}),
+           "pure": not kept and state["kv_floats_per_token"] == 0, "length": lin.get("length", {}), "recall": lin.get("recall", {}),
            "seconds": time.perf_counter() - t0, "settings": settings_of(a)}
     scratch = None
     if _needs_baseline(case, a):
@@ -404,6 +404,57 @@ def length_table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def add_recall(out: Path, teacher_dir: Path, a) -> None:
+    """Recall at a distance (``seqmix.linearize.pipeline.evaluate_recall``) for every stored case that has none:
+    its saved model (OUT/runs/<case>) and its teacher on the bench's validation windows; stored in the case's
+    results file. A case run since the pipeline records it (metrics["recall"]) is taken from its metrics."""
+    from seqmix.interop import load_converted
+    from seqmix.linearize.pipeline import LinearizeConfig, _corpus, evaluate_recall
+
+    teacher = None
+    for f in sorted((out / "results").glob("*.json")):
+        r = json.loads(f.read_text())
+        if r.get("recall"):
+            continue
+        folder = out / "runs" / _slug(r["case"])
+        metrics = folder / "metrics.json"
+        rec = json.loads(metrics.read_text()).get("recall") if metrics.is_file() else None
+        if not rec:
+            if not (folder / "config.json").is_file():
+                print(f"{r['case']}: no saved model in {folder}: recall not measured", flush=True)
+                continue
+            from transformers import AutoModelForCausalLM
+
+            if teacher is None:
+                teacher = AutoModelForCausalLM.from_pretrained(teacher_dir / "model").eval()
+            cfg = LinearizeConfig(hf=str(teacher_dir / "model"), out=str(folder), **_common(a))
+            rec = evaluate_recall({"teacher": teacher, "student": load_converted(folder)},
+                                  _corpus(cfg, int(teacher.config.vocab_size)))
+        r["recall"] = rec
+        f.write_text(json.dumps(r, indent=1))
+        print(f"{r['case']}: recall gain at distance {rec['distance']}: student {rec['loss']['student']['gain']:.3f} nats, "
+              f"teacher {rec['loss']['teacher']['gain']:.3f}", flush=True)
+
+
+def recall_table(out: Path) -> str:
+    """Each case's recall at a distance (a window's first tokens repeated ``distance`` tokens later): the loss on
+    the first occurrence, on the repeat, and the gain, student beside teacher."""
+    rows = [r for r in _load(out) if r.get("recall")]
+    if not rows:
+        return "no recall evaluation stored"
+    d = rows[0]["recall"]["distance"]
+    lines = [f"recall at a distance: each validation window's first tokens repeated {d} tokens later "
+             f"({rows[0]['recall']['windows']} windows); gain = loss on the first occurrence − loss on the repeat "
+             "(nats): what the model holds from that far back (a softmax window shorter than the distance: ~0)", "",
+             "| case | teacher first | teacher repeat | teacher gain | student first | student repeat | student gain |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t, st = r["recall"]["loss"]["teacher"], r["recall"]["loss"]["student"]
+        lines.append(f"| {r['case']} | {t['first']:.4f} | {t['repeat']:.4f} | {t['gain']:.3f} | {st['first']:.4f} | "
+                     f"{st['repeat']:.4f} | {st['gain']:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     from seqmix.linearize.recipes import DEFAULT_RECIPE, RECIPES
 
@@ -437,6 +488,8 @@ def main(argv=None) -> int:
     p.add_argument("--scratch-dir", default=None, help="where the from-scratch runs live (default OUT/runs): another "
                    "bench's folder reuses its finished scratch runs (same architecture, tokens and settings: skipped)")
     p.add_argument("--table", action="store_true", help="print the stored cases' tables only")
+    p.add_argument("--recall", action="store_true", help="also measure recall at a distance for every stored case that "
+                   "has none, from its saved model (evaluate_recall; seconds per case), before the tables")
     p.add_argument("--write-docs", default=None, metavar="NAME", help="also write the tables into docs/linearize.md, "
                    "between the markers <!-- bench/linearize.py:NAME --> (added at the end when absent)")
     a = p.parse_args(argv)
@@ -472,7 +525,9 @@ def main(argv=None) -> int:
             f.write_text(json.dumps(res, indent=1))
             print(f"{case}: L_teacher {res['L_teacher']:.4f}, L_scratch {res['L_scratch'] or float('nan'):.4f}, "
                   f"L_student {res['L_student']:.4f}, G = {_g(res)} ({res['seconds']:.0f} s)", flush=True)
-    text = "\n\n".join(t for t in (table(out, teacher_dir), recipe_table(out), length_table(out))
+    if a.recall:
+        add_recall(out, teacher_dir, a)
+    text = "\n\n".join(t for t in (table(out, teacher_dir), recipe_table(out), length_table(out), recall_table(out))
                         if not t.startswith("no "))
     print(text)
     if a.write_docs:

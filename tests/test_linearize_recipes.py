@@ -223,6 +223,49 @@ def test_length_bands_score_what_a_shorter_window_scores():
     assert abs(long["loss"]["t"][0] - total / n) < 1e-5
 
 
+class _Logits:
+    def __init__(self, logits):
+        self.logits = logits
+
+
+class _CopyFrom(torch.nn.Module):
+    """Predicts, at position t, the token that followed position t − d + 1's twin d tokens back (a perfect
+    recall of d tokens; nothing before position d): the repeat's loss is ~0, the first occurrence's log V."""
+
+    def __init__(self, d: int, vocab: int = 256):
+        super().__init__()
+        self.d, self.vocab = d, vocab
+
+    def forward(self, input_ids, use_cache=False):
+        B, T = input_ids.shape
+        logits = torch.zeros(B, T, self.vocab)
+        if self.d < T:
+            src = input_ids[:, 1:T - self.d + 1]  # the token after t − d, for t = d .. T − 1
+            logits[:, self.d:].scatter_(2, src.unsqueeze(-1), 50.0)
+        return _Logits(logits)
+
+
+def test_recall_at_a_distance_scores_a_perfect_copier_and_a_model_without_memory():
+    """evaluate_recall: a model that copies from exactly d tokens back loses log V on the first occurrence and ~0
+    on the repeat (gain log V); one with uniform logits gains nothing; the distance is checked."""
+    import math
+
+    from seqmix.data import CorpusConfig
+    from seqmix.linearize.pipeline import evaluate_recall
+
+    corpus = CorpusConfig(corpus="tinyshakespeare", tokenizer="byte", seq_len=32, batch_size=2)
+    rec = evaluate_recall({"copy": _CopyFrom(20), "none": _CopyFrom(40), "next": _CopyFrom(19)}, corpus, 20,
+                          windows=4, batch_size=2)
+    assert rec["distance"] == 20 and rec["windows"] == 4
+    copy, none, off = rec["loss"]["copy"], rec["loss"]["none"], rec["loss"]["next"]
+    assert abs(copy["first"] - math.log(256)) < 1e-6 and copy["repeat"] < 1e-6 and abs(copy["gain"] - math.log(256)) < 1e-6
+    assert abs(none["gain"]) < 1e-9 and abs(none["first"] - math.log(256)) < 1e-6
+    assert off["repeat"] > 1.0  # copying from one token off is not recall at this distance
+    assert evaluate_recall({"copy": _CopyFrom(20)}, corpus, windows=2, batch_size=2)["distance"] == 20  # 5T/8
+    with pytest.raises(ValueError, match="distance"):
+        evaluate_recall({"copy": _CopyFrom(20)}, corpus, 31)
+
+
 # -- every recipe ---------------------------------------------------------------------------------
 
 

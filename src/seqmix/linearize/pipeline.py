@@ -306,6 +306,49 @@ def evaluate_length(models: dict, corpus, multiples=(1, 4, 16), *, windows: int 
             "bands": [f"{edges[i]}-{edges[i + 1]}" for i in range(len(edges) - 1)], "loss": out}
 
 
+def evaluate_recall(models: dict, corpus, distance: int | None = None, *, windows: int = 16, batch_size: int = 4,
+                    device: str = "cpu", precision: str = "fp32") -> dict:
+    """Recall at a distance: what each of ``models`` ({name: transformers causal LM}) gains from text it saw
+    ``distance`` tokens before. Each validation window W of T = ``corpus.seq_len`` tokens becomes
+    W[0:d] + W[0:T−d] (d = ``distance``, default 5T/8: 80 at T = 128, beyond a 64-token window even for the
+    token after the match, which an induction head reads): the repeat's tokens are the window's first T − d
+    tokens again, each d positions after its first occurrence. ``first``: the next-token loss on the first
+    occurrence (positions 0 .. T−d−2), ``repeat``: on the same targets in the repeat (positions d .. T−2),
+    ``gain`` = first − repeat (nats): near 0 for a model that holds nothing from d tokens back (a softmax
+    window shorter than d), large for attention over the whole window (copying). Returns {"distance": d,
+    "windows": n, "loss": {name: {"first", "repeat", "gain"}}}; {} when no validation window of T fits."""
+    from ..data import build_data
+    from ..train.trainer import autocast
+
+    T = corpus.seq_len
+    d = 5 * T // 8 if distance is None else int(distance)
+    if not 1 <= d <= T - 2:
+        raise ValueError(f"distance: expected 1 <= distance <= seq_len - 2 = {T - 2}, got {d}")
+    try:
+        _, test = build_data(corpus.model_copy(update={"eval_seq_len": T, "eval_batch_size": batch_size}))
+    except ValueError:
+        return {}
+    batches = [b.inputs for _, b in zip(range(-(-windows // batch_size)), test.batches())]
+    if not batches:
+        return {}
+    dev = torch.device(device)
+    out = {}
+    for name, model in models.items():
+        first = repeat = 0.0
+        count = 0
+        model.eval()
+        with torch.no_grad(), autocast(precision, dev):
+            for w in batches:
+                ids = torch.cat([w[:, :d], w[:, :T - d]], dim=1).to(dev)  # [B, T]
+                logits = model(input_ids=ids, use_cache=False).logits.float()
+                ce = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+                first += float(ce[:, :T - d - 1].mean()) * ids.shape[0]  # targets ids[1 .. T-d-1]
+                repeat += float(ce[:, d:].mean()) * ids.shape[0]  # the same targets, d positions later
+                count += ids.shape[0]
+        out[name] = {"first": first / count, "repeat": repeat / count, "gain": (first - repeat) / count}
+    return {"distance": d, "windows": sum(w.shape[0] for w in batches), "loss": out}
+
+
 def _evaluator(model, test, device: str = "cpu", precision: str = "fp32"):
     """A Trainer for evaluation only (a corpus run config with the model's sizes)."""
     from ..data import CorpusConfig
@@ -550,6 +593,8 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
     if cfg.length_multiples:
         metrics["length"] = evaluate_length({"teacher": teacher, "student": final}, corpus, cfg.length_multiples,
                                             device=cfg.device, precision=cfg.precision)
+    metrics["recall"] = evaluate_recall({"teacher": teacher, "student": final}, corpus, device=cfg.device,
+                                        precision=cfg.precision)
     if students(final):
         ids = next(iter(test.batches())).inputs[:1, :64].to(device)
         metrics["maps"] = write_maps(final, teacher, ids, out / "maps.png").name

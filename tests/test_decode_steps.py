@@ -1,5 +1,6 @@
-"""The fused decoding steps of the three op families (seqmix.ops: the general form's recurrence, the delta
-rule, the selective scan) against their reference steps, and the in-place state writes of
+"""The fused decoding steps of the op families (seqmix.ops: the general form's recurrence, the delta rule, the
+selective scan, the sliding window's softmax) against their reference steps, LoLCATs attention's step against
+its general path, and the in-place state writes of
 ``states_in_place``: float64 tight, float32 relative (tests/tolerances.py)."""
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import pytest
 import torch
 from tolerances import F32_RTOL, F64_ATOL, max_abs, rel_err
 
-from seqmix.ops import delta_rule_step, recurrence_step, selective_scan, selective_scan_step, states_in_place
+from seqmix.ops import (
+    delta_rule_step, recurrence_step, selective_scan, selective_scan_step, states_in_place, window_softmax,
+    window_softmax_step,
+)
 
 # the op modules (seqmix.ops exports functions under the names of two of them)
 dr = importlib.import_module("seqmix.ops.delta_rule")
@@ -181,3 +185,60 @@ def test_a_prefills_state_keeps_no_activations_alive(name):
         sizes.append(sum(storages.values()))
         assert sizes[-1] <= cache.nbytes() + 64 * len(storages), (T, sizes[-1], cache.nbytes())
     assert sizes[0] == sizes[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_window_softmax_step_equals_the_parallel_window(dtype):
+    """window_softmax_step: one query against its full window's w keys = window_softmax's parallel mode on the same
+    keys (num, den, m)."""
+    g = torch.Generator().manual_seed(0)
+    w = 7
+    q, k, v = _rand(B, 1, H, K, dtype=dtype, g=g), _rand(B, w, H, K, dtype=dtype, g=g), _rand(B, w, H, V, dtype=dtype, g=g)
+    got = window_softmax_step(q, k, v)
+    want = window_softmax(q, k, v, window=w, mode="parallel")
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        _close(a, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_lolcats_step_with_a_full_window_equals_its_general_path(dtype, monkeypatch):
+    """LoLCATs attention's decoding step once the window is full (LolcatsAttention._step) against the general
+    path that the reference modes share (the step routed around the fast path), token after token."""
+    from seqmix.mixers.base import build_mixer as build
+
+    torch.manual_seed(0)
+    m = build("lolcats", d_model=16, n=8, heads=2, window=3, window_factor=0.6, affine_window_factor=True).to(dtype).eval()
+    x = torch.randn(2, 12, 16, dtype=dtype)
+    calls, orig = [], type(m)._step
+    monkeypatch.setattr(type(m), "_step", lambda self, *a: calls.append(1) or orig(self, *a))
+    with torch.no_grad():
+        fast = slow = m._forward(x[:, :2], state=None, mode="recurrent", need_state=True).state
+        for t in range(2, 12):  # the window (3) is full from t = 3 on
+            out_fast = m._forward(x[:, t:t + 1], state=fast, mode="step", need_state=True)
+            with monkeypatch.context() as mp:
+                mp.setattr(type(m), "_step", lambda self, *a: pytest.fail("the fast path ran"))
+                out_slow = m._forward(x[:, t:t + 1], state=slow, mode="recurrent", need_state=True)
+            _close(out_fast.y, out_slow.y, dtype)
+            fast, slow = out_fast.state, out_slow.state
+    assert fast["pos"] == slow["pos"] == 12 and len(calls) == 9  # the fast path from t = 3 (the window full) on
+    for key in ("S", "k", "v"):
+        _close(fast[key], slow[key], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_liger_step_with_a_full_window_equals_its_reference_mode(dtype):
+    """Liger attention's decoding step (the fused window step once the window is full) against its reference mode
+    ("recurrent") from the same state, token after token."""
+    from seqmix.mixers.base import build_mixer
+
+    torch.manual_seed(0)
+    m = build_mixer("liger_attention", **{**build_mixer("liger_attention").example_config(), "window": 3}).to(dtype).eval()
+    x = torch.randn(2, 10, m.config.d_model, dtype=dtype)
+    with torch.no_grad():
+        fast = slow = m._forward(x[:, :2], state=None, mode="recurrent", need_state=True).state
+        for t in range(2, 10):
+            a = m._forward(x[:, t:t + 1], state=fast, mode="step", need_state=True)
+            b = m._forward(x[:, t:t + 1], state=slow, mode="recurrent", need_state=True)
+            _close(a.y, b.y, dtype)
+            fast, slow = a.state, b.state

@@ -271,12 +271,13 @@ def test_lolcats_decays_and_spectrum_are_the_dsf_transitions():
 
 
 def test_lolcats_decoding_step_reads_the_window_and_one_leaving_token_only(monkeypatch):
-    """O(w + state) per token: the step's window op sees the w cached keys and the new one, the key feature map runs on
+    """O(w + state) per token: the step's window op sees the window's w keys (the new one last), the key feature map runs on
     the one token leaving the window, and the cache holds the same floats at every position."""
     m = perturb_(build("lolcats", window=4))
     seen = {"keys": [], "features": []}
-    op = hybrid.window_softmax
-    monkeypatch.setattr(hybrid, "window_softmax", lambda q, k, v, **kw: seen["keys"].append(k.shape[1]) or op(q, k, v, **kw))
+    op, step_op = hybrid.window_softmax, hybrid.window_softmax_step
+    monkeypatch.setattr(hybrid, "window_softmax", lambda q, k, v, **kw: seen["keys"].append(k.shape[1] - 1) or op(q, k, v, **kw))
+    monkeypatch.setattr(hybrid, "window_softmax_step", lambda q, k, v: seen["keys"].append(k.shape[1]) or step_op(q, k, v))
     key_features = m._key_features
     monkeypatch.setattr(m, "_key_features", lambda k: seen["features"].append(k.shape[1]) or key_features(k))
     cache, x = Cache(), x_of(T=40)
@@ -286,7 +287,7 @@ def test_lolcats_decoding_step_reads_the_window_and_one_leaving_token_only(monke
     for t in range(20, 40):
         m(x[:, t:t + 1], cache=cache)
         assert cache.floats() == floats == 2 * m.state_size()
-    assert seen["keys"] == [5] * 20 and seen["features"] == [1] * 20
+    assert seen["keys"] == [4] * 20 and seen["features"] == [1] * 20  # the window's 4 keys (the new one included)
 
 
 # -- Liger ----------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import linear_recurrence, recurrence_map, window_softmax
+from ..ops import linear_recurrence, recurrence_map, window_softmax, window_softmax_step
 from ..ops.attention import kv_cache_trim
 from ..ops.eidetic import eidetic_select, heap_push, innovation, predictor_weights
 from ..ops.memory_attention import chunked_memory_attention, n_chunks
@@ -674,6 +674,8 @@ class LolcatsAttention(SeparableAttention):
         c = self.config
         T, V, w = x.shape[1], self.head_v, self.window
         pos0 = state["pos"] if state else 0
+        if mode == "step" and T == 1 and w and pos0 >= w:
+            return self._step(x, state, pos0)
         q, k, v = self._rotated(x, pos0)
         fq = self._query_features(q)
         if w:  # the token leaving the window at step t sits w positions back: the first T of the window's key sequence
@@ -702,6 +704,28 @@ class LolcatsAttention(SeparableAttention):
             if w:
                 new["k"], new["v"] = k_ext[:, T:].clone(), v_ext[:, T:].clone()
         return MixOut(self._readout(o), new, values=v, mixed=o)
+
+    def _step(self, x, state, pos0):
+        """One decoding token once the window is full (pos0 >= w): the same numbers as the general path (the
+        contract's step tests tie them) in fewer ops — the token leaving the window, ψ(k_{t−w}) ⊗ [v_{t−w}, 1],
+        added to the linear state, the window's softmax by :func:`~seqmix.ops.window_softmax_step` over the
+        last w keys (every one valid), the window's new keys and values made by one concatenation each."""
+        V = self.head_v
+        q, k, v = self._rotated(x, pos0)
+        k_old, v_old = state["k"].to(k.dtype), state["v"].to(v.dtype)
+        fq, fk = self._query_features(q), self._key_features(k_old[:, :1])  # [B, 1, H, n_φ]
+        S = state["S"]
+        dt = S.dtype
+        v_out = torch.cat([v_old[:, 0], torch.ones_like(v_old[:, 0, :, :1])], -1).to(dt)  # [B, H, V + 1]
+        S = S + fk[:, 0].to(dt).unsqueeze(-1) * v_out.unsqueeze(-2)  # [B, H, n_φ, V + 1]
+        o_lin = upcast(torch.matmul(fq[:, 0].to(dt).unsqueeze(-2), S).squeeze(-2))  # [B, H, V + 1]
+        k_win, v_win = torch.cat([k_old[:, 1:], k], 1), torch.cat([v_old[:, 1:], v], 1)
+        s_num, s_den, _ = window_softmax_step(q, k_win, v_win)
+        gamma, lam = self.layer_constant("window factors", self.window_factors, self.window_logit)
+        num = gamma.view(-1, 1) * s_num[:, 0] + lam.view(-1, 1) * o_lin[..., :V]
+        den = gamma * s_den[:, 0] + lam * o_lin[..., V]
+        o = (num / den.unsqueeze(-1)).to(v.dtype).unsqueeze(1)
+        return MixOut(self._readout(o), {"S": S, "pos": pos0 + 1, "k": k_win, "v": v_win}, values=v, mixed=o)
 
     # -- DSF view --------------------------------------------------------------------------
 
@@ -818,9 +842,13 @@ class LigerAttention(GeneralForm):
         P = self._params(x, state, need_state)
         o_lin, S = self._core(P, state.get("S") if state else None, mode, need_state)
         q, k = self._window_qk(P, pos0)
-        k_ext, v_ext, valid = _window_keys(state, k, P.v, w - 1, pos0)
-        num, den, _ = window_softmax(q, k_ext, v_ext, window=w, key_valid=valid, mode=_window_mode(mode),
-                                     chunk_size=c.chunk_size, check_values=False)
+        if mode == "step" and T == 1 and state is not None and w > 1 and pos0 >= w - 1:  # a full window: the fused step
+            k_ext, v_ext = torch.cat([state["k"].to(k.dtype), k], 1), torch.cat([state["v"].to(P.v.dtype), P.v], 1)
+            num, den, _ = window_softmax_step(q, k_ext, v_ext)
+        else:
+            k_ext, v_ext, valid = _window_keys(state, k, P.v, w - 1, pos0)
+            num, den, _ = window_softmax(q, k_ext, v_ext, window=w, key_valid=valid, mode=_window_mode(mode),
+                                         chunk_size=c.chunk_size, check_values=False)
         o = (c.linear_weight * upcast(o_lin) + c.window_weight * num / den.unsqueeze(-1)).to(P.v.dtype)
         y = self._readout(o, P, x)
         new = None

@@ -42,7 +42,7 @@ from .log_linear import fenwick_levels, hierarchical_mask, levels_needed, log_li
 from .mesa import MODES as MESA_MODES
 from .mesa import gram_states, mesa_net, mesa_readout, mesa_solve
 from .window_attention import MODES as WINDOW_MODES
-from .window_attention import window_softmax
+from .window_attention import window_softmax, window_softmax_step
 
 __all__ = [
     "linear_recurrence", "recurrence_step", "recurrence_map", "RECURRENCE_MODES",
@@ -61,5 +61,5 @@ __all__ = [
     "path_attention", "path_scores", "path_probs", "householder", "PATH_MODES",
     "log_linear_attention", "levels_needed", "fenwick_levels", "hierarchical_mask", "LOG_LINEAR_MODES",
     "mesa_net", "mesa_solve", "gram_states", "mesa_readout", "MESA_MODES",
-    "window_softmax", "WINDOW_MODES",
+    "window_softmax", "window_softmax_step", "WINDOW_MODES",
 ]

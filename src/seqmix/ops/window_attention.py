@@ -132,3 +132,18 @@ def window_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window:
         num, den, m, p = _parallel(q, k, v, window, key_valid, return_weights)
         return (num, den, m, p) if return_weights else (num, den, m)
     return _chunk(q, k, v, window, key_valid, min(chunk_size, q.shape[1]))
+
+
+def window_softmax_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decoding step of :func:`window_softmax` with a full window: the query q [B, 1, H, K] (scaled)
+    against its window's keys k [B, w, H, K] and values v [B, w, H, V], the query's own token last, every
+    key valid -> (num [B, 1, H, V], den, m [B, 1, H]), in float32 or wider. The same numbers as
+    ``window_softmax(q, k, v, window=w, mode="parallel")`` (tests/test_decode_steps.py) without its mask,
+    einsums and checks: two batched products over the heads."""
+    dt = compute_dtype(q, k, v)
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    s = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1))  # [B, H, 1, w]
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m)
+    num = torch.matmul(p, v.transpose(1, 2))  # [B, H, 1, V]
+    return num.transpose(1, 2), p.sum(-1).transpose(1, 2), m.squeeze(-1).transpose(1, 2)

@@ -357,25 +357,55 @@ def _short_of(r: dict, target: float) -> str:
             f"{need:.3f}: L_student <= {r['L_scratch'] - need:.4f}, it is {r['L_student']:.4f}")
 
 
-def recipe_table(out: Path) -> str:
-    """Every recipe case (ablations below their recipe), then each recipe's claims checked on bits per byte."""
+def recipe_speeds(speed_dir: Path | None) -> tuple[dict, str]:
+    """Each recipe's decoding speed against the teacher from bench/linearize_speed.py's stored results in
+    ``speed_dir`` (its largest size and prompt measured): ({recipe: tokens/s ratio}, "size, P")."""
+    if speed_dir is None or not Path(speed_dir).is_dir():
+        return {}, ""
+    import re
+
+    from seqmix.linearize.recipes import RECIPES
+
+    from linearize_speed import recipe_label, summarize
+
+    groups = [(tuple(int(v) for v in m.groups()), f) for f in Path(speed_dir).glob("*x*_P*.json")
+              if (m := re.fullmatch(r"(\d+)x(\d+)_P(\d+)\.json", f.name))]
+    if not groups:
+        return {}, ""
+    (d, L, P), f = max(groups)
+    g = summarize(json.loads(f.read_text()))
+    t = g.get("teacher")
+    out = {}
+    for name in RECIPES:
+        r = g.get(recipe_label(name))
+        if t and r and r["ms_per_token"]:
+            out[name] = t["ms_per_token"] / r["ms_per_token"]
+    return out, f"{d}x{L}, P {P}"
+
+
+def recipe_table(out: Path, speed_dir: Path | None = None) -> str:
+    """Every recipe case (ablations below their recipe), then each recipe's claims checked on bits per byte. With
+    ``speed_dir`` (bench/linearize_speed.py's results): each recipe's decoding tokens/s against its teacher's."""
     from seqmix.experiments.base import check_lm_claim
     from seqmix.linearize.recipes import RECIPES
 
     rows = [r for r in _load(out) if r["kind"] == "recipe"]
     if not rows:
         return "no finished recipe case yet"
+    speeds, where = recipe_speeds(speed_dir)
     frac = rows[0]["settings"]["budget_frac"]
-    lines = [f"recipes at {frac:.0%} of the teacher's tokens ({rows[0]['tokens']} tokens); L in nats, bpb in bits per byte",
+    lines = [f"recipes at {frac:.0%} of the teacher's tokens ({rows[0]['tokens']} tokens); L in nats, bpb in bits per byte"
+             + (f"; decode: tokens/s against the teacher's (bench/linearize_speed.py, random-init Llama {where})" if speeds else ""),
              "", "| case | student | softmax kept | L_scratch | L after stage 1 | L_student | bpb | G | state floats "
-             "(recurrent + per token) | pure |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "(recurrent + per token) | pure | decode |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {n: i for i, n in enumerate(RECIPES)}
     rows.sort(key=lambda r: (order.get(r["student"], 99), r["ablation"] is not None, r["ablation"] or ""))
     for r in rows:
         la = "—" if r["L_after_transfer"] is None else f"{r['L_after_transfer']:.4f}"
         lines.append(f"| {r['case']} | {r['mixer']} | {r['kept_softmax'] or '—'} | "
                      f"{'—' if r.get('L_scratch') is None else format(r['L_scratch'], '.4f')} | {la} | {r['L_student']:.4f} | "
-                     f"{r['bpb_student']:.4f} | {_g(r)} | {_state(r)} | {'yes' if r['pure'] else 'no'} |")
+                     f"{r['bpb_student']:.4f} | {_g(r)} | {_state(r)} | {'yes' if r['pure'] else 'no'} | "
+                     f"{format(speeds[r['student']], '.2f') + 'x' if r['ablation'] is None and r['student'] in speeds else '—'} |")
     lines += ["", "the papers' claims (validation bits per byte, lower is better):"]
     by_label = {r["case"][len("recipe:"):]: r for r in rows}
     for name in RECIPES:
@@ -488,6 +518,8 @@ def main(argv=None) -> int:
     p.add_argument("--scratch-dir", default=None, help="where the from-scratch runs live (default OUT/runs): another "
                    "bench's folder reuses its finished scratch runs (same architecture, tokens and settings: skipped)")
     p.add_argument("--table", action="store_true", help="print the stored cases' tables only")
+    p.add_argument("--speed", type=Path, default=None, help="bench/linearize_speed.py's --out folder: the recipes "
+                   "table's decode column (each recipe's tokens/s against its teacher's at the largest size and P there)")
     p.add_argument("--recall", action="store_true", help="also measure recall at a distance for every stored case that "
                    "has none, from its saved model (evaluate_recall; seconds per case), before the tables")
     p.add_argument("--write-docs", default=None, metavar="NAME", help="also write the tables into docs/linearize.md, "
@@ -527,7 +559,7 @@ def main(argv=None) -> int:
                   f"L_student {res['L_student']:.4f}, G = {_g(res)} ({res['seconds']:.0f} s)", flush=True)
     if a.recall:
         add_recall(out, teacher_dir, a)
-    text = "\n\n".join(t for t in (table(out, teacher_dir), recipe_table(out), length_table(out), recall_table(out))
+    text = "\n\n".join(t for t in (table(out, teacher_dir), recipe_table(out, a.speed), length_table(out), recall_table(out))
                         if not t.startswith("no "))
     print(text)
     if a.write_docs:

@@ -123,6 +123,19 @@ def models_for(d: int, layers: int, max_len: int, hybrid: str, kept: int, compil
     return out
 
 
+def recipe_label(name: str) -> str:
+    """The model of ``seqmix.linearize.RECIPES[name]`` among this bench's: ``recipe:<name>``, or the student of
+    bench/linearize.py's ``STUDENTS`` that it is (the same mixer and config in every layer)."""
+    own = recipe_students()
+    if f"recipe:{name}" in own:
+        return f"recipe:{name}"
+    from seqmix.linearize.recipes import RECIPES
+
+    s = RECIPES[name].settings
+    want = (s["mixer"], json.dumps(dict(s.get("mixer_config") or {}), sort_keys=True))
+    return next(label for label, (m, c) in _students().items() if (m, json.dumps(c, sort_keys=True)) == want)
+
+
 def is_pure(name: str) -> bool:
     """A model with no softmax attention layer left: not the teacher, a hybrid or a recipe that keeps some."""
     if name == "teacher" or name.startswith("hybrid:"):

@@ -384,7 +384,20 @@ def test_linearize_tables_print_targets_shortfalls_claims_and_length(tmp_path):
     assert "attention transfer + LoRA beats LoRA alone (Table 1): MET (lolcats 1.7000 vs lolcats:no_transfer 2.0000" in rt
     assert "beats linear attention alone (Table 6): NOT MET (lolcats 1.7000 vs lolcats:linear_only 1.6000" in rt
     assert "suffices: within 0.02 bits/byte of training every student weight: not measured" in rt
-    assert "| recipe:lolcats | m | — | 2.0000 | — | 1.2000 | 1.7000 | 0.800 | 1 + 0 | yes |" in rt  # G = (2 - 1.2) / (2 - 1)
+    assert "| recipe:lolcats | m | — | 2.0000 | — | 1.2000 | 1.7000 | 0.800 | 1 + 0 | yes | — |" in rt  # G = (2 - 1.2) / (2 - 1)
+    # the decode column: bench/linearize_speed.py's stored group at its largest size and prompt
+    speed = tmp_path / "speed"
+    speed.mkdir()
+    run = lambda step: [{"prefill_s": 1.0, "steps_s": [step, step], "cache_bytes": 8, "load": 1.0}]  # noqa: E731
+    (speed / "64x2_P32.json").write_text(json.dumps({"P": 32, "runs": {"teacher": run(0.02), "recipe:lolcats": run(0.01)}}))
+    (speed / "64x2_P64.json").write_text(json.dumps({"P": 64, "runs": {"teacher": run(0.03), "recipe:lolcats": run(0.01)}}))
+    sys.path.insert(0, str(ROOT / "bench"))  # the script reads bench/linearize_speed.py's stored results through it
+    try:
+        rt = bench_lin.recipe_table(tmp_path / "out", speed)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert "| recipe:lolcats | m | — | 2.0000 | — | 1.2000 | 1.7000 | 0.800 | 1 + 0 | yes | 3.00x |" in rt
+    assert "| recipe:lolcats:no_transfer |" in rt and "random-init Llama 64x2, P 64" in rt
     lt = bench_lin.length_table(tmp_path / "out")
     assert "| gla | 1.0000 | 2.0000 | 1.5000 | 1.2500 |" in lt and "windows of 64 tokens" in lt
 

@@ -23,7 +23,7 @@ after the call (transformers' keys and values; a student's seqmix state; each st
 the teacher of the same run: tokens/s student / teacher (= the teacher's time per token / the student's) and
 prefill teacher / student.
 
-Targets (issue 48) for every pure student, on the 2-core CPU: tokens/s >= 0.9x the teacher's at P 256, >= 3x at
+Targets for every pure student, on the 2-core CPU: tokens/s >= 0.9x the teacher's at P 256, >= 3x at
 8k, >= 5x at 16k; prefill >= 2x at 8k; cache bytes constant in P. Each prints MET or NOT MET with the measured
 reason: the bytes of weights each decoding step reads (every parameter once) and the counted work per step
 (aten ops by torch.profiler, Python calls by cProfile: bench/interop.py's ``call_counts``), teacher against
@@ -52,7 +52,7 @@ from _common import ROOT, machine_info, print_table, write_doc_section
 MARKER = "bench/linearize_speed.py:results"
 DOCS, PLOT = ROOT / "docs" / "linearize.md", ROOT / "docs" / "img" / "linearize_speed.png"
 HEADS, KV_HEADS, VOCAB = 8, 4, 256
-#: (P, what) -> the target on a pure student's ratio to the teacher (issue 48)
+#: (P, what) -> the target on a pure student's ratio to the teacher
 DECODE_TARGETS = {256: 0.9, 8192: 3.0, 16384: 5.0}
 PREFILL_TARGETS = {8192: 2.0}
 QUICK = dict(sizes="64x2", prompts="32,64", new_tokens=4, repeats=1)

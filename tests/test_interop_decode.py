@@ -237,7 +237,8 @@ def test_compile_decode_refuses_what_it_cannot_compile():
 @pytest.mark.slow
 @pytest.mark.parametrize("mixer,cfg", [("gla", {}), ("retnet", {}), ("mamba2", {}), ("gated_deltanet", {}),
                                        ("linear_attention", {"feature_map": "hedgehog"}),
-                                       ("bmojo_f", {"window": 8, "ssm_mode": "chunk", "expand": 1, "d_state": 4})])
+                                       ("bmojo_f", {"window": 8, "ssm_mode": "chunk", "expand": 1, "d_state": 4}),
+                                       ("lolcats", {"window": 8}), ("liger_attention", {"window": 8})])
 def test_a_students_decoding_step_is_one_graph(mixer, cfg):
     """torch.compile traces each student's decoding step (in place, as the trusted step runs it) without a break."""
     import torch._dynamo as dynamo

@@ -148,6 +148,32 @@ class _Writes(io.StringIO):
         return super().write(s)
 
 
+def test_compile_gives_the_eager_text_and_prints_its_cost(folders, capsys):
+    """--compile (seqmix.compile_decode) on a linearized folder (students in layers 0 and 2, the teacher's attention
+    in layer 1, which stays eager): the same greedy text as eager, the compile's first call on stderr; a converted attention-only model compiles nothing; a seqmix run or a folder without a converted
+    layer refuses it naming --compile."""
+    folder = folders["linearized"]
+    argv = ["generate", str(folder), "--prompt", PROMPT, "--max-new-tokens", "5", "--temperature", "0"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    eager = capsys.readouterr().out
+    try:
+        assert main([*argv, "--compile"]) == 0
+        io_ = capsys.readouterr()
+        assert io_.out == eager
+        assert re.search(r"compile_decode: 2 layers compiled, 1 eager; first call [\d.]+ s", io_.err), io_.err
+    finally:
+        torch._dynamo.reset()
+    argv = ["generate", str(folders["checkpoint"]), "--prompt", PROMPT, "--max-new-tokens", "2", "--compile"]
+    assert main(argv) == 0  # a converted Llama: attention only, nothing to compile (its KV cache grows every step)
+    assert "compile_decode: 0 layers compiled, 3 eager" in capsys.readouterr().err
+    for kind, needle in (("run", "a seqmix run decodes through its own loop"), ("exported", "holds no converted or linearized")):
+        argv = ["generate", str(folders[kind]), "--prompt", PROMPTS.get(kind, PROMPT), "--max-new-tokens", "2", "--compile"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "argument --compile" in err and needle in err, err
+
+
 def test_tokens_are_streamed_as_they_are_made(folders, monkeypatch, capsys):
     """Streaming: the continuation arrives in one write per new word; --no-stream: in one write at the end."""
     argv = ["generate", str(folders["converted"]), "--prompt", PROMPT, "--max-new-tokens", "6", "--temperature", "0"]

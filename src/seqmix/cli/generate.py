@@ -65,6 +65,9 @@ def _add_generate(sub):
                                 "checkpoint of a family seqmix converts)")
     add_generation_options(p)
     p.add_argument("--device", default="cpu", help="torch device to run on (default cpu)")
+    p.add_argument("--compile", action="store_true", help="compile the decoding step of every recurrent seqmix layer of a "
+                   "converted or linearized folder first (seqmix.compile_decode: torch.compile, one graph per layer; its "
+                   "first call's cost is printed)")
 
 
 def _run_generate(args) -> int:
@@ -371,6 +374,8 @@ def generate_text(model, tok: Text, args, *, argument: str = "--prompt") -> int:
         model = SeqmixForCausalLM.wrap(model).eval()
     temperature = 0.0 if args.num_beams > 1 else (DEFAULT_TEMPERATURE if args.temperature is None else args.temperature)
     x = torch.tensor([ids], device=_device(model))
+    if getattr(args, "compile", False):
+        _compile(model, x)
     for i in range(args.num_samples):
         if args.num_samples > 1:
             print(f"--- sample {i + 1} ---")
@@ -389,6 +394,22 @@ def generate_text(model, tok: Text, args, *, argument: str = "--prompt") -> int:
         sys.stdout.flush()
         print(clock.report(len(ids), state_nbytes(state) if state is not None else None), file=sys.stderr)
     return 0
+
+
+def _compile(model, x) -> None:
+    """``seqmix.compile_decode`` on a converted or linearized model (``--compile``), its first call on the prompt's
+    first tokens; the cost on stderr. Anything else: a ValueError naming --compile."""
+    if _is_seqmix_lm(model):
+        raise ValueError("argument --compile: a seqmix run decodes through its own loop; --compile compiles the decoding "
+                         "step of a converted or linearized transformers folder")
+    from ..interop import compile_decode
+
+    try:
+        info = compile_decode(model, prompt=x[:, :16])
+    except ValueError as e:
+        raise ValueError(f"argument --compile: {e}") from None
+    print(f"(compile_decode: {info['compiled']} layers compiled, {info['eager']} eager; first call "
+          f"{info['first_call_s']:.1f} s)", file=sys.stderr)
 
 
 def _device(model):

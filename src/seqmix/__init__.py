@@ -17,8 +17,7 @@ from .mixers import (
 )
 from .ops import linear_recurrence, recurrence_map, recurrence_step
 from .contract import ContractError, check_mixer
-
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def compile_decode(model, **kwargs) -> dict:

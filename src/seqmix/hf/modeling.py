@@ -36,7 +36,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreT
 from transformers.cache_utils import Cache as HFCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .. import __version__
+from ..version import __version__
 from ..mixers.base import config_error
 from ..models import LanguageModel, ModelConfig
 from ..models.lm import load_state_checked

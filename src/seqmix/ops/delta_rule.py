@@ -471,24 +471,31 @@ def fused_step(S, q, k, v, beta, g, scale, a=None, b=None, in_place=False):
     not exponentiated, unlike :func:`_step`); a, b [B, H, K] or None (the general pair: S ← S + aᵀ(b S) +
     β kᵀ v). Every tensor in the compute dtype. ``in_place``: S is the caller's to overwrite (the returned
     state is S itself); otherwise S is left as it is. Returns (o [B, H, V], the new state)."""
+    # autograd records the step (training through the step mode, a recurrent reference's gradients): the reads
+    # save S for the backward pass, so the writes after them make new tensors instead of writing S in place
+    rec = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (S, q, k, v, beta, g, a, b))
     fresh = in_place
     if g is not None:  # [B, H, K, 1] key-wise or [B, H, 1, 1] per head
         d = g.exp()
         d = d.unsqueeze(-1) if g.dim() == 3 else d.view(*d.shape, 1, 1)
         S = S.mul_(d) if fresh else S * d
         fresh = True
-    if not fresh:
+    if not fresh and not rec:
         S = S.clone()
     beta_ = beta.view(*beta.shape, 1, 1)
+
+    def add(S, x, y):  # S + x ⊙ y: in place where nothing saved S
+        return torch.addcmul(S, x, y) if rec else S.addcmul_(x, y)
+
     if a is None and b is None:  # S ← S + kᵀ (β (v − k S)): the value under k moves a fraction β toward v
-        u = (v - _read(k, S)).mul_(beta_[..., 0])  # [B, H, V]
-        S.addcmul_(k.unsqueeze(-1), u.unsqueeze(-2))
+        u = (v - _read(k, S)) * beta_[..., 0]  # [B, H, V]
+        S = add(S, k.unsqueeze(-1), u.unsqueeze(-2))
     else:  # S ← S + aᵀ (b S) + β kᵀ v, with a = −β k and b = k where not given
         r = _read(k if b is None else b, S)  # b S [B, H, V], of the decayed S
-        S.addcmul_((-beta_[..., 0] * k if a is None else a).unsqueeze(-1), r.unsqueeze(-2))
-        S.addcmul_(k.unsqueeze(-1), v.unsqueeze(-2) * beta_)
+        S = add(S, (-beta_[..., 0] * k if a is None else a).unsqueeze(-1), r.unsqueeze(-2))
+        S = add(S, k.unsqueeze(-1), v.unsqueeze(-2) * beta_)
     o = _read(q, S)
-    return (o.mul_(scale) if scale != 1.0 else o), S
+    return (o * scale if scale != 1.0 else o), S
 
 
 @full_precision

@@ -42,6 +42,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -312,24 +313,32 @@ def plot(results: dict, path: Path) -> None:
     from seqmix._plotting import save_figure
 
     sizes = sorted(results, key=lambda s: [int(v) for v in s.split("x")])
-    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.2), squeeze=False)
+    names = list(dict.fromkeys(n for size in sizes for P in sorted(results[size]) for n in results[size][P]))
+    students = [n for n in names if n != "teacher"]
+    colors = {n: plt.get_cmap("tab20")(i % 20) for i, n in enumerate(students)}  # one colour per model in every panel
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.6), squeeze=False)
     for ax, size in zip(axes[0], sizes):
         groups = results[size]
-        names = list(dict.fromkeys(n for P in sorted(groups) for n in groups[P]))
         for name in names:
             pts = [(P, groups[P][name]["ms_per_token"]) for P in sorted(groups) if name in groups[P]]
-            style = dict(color="black", lw=2.2) if name == "teacher" else dict(ls="--") if not is_pure(name) else {}
-            ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o", label=name, **style)
+            if not pts:
+                continue
+            style = dict(color="black", lw=2.4, zorder=3) if name == "teacher" else \
+                dict(color=colors[name], ls="--" if not is_pure(name) else "-", lw=1.3)
+            ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o", ms=4, label=name, **style)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(fmt)
+        ax.yaxis.set_minor_formatter(fmt)  # a panel spanning less than a decade has only minor ticks
+        ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.set_xticks(sorted(groups), [str(P) for P in sorted(groups)])
         ax.set_xlabel("prompt P (tokens)")
         ax.set_ylabel("time per new token (ms)")
         ax.set_title(f"Llama d {size.split('x')[0]} x {size.split('x')[1]} layers")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+    axes[0][0].legend(loc="upper left", ncol=2, fontsize=6.5, framealpha=0.9, title="dashed: softmax layers kept",
+                      title_fontsize=6.5)  # the corner a slower teacher at long prompts leaves empty
     save_figure(fig, path, title="linearized students against their teacher: time per new token (greedy, batch 1, CPU)",
                 argument="--plot")
 
@@ -455,7 +464,7 @@ def main() -> None:
             except ValueError:
                 plot_rel = str(a.plot)
         argv = f"--sizes {a.sizes} --prompts {a.prompts} --new-tokens {a.new_tokens} --repeats {a.repeats} --threads {a.threads}" \
-            + (f" --hybrid {a.hybrid} --kept {a.kept}" if a.hybrid else " --hybrid ''") + (" --compile" if a.compile else "") + " --out OUT"
+            + (f" --hybrid {shlex.quote(a.hybrid)} --kept {a.kept}" if a.hybrid else " --hybrid ''") + (" --compile" if a.compile else "") + " --out OUT"
         meta = {"argv": argv, "when": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads(),
                 "cpus": os.cpu_count(), "load_min": min(loads), "load_max": max(loads), "new_tokens": a.new_tokens}
         write_doc_section(a.docs, MARKER, section(results, status + compiled_lines, meta, plot_rel))

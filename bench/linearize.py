@@ -359,7 +359,7 @@ def _short_of(r: dict, target: float) -> str:
 
 def recipe_speeds(speed_dir: Path | None) -> tuple[dict, str]:
     """Each recipe's decoding speed against the teacher from bench/linearize_speed.py's stored results in
-    ``speed_dir`` (its largest size and prompt measured): ({recipe: tokens/s ratio}, "size, P")."""
+    ``speed_dir`` (its longest prompt, at the largest size measured there): ({recipe: tokens/s ratio}, "size, P")."""
     if speed_dir is None or not Path(speed_dir).is_dir():
         return {}, ""
     import re
@@ -368,11 +368,11 @@ def recipe_speeds(speed_dir: Path | None) -> tuple[dict, str]:
 
     from linearize_speed import recipe_label, summarize
 
-    groups = [(tuple(int(v) for v in m.groups()), f) for f in Path(speed_dir).glob("*x*_P*.json")
+    groups = [((int(m[3]), int(m[1]), int(m[2])), f) for f in Path(speed_dir).glob("*x*_P*.json")
               if (m := re.fullmatch(r"(\d+)x(\d+)_P(\d+)\.json", f.name))]
     if not groups:
         return {}, ""
-    (d, L, P), f = max(groups)
+    (P, d, L), f = max(groups)  # the longest prompt measured, at the largest size measured there
     g = summarize(json.loads(f.read_text()))
     t = g.get("teacher")
     out = {}
@@ -519,7 +519,7 @@ def main(argv=None) -> int:
                    "bench's folder reuses its finished scratch runs (same architecture, tokens and settings: skipped)")
     p.add_argument("--table", action="store_true", help="print the stored cases' tables only")
     p.add_argument("--speed", type=Path, default=None, help="bench/linearize_speed.py's --out folder: the recipes "
-                   "table's decode column (each recipe's tokens/s against its teacher's at the largest size and P there)")
+                   "table's decode column (each recipe's tokens/s against its teacher's at the longest prompt there)")
     p.add_argument("--recall", action="store_true", help="also measure recall at a distance for every stored case that "
                    "has none, from its saved model (evaluate_recall; seconds per case), before the tables")
     p.add_argument("--write-docs", default=None, metavar="NAME", help="also write the tables into docs/linearize.md, "

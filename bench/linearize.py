@@ -475,7 +475,9 @@ def recall_table(out: Path) -> str:
     d = rows[0]["recall"]["distance"]
     lines = [f"recall at a distance: each validation window's first tokens repeated {d} tokens later "
              f"({rows[0]['recall']['windows']} windows); gain = loss on the first occurrence − loss on the repeat "
-             "(nats): what the model holds from that far back (a softmax window shorter than the distance: ~0)", "",
+             "(nats): what the model holds from that far back (positive: it uses the earlier text; a softmax window shorter "
+             "than the distance cannot, and a negative gain is the cost of the repeat's later positions and of the "
+             "splice to that model)", "",
              "| case | teacher first | teacher repeat | teacher gain | student first | student repeat | student gain |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

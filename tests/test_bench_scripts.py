@@ -391,6 +391,8 @@ def test_linearize_tables_print_targets_shortfalls_claims_and_length(tmp_path):
     run = lambda step: [{"prefill_s": 1.0, "steps_s": [step, step], "cache_bytes": 8, "load": 1.0}]  # noqa: E731
     (speed / "64x2_P32.json").write_text(json.dumps({"P": 32, "runs": {"teacher": run(0.02), "recipe:lolcats": run(0.01)}}))
     (speed / "64x2_P64.json").write_text(json.dumps({"P": 64, "runs": {"teacher": run(0.03), "recipe:lolcats": run(0.01)}}))
+    # a larger size measured at a shorter prompt only: the column reads the longest prompt
+    (speed / "128x4_P32.json").write_text(json.dumps({"P": 32, "runs": {"teacher": run(0.02), "recipe:lolcats": run(0.02)}}))
     sys.path.insert(0, str(ROOT / "bench"))  # the script reads bench/linearize_speed.py's stored results through it
     try:
         rt = bench_lin.recipe_table(tmp_path / "out", speed)

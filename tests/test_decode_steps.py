@@ -203,8 +203,8 @@ def test_window_softmax_step_equals_the_parallel_window(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_lolcats_step_with_a_full_window_equals_its_general_path(dtype, monkeypatch):
-    """LoLCATs attention's decoding step once the window is full (LolcatsAttention._step) against the general
-    path that the reference modes share (the step routed around the fast path), token after token."""
+    """LoLCATs attention's decoding step once the window is full (LolcatsAttention._step, counted) against the
+    general path that the reference mode runs, token after token, outputs and states."""
     from seqmix.mixers.base import build_mixer as build
 
     torch.manual_seed(0)
@@ -216,9 +216,7 @@ def test_lolcats_step_with_a_full_window_equals_its_general_path(dtype, monkeypa
         fast = slow = m._forward(x[:, :2], state=None, mode="recurrent", need_state=True).state
         for t in range(2, 12):  # the window (3) is full from t = 3 on
             out_fast = m._forward(x[:, t:t + 1], state=fast, mode="step", need_state=True)
-            with monkeypatch.context() as mp:
-                mp.setattr(type(m), "_step", lambda self, *a: pytest.fail("the fast path ran"))
-                out_slow = m._forward(x[:, t:t + 1], state=slow, mode="recurrent", need_state=True)
+            out_slow = m._forward(x[:, t:t + 1], state=slow, mode="recurrent", need_state=True)  # the general path
             _close(out_fast.y, out_slow.y, dtype)
             fast, slow = out_fast.state, out_slow.state
     assert fast["pos"] == slow["pos"] == 12 and len(calls) == 9  # the fast path from t = 3 (the window full) on
@@ -227,18 +225,63 @@ def test_lolcats_step_with_a_full_window_equals_its_general_path(dtype, monkeypa
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_liger_step_with_a_full_window_equals_its_reference_mode(dtype):
-    """Liger attention's decoding step (the fused window step once the window is full) against its reference mode
-    ("recurrent") from the same state, token after token."""
+def test_liger_step_with_a_full_window_equals_its_reference_mode(dtype, monkeypatch):
+    """Liger attention's decoding step (the fused window step once the window of 3 is full: from the third token
+    on, counted) against its reference mode ("recurrent") from a one-token prefill, token after token, outputs
+    and states."""
+    from seqmix.mixers import hybrid
     from seqmix.mixers.base import build_mixer
 
+    calls, op = [], hybrid.window_softmax_step
+    monkeypatch.setattr(hybrid, "window_softmax_step", lambda *a, **kw: calls.append(1) or op(*a, **kw))
     torch.manual_seed(0)
     m = build_mixer("liger_attention", **{**build_mixer("liger_attention").example_config(), "window": 3}).to(dtype).eval()
     x = torch.randn(2, 10, m.config.d_model, dtype=dtype)
     with torch.no_grad():
-        fast = slow = m._forward(x[:, :2], state=None, mode="recurrent", need_state=True).state
-        for t in range(2, 10):
+        fast = slow = m._forward(x[:, :1], state=None, mode="recurrent", need_state=True).state
+        for t in range(1, 10):
             a = m._forward(x[:, t:t + 1], state=fast, mode="step", need_state=True)
             b = m._forward(x[:, t:t + 1], state=slow, mode="recurrent", need_state=True)
             _close(a.y, b.y, dtype)
             fast, slow = a.state, b.state
+    assert len(calls) == 8  # the window (2 cached + the new token) is full from t = 2 on
+    for key in ("S", "k", "v"):
+        _close(fast[key], slow[key], dtype)
+
+
+def test_window_softmax_step_under_autocast_computes_in_float32():
+    """Under bf16 autocast the fused window step computes in float32 (as window_softmax does), and refuses a q of
+    several tokens by name."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(*shape, generator=g) for shape in ((B, 1, H, K), (B, 6, H, K), (B, 6, H, V)))
+    want = window_softmax(q, k, v, window=6, mode="parallel")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = window_softmax_step(q, k, v)
+    for a, b in zip(got, want):
+        assert a.dtype == torch.float32 and rel_err(a, b) < F32_RTOL
+    with pytest.raises(ValueError, match="argument 'q' must hold one query"):
+        window_softmax_step(torch.randn(B, 2, H, K), k, v)
+
+
+def test_delta_rule_step_trains_through_its_fused_step():
+    """delta_rule_step with inputs that require grad (a recurrent reference trained through its steps): the
+    gradients equal the reference step's, and the given state is left as it was."""
+    g = torch.Generator().manual_seed(2)
+    ins = [torch.randn(*shape, dtype=torch.float64, generator=g) for shape in ((B, H, K), (B, H, K), (B, H, V))]
+    beta = torch.rand(B, H, dtype=torch.float64, generator=g)
+    gk = -torch.rand(B, H, K, dtype=torch.float64, generator=g)
+    S0 = torch.randn(B, H, K, V, dtype=torch.float64, generator=g)
+    grads = []
+    for fused in (True, False):
+        leaves = [t.clone().requires_grad_(True) for t in (*ins, beta, gk, S0)]
+        q, k, v, b, gl, S = leaves
+        S_in = S.detach().clone()
+        if fused:
+            o, S1 = delta_rule_step(q, k, v, b, gl, S)
+        else:
+            o, S1 = dr._step(S, q, k, v, b, gl.exp(), 1.0)
+        ((o ** 2).sum() + S1.sum()).backward()
+        assert torch.equal(S.detach(), S_in)
+        grads.append([t.grad for t in leaves])
+    for a, b in zip(*grads):
+        assert max_abs(a, b) < F64_ATOL

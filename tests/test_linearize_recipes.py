@@ -262,8 +262,10 @@ def test_recall_at_a_distance_scores_a_perfect_copier_and_a_model_without_memory
     assert abs(none["gain"]) < 1e-9 and abs(none["first"] - math.log(256)) < 1e-6
     assert off["repeat"] > 1.0  # copying from one token off is not recall at this distance
     assert evaluate_recall({"copy": _CopyFrom(20)}, corpus, windows=2, batch_size=2)["distance"] == 20  # 5T/8
-    with pytest.raises(ValueError, match="distance"):
-        evaluate_recall({"copy": _CopyFrom(20)}, corpus, 31)
+    for bad in (31, 12):  # past T − 2; below T/2 the repeat would score repeats as first occurrences
+        with pytest.raises(ValueError, match="distance"):
+            evaluate_recall({"copy": _CopyFrom(20)}, corpus, bad)
+    assert evaluate_recall({"copy": _CopyFrom(20)}, corpus, windows=5, batch_size=4)["windows"] == 5
 
 
 # -- every recipe ---------------------------------------------------------------------------------

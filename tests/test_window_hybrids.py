@@ -274,20 +274,21 @@ def test_lolcats_decoding_step_reads_the_window_and_one_leaving_token_only(monke
     """O(w + state) per token: the step's window op sees the window's w keys (the new one last), the key feature map runs on
     the one token leaving the window, and the cache holds the same floats at every position."""
     m = perturb_(build("lolcats", window=4))
-    seen = {"keys": [], "features": []}
+    seen = {"keys": [], "step": [], "features": []}
     op, step_op = hybrid.window_softmax, hybrid.window_softmax_step
-    monkeypatch.setattr(hybrid, "window_softmax", lambda q, k, v, **kw: seen["keys"].append(k.shape[1] - 1) or op(q, k, v, **kw))
-    monkeypatch.setattr(hybrid, "window_softmax_step", lambda q, k, v: seen["keys"].append(k.shape[1]) or step_op(q, k, v))
+    monkeypatch.setattr(hybrid, "window_softmax", lambda q, k, v, **kw: seen["keys"].append(k.shape[1]) or op(q, k, v, **kw))
+    monkeypatch.setattr(hybrid, "window_softmax_step", lambda q, k, v, **kw: seen["step"].append(k.shape[1]) or step_op(q, k, v, **kw))
     key_features = m._key_features
     monkeypatch.setattr(m, "_key_features", lambda k: seen["features"].append(k.shape[1]) or key_features(k))
     cache, x = Cache(), x_of(T=40)
     m(x[:, :20], cache=cache)
     floats = cache.floats()
-    seen["keys"].clear(), seen["features"].clear()
+    seen["keys"].clear(), seen["step"].clear(), seen["features"].clear()
     for t in range(20, 40):
         m(x[:, t:t + 1], cache=cache)
         assert cache.floats() == floats == 2 * m.state_size()
-    assert seen["keys"] == [4] * 20 and seen["features"] == [1] * 20  # the window's 4 keys (the new one included)
+    # the fused step over the window's 4 keys (the new one included), never the general window op
+    assert seen["step"] == [4] * 20 and seen["keys"] == [] and seen["features"] == [1] * 20
 
 
 # -- Liger ----------------------------------------------------------------------------------------

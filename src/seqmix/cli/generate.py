@@ -365,6 +365,9 @@ def generate_text(model, tok: Text, args, *, argument: str = "--prompt") -> int:
     vocab = int(model.config.vocab_size)
     ids = _encode(tok, prompt, vocab, "--prompt-file" if args.prompt_file is not None else argument)
     n_new = _new_tokens(model, args, len(ids))
+    if getattr(args, "compile", False) and _is_seqmix_lm(model):
+        raise ValueError("argument --compile: a seqmix run decodes through its own loop; --compile compiles the decoding "
+                         "step of a converted or linearized transformers folder")
     if args.num_beams > 1 and _is_seqmix_lm(model):
         try:
             from ..hf import SeqmixForCausalLM
@@ -397,15 +400,18 @@ def generate_text(model, tok: Text, args, *, argument: str = "--prompt") -> int:
 
 
 def _compile(model, x) -> None:
-    """``seqmix.compile_decode`` on a converted or linearized model (``--compile``), its first call on the prompt's
-    first tokens; the cost on stderr. Anything else: a ValueError naming --compile."""
-    if _is_seqmix_lm(model):
-        raise ValueError("argument --compile: a seqmix run decodes through its own loop; --compile compiles the decoding "
-                         "step of a converted or linearized transformers folder")
-    from ..interop import compile_decode
+    """``seqmix.compile_decode`` on a converted or linearized model (``--compile``), its first call on the prompt
+    (repeated to fill every sliding window); the cost on stderr. A model without a converted layer: a ValueError
+    naming --compile."""
+    from ..interop import InteropMixer, compile_decode
 
+    # the warm-up prompt fills every sliding window (LoLCATs, Liger: the step's graph once the window is full
+    # differs from the one before), so that the compiling happens here and not inside the timed generation
+    windows = [int(getattr(m.mixer.config, "window", 0) or 0) for m in model.modules() if isinstance(m, InteropMixer)]
+    n = max([16] + [w + 2 for w in windows])
+    warm = x.repeat(1, -(-n // x.shape[1]))[:, :n]
     try:
-        info = compile_decode(model, prompt=x[:, :16])
+        info = compile_decode(model, prompt=warm)
     except ValueError as e:
         raise ValueError(f"argument --compile: {e}") from None
     print(f"(compile_decode: {info['compiled']} layers compiled, {info['eager']} eager; first call "

@@ -315,20 +315,25 @@ def evaluate_recall(models: dict, corpus, distance: int | None = None, *, window
     tokens again, each d positions after its first occurrence. ``first``: the next-token loss on the first
     occurrence (positions 0 .. T−d−2), ``repeat``: on the same targets in the repeat (positions d .. T−2),
     ``gain`` = first − repeat (nats): near 0 for a model that holds nothing from d tokens back (a softmax
-    window shorter than d), large for attention over the whole window (copying). Returns {"distance": d,
+    window shorter than d, apart from what the positions themselves change), large for attention over the
+    whole window (copying). ``distance`` in [T/2, T − 2]: a shorter one would score repeats as first
+    occurrences. Returns {"distance": d,
     "windows": n, "loss": {name: {"first", "repeat", "gain"}}}; {} when no validation window of T fits."""
     from ..data import build_data
     from ..train.trainer import autocast
 
     T = corpus.seq_len
     d = 5 * T // 8 if distance is None else int(distance)
-    if not 1 <= d <= T - 2:
-        raise ValueError(f"distance: expected 1 <= distance <= seq_len - 2 = {T - 2}, got {d}")
+    if not -(-T // 2) <= d <= T - 2:  # below T/2 the repeat would reach tokens that are themselves repeats
+        raise ValueError(f"distance: expected seq_len/2 <= distance <= seq_len - 2 ({-(-T // 2)} .. {T - 2} at seq_len {T}), "
+                         f"got {d}")
     try:
         _, test = build_data(corpus.model_copy(update={"eval_seq_len": T, "eval_batch_size": batch_size}))
     except ValueError:
         return {}
     batches = [b.inputs for _, b in zip(range(-(-windows // batch_size)), test.batches())]
+    batches = [w[:max(windows - i * batch_size, 0)] for i, w in enumerate(batches)]  # exactly ``windows`` of them
+    batches = [w for w in batches if w.shape[0]]
     if not batches:
         return {}
     dev = torch.device(device)

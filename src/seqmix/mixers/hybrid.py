@@ -75,7 +75,7 @@ from ..ops import linear_recurrence, recurrence_map, window_softmax, window_soft
 from ..ops.attention import kv_cache_trim
 from ..ops.eidetic import eidetic_select, heap_push, innovation, predictor_weights
 from ..ops.memory_attention import chunked_memory_attention, n_chunks
-from ..ops.precision import upcast
+from ..ops.precision import autocast_off, compute_dtype, upcast
 from .attention import AttentionConfig, SeparableAttention, SeparableAttentionConfig, _Attention
 from .base import AUTO_SEGMENT_LEN, MixOut, register, register_preset
 from .layers import check_rope_fields, rope_rotate
@@ -714,13 +714,14 @@ class LolcatsAttention(SeparableAttention):
         q, k, v = self._rotated(x, pos0)
         k_old, v_old = state["k"].to(k.dtype), state["v"].to(v.dtype)
         fq, fk = self._query_features(q), self._key_features(k_old[:, :1])  # [B, 1, H, n_φ]
-        S = state["S"]
-        dt = S.dtype
+        dt = compute_dtype(fq, fk, v, state["S"])  # as linear_recurrence: float32 or wider, autocast off
         v_out = torch.cat([v_old[:, 0], torch.ones_like(v_old[:, 0, :, :1])], -1).to(dt)  # [B, H, V + 1]
-        S = S + fk[:, 0].to(dt).unsqueeze(-1) * v_out.unsqueeze(-2)  # [B, H, n_φ, V + 1]
-        o_lin = upcast(torch.matmul(fq[:, 0].to(dt).unsqueeze(-2), S).squeeze(-2))  # [B, H, V + 1]
+        with autocast_off(x.device.type):
+            S = state["S"].to(dt) + fk[:, 0].to(dt).unsqueeze(-1) * v_out.unsqueeze(-2)  # [B, H, n_φ, V + 1]
+            o_lin = torch.matmul(fq[:, 0].to(dt).unsqueeze(-2), S).squeeze(-2)  # [B, H, V + 1]
+        o_lin = upcast(o_lin.to(fq.dtype))  # the linear read in the features' dtype, as linear_recurrence returns it
         k_win, v_win = torch.cat([k_old[:, 1:], k], 1), torch.cat([v_old[:, 1:], v], 1)
-        s_num, s_den, _ = window_softmax_step(q, k_win, v_win)
+        s_num, s_den, _ = window_softmax_step(q, k_win, v_win, check_shapes=False)
         gamma, lam = self.layer_constant("window factors", self.window_factors, self.window_logit)
         num = gamma.view(-1, 1) * s_num[:, 0] + lam.view(-1, 1) * o_lin[..., :V]
         den = gamma * s_den[:, 0] + lam * o_lin[..., V]
@@ -844,7 +845,7 @@ class LigerAttention(GeneralForm):
         q, k = self._window_qk(P, pos0)
         if mode == "step" and T == 1 and state is not None and w > 1 and pos0 >= w - 1:  # a full window: the fused step
             k_ext, v_ext = torch.cat([state["k"].to(k.dtype), k], 1), torch.cat([state["v"].to(P.v.dtype), P.v], 1)
-            num, den, _ = window_softmax_step(q, k_ext, v_ext)
+            num, den, _ = window_softmax_step(q, k_ext, v_ext, check_shapes=False)
         else:
             k_ext, v_ext, valid = _window_keys(state, k, P.v, w - 1, pos0)
             num, den, _ = window_softmax(q, k_ext, v_ext, window=w, key_valid=valid, mode=_window_mode(mode),

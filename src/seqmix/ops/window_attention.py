@@ -134,12 +134,26 @@ def window_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window:
     return _chunk(q, k, v, window, key_valid, min(chunk_size, q.shape[1]))
 
 
-def window_softmax_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@full_precision
+def window_softmax_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, check_shapes: bool = True
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decoding step of :func:`window_softmax` with a full window: the query q [B, 1, H, K] (scaled)
     against its window's keys k [B, w, H, K] and values v [B, w, H, V], the query's own token last, every
-    key valid -> (num [B, 1, H, V], den, m [B, 1, H]), in float32 or wider. The same numbers as
-    ``window_softmax(q, k, v, window=w, mode="parallel")`` (tests/test_decode_steps.py) without its mask,
-    einsums and checks: two batched products over the heads."""
+    key valid -> (num [B, 1, H, V], den, m [B, 1, H]), in float32 or wider (autocast off). The same numbers as
+    ``window_softmax(q, k, v, window=w, mode="parallel")`` (tests/test_decode_steps.py) without its mask and
+    einsums: two batched products over the heads. ``check_shapes=False``: a mixer's decoding step that built
+    the inputs itself skips the shape checks."""
+    if check_shapes:
+        where = "window_softmax_step"
+        check_tensor("q", q, rank=4, layout="[B, 1, H, K]", where=where)
+        check_tensor("k", k, rank=4, layout="[B, w, H, K]", where=where)
+        check_tensor("v", v, rank=4, layout="[B, w, H, V]", where=where)
+        if q.shape[1] != 1:
+            raise ValueError(f"{where}: argument 'q' must hold one query (a decoding step), got {fmt_shape(q.shape)}; "
+                             "window_softmax takes several")
+        B, _, H, K = q.shape
+        check_shape("k", k, (B, None, H, K), "[B, w, H, K] (q's B, H, K)", where)
+        check_shape("v", v, (B, k.shape[1], H, None), "[B, w, H, V] (k's B, w, H)", where)
     dt = compute_dtype(q, k, v)
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     s = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1))  # [B, H, 1, w]

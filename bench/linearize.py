@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -570,8 +571,8 @@ def main(argv=None) -> int:
         from _common import ROOT, write_doc_section
 
         argv = [v for v in (sys.argv[1:] if argv is None else argv)]
-        cmd = "python bench/linearize.py " + " ".join(v for i, v in enumerate(argv) if v not in ("--write-docs", "--table")
-                                                      and (i == 0 or argv[i - 1] != "--write-docs"))
+        kept = [v for i, v in enumerate(argv) if v not in ("--write-docs", "--table") and (i == 0 or argv[i - 1] != "--write-docs")]
+        cmd = "python bench/linearize.py " + " ".join(shlex.quote(v) for v in kept)
         from seqmix.linearize.recipes import recipes_markdown
 
         write_doc_section(ROOT / "docs" / "linearize.md", f"bench/linearize.py:{a.write_docs}",

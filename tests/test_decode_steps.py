@@ -229,11 +229,11 @@ def test_liger_step_with_a_full_window_equals_its_reference_mode(dtype, monkeypa
     """Liger attention's decoding step (the fused window step once the window of 3 is full: from the third token
     on, counted) against its reference mode ("recurrent") from a one-token prefill, token after token, outputs
     and states."""
-    from seqmix.mixers import hybrid
+    import seqmix.ops.window_attention as wa
     from seqmix.mixers.base import build_mixer
 
-    calls, op = [], hybrid.window_softmax_step
-    monkeypatch.setattr(hybrid, "window_softmax_step", lambda *a, **kw: calls.append(1) or op(*a, **kw))
+    calls, op = [], wa._full_window_step
+    monkeypatch.setattr(wa, "_full_window_step", lambda *a: calls.append(1) or op(*a))
     torch.manual_seed(0)
     m = build_mixer("liger_attention", **{**build_mixer("liger_attention").example_config(), "window": 3}).to(dtype).eval()
     x = torch.randn(2, 10, m.config.d_model, dtype=dtype)
@@ -247,6 +247,24 @@ def test_liger_step_with_a_full_window_equals_its_reference_mode(dtype, monkeypa
     assert len(calls) == 8  # the window (2 cached + the new token) is full from t = 2 on
     for key in ("S", "k", "v"):
         _close(fast[key], slow[key], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_window_softmax_routes_one_query_with_every_key_valid_to_its_fused_step(dtype, monkeypatch):
+    """window_softmax's chunk mode at T = 1 with key_valid None (a full window: R + 1 = 9 keys, window 6) runs the
+    fused step on the last 6 keys and equals the parallel mode (the reference, which never takes that route)."""
+    import seqmix.ops.window_attention as wa
+
+    calls, op = [], wa._full_window_step
+    monkeypatch.setattr(wa, "_full_window_step", lambda q, k, v: calls.append(k.shape[1]) or op(q, k, v))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = _rand(B, 1, H, K, dtype=dtype, g=g), _rand(B, 9, H, K, dtype=dtype, g=g), _rand(B, 9, H, V, dtype=dtype, g=g)
+    got = window_softmax(q, k, v, window=6, mode="chunk")
+    assert calls == [6]
+    want = window_softmax(q, k, v, window=6, mode="parallel")
+    assert calls == [6]
+    for a, b in zip(got, want):
+        _close(a, b, dtype)
 
 
 def test_window_softmax_step_under_autocast_computes_in_float32():

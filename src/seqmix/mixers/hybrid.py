@@ -71,7 +71,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import linear_recurrence, recurrence_map, window_softmax, window_softmax_step
+from ..ops import linear_recurrence, recurrence_map, window_softmax
 from ..ops.attention import kv_cache_trim
 from ..ops.eidetic import eidetic_select, heap_push, innovation, predictor_weights
 from ..ops.memory_attention import chunked_memory_attention, n_chunks
@@ -526,20 +526,21 @@ class BilinearMamba(S6):
 
 
 def _window_mode(mode: str) -> str:
-    """The window op's mode under a mixer mode: the explicit matrix for the references and a decoding step,
-    the blocks otherwise."""
-    return "parallel" if mode in ("recurrent", "parallel", "step") else "chunk"
+    """The window op's mode under a mixer mode: the explicit matrix for the references, the blocks otherwise
+    (a decoding step with a full window: the op's fused step)."""
+    return "parallel" if mode in ("recurrent", "parallel") else "chunk"
 
 
 def _window_keys(state: dict | None, k: torch.Tensor, v: torch.Tensor, R: int, pos0: int):
     """The key sequence a window over x's tokens reads: the R tokens before them from the cache (zeros before
     position 0, marked invalid), then x's own. k [B, T, H, K], v [B, T, H, V] -> (k_ext [B, R + T, H, K],
-    v_ext [B, R + T, H, V], valid [R + T] bool). The cache's ring is k_ext[:, T:], v_ext[:, T:]."""
+    v_ext [B, R + T, H, V], valid [R + T] bool, or None where every slot holds a token: pos0 >= R). The cache's
+    ring is k_ext[:, T:], v_ext[:, T:]."""
     if state is not None and R:
         k_prev, v_prev = state["k"].to(k.dtype), state["v"].to(v.dtype)
     else:
         k_prev, v_prev = k.new_zeros(k.shape[0], R, *k.shape[2:]), v.new_zeros(v.shape[0], R, *v.shape[2:])
-    valid = torch.arange(R + k.shape[1], device=k.device) >= R - pos0  # position pos0 − R + i >= 0
+    valid = None if pos0 >= R else torch.arange(R + k.shape[1], device=k.device) >= R - pos0  # position pos0 − R + i >= 0
     return torch.cat([k_prev, k], 1), torch.cat([v_prev, v], 1), valid
 
 
@@ -680,7 +681,9 @@ class LolcatsAttention(SeparableAttention):
         fq = self._query_features(q)
         if w:  # the token leaving the window at step t sits w positions back: the first T of the window's key sequence
             k_ext, v_ext, valid = _window_keys(state, k, v, w, pos0)
-            fk_out = self._key_features(k_ext[:, :T]) * valid[:T, None, None].to(fq.dtype)
+            fk_out = self._key_features(k_ext[:, :T])
+            if valid is not None:
+                fk_out = fk_out * valid[:T, None, None].to(fq.dtype)
             v_out = v_ext[:, :T]
         else:
             fk_out, v_out = self._key_features(k), v
@@ -708,7 +711,7 @@ class LolcatsAttention(SeparableAttention):
     def _step(self, x, state, pos0):
         """One decoding token once the window is full (pos0 >= w): the same numbers as the general path (the
         contract's step tests tie them) in fewer ops — the token leaving the window, ψ(k_{t−w}) ⊗ [v_{t−w}, 1],
-        added to the linear state, the window's softmax by :func:`~seqmix.ops.window_softmax_step` over the
+        added to the linear state, the window's softmax by the op's fused step (:func:`~seqmix.ops.window_softmax_step`) over the
         last w keys (every one valid), the window's new keys and values made by one concatenation each."""
         V = self.head_v
         q, k, v = self._rotated(x, pos0)
@@ -721,7 +724,8 @@ class LolcatsAttention(SeparableAttention):
             o_lin = torch.matmul(fq[:, 0].to(dt).unsqueeze(-2), S).squeeze(-2)  # [B, H, V + 1]
         o_lin = upcast(o_lin.to(fq.dtype))  # the linear read in the features' dtype, as linear_recurrence returns it
         k_win, v_win = torch.cat([k_old[:, 1:], k], 1), torch.cat([v_old[:, 1:], v], 1)
-        s_num, s_den, _ = window_softmax_step(q, k_win, v_win, check_shapes=False)
+        s_num, s_den, _ = window_softmax(q, k_win, v_win, window=self.window, mode="chunk", check_values=False,
+                                         check_shapes=False)  # every key valid: the op's fused step
         gamma, lam = self.layer_constant("window factors", self.window_factors, self.window_logit)
         num = gamma.view(-1, 1) * s_num[:, 0] + lam.view(-1, 1) * o_lin[..., :V]
         den = gamma * s_den[:, 0] + lam * o_lin[..., V]
@@ -843,13 +847,9 @@ class LigerAttention(GeneralForm):
         P = self._params(x, state, need_state)
         o_lin, S = self._core(P, state.get("S") if state else None, mode, need_state)
         q, k = self._window_qk(P, pos0)
-        if mode == "step" and T == 1 and state is not None and w > 1 and pos0 >= w - 1:  # a full window: the fused step
-            k_ext, v_ext = torch.cat([state["k"].to(k.dtype), k], 1), torch.cat([state["v"].to(P.v.dtype), P.v], 1)
-            num, den, _ = window_softmax_step(q, k_ext, v_ext, check_shapes=False)
-        else:
-            k_ext, v_ext, valid = _window_keys(state, k, P.v, w - 1, pos0)
-            num, den, _ = window_softmax(q, k_ext, v_ext, window=w, key_valid=valid, mode=_window_mode(mode),
-                                         chunk_size=c.chunk_size, check_values=False)
+        k_ext, v_ext, valid = _window_keys(state, k, P.v, w - 1, pos0)  # a full window decodes by the op's fused step
+        num, den, _ = window_softmax(q, k_ext, v_ext, window=w, key_valid=valid, mode=_window_mode(mode),
+                                     chunk_size=c.chunk_size, check_values=False)
         o = (c.linear_weight * upcast(o_lin) + c.window_weight * num / den.unsqueeze(-1)).to(P.v.dtype)
         y = self._readout(o, P, x)
         new = None

@@ -24,7 +24,8 @@ Modes:
 * ``chunk``: blocks of C queries, each against the C + window − 1 keys it can see (an unfold of
   the keys): O(T·(C + window)) work and memory instead of O(T·(R + T)).
 
-A decoding step is the parallel mode at T = 1 over the R + 1 keys: O(window) per token.
+A decoding step is O(window) per token: the chunk mode at T = 1 over the R + 1 keys, the fused
+:func:`window_softmax_step` once every key is valid.
 """
 
 from __future__ import annotations
@@ -114,18 +115,25 @@ def _chunk(q, k, v, window, key_valid, C):
 
 @full_precision
 def window_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window: int, key_valid: torch.Tensor | None = None,
-                   mode: str = "chunk", chunk_size: int = 64, return_weights: bool = False, check_values: bool = True):
+                   mode: str = "chunk", chunk_size: int = 64, return_weights: bool = False, check_values: bool = True,
+                   check_shapes: bool = True):
     """(num, den, m) of the module docstring: sliding-window softmax over each query's last ``window`` keys
     with its normalizer apart. q [B, T, H, K] (scaled; the queries are the last T positions of k);
     k [B, R + T, H, K]; v [B, R + T, H, V]; key_valid [R + T] bool (False: no token there, such as a cache
     slot before position 0), None: all valid. ``mode``: "parallel" (the explicit matrix, the reference)
     or "chunk" (blocks of ``chunk_size`` queries). ``return_weights`` (parallel only): also the weights
-    exp(s_tj − m_t) on the visible keys, [B, H, T, R + T]. Computed in float32 or wider."""
-    check_choice("mode", mode, MODES, _WHERE)
-    check_positive_int("chunk_size", chunk_size, _WHERE)
-    _check(q, k, v, window, key_valid, check_values)
-    if return_weights and mode != "parallel":
-        raise ValueError(f"{_WHERE}: argument 'return_weights' needs mode 'parallel' (the explicit matrix), got mode {mode!r}")
+    exp(s_tj − m_t) on the visible keys, [B, H, T, R + T]. Computed in float32 or wider. In the chunk mode one
+    query with every key valid (a decoding step once the window is full: ``key_valid`` None) is the fused step
+    of :func:`window_softmax_step` over the last ``window`` keys. ``check_shapes=False``: a
+    mixer's decoding step that built its inputs skips the argument checks."""
+    if check_shapes:
+        check_choice("mode", mode, MODES, _WHERE)
+        check_positive_int("chunk_size", chunk_size, _WHERE)
+        _check(q, k, v, window, key_valid, check_values)
+        if return_weights and mode != "parallel":
+            raise ValueError(f"{_WHERE}: argument 'return_weights' needs mode 'parallel' (the explicit matrix), got mode {mode!r}")
+    if mode == "chunk" and q.shape[1] == 1 and key_valid is None:  # (the parallel mode stays the reference)
+        return _full_window_step(q, k[:, -window:], v[:, -window:])
     dt = compute_dtype(q, k, v)
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     if mode == "parallel":
@@ -154,6 +162,11 @@ def window_softmax_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ch
         B, _, H, K = q.shape
         check_shape("k", k, (B, None, H, K), "[B, w, H, K] (q's B, H, K)", where)
         check_shape("v", v, (B, k.shape[1], H, None), "[B, w, H, V] (k's B, w, H)", where)
+    return _full_window_step(q, k, v)
+
+
+def _full_window_step(q, k, v):
+    """The body of :func:`window_softmax_step` (no checks; autocast off by the caller's decorator)."""
     dt = compute_dtype(q, k, v)
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     s = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1))  # [B, H, 1, w]

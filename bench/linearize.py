@@ -64,7 +64,9 @@ TARGET_CASES = ["lolcats(window 64)", "hybrid:lolcats(window 64)", "gated_deltan
 WINDOWED = {"lolcats", "liger_attention", "sliding_window_attention", "bmojo", "bmojo_f"}
 #: the method flags of the student cases (None: the recipe's value) -> LinearizeConfig field
 METHOD_FLAGS = {"transfer_lr": "transfer_lr", "finetune_lr": "finetune_lr", "kd": "kd", "lora_rank": "lora_rank",
-                "transfer_trainable": "transfer_trainable", "transfer_frac": "transfer_share"}
+                "transfer_trainable": "transfer_trainable", "transfer_frac": "transfer_share", "group_kv": "group_kv"}
+#: method fields added after results were stored: a stored result without one was measured at this value
+LATER_FIELDS = {"group_kv": False}
 #: the stage-1 lr written into every from-scratch run's config (they have no stage 1: a constant, so that the
 #: runs' settings keys do not depend on the recipe's)
 SCRATCH_TRANSFER_LR = 3e-3
@@ -165,7 +167,9 @@ def arch_label(mixer: str, mixer_config: dict) -> str:
 
 def scratch_loss(mixer: str, mixer_config: dict, kept: list[int], n_layers: int, budget: int, a, teacher_dir: Path,
                  out: Path) -> dict:
-    """L_scratch: the same architecture (softmax kept where the linearized one kept it) from a random init
+    """L_scratch: the same architecture (softmax kept where the linearized one kept it; one k and v per head, as a
+    model built from scratch has them: a student that keeps its teacher's kv heads has fewer weights, so its baseline
+    is no weaker) from a random init
     on the same tokens, next-token loss only, every weight trained, the best of a sweep — one rule for every
     scratch run: for each init of ``--scratch-inits`` ("random": the students' own init; "random_hf": their
     Linear weights drawn as transformers draws the host model's, normal(0, 0.02)), each lr of ``--scratch-lrs``,
@@ -187,11 +191,12 @@ def scratch_loss(mixer: str, mixer_config: dict, kept: list[int], n_layers: int,
                               stages=("finetune",), tokens=budget, transfer_tokens=0, finetune_tokens=budget, match="output",
                               transfer_split=None, transfer_trainable="all", transfer_lr=SCRATCH_TRANSFER_LR, finetune_lr=lr,
                               kd=0.0, ce=1.0, lora_rank=0, lora_targets="kept", finetune_trainable="all", length_multiples=(),
+                              group_kv=False,
                               out=str(scratch_dir / f"{name}{'_hfinit' if init == 'random_hf' else ''}{tag}_lr{lr:g}"),
                               **_common(a))
         stored = Path(cfg.out) / "metrics.json"  # a finished run of the same settings: its measured loss, not run again
         blob = json.loads(stored.read_text()) if stored.is_file() else None
-        same = blob is not None and LinearizeConfig(**blob["config"]).stage_key("finetune") == cfg.stage_key("finetune")
+        same = blob is not None and LinearizeConfig(**{**LATER_FIELDS, **blob["config"]}).stage_key("finetune") == cfg.stage_key("finetune")
         res = blob if same else run(cfg, progress=False)
         sweep[init, lr] = res["stages"]["finetune"]["eval"]["loss"]
         print(f"  scratch {name} init {init} lr {lr:g}: {sweep[init, lr]:.4f}", flush=True)
@@ -510,6 +515,8 @@ def main(argv=None) -> int:
     g.add_argument("--finetune-lr", type=float, default=None)
     g.add_argument("--kd", type=float, default=None, help="KD weight in stage 2")
     g.add_argument("--lora-rank", type=int, default=None, help="LoRA rank in stage 2 (0: full fine-tuning)")
+    g.add_argument("--group-kv", action=argparse.BooleanOptionalAction, default=None,
+                   help="the students keep the teacher's kv heads (k, v rows tied per group) or not")
     g.add_argument("--transfer-trainable", choices=["all", "new", "block"], default=None)
     p.add_argument("--ablation-baselines", action="store_true", help="give every recipe ablation its own from-scratch "
                    "baseline (default: the ablations are compared by the claims, on their losses)")
@@ -547,7 +554,7 @@ def main(argv=None) -> int:
                 prior = json.loads(f.read_text())
                 now = {k: v for k, v in _jsonable(method(case, a)).items() if k != "recipe"}
                 if any(prior["settings"].get(k) != getattr(a, k) for k in SETTINGS) or \
-                        any(prior.get("method", {}).get(k) != v for k, v in now.items()):
+                        any(prior.get("method", {}).get(k, LATER_FIELDS.get(k)) != v for k, v in now.items()):
                     raise SystemExit(f"bench/linearize.py: {f} was measured with other settings or another method "
                                      f"({prior['settings']}, {prior.get('method')}): use another --out")
                 if prior.get("G") is not None or not _needs_baseline(case, a):

@@ -53,6 +53,16 @@ from _common import ROOT, machine_info, print_table, write_doc_section
 MARKER = "bench/linearize_speed.py:results"
 DOCS, PLOT = ROOT / "docs" / "linearize.md", ROOT / "docs" / "img" / "linearize_speed.png"
 HEADS, KV_HEADS, VOCAB = 8, 4, 256
+
+
+def _default_group_kv() -> bool:
+    from seqmix.linearize.recipes import DEFAULT_RECIPE, RECIPES
+
+    return RECIPES[DEFAULT_RECIPE].settings["group_kv"]
+
+
+#: the students keep the teacher's kv heads as the default recipe does (read from the recipe: one place)
+GROUP_KV = _default_group_kv()
 #: (P, what) -> the target on a pure student's ratio to the teacher
 DECODE_TARGETS = {256: 0.9, 8192: 3.0, 16384: 5.0}
 PREFILL_TARGETS = {8192: 2.0}
@@ -76,9 +86,9 @@ def recipe_students() -> dict:
     for name, r in RECIPES.items():
         s = r.settings
         mixer, cfg, layers = s["mixer"], dict(s.get("mixer_config") or {}), s.get("layers", "all")
-        if layers == "all" and (mixer, json.dumps(cfg, sort_keys=True)) in have:
+        if layers == "all" and s["group_kv"] == GROUP_KV and (mixer, json.dumps(cfg, sort_keys=True)) in have:
             continue
-        out[f"recipe:{name}"] = (mixer, cfg, layers)
+        out[f"recipe:{name}"] = (mixer, cfg, layers, s["group_kv"])
     return out
 
 
@@ -109,15 +119,16 @@ def models_for(d: int, layers: int, max_len: int, hybrid: str, kept: int, compil
     students = _students()
     for label, (mixer, cfg) in students.items():
         torch.manual_seed(1)
-        out[label] = linearize(_sharing_copy(t), mixer=mixer, layers="all", inplace=True, **cfg).eval()
+        out[label] = linearize(_sharing_copy(t), mixer=mixer, layers="all", inplace=True, group_kv=GROUP_KV, **cfg).eval()
     if hybrid:
         mixer, cfg = students[hybrid]
         torch.manual_seed(1)
         rest = [i for i in range(layers) if i != kept]
-        out[f"hybrid:{hybrid}"] = linearize(_sharing_copy(t), mixer=mixer, layers=rest, inplace=True, **cfg).eval()
-    for label, (mixer, cfg, layers) in recipe_students().items():  # pure or partial, as the recipe runs it
+        out[f"hybrid:{hybrid}"] = linearize(_sharing_copy(t), mixer=mixer, layers=rest, inplace=True, group_kv=GROUP_KV,
+                                            **cfg).eval()
+    for label, (mixer, cfg, layers, group_kv) in recipe_students().items():  # pure or partial, as the recipe runs it
         torch.manual_seed(1)
-        out[label] = linearize(_sharing_copy(t), mixer=mixer, layers=layers, inplace=True, **cfg).eval()
+        out[label] = linearize(_sharing_copy(t), mixer=mixer, layers=layers, inplace=True, group_kv=group_kv, **cfg).eval()
     if compiled:
         for label in students:
             out[f"{label} compiled"] = _sharing_copy(out[label])

@@ -6,6 +6,8 @@ measured best); a flag given overrides the recipe's value."""
 
 from __future__ import annotations
 
+import argparse
+
 
 def _add_linearize(sub):
     from seqmix.linearize.recipes import DEFAULT_RECIPE, RECIPES
@@ -23,6 +25,9 @@ def _add_linearize(sub):
                    help="a field of the student's config (e.g. feature_map=hedgehog, window=64); repeatable")
     m.add_argument("--layers", default=None, help="'all', 'auto:K' (keep K softmax layers: the largest stage-1 residuals), "
                    "'uniform:K' or 'uniform:P%%' (K or P%% softmax layers kept, evenly spaced), or comma-separated layer indices")
+    m.add_argument("--group-kv", action=argparse.BooleanOptionalAction, default=None,
+                   help="a teacher with grouped-query attention keeps its kv heads in the students (k and v rows tied per "
+                   "group: fewer weights read per token); --no-group-kv: one k and v per query head")
     m.add_argument("--init", choices=["attention", "random", "random_hf"], default=None,
                    help="student init: from the attention weights, its own, or its own with transformers' Linear init")
     m.add_argument("--match", default=None, help="stage 1's loss: output, phi, both, block (each decoder layer's output), or "
@@ -87,7 +92,7 @@ def _run_linearize(args) -> int:
               "transfer_share": args.transfer_share, "transfer_lr": args.transfer_lr,
               "transfer_trainable": args.transfer_trainable, "finetune_lr": args.finetune_lr, "lora_rank": args.lora_rank,
               "lora_targets": args.lora_targets, "finetune_trainable": args.finetune_trainable, "kd": args.kd, "ce": args.ce,
-              "tokens": args.tokens, "transfer_tokens": args.transfer_tokens, "finetune_tokens": args.finetune_tokens}
+              "group_kv": args.group_kv, "tokens": args.tokens, "transfer_tokens": args.transfer_tokens, "finetune_tokens": args.finetune_tokens}
     if args.mixer_set is not None:
         method["mixer_config"] = _parse_kv(args.mixer_set, "--set")
     if args.stages is not None:

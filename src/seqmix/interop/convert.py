@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..mixers.base import Mixer, build_mixer
+from ..mixers.layers import group_rows, grouped_rows
 from .adapter import InteropMixer
 from .families import FAMILIES
 from .saved import tag_config
@@ -52,7 +53,8 @@ def from_transformers(model: nn.Module, *, inplace: bool = False, mode: str | No
     adapters = {}
     for path, module, mm in targets:
         if path in placed:  # a mixer placed in this slot (place_mixer): rebuilt from its record, weights as built
-            adapter = _placed_adapter(path, module, mm, build_mixer(placed[path]["mixer"], **placed[path]["config"]))
+            rec = placed[path]
+            adapter = _placed_adapter(path, module, mm, group_rows(build_mixer(rec["mixer"], **rec["config"]), rec.get("grouped")))
         else:
             adapter = _convert(path, module, mm, model.config)
         adapters[path] = (module, adapter)
@@ -102,8 +104,9 @@ PLACED = "seqmix_placed"
 
 
 def placed_mixers(model: nn.Module) -> dict[str, dict]:
-    """{module path: {"mixer": registry name, "config": its config}} of the mixers :func:`place_mixer`
-    put in ``model`` (recorded in ``model.config``, so a saved folder keeps them); {} when none."""
+    """{module path: {"mixer": registry name, "config": its config[, "grouped": {projection: segments}]}} of the
+    mixers :func:`place_mixer` put in ``model`` (recorded in ``model.config``, so a saved folder keeps them; "grouped":
+    the mixer's :class:`~seqmix.mixers.layers.GroupedRows`, rebuilt before its weights load); {} when none."""
     rec = getattr(getattr(model, "config", None), PLACED, None) or {}
     if not isinstance(rec, dict) or not all(isinstance(v, dict) and {"mixer", "config"} <= set(v) for v in rec.values()):
         raise ValueError(f"from_transformers: the config's {PLACED!r} must map module paths to {{'mixer', 'config'}}, got {rec!r}")
@@ -138,6 +141,8 @@ def place_mixer(model: nn.Module, path: str, mixer: Mixer) -> InteropMixer:
     setattr(model.get_submodule(parent) if parent else model, name, adapter)
     rec = dict(placed_mixers(model))
     rec[path] = {"mixer": mixer.registry_name, "config": mixer.config.model_dump(mode="json")}
+    if grouped_rows(mixer):  # projections with rows tied per group (a student that keeps its teacher's kv heads)
+        rec[path]["grouped"] = grouped_rows(mixer)
     setattr(model.config, PLACED, rec)
     tag_config(model)
     return adapter

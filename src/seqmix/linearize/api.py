@@ -95,7 +95,7 @@ def parse_layers(layers, n_layers: int) -> tuple[list[int], int | None]:
 
 
 def linearize(model: nn.Module, mixer: str = "gla", layers="all", init: str = "attention", *, inplace: bool = False,
-              **mixer_config) -> nn.Module:
+              group_kv: bool = False, **mixer_config) -> nn.Module:
     """The transformers ``model`` with the attention of ``layers`` replaced by the seqmix ``mixer``
     (module docstring), each student inside :class:`~seqmix.interop.InteropMixer`; the other layers
     stay transformers' own. ``init="attention"``: q/k/v/o copied by the init table
@@ -103,8 +103,9 @@ def linearize(model: nn.Module, mixer: str = "gla", layers="all", init: str = "a
     with every Linear weight drawn as transformers draws the host model's (normal(0,
     ``config.initializer_range``): what a from-scratch run of the same architecture as one transformers
     model would start from). ``mixer_config``: the
-    student's config fields (e.g. ``feature_map="hedgehog"``, ``window=64``). A copy unless
-    ``inplace``. ``model.seqmix_linearize`` records the call (``auto`` holds K of "auto:K")."""
+    student's config fields (e.g. ``feature_map="hedgehog"``, ``window=64``). ``group_kv``: a teacher with
+    grouped-query attention keeps its kv heads in the students (k and v rows tied per group:
+    :func:`seqmix.linearize.init.build_student`). A copy unless ``inplace``. ``model.seqmix_linearize`` records the call (``auto`` holds K of "auto:K")."""
     paths = attention_layers(model)
     idx, auto = parse_layers(layers, len(paths))
     order = list(paths)  # layer indices of the attention modules, in order
@@ -119,10 +120,11 @@ def linearize(model: nn.Module, mixer: str = "gla", layers="all", init: str = "a
         attention = module.mixer if isinstance(module, InteropMixer) else convert_module(module, out.config, path=path).mixer
         teacher = teacher_weights(attention)
         student = build_student(mixer, teacher, init=init, init_std=float(getattr(out.config, "initializer_range", 0.02)),
-                                **mixer_config)
+                                group_kv=group_kv, **mixer_config)
         place_mixer(out, path, student)
     out.seqmix_linearize = {"mixer": mixer, "layers": [order[i] for i in idx], "init": init, "auto": auto,
-                            "mixer_config": dict(mixer_config)}
+                            "mixer_config": dict(mixer_config),
+                            "group_kv": bool(group_kv)}
     return out
 
 

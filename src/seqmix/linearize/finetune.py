@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..mixers.layers import GroupedRows
 from ..interop.load import load_converted
 from ..interop.train import HFCausalLM
 from .api import students
@@ -94,7 +95,10 @@ def _student_projections(model: nn.Module) -> list[str]:
         entry = student_init(adapter.mixer.registry_name)
         names = dict.fromkeys(r.student.rsplit(".", 1)[0] for r in entry.rows if r.teacher in ("q", "k", "v", "o"))
         for name in names:
-            if isinstance(adapter.mixer.get_submodule(name), nn.Linear):
+            m = adapter.mixer.get_submodule(name)
+            if isinstance(m, GroupedRows):  # k, v kept at the kv heads: the LoRA adapts the stored rows (tied per group)
+                out.append(f"{adapter.where}.mixer.{name}.proj")
+            elif isinstance(m, nn.Linear):
                 out.append(f"{adapter.where}.mixer.{name}")
     return out
 

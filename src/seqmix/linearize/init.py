@@ -43,6 +43,7 @@ from typing import Callable
 import torch
 
 from ..mixers.base import Mixer, build_mixer, mixer_entry
+from ..mixers.layers import GroupedRows, group_rows
 from ..ops import repeat_kv
 
 __all__ = ["Take", "StudentInit", "STUDENTS", "Teacher", "teacher_weights", "student_init", "build_student", "valid_students",
@@ -130,6 +131,9 @@ class StudentInit:
     #: biases; a bias the teacher lacks starts at 0, so the copy is still the teacher's map); None: the family
     #: has no biased projections, and a teacher with biases is refused
     bias: dict | None = None
+    #: the family can keep the teacher's kv heads grouped (``group_kv``: its k and v rows tied per group, a
+    #: :class:`~seqmix.mixers.layers.GroupedRows`); False where the mixer reads its projection's weight itself
+    group_kv: bool = True
 
 
 def _heads(t: Teacher) -> dict:
@@ -249,7 +253,7 @@ STUDENTS: dict[str, StudentInit] = {
     "Bmojo": StudentInit(
         lambda t: {"heads": t.heads, "n": t.heads * t.head_dim}, _QK_PACKED,
         "softmax over the last `window` tokens and the fading (Mamba) memory tokens: the window's q, k, v, o are the teacher's",
-        bias={"bias": True}),
+        bias={"bias": True}, group_kv=False),  # (its memory tokens' keys read W_qk's weight rows themselves)
 }
 
 
@@ -330,12 +334,58 @@ def student_init(mixer: str) -> StudentInit:
 INITS = ("attention", "random", "random_hf")
 
 
-def build_student(mixer: str, teacher: Teacher, *, init: str = "attention", init_std: float = 0.02, **overrides) -> Mixer:
+def build_student(mixer: str, teacher: Teacher, *, init: str = "attention", init_std: float = 0.02, group_kv: bool = False,
+                  **overrides) -> Mixer:
     """The student mixer ``mixer`` sized from ``teacher`` (``overrides``: the user's config fields),
     its q/k/v/o rows copied from the teacher when ``init == "attention"``; ``"random"``: its own init;
     ``"random_hf"``: its own init with every Linear weight redrawn as transformers initialises the host
     model's (normal(0, ``initializer_range``), zero biases; :func:`seqmix.linearize.linearize` passes
-    the host's ``initializer_range`` as ``init_std``)."""
+    the host's ``initializer_range`` as ``init_std``). ``group_kv`` (a teacher with grouped-query attention):
+    the projections that take k and v keep them at the teacher's kv heads (:func:`kv_segments`), so the student
+    reads the teacher's k, v weight bytes rather than ``heads / kv_heads`` times them; the
+    student computes the same function at init (the copied rows of a group are equal); in training the heads
+    of a group share k and v, as the teacher's do (LoLCATs, Mamba-in-the-Llama and Liger keep GQA so)."""
+    student = _build_student(mixer, teacher, init, init_std, overrides)
+    if group_kv:
+        group_rows(student, kv_segments(student, teacher))
+    return student
+
+
+def kv_segments(student: Mixer, teacher: Teacher) -> dict[str, list[list[int]]]:
+    """{projection name: :class:`~seqmix.mixers.layers.GroupedRows` segments} that keep the teacher's kv heads in
+    ``student`` (the init table's k and v rows as (heads, kv_heads, head width) blocks, the projection's other rows
+    plain); {} for a teacher without GQA, a student that keeps them itself (sliding-window attention: its rows
+    are the teacher's k_kv, v_kv) or one that reads its projection's weight rows itself (B'MOJO: one k and v per
+    head; its entry's ``group_kv`` is False)."""
+    entry = student_init(student.registry_name)
+    H, Hkv = teacher.heads, teacher.kv_heads
+    rows = [r for r in entry.rows if r.teacher in ("k", "v")]
+    if Hkv == H or not rows:
+        return {}
+    if not entry.group_kv:  # (B'MOJO reads its weight rows itself: it keeps one k and v per head)
+        return {}
+    blocks: dict[str, list[tuple[int, int]]] = {}
+    for row in rows:
+        name = row.student.rsplit(".", 1)[0]
+        n = student.get_submodule(name).out_features
+        blocks.setdefault(name, []).append(row.rows(teacher) if row.rows else (0, n))
+    out = {}
+    for name, grouped in blocks.items():
+        segs, at, n = [], 0, student.get_submodule(name).out_features
+        for a, b in sorted(grouped):
+            if a > at:
+                segs.append([1, 1, a - at])
+            if (b - a) % H:
+                raise ValueError(f"linearize: argument 'group_kv': {name} rows {a}..{b} do not split into {H} heads")
+            segs.append([H, Hkv, (b - a) // H])
+            at = b
+        if n > at:
+            segs.append([1, 1, n - at])
+        out[name] = segs
+    return out
+
+
+def _build_student(mixer: str, teacher: Teacher, init: str, init_std: float, overrides: dict) -> Mixer:
     if init not in INITS:
         raise ValueError(f"linearize: argument 'init' must be one of {', '.join(INITS)}, got {init!r}")
     entry = student_init(mixer)
@@ -440,7 +490,23 @@ def copied_rows(mixer: Mixer, teacher: Teacher) -> dict[str, list[tuple[int, int
     teacher, rows = _with_qk_norm(entry, teacher, params)
     for row in rows:
         if row.teacher in _PROJECTIONS + ("q_norm", "k_norm"):
-            out.setdefault(row.student, []).append(row.rows(teacher) if row.rows else None)
-            if _bias_name(row) in params:  # the projection's bias: the same output rows
-                out.setdefault(_bias_name(row), []).append(_bias_block(row, teacher))
+            for name, block in ((row.student, row.rows(teacher) if row.rows else None), (_bias_name(row), _bias_block(row, teacher))):
+                name, block = _stored(mixer, name, block)
+                if name in params:  # (the projection's bias: the same output rows, where it has one)
+                    out.setdefault(name, []).append(block)
     return out
+
+
+def _stored(mixer: Mixer, name: str | None, block: tuple[int, int] | None) -> tuple[str | None, tuple[int, int] | None]:
+    """The parameter and rows that hold output rows ``block`` of projection parameter ``name``: the same, or in a
+    :class:`~seqmix.mixers.layers.GroupedRows` its stored Linear's (``W_k.weight`` -> ``W_k.proj.weight``)."""
+    if name is None:
+        return name, block
+    module, _, leaf = name.rpartition(".")
+    try:
+        m = mixer.get_submodule(module) if module else mixer
+    except AttributeError:
+        return name, block
+    if not isinstance(m, GroupedRows):
+        return name, block
+    return f"{module}.proj.{leaf}", m.stored_block(*(block or (0, m.out_features)))

@@ -69,6 +69,8 @@ class LinearizeConfig(BaseModel):
     mixer_config: dict[str, Any] = Field(default_factory=lambda: dict(_D["mixer_config"]), description="the student's config fields")
     layers: str = Field(_D["layers"], description="'all', 'auto:K', 'uniform:K' or 'uniform:P%' (K softmax layers kept, evenly "
                         "spaced), or comma-separated layer indices")
+    group_kv: bool = Field(_D["group_kv"], description="a teacher with grouped-query attention keeps its kv heads in the students "
+                           "(their k and v rows tied per group: fewer weights to read per decoded token)")
     init: Literal["attention", "random", "random_hf"] = Field(
         _D["init"], description="student init: from the attention weights, its own, or its own with the Linear weights drawn "
         "as transformers draws the host model's (normal(0, initializer_range))")
@@ -203,7 +205,7 @@ class LinearizeConfig(BaseModel):
             common += ["finetune_tokens", "finetune_lr", "lora_rank", "kd"]
         fields = {k: getattr(self, k) for k in common}
         # the fields below enter the key only away from their neutral value, so that a key names only what matters
-        neutral = {"transfer_trainable": "all", "precision": "fp32", "transfer_split": None}
+        neutral = {"transfer_trainable": "all", "precision": "fp32", "transfer_split": None, "group_kv": False}
         if stage == "finetune":
             neutral.update(ce=1.0, lora_targets="kept", finetune_trainable=None)
         for k, default in neutral.items():
@@ -494,7 +496,7 @@ def run(cfg: LinearizeConfig, *, console=None, progress: bool = True,
     current = None  # the folder of the last finished stage's model
     # -- stage 0: the linearized model at init ------------------------------------------------
     torch.manual_seed(cfg.seed)
-    lin = linearize(teacher, mixer=cfg.mixer, layers=cfg.layers, init=cfg.init, **cfg.mixer_config).to(device)
+    lin = linearize(teacher, mixer=cfg.mixer, layers=cfg.layers, init=cfg.init, group_kv=cfg.group_kv, **cfg.mixer_config).to(device)
     auto = lin.seqmix_linearize["auto"]
     held_out = [b.inputs.to(device) for _, b in zip(range(2), test.batches())]
     metrics["init"] = evaluate(lin)

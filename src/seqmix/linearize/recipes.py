@@ -38,7 +38,7 @@ __all__ = ["Recipe", "RECIPES", "DEFAULT_RECIPE", "recipe", "recipe_settings", "
 MATCHES = ("output", "phi", "both", "block")
 #: the LinearizeConfig fields a recipe sets (the method); the rest (data, budget, device, output) are the run's
 METHOD_FIELDS = ("mixer", "mixer_config", "layers", "init", "match", "transfer_split", "transfer_trainable", "transfer_share",
-                 "transfer_lr", "finetune_lr", "lora_rank", "lora_targets", "finetune_trainable", "kd", "ce", "stages")
+                 "transfer_lr", "finetune_lr", "lora_rank", "lora_targets", "finetune_trainable", "kd", "ce", "stages", "group_kv")
 
 
 class Recipe(BaseModel):
@@ -65,16 +65,16 @@ def _claim(text: str, a: str, b: str, caveat: str = "") -> Claim:
 _SEQMIX = Recipe(
     name="seqmix",
     title="LoLCATs attention started at its window (softmax over the last 64 tokens with the teacher's q/k/v/o; the "
-          "Hedgehog linear attention before the window weighted 1 − γ, γ from 0.99); output matching of every student "
-          "weight; KD + LoRA on the kept weights, the students in full",
+          "Hedgehog linear attention before the window weighted 1 − γ, γ from 0.99; a GQA teacher's kv heads kept); output "
+          "matching of every student weight; KD + LoRA on the kept weights, the students in full",
     source="seqmix's own, measured by bench/linearize.py (docs/linearize.md, 'Measured')",
     settings=dict(mixer="lolcats", mixer_config={"window": 64, "window_factor": 0.99, "affine_window_factor": True},
                   layers="all", init="attention", stages=("transfer", "finetune"), match="output", transfer_split=None,
                   transfer_trainable="all", transfer_share=1 / 3, transfer_lr=1e-3, finetune_lr=1e-3, lora_rank=8,
-                  lora_targets="kept", finetune_trainable=None, kd=1.0, ce=1.0),
+                  lora_targets="kept", finetune_trainable=None, kd=1.0, ce=1.0, group_kv=True),
     paper="—",
     scaled="—",
-    ablations={"no_kd": {"kd": 0.0}, "full": {"lora_rank": 0},
+    ablations={"no_kd": {"kd": 0.0}, "full": {"lora_rank": 0}, "expand_kv": {"group_kv": False},
                "gamma_0.1": {"mixer_config": {"window": 64, "window_factor": 0.1, "affine_window_factor": False}},
                "gated_deltanet": {"mixer": "gated_deltanet"},
                "window_only": {"mixer": "sliding_window_attention", "mixer_config": {"window": 64}}},
@@ -86,7 +86,10 @@ _SEQMIX = Recipe(
                    "seqmix:gated_deltanet"),
             Claim(text="the linear attention before the window adds to the window alone (sliding-window softmax, 64 "
                        "tokens): no worse by more than 0.01 bits/byte", check="not_above", a="seqmix", b="seqmix:window_only",
-                  value=0.01)],
+                  value=0.01),
+            Claim(text="keeping the teacher's kv heads (k, v tied per group: fewer weights to read per token) costs no "
+                       "quality: no worse by more than 0.01 bits/byte than one k and v per head", check="not_above", a="seqmix",
+                  b="seqmix:expand_kv", value=0.01)],
 )
 
 _LOLCATS = Recipe(
@@ -96,12 +99,14 @@ _LOLCATS = Recipe(
     source="Zhang et al. 2025, LoLCATs (ICLR): §3.2-3.3, eq. 7, Table 8; ablations Tables 1, 6",
     settings=dict(mixer="lolcats", mixer_config={"window": 64}, layers="all", init="attention", stages=("transfer", "finetune"),
                   match="output", transfer_split=None, transfer_trainable="new", transfer_share=0.5, transfer_lr=1e-2,
-                  finetune_lr=3e-3, lora_rank=8, lora_targets="students", finetune_trainable="lora", kd=0.0, ce=1.0),
+                  finetune_lr=3e-3, lora_rank=8, lora_targets="students", finetune_trainable="lora", kd=0.0, ce=1.0,
+                  group_kv=False),
     paper="w = 64; stage 1: 1000 × MSE of each layer's attention output, feature maps and γ only, lr 1e-2, ≈20M tokens of "
           "Alpaca at 1024; stage 2: LoRA r 8, α 16 on q, k, v, o (feature maps, γ, MLPs frozen), next-token CE, lr 1e-4, "
           "≈20M tokens (40M in all)",
     scaled="the budget split 1:1 as the paper's 20M:20M; stage 2's lr 3e-3 (1e-4 moves a d = 128 model little in the steps "
-           "a 10% budget gives); the MSE is on the output after W_o (frozen in stage 1, so the same minimiser up to that map)",
+           "a 10% budget gives); the MSE is on the output after W_o (frozen in stage 1, so the same minimiser up to that map); "
+           "one k and v per query head (the paper keeps a GQA teacher's kv heads: group_kv=True)",
     ablations={"no_transfer": {"stages": ("finetune",)}, "linear_only": {"mixer_config": {"window": 0}},
                "transfer_all": {"transfer_trainable": "all"},
                "window_only": {"mixer": "sliding_window_attention", "mixer_config": {"window": 64}, "transfer_trainable": "all",
@@ -122,7 +127,7 @@ _MOHAWK = Recipe(
            "goombalab/phi-mamba",
     settings=dict(mixer="phi_mamba", mixer_config={}, layers="all", init="attention", stages=("transfer", "finetune"),
                   match="phi,block", transfer_split=(1.0, 2.0), transfer_trainable="all", transfer_share=0.08, transfer_lr=3e-3,
-                  finetune_lr=3e-3, lora_rank=0, lora_targets="kept", finetune_trainable="all", kd=1.0, ce=0.0),
+                  finetune_lr=3e-3, lora_rank=0, lora_targets="kept", finetune_trainable="all", kd=1.0, ce=0.0, group_kv=False),
     paper="stage 1: Frobenius norm of Φ_student − Φ_teacher per layer, 80M tokens; stage 2: each block's output on the "
           "teacher's block input, 160M tokens; stage 3: KD of the logits, the whole model, 2.76B tokens (C4, context 2048)",
     scaled="the shares 80:160:2760 of the budget; Φ matching as the squared error per query row (seqmix's Φ loss) rather "
@@ -141,12 +146,13 @@ _MIL = Recipe(
            "jxiw/MambaInLlama",
     settings=dict(mixer="mamba2", mixer_config={}, layers="uniform:50%", init="attention", stages=("finetune",), match="output",
                   transfer_split=None, transfer_trainable="all", transfer_share=0.0, transfer_lr=3e-3, finetune_lr=3e-3,
-                  lora_rank=0, lora_targets="kept", finetune_trainable="students", kd=0.1, ce=1.0),
+                  lora_rank=0, lora_targets="kept", finetune_trainable="students", kd=0.1, ce=1.0, group_kv=False),
     paper="attention kept in the odd layers (50%), every 4th (25%), every 8th (12.5%); distillation 0.1·KL + 1·CE on "
           "the teacher's pseudo-labels, only the Mamba layers trained (lr 8e-5); then SFT and DPO on chat data",
     scaled="the distillation stage on the corpus itself (no pseudo-labels: the teacher's distribution enters through the "
            "KL term); SFT and DPO left out (they need chat data); lr 3e-3; seqmix's init sets the short convolution to "
-           "the identity (the paper keeps Mamba-2's random init)",
+           "the identity (the paper keeps Mamba-2's random init); one x and B per head (the paper keeps a GQA teacher's kv "
+           "heads: group_kv=True)",
     ablations={"random_init": {"init": "random"}, "attention_25": {"layers": "uniform:25%"}, "attention_0": {"layers": "all"}},
     claims=[_claim("the attention init beats a random init", "mamba_in_llama", "mamba_in_llama:random_init"),
             _claim("more attention layers kept lower the loss (50% vs 25%)", "mamba_in_llama", "mamba_in_llama:attention_25"),
@@ -162,9 +168,11 @@ _LIGER = Recipe(
            "OpenSparseLLMs/Linearization",
     settings=dict(mixer="liger_attention", mixer_config={}, layers="all", init="attention", stages=("finetune",),
                   match="output", transfer_split=None, transfer_trainable="all", transfer_share=0.0, transfer_lr=3e-3,
-                  finetune_lr=3e-3, lora_rank=8, lora_targets="students", finetune_trainable="lora", kd=0.0, ce=1.0),
+                  finetune_lr=3e-3, lora_rank=8, lora_targets="students", finetune_trainable="lora", kd=0.0, ce=1.0,
+                  group_kv=False),
     paper="one stage: next-token CE, LoRA r 8 on q, k, v, lr 1e-3, ≈20M tokens (Alpaca at 1024); window 64",
-    scaled="LoRA on the students' q/k/v/o (the paper: q/k/v); lr 3e-3",
+    scaled="LoRA on the students' q/k/v/o (the paper: q/k/v); lr 3e-3; one k and v per query head (the paper keeps a GQA "
+           "teacher's kv heads: group_kv=True)",
     ablations={"gla_only": {"mixer": "liger_gla"}},
     claims=[_claim("Liger attention beats its gated recurrence alone", "liger", "liger:gla_only")],
 )
@@ -177,7 +185,7 @@ _RADLADS = Recipe(
            "recursal/RADLADS-paper",
     settings=dict(mixer="rad_rwkv7", mixer_config={}, layers="all", init="attention", stages=("transfer", "finetune"),
                   match="output", transfer_split=None, transfer_trainable="all", transfer_share=100 / 350, transfer_lr=3e-3,
-                  finetune_lr=1e-3, lora_rank=0, lora_targets="kept", finetune_trainable="all", kd=1.0, ce=0.0),
+                  finetune_lr=1e-3, lora_rank=0, lora_targets="kept", finetune_trainable="all", kd=1.0, ce=0.0, group_kv=False),
     paper="step 1: L2 of each attention output (after o_proj) on the teacher's inputs, the attention modules trained, "
           "100M tokens at 512, lr 1e-3 → 1e-5; step 2: KL only, every weight, 250-500M tokens, lr 1e-5; step 3 (optional): "
           "next-token CE at 16k context, 100M tokens",

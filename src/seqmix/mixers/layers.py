@@ -146,3 +146,121 @@ class LayerNorm(nn.Module):
         if self.weight is not None:
             y = y * self.weight
         return y + self.bias if self.bias is not None else y
+
+
+class GroupedRows(nn.Module):
+    """A Linear whose output rows come in groups that share their weights: grouped-query attention's k and v
+    projections kept at the kv heads inside a mixer that reads one k and v per query head.
+
+    ``segments``: the output, in order, as blocks ``(heads, kv_heads, width)``: ``heads·width`` output rows,
+    of which head h is stored head ``h // (heads / kv_heads)`` (transformers' ``repeat_kv``: each kv head
+    repeated in a row); ``(1, 1, n)`` is a block of n ordinary rows. The stored Linear ``proj`` holds
+    ``Σ kv_heads·width`` rows, and ``forward(x) = proj(x)[..., index]``: it equals the ``nn.Linear`` whose
+    weight is :meth:`expanded_weight` (the reference, tied in tests/test_grouped_rows.py), reading
+    ``kv_heads/heads`` of its bytes for the grouped blocks. Its gradient flows into the stored rows (the sum
+    over each group). The mixer around it sees an ordinary projection of ``out_features`` rows."""
+
+    def __init__(self, in_features: int, segments, *, bias: bool = True, _proj: nn.Linear | None = None):
+        super().__init__()
+        self.segments = check_segments(segments)
+        self.in_features = int(in_features)
+        index = _group_index(self.segments)
+        self.out_features = index.numel()
+        self.proj = _proj if _proj is not None else nn.Linear(in_features, int(index.max()) + 1, bias=bias)
+        self.register_buffer("index", index.to(self.proj.weight.device), persistent=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, segments) -> GroupedRows:
+        """The grouped projection of ``linear`` (its weight and bias: the first row of each group is kept; where the
+        rows of a group are equal, as the teacher's repeated k and v rows are, it computes exactly what ``linear``
+        does)."""
+        segments = check_segments(segments)
+        first = _first_rows(segments)
+        if linear.out_features != _group_index(segments).numel():
+            raise ValueError(f"GroupedRows: argument 'segments' = {segments} covers {_group_index(segments).numel()} rows, the "
+                             f"Linear has {linear.out_features}")
+        first = first.to(linear.weight.device)
+        proj = nn.utils.skip_init(nn.Linear, linear.in_features, first.numel(), bias=linear.bias is not None,
+                                  device=linear.weight.device, dtype=linear.weight.dtype)  # (draws nothing from the RNG)
+        with torch.no_grad():
+            proj.weight.copy_(linear.weight[first])
+            if linear.bias is not None:
+                proj.bias.copy_(linear.bias[first])
+        proj.requires_grad_(linear.weight.requires_grad)
+        return cls(linear.in_features, segments, _proj=proj)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The stored rows [Σ kv_heads·width, in_features] (``proj.weight``)."""
+        return self.proj.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.proj.bias
+
+    def expanded_weight(self) -> torch.Tensor:
+        """The weight of the ordinary Linear this projection equals: [out_features, in_features]."""
+        return self.proj.weight[self.index]
+
+    def stored_block(self, start: int, stop: int) -> tuple[int, int]:
+        """The stored rows (start, stop) that output rows start .. stop − 1 read (a block of one segment)."""
+        rows = self.index[start:stop]
+        return int(rows.min()), int(rows.max()) + 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).index_select(-1, self.index)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, segments={self.segments}"
+
+
+def check_segments(segments) -> list[list[int]]:
+    """``segments`` of :class:`GroupedRows` as a list of [heads, kv_heads, width], checked: positive integers, kv_heads
+    dividing heads (ValueError naming 'segments' otherwise)."""
+    try:
+        out = [[int(h), int(g), int(w)] for h, g, w in segments]
+        ok = all(v == orig for seg, o in zip(out, segments) for v, orig in zip(seg, o))
+    except (TypeError, ValueError):
+        out, ok = [], False
+    if not ok or not out or any(h < 1 or g < 1 or w < 1 or h % g for h, g, w in out):
+        raise ValueError(f"GroupedRows: argument 'segments' must be a non-empty list of [heads, kv_heads, width] (positive "
+                         f"integers, kv_heads dividing heads), got {segments!r}")
+    return out
+
+
+def _group_index(segments: list[list[int]]) -> torch.Tensor:
+    """For each output row, the stored row it reads (module docstring of :class:`GroupedRows`)."""
+    parts, stored = [], 0
+    for h, g, w in segments:
+        heads = torch.arange(h).repeat_interleave(w) // (h // g)
+        parts.append(stored + heads * w + torch.arange(w).repeat(h))
+        stored += g * w
+    return torch.cat(parts)
+
+
+def _first_rows(segments: list[list[int]]) -> torch.Tensor:
+    """For each stored row, the first output row that reads it."""
+    index = _group_index(segments)
+    first = torch.full((int(index.max()) + 1,), index.numel(), dtype=torch.long)
+    return first.scatter_reduce_(0, index, torch.arange(index.numel()), reduce="amin")
+
+
+def group_rows(module: nn.Module, grouped: dict | None) -> nn.Module:
+    """``module`` (in place) with each Linear named in ``grouped`` ({submodule name: segments}) replaced by its
+    :class:`GroupedRows`; what :func:`grouped_rows` of a module returns rebuilds it (before its weights are loaded)."""
+    for name, segments in (grouped or {}).items():
+        try:
+            linear = module.get_submodule(name)
+        except AttributeError:
+            linear = None
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"group_rows: argument 'grouped': {type(module).__name__} has no Linear {name!r} to group "
+                             f"(found {type(linear).__name__})")
+        parent, _, attr = name.rpartition(".")
+        setattr(module.get_submodule(parent) if parent else module, attr, GroupedRows.from_linear(linear, segments))
+    return module
+
+
+def grouped_rows(module: nn.Module) -> dict[str, list[list[int]]]:
+    """{submodule name: segments} of the :class:`GroupedRows` inside ``module`` ({} when none)."""
+    return {name: m.segments for name, m in module.named_modules() if isinstance(m, GroupedRows)}

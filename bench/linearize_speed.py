@@ -63,6 +63,9 @@ def _default_group_kv() -> bool:
 
 #: the students keep the teacher's kv heads as the default recipe does (read from the recipe: one place)
 GROUP_KV = _default_group_kv()
+#: the prompt of the counted work: longer than every student's window (64 tokens), so the counted step is the one
+#: that a long prompt runs (a window not yet full takes the general path)
+COUNT_PROMPT = 128
 #: (P, what) -> the target on a pure student's ratio to the teacher
 DECODE_TARGETS = {256: 0.9, 8192: 3.0, 16384: 5.0}
 PREFILL_TARGETS = {8192: 2.0}
@@ -253,13 +256,13 @@ def summarize(data: dict) -> dict:
 
 
 def counted(models: dict) -> dict:
-    """name -> {aten ops, Python calls per decoding step (bench/interop.py's call_counts at a 16-token prompt),
+    """name -> {aten ops, Python calls per decoding step (bench/interop.py's call_counts at a COUNT_PROMPT-token prompt),
     weight bytes}."""
     from interop import call_counts
 
     out = {}
     for name, m in models.items():
-        ops, calls = call_counts(m, 16)["decode"]
+        ops, calls = call_counts(m, COUNT_PROMPT)["decode"]
         out[name] = {"aten_ops": ops, "python_calls": calls, "weight_bytes": weight_bytes(m)}
     return out
 

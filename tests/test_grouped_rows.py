@@ -104,9 +104,9 @@ GROUPED = [("linear_attention", {"feature_map": "hedgehog"}), ("lolcats", {"wind
            ("liger_attention", {})]
 
 
-def teacher(heads=4, kv_heads=2, d=32, layers=2, bias=False):
+def teacher(heads=4, kv_heads=2, d=32, layers=2, bias=False, vocab=VOCAB):
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=d, intermediate_size=2 * d, num_hidden_layers=layers,
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=2 * d, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
                       attention_bias=bias)
     cfg._attn_implementation = "sdpa"
@@ -236,3 +236,16 @@ def test_lora_on_the_students_adapts_the_stored_rows():
     assert isinstance(out.model.layers[0].self_attn.mixer.W_k, GroupedRows)
     with torch.no_grad():
         torch.testing.assert_close(out(x).logits, y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("flag,want", [([], True), (["--no-group-kv"], False), (["--recipe", "lolcats", "--group-kv"], True)])
+def test_the_command_keeps_the_kv_heads_as_the_recipe_or_the_flag_says(tmp_path, flag, want):
+    from seqmix.cli import main
+
+    teacher(vocab=256).save_pretrained(tmp_path / "teacher")
+    out = tmp_path / "lin"
+    argv = ["linearize", "--hf", str(tmp_path / "teacher"), "--seq-len", "16", "--batch-size", "2", "--tokens", "96",
+            "--eval-batches", "1", "--length", "none", "--stages", "transfer", "--no-progress", "--out", str(out), *flag]
+    assert main(argv) == 0
+    back = load_converted(out)
+    assert all(bool(grouped_rows(a.mixer)) == want for a in students(back).values())

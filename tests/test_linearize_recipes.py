@@ -16,6 +16,7 @@ from test_linearize import ids, teacher  # noqa: E402
 from seqmix.linearize import DEFAULT_RECIPE, RECIPES, LinearizeConfig, linearize, parse_layers, residuals, students, transfer  # noqa: E402
 from seqmix.linearize.attention_transfer import block_path, capture  # noqa: E402
 from seqmix.linearize.recipes import METHOD_FIELDS, recipe_settings  # noqa: E402
+from seqmix.mixers.layers import grouped_rows  # noqa: E402
 
 
 def cfg(**kw):
@@ -309,6 +310,8 @@ def test_every_recipe_runs_through_the_command_and_its_folder_loads_and_decodes(
     back = load_converted(out)
     held = {i for i, _ in students(back).items()}
     assert held and all(a.mixer.registry_name == c["mixer"] for a in students(back).values())
+    # the teacher's kv heads (GQA 4/2) kept as the recipe says, through the saved folder
+    assert all(bool(grouped_rows(a.mixer)) == c["group_kv"] for a in students(back).values())
     assert back.generate(ids(1, 4, vocab=256), max_new_tokens=3, do_sample=False).shape == (1, 7)
 
 

@@ -30,10 +30,12 @@ def test_grouped_rows_is_the_linear_of_its_expanded_weight(dtype, tol):
     g = GroupedRows(5, SEGMENTS).to(dtype)
     assert g.index.tolist() == _reference_index(SEGMENTS)
     n_out = sum(h * w for h, _, w in SEGMENTS)
-    assert g.out_features == n_out and tuple(g.weight.shape) == (sum(k * w for _, k, w in SEGMENTS), 5)
+    assert g.out_features == n_out and tuple(g.proj.weight.shape) == (sum(k * w for _, k, w in SEGMENTS), 5)
+    assert tuple(g.weight.shape) == (n_out, 5)  # nn.Linear's contract: the expanded weight
     x = torch.randn(2, 7, 5, dtype=dtype)
-    W, b = g.expanded_weight(), g.bias[g.index]
-    assert torch.equal(W, g.weight[torch.tensor(_reference_index(SEGMENTS))])
+    W, b = g.expanded_weight(), g.proj.bias[g.index]
+    assert torch.equal(g.bias, b)
+    assert torch.equal(W, g.proj.weight[torch.tensor(_reference_index(SEGMENTS))])
     torch.testing.assert_close(g(x), F.linear(x, W, b), rtol=tol, atol=tol)
     # the gradient of the stored rows: the sum over each group of the expanded Linear's
     lin = torch.nn.Linear(5, n_out).to(dtype)
@@ -43,8 +45,8 @@ def test_grouped_rows_is_the_linear_of_its_expanded_weight(dtype, tol):
     up = torch.randn(2, 7, n_out, dtype=dtype)
     (g(x) * up).sum().backward()
     (lin(x) * up).sum().backward()
-    expect = torch.zeros_like(g.weight).index_add_(0, g.index, lin.weight.grad)
-    torch.testing.assert_close(g.weight.grad, expect, rtol=tol, atol=tol)
+    expect = torch.zeros_like(g.proj.weight).index_add_(0, g.index, lin.weight.grad)
+    torch.testing.assert_close(g.proj.weight.grad, expect, rtol=tol, atol=tol)
 
 
 def test_from_linear_keeps_the_first_row_of_each_group_and_draws_nothing():
@@ -65,7 +67,7 @@ def test_group_rows_rebuilds_from_what_grouped_rows_records():
     m.W_k = torch.nn.Linear(4, 8, bias=False)
     m.W_q = torch.nn.Linear(4, 8)
     group_rows(m, {"W_k": [[4, 2, 2]]})
-    assert grouped_rows(m) == {"W_k": [[4, 2, 2]]} and tuple(m.W_k.weight.shape) == (4, 4)
+    assert grouped_rows(m) == {"W_k": [[4, 2, 2]]} and tuple(m.W_k.proj.weight.shape) == (4, 4)
     other = torch.nn.Module()
     other.W_k, other.W_q = torch.nn.Linear(4, 8, bias=False), torch.nn.Linear(4, 8)
     group_rows(other, grouped_rows(m)).load_state_dict(m.state_dict())
@@ -99,7 +101,7 @@ from seqmix.linearize.init import copied_rows  # noqa: E402
 
 VOCAB = 64
 #: every student family the init table groups (B'MOJO reads its weight rows itself: refused, below)
-GROUPED = [("linear_attention", {"feature_map": "hedgehog"}), ("lolcats", {"window": 4}), ("gla", {}), ("retnet", {}),
+GROUPED = [("linear_attention", {"feature_map": "hedgehog"}), ("generalized_linear_attention", {}), ("lolcats", {"window": 4}), ("gla", {}), ("retnet", {}),
            ("gated_deltanet", {}), ("mamba2", {}), ("phi_mamba", {}), ("rad_rwkv7", {}), ("liger_gla", {}),
            ("liger_attention", {})]
 

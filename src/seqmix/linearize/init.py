@@ -509,4 +509,6 @@ def _stored(mixer: Mixer, name: str | None, block: tuple[int, int] | None) -> tu
         return name, block
     if not isinstance(m, GroupedRows):
         return name, block
-    return f"{module}.proj.{leaf}", m.stored_block(*(block or (0, m.out_features)))
+    if block is None:  # the whole tensor (frozen by requires_grad in stage 1, not by a gradient mask)
+        return f"{module}.proj.{leaf}", None
+    return f"{module}.proj.{leaf}", m.stored_block(*block)

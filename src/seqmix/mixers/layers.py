@@ -191,16 +191,17 @@ class GroupedRows(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        """The stored rows [Σ kv_heads·width, in_features] (``proj.weight``)."""
-        return self.proj.weight
+        """The weight of the ordinary Linear this projection equals, [out_features, in_features] (the stored rows
+        repeated: nn.Linear's contract for code that reads ``.weight``; the stored rows are ``proj.weight``)."""
+        return self.proj.weight[self.index]
 
     @property
     def bias(self) -> torch.Tensor | None:
-        return self.proj.bias
+        return None if self.proj.bias is None else self.proj.bias[self.index]
 
     def expanded_weight(self) -> torch.Tensor:
         """The weight of the ordinary Linear this projection equals: [out_features, in_features]."""
-        return self.proj.weight[self.index]
+        return self.weight
 
     def stored_block(self, start: int, stop: int) -> tuple[int, int]:
         """The stored rows (start, stop) that output rows start .. stop − 1 read (a block of one segment)."""

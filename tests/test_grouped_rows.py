@@ -88,6 +88,8 @@ def test_group_rows_refuses_what_it_cannot_group():
         group_rows(m, {"W_k": [[3, 1, 2]]})
     with pytest.raises(ValueError, match="argument 'grouped'.*no Linear 'W_x'"):
         group_rows(m, {"W_x": [[4, 2, 2]]})
+    with pytest.raises(ValueError, match="argument 'grouped' must map"):
+        group_rows(m, [["W_k", [[4, 2, 2]]]])
 
 
 # -- linearize(group_kv=True) ----------------------------------------------------------------------
@@ -251,3 +253,9 @@ def test_the_command_keeps_the_kv_heads_as_the_recipe_or_the_flag_says(tmp_path,
     assert main(argv) == 0
     back = load_converted(out)
     assert all(bool(grouped_rows(a.mixer)) == want for a in students(back).values())
+
+
+def test_group_kv_refuses_a_layout_that_is_not_head_major():
+    """DeltaProduct's k rows are (n h k): grouping them as heads would tie the wrong rows, so it is refused."""
+    with pytest.raises(ValueError, match="argument 'group_kv'"):
+        linearize(teacher(), mixer="gated_deltanet", init="random", group_kv=True, num_householder=2)

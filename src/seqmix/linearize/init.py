@@ -375,8 +375,9 @@ def kv_segments(student: Mixer, teacher: Teacher) -> dict[str, list[list[int]]]:
         for a, b in sorted(grouped):
             if a > at:
                 segs.append([1, 1, a - at])
-            if (b - a) % H:
-                raise ValueError(f"linearize: argument 'group_kv': {name} rows {a}..{b} do not split into {H} heads")
+            if (b - a) != H * teacher.head_dim:  # (e.g. DeltaProduct's (n h k) rows: not one head-major block)
+                raise ValueError(f"linearize: argument 'group_kv': {name} rows {a}..{b} are not {H} heads of "
+                                 f"{teacher.head_dim} (the student's layout cannot keep the teacher's kv heads)")
             segs.append([H, Hkv, (b - a) // H])
             at = b
         if n > at:

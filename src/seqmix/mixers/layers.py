@@ -249,6 +249,8 @@ def _first_rows(segments: list[list[int]]) -> torch.Tensor:
 def group_rows(module: nn.Module, grouped: dict | None) -> nn.Module:
     """``module`` (in place) with each Linear named in ``grouped`` ({submodule name: segments}) replaced by its
     :class:`GroupedRows`; what :func:`grouped_rows` of a module returns rebuilds it (before its weights are loaded)."""
+    if grouped is not None and not isinstance(grouped, dict):
+        raise ValueError(f"group_rows: argument 'grouped' must map projection names to segments, got {grouped!r}")
     for name, segments in (grouped or {}).items():
         try:
             linear = module.get_submodule(name)

@@ -27,8 +27,8 @@ than the original's, else NOT MET with the entries counted most above the origin
 between the markers ``<!-- bench/interop.py:results -->`` and ``<!-- /bench/interop.py:results -->`` (appended
 at the end of the page where they are absent); the rest of the page is written by hand.
 
-The models run interleaved (each repeat times the original, then the converted model, then the A/A
-control: a second copy of the original), min over ``--repeats`` runs; each row prints MET where the
+The models run interleaved (each repeat times the original, the converted model and the A/A control, a
+second copy of the original, each repeat starting at the next of them), min over ``--repeats`` runs; each row prints MET where the
 converted model is at least as fast (ratio >= 1.0) and NOT MET otherwise, with the measured reason: the
 A/A control's where the gap is no larger than the one between the two copies of the original in the same
 run (``status_of``: the run cannot tell the models apart), else the work counted per call, converted against
@@ -161,7 +161,8 @@ def measure(models: dict, T: int, steps: int, repeats: int) -> dict:
     """forward, prefill and decode tokens/s of each of ``models`` (name -> model: the original, the
     converted model and, as the A/A control, a copy of the original), interleaved: every repeat times each
     model in turn for each of forward, prefill and generate, so that a change in the machine's load hits all
-    alike. Forward and prefill: the min over ``repeats`` (after a warm-up call each). Decode: ``generate``
+    alike, each repeat starting at the next model (so that no model always runs after the same one). Forward and
+    prefill: the min over ``repeats`` (after a warm-up call each). Decode: ``generate``
     records the time after every token (a stopping criterion that stops nothing); decoding step i (i >= 1:
     the first token comes from the prefill) takes the min over the repeats of its interval, and the decode
     rate is (steps - 1) / the sum of those minima. Returns name -> {forward_tok_s, prefill_tok_s, decode_tok_s}."""
@@ -170,15 +171,21 @@ def measure(models: dict, T: int, steps: int, repeats: int) -> dict:
     ids = torch.randint(2, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
     best = {(who, k): float("inf") for who in models for k in ("forward", "prefill")}
     step_min = {who: [float("inf")] * (steps - 1) for who in models}
+    names = list(models)
     with torch.no_grad():
         for rep in range(repeats + 1):  # the first round warms up
+            # each repeat starts at the next model (original, converted, A/A; then converted, A/A, original; ...): a
+            # model's place in the loop (what ran just before it) biases none of them over the repeats
+            order = names[rep % len(names):] + names[:rep % len(names)]
             for k, kw in (("forward", dict(use_cache=False)), ("prefill", dict(use_cache=True))):
-                for who, m in models.items():
+                for who in order:
+                    m = models[who]
                     t0 = time.perf_counter()
                     m(input_ids=ids, **kw)
                     if rep:
                         best[who, k] = min(best[who, k], time.perf_counter() - t0)
-            for who, m in models.items():
+            for who in order:
+                m = models[who]
                 clock = _step_clock()
                 m.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0,
                            stopping_criteria=StoppingCriteriaList([clock]))

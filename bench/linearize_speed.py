@@ -221,7 +221,7 @@ def run_once(model, P: int, new: int) -> dict:
                              pad_token_id=0, stopping_criteria=StoppingCriteriaList([clock]), return_dict_in_generate=True)
     steps = [b - a for a, b in zip(clock.times, clock.times[1:])]
     return {"prefill_s": clock.times[0] - t0, "steps_s": steps, "cache_bytes": cache_bytes(output_cache(out)),
-            "load": os.getloadavg()[0]}
+            "load": os.getloadavg()[0], "threads": torch.get_num_threads()}
 
 
 def measure_group(path: Path, models: dict, P: int, new: int, repeats: int, compile_costs: dict) -> dict:
@@ -251,7 +251,8 @@ def summarize(data: dict) -> dict:
     for name, runs in data["runs"].items():
         steps = [min(r["steps_s"][i] for r in runs) for i in range(min(len(r["steps_s"]) for r in runs))]
         out[name] = {"prefill_s": min(r["prefill_s"] for r in runs), "ms_per_token": 1e3 * sum(steps) / max(len(steps), 1),
-                     "cache_bytes": runs[-1]["cache_bytes"], "repeats": len(runs), "load": max(r["load"] for r in runs)}
+                     "cache_bytes": runs[-1]["cache_bytes"], "repeats": len(runs), "load": max(r["load"] for r in runs),
+                     "threads": "/".join(sorted({str(r.get("threads", "?")) for r in runs}))}
     return out
 
 
@@ -284,7 +285,7 @@ def status_rows(size: str, groups: dict, counts: dict | None) -> tuple[list[list
             pre = t["prefill_s"] / r["prefill_s"] if t and r["prefill_s"] else None
             rows.append([size, P, name, r["prefill_s"], r["ms_per_token"], 1e3 / r["ms_per_token"] if r["ms_per_token"] else None,
                          dec if name != "teacher" else None, pre if name != "teacher" else None, _mb(r["cache_bytes"]),
-                         r["repeats"], r["load"]])
+                         r["repeats"], r["threads"], r["load"]])
             pure = is_pure(name)
             if not pure or t is None:
                 continue
@@ -297,6 +298,20 @@ def status_rows(size: str, groups: dict, counts: dict | None) -> tuple[list[list
                     continue
                 why = [f"teacher {t['ms_per_token']:.2f} ms/token, student {r['ms_per_token']:.2f}" if kind == "tokens/s"
                        else f"teacher {t['prefill_s']:.2f} s, student {r['prefill_s']:.2f} s"]
+                base = groups[Ps[0]]
+                if kind == "tokens/s" and P != Ps[0] and "teacher" in base and name in base:
+                    # a recurrent step costs the same at every P: the target needs the student's step at the shortest
+                    # prompt within (the teacher's growth from there to P) / goal of the teacher's step there
+                    grow = t["ms_per_token"] / base["teacher"]["ms_per_token"]
+                    why.append(f"the teacher's step grows {grow:.2f}x from P {Ps[0]} to P {P}, so {goal}x needs a student step "
+                               f"<= {grow / goal:.2f}x the teacher's at P {Ps[0]}; this student's there: "
+                               f"{base[name]['ms_per_token'] / base['teacher']['ms_per_token']:.2f}x")
+                if kind == "prefill" and P != Ps[0] and "teacher" in base and name in base:
+                    # the work linear in P (embeddings, projections, MLPs) at the teacher's rate at the shortest prompt
+                    lin = base["teacher"]["prefill_s"] * P / Ps[0]
+                    why.append(f"the teacher's prefill at P {Ps[0]} scaled to P {P} (the work linear in P): {lin:.2f} s, so "
+                               f"{goal}x needs the student within {t['prefill_s'] / goal / lin:.2f}x of it; this student: "
+                               f"{r['prefill_s'] / lin:.2f}x")
                 if kind == "tokens/s" and counts and name in counts:
                     c, ct = counts[name], counts["teacher"]
                     why.append(f"each step reads {_mb(c['weight_bytes'])} of weights (teacher {_mb(ct['weight_bytes'])}, "
@@ -426,7 +441,8 @@ def main() -> None:
         raise SystemExit(f"bench/linearize_speed.py: argument --hybrid: unknown student {a.hybrid!r} ({', '.join(_students())})")
     a.out.mkdir(parents=True, exist_ok=True)
     info = machine_info("cpu")
-    print(f"load average at the start {os.getloadavg()[0]:.2f}; torch threads {torch.get_num_threads()} on {os.cpu_count()} cores")
+    print(f"load average at the start {os.getloadavg()[0]:.2f}; torch threads {torch.get_num_threads()} on {os.cpu_count()} cores "
+          "(the stored runs' own in the table)")
     results, counts, compile_costs = {}, {}, {}
     for d, L in sizes:
         size = f"{d}x{L}"
@@ -461,7 +477,7 @@ def main() -> None:
         status += s
     print_table("linearized students vs their teacher (CPU, batch 1, greedy)",
                 ["size", "P", "model", "prefill (s)", "ms / token", "tokens/s", "tok/s ratio", "prefill ratio", "cache",
-                 "repeats", "load"], rows)
+                 "repeats", "threads", "load"], rows)
     for line in status:
         print(" ", line)
     compiled_lines = [f"{size} {name}: compile_decode's first call {t:.1f} s" for size, c in compile_costs.items() for name, t in c.items()]
@@ -479,7 +495,8 @@ def main() -> None:
                 plot_rel = str(a.plot)
         argv = f"--sizes {a.sizes} --prompts {a.prompts} --new-tokens {a.new_tokens} --repeats {a.repeats} --threads {a.threads}" \
             + (f" --hybrid {shlex.quote(a.hybrid)} --kept {a.kept}" if a.hybrid else " --hybrid ''") + (" --compile" if a.compile else "") + " --out OUT"
-        meta = {"argv": argv, "when": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads(),
+        stored_threads = sorted({str(r[-2]) for r in rows}) or [str(torch.get_num_threads())]
+        meta = {"argv": argv, "when": time.strftime("%Y-%m-%d"), "threads": "/".join(stored_threads),
                 "cpus": os.cpu_count(), "load_min": min(loads), "load_max": max(loads), "new_tokens": a.new_tokens}
         write_doc_section(a.docs, MARKER, section(results, status + compiled_lines, meta, plot_rel))
     (a.out / "summary.json").write_text(json.dumps({"machine": info, "results": {s: {str(P): g for P, g in gs.items()}

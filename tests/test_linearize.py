@@ -433,6 +433,28 @@ def test_hedgehog_feature_map_modes_agree_and_phi_reproduces_the_core():
         seqmix.build_mixer("linear_attention", d_model=16, heads=2, feature_map="hedgehog", key_feature_map="elu1")
 
 
+def test_hedgehog_features_and_packed_rope_equal_their_plain_forms():
+    """φ's per-head map is x W_h + b_h (the einsum of the definition), and with RoPE q and k rotated as one packed
+    tensor equal each rotated on its own (float64, tight; float32, relative)."""
+    import seqmix
+    from seqmix.mixers.attention import _per_head
+    from seqmix.ops.rotary import rotary
+
+    for dt, tol in ((torch.float64, {}), (torch.float32, dict(rtol=1e-5, atol=1e-6))):
+        torch.manual_seed(0)
+        x, W, b = torch.randn(2, 5, 3, 4, dtype=dt), torch.randn(3, 4, 6, dtype=dt), torch.randn(3, 6, dtype=dt)
+        torch.testing.assert_close(_per_head(x, W, b), torch.einsum("bthk,hkf->bthf", x, W) + b, **tol)
+        mx = seqmix.build_mixer("linear_attention", d_model=16, heads=2, feature_map="hedgehog", rope=True).to(dt)
+        x = torch.randn(2, 7, 16, dtype=dt)
+        q, k, v = mx._rotated(x, start=3)
+        B, T = 2, 7
+        q0, k0 = mx.W_qk(x).split([16, 16], dim=-1)
+        pos = torch.arange(3, 3 + T)
+        torch.testing.assert_close(q, rotary(q0.view(B, T, 2, 8), pos) * mx.qk_scale, **tol)
+        torch.testing.assert_close(k, rotary(k0.view(B, T, 2, 8), pos), **tol)
+        torch.testing.assert_close(v, mx.W_v(x).view(B, T, 2, 8), **tol)
+
+
 def test_teacher_weights_refuses_a_non_attention_mixer():
     import seqmix
 

@@ -261,6 +261,13 @@ class _Attention(Mixer):
 # ------------------------------------------------------------------------------------------
 
 
+def _per_head(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x W_h + b_h per head h: x [B, T, H, K], W [H, K, F], b [H, F] -> [B, T, H, F] (Hedgehog's learnt map), one
+    batched matmul over the heads (the einsum "bthk,hkf->bthf" without its parsing)."""
+    W, b = W.to(x.dtype), b.to(x.dtype)
+    return torch.baddbmm(b.unsqueeze(1), x.flatten(0, 1).transpose(0, 1), W).transpose(0, 1).unflatten(0, x.shape[:2])
+
+
 class SeparableAttentionConfig(AttentionConfig):
     feature_map: FeatureMap = Field("elu1", description="φ applied to the queries: " + ", ".join(FEATURE_MAPS) + "; 'hedgehog': "
                                     "Hedgehog's learnt map [softmax(qW+b), softmax(-qW-b)] per head, W at the identity (LoLCATs' φ; "
@@ -383,7 +390,16 @@ class SeparableAttention(_Attention):
         c = self.config
         norm = c.feature_norm == "layernorm"
         pre = norm or self.q_norm is not None  # the norms act before the scale (LN(s·q) = LN(q) would drop it)
-        q, k, v = self._qkv(x, qk_f32=c.normalizer == "abs_row_sum", scaled=not pre)
+        qk_f32 = c.normalizer == "abs_row_sum"
+        if c.rope and not pre:  # q and k rotated as one tensor of 2·heads heads (one RoPE call), then q scaled
+            B, T, _ = x.shape
+            H, K = self.heads, self.head_qk
+            qk = linear_f32(self.W_qk, x) if qk_f32 else self.W_qk(x)
+            q, k = self._rotate(start, qk.view(B, T, H + self.kv_heads, K))[0].split([H, self.kv_heads], dim=2)
+            if self.qk_scale != 1.0:
+                q = q * self.qk_scale
+            return q, k, self.W_v(x).view(B, T, H, self.head_v)
+        q, k, v = self._qkv(x, qk_f32=qk_f32, scaled=not pre)
         if self.q_norm is not None:  # Qwen3: q_h ← RMSNorm(q_h)·γ_q, k alike, before RoPE
             q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
         if norm:
@@ -397,13 +413,13 @@ class SeparableAttention(_Attention):
     def _query_features(self, q):
         """φ(q) [B, T, H, n_φ] of the rotated q."""
         if self.phi_name == "hedgehog":  # φ(q) = [softmax(q W_h + b_h), softmax(-q W_h - b_h)] per head h
-            return hedgehog_features(torch.einsum("bthk,hkf->bthf", q, self.fm_q_weight.to(q.dtype)) + self.fm_q_bias.to(q.dtype))
+            return hedgehog_features(_per_head(q, self.fm_q_weight, self.fm_q_bias))
         return apply_feature_map(self.phi_name, q, self.config.taylor_order, self.config.taylor_basis)
 
     def _key_features(self, k):
         """ψ(k) [B, T, H, n_φ] of the rotated k."""
         if self.psi_name == "hedgehog":
-            return hedgehog_features(torch.einsum("bthk,hkf->bthf", k, self.fm_k_weight.to(k.dtype)) + self.fm_k_bias.to(k.dtype))
+            return hedgehog_features(_per_head(k, self.fm_k_weight, self.fm_k_bias))
         return apply_feature_map(self.psi_name, k, self.config.taylor_order, self.config.taylor_basis)
 
     def _features(self, x, start: int = 0):

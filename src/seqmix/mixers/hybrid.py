@@ -71,11 +71,11 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import linear_recurrence, recurrence_map, window_softmax
+from ..ops import linear_recurrence, recurrence_map, recurrence_step, window_softmax
 from ..ops.attention import kv_cache_trim
 from ..ops.eidetic import eidetic_select, heap_push, innovation, predictor_weights
 from ..ops.memory_attention import chunked_memory_attention, n_chunks
-from ..ops.precision import autocast_off, compute_dtype, upcast
+from ..ops.precision import upcast
 from .attention import AttentionConfig, SeparableAttention, SeparableAttentionConfig, _Attention
 from .base import AUTO_SEGMENT_LEN, MixOut, register, register_preset
 from .layers import check_rope_fields, rope_rotate
@@ -711,18 +711,18 @@ class LolcatsAttention(SeparableAttention):
     def _step(self, x, state, pos0):
         """One decoding token once the window is full (pos0 >= w): the same numbers as the general path (the
         contract's step tests tie them) in fewer ops — the token leaving the window, ψ(k_{t−w}) ⊗ [v_{t−w}, 1],
-        added to the linear state, the window's softmax by the op's fused step (:func:`~seqmix.ops.window_softmax_step`) over the
+        added to the linear state and read by the general form's fused step (:func:`~seqmix.ops.recurrence_step`: in
+        place inside :func:`~seqmix.ops.states_in_place`), the window's softmax by the op's fused step (:func:`~seqmix.ops.window_softmax_step`) over the
         last w keys (every one valid), the window's new keys and values made by one concatenation each."""
         V = self.head_v
         q, k, v = self._rotated(x, pos0)
         k_old, v_old = state["k"].to(k.dtype), state["v"].to(v.dtype)
         fq, fk = self._query_features(q), self._key_features(k_old[:, :1])  # [B, 1, H, n_φ]
-        dt = compute_dtype(fq, fk, v, state["S"])  # as linear_recurrence: float32 or wider, autocast off
-        v_out = torch.cat([v_old[:, 0], torch.ones_like(v_old[:, 0, :, :1])], -1).to(dt)  # [B, H, V + 1]
-        with autocast_off(x.device.type):
-            S = state["S"].to(dt) + fk[:, 0].to(dt).unsqueeze(-1) * v_out.unsqueeze(-2)  # [B, H, n_φ, V + 1]
-            o_lin = torch.matmul(fq[:, 0].to(dt).unsqueeze(-2), S).squeeze(-2)  # [B, H, V + 1]
-        o_lin = upcast(o_lin.to(fq.dtype))  # the linear read in the features' dtype, as linear_recurrence returns it
+        v_out = torch.cat([v_old[:, 0], torch.ones_like(v_old[:, 0, :, :1])], -1)  # [B, H, V + 1]
+        # S ← S + ψ(k_{t−w}) [v_{t−w}, 1]ᵀ, o = φ(q_t) S: the op's fused step (float32 or wider, autocast off; in place
+        # inside states_in_place), its read in the features' dtype as linear_recurrence returns it
+        o_lin, S = recurrence_step(fq[:, 0], fk[:, 0], v_out, None, None, state["S"], check_values=False, check_shapes=False)
+        o_lin = upcast(o_lin)
         k_win, v_win = torch.cat([k_old[:, 1:], k], 1), torch.cat([v_old[:, 1:], v], 1)
         s_num, s_den, _ = window_softmax(q, k_win, v_win, window=self.window, mode="chunk", check_values=False,
                                          check_shapes=False)  # every key valid: the op's fused step

@@ -259,3 +259,26 @@ def test_group_kv_refuses_a_layout_that_is_not_head_major():
     """DeltaProduct's k rows are (n h k): grouping them as heads would tie the wrong rows, so it is refused."""
     with pytest.raises(ValueError, match="argument 'group_kv'"):
         linearize(teacher(), mixer="gated_deltanet", init="random", group_kv=True, num_householder=2)
+
+
+@pytest.mark.parametrize("name,kw", [("lolcats", {"window": 4}), ("gla", {})])
+def test_a_grouped_student_mixer_round_trips_through_a_mixer_checkpoint(tmp_path, name, kw):
+    """save_mixer_checkpoint / load_mixer_checkpoint (`seqmix show --checkpoint`) of a student with its kv heads
+    grouped: the tied projections are rebuilt before the weights load, the mixer computes exactly what it did; a
+    record that names a projection the mixer lacks is refused naming the argument."""
+    from seqmix.analysis.show import load_mixer_checkpoint, save_mixer_checkpoint
+
+    _, lin = _pair(teacher(), name, kw, layers=[0])
+    mixer = students(lin)[0].mixer
+    path = tmp_path / "student.pt"
+    save_mixer_checkpoint(mixer, path)
+    back = load_mixer_checkpoint(name, path)
+    assert grouped_rows(back) == grouped_rows(mixer) != {}
+    x = torch.randn(2, 9, mixer.d_model)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), mixer.eval()(x), rtol=0, atol=0)
+    obj = torch.load(path, weights_only=True)
+    obj["grouped"] = {"W_nothing": [[4, 2, 8]]}
+    torch.save(obj, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="argument 'checkpoint'.*grouped projections do not fit"):
+        load_mixer_checkpoint(name, tmp_path / "bad.pt")

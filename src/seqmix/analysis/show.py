@@ -35,6 +35,7 @@ from matplotlib.figure import Figure
 
 from .._checks import check_choice, check_positive_int
 from ..mixers import Mixer, build_mixer, mixer_entry
+from ..mixers.layers import group_rows, grouped_rows
 from .mapstats import (
     DEFAULT_MAX_MAP_BYTES, band_mass, check_seq_len, decay_summary, effective_rank, lag_quantile, map_distance,
 )
@@ -157,10 +158,12 @@ def build_for_show(name: str, *, seed: int = 0, **config) -> Mixer:
 
 
 def save_mixer_checkpoint(mixer: Mixer, path) -> None:
-    """Saves a mixer as {format, mixer (registry name), config, state_dict}: what
-    :func:`load_mixer_checkpoint` and `seqmix show NAME --checkpoint PATH` read."""
+    """Saves a mixer as {format, mixer (registry name), config, state_dict, grouped}: what
+    :func:`load_mixer_checkpoint` and `seqmix show NAME --checkpoint PATH` read. ``grouped``: the projections whose
+    rows are tied per group (:class:`~seqmix.mixers.layers.GroupedRows`: a linearized student that keeps its
+    teacher's kv heads) with their segments, rebuilt before the weights load."""
     torch.save({"format": CHECKPOINT_FORMAT, "mixer": mixer.registry_name, "config": mixer.config.model_dump(),
-                "state_dict": mixer.state_dict()}, path)
+                "state_dict": mixer.state_dict(), "grouped": grouped_rows(mixer)}, path)
 
 
 def load_mixer_checkpoint(name: str, path) -> Mixer:
@@ -182,6 +185,10 @@ def load_mixer_checkpoint(name: str, path) -> Mixer:
         if obj["mixer"] != entry_name:
             raise ValueError(f"argument 'checkpoint': {str(p)!r} holds a {obj['mixer']!r} mixer, not {entry_name!r}")
         mixer = build_mixer(entry_name, **obj["config"])
+        try:
+            group_rows(mixer, obj.get("grouped"))
+        except ValueError as e:
+            raise ValueError(f"argument 'checkpoint': {str(p)!r}: its grouped projections do not fit mixer {entry_name!r} ({e})") from None
         state = obj["state_dict"]
     elif isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
         mixer = build_mixer(entry_name)

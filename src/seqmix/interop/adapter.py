@@ -23,8 +23,9 @@ one-token call that matches the record — the same cache object, the slots stil
 adapter left there, unmodified (a beam-search reorder, a crop, a reset, an offload or another
 model's write replaces or modifies them), no argument the mixer does not take — is a trusted step:
 it runs ``mixer.decode_step`` on the seqmix state kept from the previous call, its state updated in
-place (:func:`seqmix.ops.states_in_place`), and writes back only the slots whose seqmix entry is not
-a view of transformers' tensor. What changes from token to token, ``position_ids`` and the attention
+place (:func:`seqmix.ops.states_in_place`; an attention layer's KV cache writes the token into its buffers'
+next slot in any case, and hands transformers' layer the views of them), and writes back only the slots
+whose seqmix entry is not a view of transformers' tensor. What changes from token to token, ``position_ids`` and the attention
 mask, is still checked on every call (by the first layer: the others share its check, ``_VERIFIED``);
 the input's finite check and the cache layer's lookups and type checks run on the full path only.
 """
@@ -308,15 +309,23 @@ class InteropMixer(nn.Module):
         pos = kwargs.get("position_ids") if self.positions else None
         if (mask is not None and self.mask_kind != "ignored") or pos is not None:
             self._step_checks(mixer, x, mask, pos, trust)
-        with states_in_place():
-            y, new = (self.__dict__.get("_step_fn") or mixer.decode_step)(x, trust.state)
-        out = self._write_trusted(hf, trust, new)
+        step = self.__dict__.get("_step_fn") or mixer.decode_step
+        if kind == "kv":  # a KV cache: its step writes the token into the buffers' next slot whatever the context
+            y, new = step(x, trust.state)
+            layer = objs[0]
+            self._put_kv(layer, new["kv"])
+            trust.objs = (layer, layer.keys, layer.values, objs[3])  # what _slot_objects reads after the write
+            out = hf
+        else:
+            with states_in_place():
+                y, new = step(x, trust.state)
+            out = self._write_trusted(hf, trust, new)
+            if kind in _VERSIONED_KINDS:
+                trust.objs, trust.versions = self._slot_record(hf, kind)
+            else:
+                trust.objs = self._slot_objects(hf)
         trust.seen += 1
         trust.state = new
-        if kind in _VERSIONED_KINDS:
-            trust.objs, trust.versions = self._slot_record(hf, kind)
-        else:
-            trust.objs = self._slot_objects(hf)
         if residual is not None:
             y = y + residual
         return (y, None) if self.returns_pair else (y, out) if self.returns_state else y

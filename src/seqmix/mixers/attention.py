@@ -88,7 +88,7 @@ from ..ops.features import (
     FEATURE_MAPS, LEARNED_FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, hedgehog_features, taylor_feature_dim,
 )
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, rope_table
+from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, rms_norm, rope_table
 
 FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor", "square", "hedgehog"]
 Normalizer = Literal["none", "row_sum", "abs_row_sum", "exp", "softplus", "sigmoid"]
@@ -172,11 +172,14 @@ class _Attention(Mixer):
         """Each of ts [B, T, H, K] rotated by RoPE (theta = config.rope_theta; the first ``rotary_dim``
         channels, default K) at the absolute positions start .. start + T − 1, one cos / sin for all:
         the rotary positions of the attentions with a ``rope`` option."""
-        t0 = ts[0]
+        t0, c = ts[0], self.config
         T, R = t0.shape[1], rotary_dim or t0.shape[-1]
         dt = torch.float64 if t0.dtype == torch.float64 else torch.float32  # as ops.rotary
-        cos, sin = self.rope_table(start, T, R, device=t0.device, dtype=dt, seq_len=start + T, interleaved=interleaved)
-        return tuple([apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts])
+        table = rope_table(self, c.rope_theta, vars(c).get("rope_scaling"))  # (self.rope_table, one call fewer per step)
+        cos, sin = table(start, T, R, device=t0.device, dtype=dt, seq_len=start + T, interleaved=interleaved)
+        if ts[1:]:
+            return tuple([apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts])
+        return (apply_rotary(t0, cos, sin, interleaved=interleaved),)  # (the packed q and k: no comprehension)
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
@@ -825,8 +828,14 @@ class SoftmaxAttention(_Attention):
         B, T, _ = x.shape
         H, Hkv, K = self.heads, self.kv_heads, self.head_qk
         qk = self.W_qk(x)
-        if c.rope and c.qk_norm == "none":  # q and k rotated as one tensor of H + Hkv heads (the same arithmetic per head)
-            qk = self._rope(start, qk.view(B, T, H + Hkv, K))[0]
+        packed_norm = c.qk_norm == "head" and c.qk_norm_kind == "rms" and self.q_norm.eps == self.k_norm.eps
+        if c.rope and (c.qk_norm == "none" or packed_norm):  # q and k normed and rotated as one tensor of H + Hkv heads
+            qk = qk.view(B, T, H + Hkv, K)
+            if packed_norm:  # each head's row normed on its own: q_norm(q), k_norm(k) in one call, a weight row per head
+                w = self.layer_constant("packed qk-norm weight", lambda: torch.cat(
+                    [self.q_norm.weight.expand(H, K), self.k_norm.weight.expand(Hkv, K)]), self.q_norm.weight, self.k_norm.weight)
+                qk = rms_norm(qk, w, self.q_norm.eps).to(qk.dtype)
+            qk = self._rope(start, qk)[0]
             q, k = qk[:, :, :H], qk[:, :, H:]
         else:
             q, k = qk.split([H * K, Hkv * K], dim=-1)

@@ -51,6 +51,22 @@ def rope_rotate(module: nn.Module, theta: float, start: int, *ts: torch.Tensor, 
     return tuple([apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts])
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, groups: int = 1, *,
+             gate: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x / rms(x) · w over the last dimension (each of ``groups`` equal slices on its own), computed in float32
+    or wider (1/rms and its gradient overflow float16) and cast back to x's dtype before the weight; with ``gate``
+    z: norm(x · silu(z)). ``weight`` broadcasts against x (a row per head: one norm call for several heads)."""
+    dtype = x.dtype
+    x = upcast(x)
+    if gate is not None:
+        x = x * torch.nn.functional.silu(upcast(gate))
+    shape = x.shape
+    xg = x.reshape(*shape[:-1], groups, shape[-1] // groups) if groups != 1 else x
+    xg = xg * torch.rsqrt(xg.pow(2).mean(-1, keepdim=True) + eps)
+    y = xg.reshape(shape).to(dtype)
+    return y * weight if weight is not None else y
+
+
 class RMSNorm(nn.Module):
     """y = x / rms(x) · w over the last dimension, optionally per group of channels.
 
@@ -67,15 +83,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         """With ``gate`` z: norm(x · silu(z)) (Mamba-2's gated RMSNorm, gate applied before the norm)."""
-        dtype = x.dtype  # computed in float32 or wider (1/rms and its gradient overflow float16), cast back
-        x = upcast(x)
-        if gate is not None:
-            x = x * torch.nn.functional.silu(upcast(gate))
-        shape = x.shape
-        xg = x.reshape(*shape[:-1], self.groups, shape[-1] // self.groups)
-        xg = xg * torch.rsqrt(xg.pow(2).mean(-1, keepdim=True) + self.eps)
-        y = xg.reshape(shape).to(dtype)
-        return y * self.weight if self.weight is not None else y
+        return rms_norm(x, self.weight, self.eps, self.groups, gate=gate)
 
 
 class ShortConv(nn.Module):

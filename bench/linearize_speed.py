@@ -493,9 +493,10 @@ def main() -> None:
                 plot_rel = os.path.relpath(a.plot, a.docs.parent)
             except ValueError:
                 plot_rel = str(a.plot)
-        argv = f"--sizes {a.sizes} --prompts {a.prompts} --new-tokens {a.new_tokens} --repeats {a.repeats} --threads {a.threads}" \
-            + (f" --hybrid {shlex.quote(a.hybrid)} --kept {a.kept}" if a.hybrid else " --hybrid ''") + (" --compile" if a.compile else "") + " --out OUT"
         stored_threads = sorted({str(r[-2]) for r in rows}) or [str(torch.get_num_threads())]
+        threads = stored_threads[0] if len(stored_threads) == 1 and stored_threads[0].isdigit() else a.threads  # the runs' own
+        argv = f"--sizes {a.sizes} --prompts {a.prompts} --new-tokens {a.new_tokens} --repeats {a.repeats} --threads {threads}" \
+            + (f" --hybrid {shlex.quote(a.hybrid)} --kept {a.kept}" if a.hybrid else " --hybrid ''") + (" --compile" if a.compile else "") + " --out OUT"
         meta = {"argv": argv, "when": time.strftime("%Y-%m-%d"), "threads": "/".join(stored_threads),
                 "cpus": os.cpu_count(), "load_min": min(loads), "load_max": max(loads), "new_tokens": a.new_tokens}
         write_doc_section(a.docs, MARKER, section(results, status + compiled_lines, meta, plot_rel))

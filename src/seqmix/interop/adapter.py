@@ -89,17 +89,19 @@ class _Trust:
     matched (module docstring): the cache object (a weak reference where the object takes one), the input's
     batch, width, dtype and device, the tokens seen, the seqmix state, for each row of the state table
     whether that entry is a view of transformers' tensor (an in-place step then needs no write), and the
-    objects in this layer's slots (``objs``) with the version counters of the versioned kinds (``versions``)."""
+    objects in this layer's slots (``objs``) with the version counters of the versioned kinds (``versions``, of the
+    tensors at the positions ``tensors`` of ``objs``: the next step reads the counters there without a type test)."""
 
-    __slots__ = ("cache", "batch", "width", "dtype", "device", "seen", "state", "alias", "objs", "versions")
+    __slots__ = ("cache", "batch", "width", "dtype", "device", "seen", "state", "alias", "objs", "versions", "tensors")
 
-    def __init__(self, cache, x: torch.Tensor, seen: int, state: dict, alias: tuple[bool, ...], objs: tuple, versions: tuple):
+    def __init__(self, cache, x: torch.Tensor, seen: int, state: dict, alias: tuple[bool, ...], objs: tuple, versions: tuple,
+                 tensors: tuple):
         try:
             self.cache = weakref.ref(cache)
         except TypeError:  # a list or tuple (RWKV-4's, xLSTM's): small, held until the next call
             self.cache = lambda c=cache: c
         self.batch, self.width, self.dtype, self.device = x.shape[0], x.shape[2], x.dtype, x.device
-        self.seen, self.state, self.alias, self.objs, self.versions = seen, state, alias, objs, versions
+        self.seen, self.state, self.alias, self.objs, self.versions, self.tensors = seen, state, alias, objs, versions, tensors
 
 
 def _aliases(t, hf) -> bool:
@@ -257,12 +259,14 @@ class InteropMixer(nn.Module):
             return  # (no version counters to tell another writer: every call takes the full path)
         self.__dict__["_trust"] = _Trust(hf_cache, x, seen, dict(state), alias, *self._slot_record(hf_cache, kind))
 
-    def _slot_record(self, hf_cache, kind: str) -> tuple[tuple, tuple]:
-        """(:meth:`_slot_objects`, their tensors' version counters for _VERSIONED_KINDS, else ())."""
+    def _slot_record(self, hf_cache, kind: str) -> tuple[tuple, tuple, tuple]:
+        """(:meth:`_slot_objects`, their tensors' version counters for _VERSIONED_KINDS, else (), the positions of
+        those tensors in the first)."""
         objs = self._slot_objects(hf_cache)
         if kind not in _VERSIONED_KINDS:
-            return objs, ()
-        return objs, tuple([o._version for o in objs if isinstance(o, torch.Tensor)])
+            return objs, (), ()
+        tensors = tuple([i for i, o in enumerate(objs) if isinstance(o, torch.Tensor)])
+        return objs, tuple([objs[i]._version for i in tensors]), tensors
 
     def _hf_tensor(self, hf_cache, row):
         """Transformers' tensor of a ``conv`` / ``recurrent`` / ``linear_cache`` row (a tuple for a row of several slots)."""
@@ -297,7 +301,9 @@ class InteropMixer(nn.Module):
         kind = self.state_table[0].kind
         try:
             objs = self._slot_objects(hf)
-            if kind in _VERSIONED_KINDS and tuple([o._version for o in objs if isinstance(o, torch.Tensor)]) != trust.versions:
+            # (the positions the record found tensors at; an object replaced there by a non-tensor raises AttributeError,
+            # one replaced at any position fails the identity test below)
+            if kind in _VERSIONED_KINDS and tuple([objs[i]._version for i in trust.tensors]) != trust.versions:
                 return None
         except (AttributeError, IndexError, KeyError, TypeError, RuntimeError):
             return None
@@ -321,7 +327,7 @@ class InteropMixer(nn.Module):
                 y, new = step(x, trust.state)
             out = self._write_trusted(hf, trust, new)
             if kind in _VERSIONED_KINDS:
-                trust.objs, trust.versions = self._slot_record(hf, kind)
+                trust.objs, trust.versions, trust.tensors = self._slot_record(hf, kind)
             else:
                 trust.objs = self._slot_objects(hf)
         trust.seen += 1

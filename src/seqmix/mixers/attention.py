@@ -71,7 +71,7 @@ from torch import nn
 
 from ..dsf import DSF
 from ..ops import (
-    KVCache, RotaryTable, alibi_slopes, apply_rotary, attention_decode, attention_probs, check_rope_scaling, linear_recurrence,
+    KVCache, alibi_slopes, attention_decode, attention_probs, check_rope_scaling, linear_recurrence,
     recurrence_map, repeat_kv, rotary,
     softmax_attention,
 )
@@ -88,7 +88,7 @@ from ..ops.features import (
     FEATURE_MAPS, LEARNED_FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, hedgehog_features, taylor_feature_dim,
 )
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, rms_norm, rope_table
+from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, rms_norm, rope_rotate
 
 FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor", "square", "hedgehog"]
 Normalizer = Literal["none", "row_sum", "abs_row_sum", "exp", "softplus", "sigmoid"]
@@ -160,26 +160,14 @@ class _Attention(Mixer):
     family = "attention"
     map_unit = "head"
 
-    @property
-    def rope_table(self) -> RotaryTable:
-        """This layer's RoPE cos / sin at positions 0 .. N − 1 (``seqmix.ops.RotaryTable`` of ``config.rope_theta`` and
-        ``config.rope_scaling``, kept by :func:`~seqmix.mixers.layers.rope_table`): a call slices it."""
+    def _rotate(self, start: int, *ts, rotary_dim: int | None = None, interleaved: bool = False):
+        """Each of ts [B, T, H, K] rotated by RoPE (config.rope_theta and config.rope_scaling; the first ``rotary_dim``
+        channels, default K) at the absolute positions start .. start + T − 1, one cos / sin for all
+        (:func:`~seqmix.mixers.layers.rope_rotate`): the rotary positions of the attentions with a ``rope`` option."""
         c = self.config
         # vars(c): a config without the field (pydantic's __getattr__ breaks torch.compile's graph)
-        return rope_table(self, c.rope_theta, vars(c).get("rope_scaling"))
-
-    def _rotate(self, start: int, *ts, rotary_dim: int | None = None, interleaved: bool = False):
-        """Each of ts [B, T, H, K] rotated by RoPE (theta = config.rope_theta; the first ``rotary_dim``
-        channels, default K) at the absolute positions start .. start + T − 1, one cos / sin for all:
-        the rotary positions of the attentions with a ``rope`` option."""
-        t0, c = ts[0], self.config
-        T, R = t0.shape[1], rotary_dim or t0.shape[-1]
-        dt = torch.float64 if t0.dtype == torch.float64 else torch.float32  # as ops.rotary
-        table = rope_table(self, c.rope_theta, vars(c).get("rope_scaling"))  # (self.rope_table, one call fewer per step)
-        cos, sin = table(start, T, R, device=t0.device, dtype=dt, seq_len=start + T, interleaved=interleaved)
-        if ts[1:]:
-            return tuple([apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts])
-        return (apply_rotary(t0, cos, sin, interleaved=interleaved),)  # (the packed q and k: no comprehension)
+        return rope_rotate(self, c.rope_theta, start, *ts, scaling=vars(c).get("rope_scaling"), rotary_dim=rotary_dim,
+                           interleaved=interleaved)
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
@@ -762,8 +750,9 @@ class SoftmaxAttention(_Attention):
 
     def _rope(self, start: int, *ts):
         """RoPE (with its scaling, rotary_dim and pairing) at positions start .. start + T - 1 on each of ts [B, T, H, ·]."""
-        c = self.config
-        return self._rotate(start, *ts, rotary_dim=None if self.mla else c.rotary_dim, interleaved=c.rope_interleaved)
+        c = self.config  # (rope_rotate itself, not _rotate: one call fewer per decoding step)
+        return rope_rotate(self, c.rope_theta, start, *ts, scaling=vars(c).get("rope_scaling"),
+                           rotary_dim=None if self.mla else c.rotary_dim, interleaved=c.rope_interleaved)
 
     def _mla_qkv(self, x, start: int, scaled: bool = True):
         """MLA: q [B, T, heads, K] = [q_nope | RoPE(q_pe)] (scaled); the cached pair: the latent c = RMSNorm(x W_kva[:r])

@@ -48,7 +48,9 @@ def rope_rotate(module: nn.Module, theta: float, start: int, *ts: torch.Tensor, 
     T, R = t0.shape[1], rotary_dim or t0.shape[-1]
     dt = torch.float64 if t0.dtype == torch.float64 else torch.float32  # as ops.rotary
     cos, sin = rope_table(module, theta, scaling)(start, T, R, device=t0.device, dtype=dt, seq_len=start + T, interleaved=interleaved)
-    return tuple([apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts])
+    if ts[1:]:
+        return tuple([apply_rotary(t, cos, sin, interleaved=interleaved) for t in ts])
+    return (apply_rotary(t0, cos, sin, interleaved=interleaved),)  # (one tensor, q and k packed: no comprehension)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, groups: int = 1, *,

@@ -24,18 +24,20 @@ def _reference_index(segments) -> list[int]:
     return out
 
 
+# the forward gathers blocks of the widths' gcd rows: 1 in SEGMENTS, 2 and 4 in these (q and k heads of one width)
+@pytest.mark.parametrize("segments", [SEGMENTS, [[4, 2, 4], [2, 1, 6], [1, 1, 2]], [[8, 8, 4], [8, 2, 4]]])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-def test_grouped_rows_is_the_linear_of_its_expanded_weight(dtype, tol):
+def test_grouped_rows_is_the_linear_of_its_expanded_weight(dtype, tol, segments):
     torch.manual_seed(0)
-    g = GroupedRows(5, SEGMENTS).to(dtype)
-    assert g.index.tolist() == _reference_index(SEGMENTS)
-    n_out = sum(h * w for h, _, w in SEGMENTS)
-    assert g.out_features == n_out and tuple(g.proj.weight.shape) == (sum(k * w for _, k, w in SEGMENTS), 5)
+    g = GroupedRows(5, segments).to(dtype)
+    assert g.index.tolist() == _reference_index(segments)
+    n_out = sum(h * w for h, _, w in segments)
+    assert g.out_features == n_out and tuple(g.proj.weight.shape) == (sum(k * w for _, k, w in segments), 5)
     assert tuple(g.weight.shape) == (n_out, 5)  # nn.Linear's contract: the expanded weight
     x = torch.randn(2, 7, 5, dtype=dtype)
     W, b = g.expanded_weight(), g.proj.bias[g.index]
     assert torch.equal(g.bias, b)
-    assert torch.equal(W, g.proj.weight[torch.tensor(_reference_index(SEGMENTS))])
+    assert torch.equal(W, g.proj.weight[torch.tensor(_reference_index(segments))])
     torch.testing.assert_close(g(x), F.linear(x, W, b), rtol=tol, atol=tol)
     # the gradient of the stored rows: the sum over each group of the expanded Linear's
     lin = torch.nn.Linear(5, n_out).to(dtype)
@@ -129,7 +131,7 @@ def ids(T=20, seed=1):
 
 def _pair(m, name, kw, **extra):
     torch.manual_seed(1)
-    a = linearize(m, mixer=name, **kw, **extra)
+    a = linearize(m, mixer=name, group_kv=False, **kw, **extra)
     torch.manual_seed(1)
     b = linearize(m, mixer=name, group_kv=True, **kw, **extra)
     return a, b

@@ -60,9 +60,10 @@ def student_attention(m, x, **kw) -> dict:
 
 @pytest.mark.parametrize("name,kw", STUDENTS, ids=[s for s, _ in STUDENTS])
 def test_init_table_copies_q_k_v_o(name, kw):
-    """Every row the table maps holds the teacher's weight (k, v repeated over the GQA groups by hand)."""
+    """Every row the table maps holds the teacher's weight (k, v repeated over the GQA groups by hand: the students
+    with one k and v per head, group_kv=False)."""
     m = teacher()
-    lin = linearize(m, mixer=name, layers=[1], **kw)
+    lin = linearize(m, mixer=name, layers=[1], group_kv=False, **kw)
     att = m.model.layers[1].self_attn
     H, Hkv, K = 4, 2, 8
     q = att.q_proj.weight
@@ -434,8 +435,9 @@ def test_hedgehog_feature_map_modes_agree_and_phi_reproduces_the_core():
 
 
 def test_hedgehog_features_and_packed_rope_equal_their_plain_forms():
-    """φ's per-head map is x W_h + b_h (the einsum of the definition), and with RoPE q and k rotated as one packed
-    tensor equal each rotated on its own (float64, tight; float32, relative)."""
+    """φ's per-head map is x W_h + b_h (the einsum of the definition), with RoPE q and k rotated as one packed
+    tensor equal each rotated on its own, and one token's φ(q), ψ(k) as one packed map equal the two maps (float64,
+    tight; float32, relative)."""
     import seqmix
     from seqmix.mixers.attention import _per_head
     from seqmix.ops.rotary import rotary
@@ -453,6 +455,17 @@ def test_hedgehog_features_and_packed_rope_equal_their_plain_forms():
         torch.testing.assert_close(q, rotary(q0.view(B, T, 2, 8), pos) * mx.qk_scale, **tol)
         torch.testing.assert_close(k, rotary(k0.view(B, T, 2, 8), pos), **tol)
         torch.testing.assert_close(v, mx.W_v(x).view(B, T, 2, 8), **tol)
+        # one token's φ(q) and ψ(k) as one batched map of 2·H heads (the decoding step) equal the two maps
+        for p in (mx.fm_q_weight, mx.fm_k_weight, mx.fm_q_bias, mx.fm_k_bias):
+            with torch.no_grad():
+                p.add_(0.1 * torch.randn_like(p))
+        with torch.no_grad():  # (as decoding runs: the packed weights kept as a layer constant)
+            q1, k1 = q[:, :1], k[:, 4:5]
+            fq, fk = mx._qk_features(q1, k1)
+            torch.testing.assert_close(fq, mx._query_features(q1), **tol)
+            torch.testing.assert_close(fk, mx._key_features(k1), **tol)
+            mx.fm_k_bias.add_(1.0)  # the packed weights follow a change of the parameters (their versions)
+            torch.testing.assert_close(mx._qk_features(q1, k1)[1], mx._key_features(k1), **tol)
 
 
 def test_teacher_weights_refuses_a_non_attention_mixer():
@@ -600,7 +613,7 @@ def test_stage1_trainable_new_keeps_the_copied_weights(name):
     from seqmix.linearize.init import copied_rows
 
     m = teacher()
-    lin = linearize(m, mixer=name)
+    lin = linearize(m, mixer=name, group_kv=False)  # (the grouped students: tests/test_grouped_rows.py)
     before = {l: {k: v.clone() for k, v in a.mixer.named_parameters()} for l, a in students(lin).items()}
     transfer(lin, m, lambda i: ids(2, 16, seed=i), steps=4, lr=1e-2, trainable="new")
     tmix = _teacher_mixers(m, students(lin))
@@ -699,7 +712,7 @@ def test_qwen2_teacher_biases_go_with_the_copied_rows(name, kw):
     H, Hkv, K = 4, 2, 8
     want = {"q": att.q_proj.bias, "k": att.k_proj.bias.view(Hkv, K).repeat_interleave(H // Hkv, 0).reshape(-1),
             "v": att.v_proj.bias.view(Hkv, K).repeat_interleave(H // Hkv, 0).reshape(-1)}
-    lin = linearize(m, mixer=name, layers=[1], **kw)
+    lin = linearize(m, mixer=name, layers=[1], group_kv=False, **kw)  # (one k and v row per head: the names below)
     s = lin.model.layers[1].self_attn.mixer
     sd = s.state_dict()
     if "W_qk.bias" in sd:

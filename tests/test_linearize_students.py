@@ -32,15 +32,16 @@ def test_valid_students_lists_the_recipes_students():
 
 
 def _copied(s, H, K):
-    """{q, k, v, o: the student's tensors the init table fills} (packed W_qk, Mamba-2's in_proj, RWKV-7's W_r or W_q)."""
-    sd = s.state_dict()
-    if "W_qk.weight" in sd:
-        return {"q": sd["W_qk.weight"][: H * K], "k": sd["W_qk.weight"][H * K:], "v": sd["W_v.weight"], "o": sd["W_o.weight"]}
-    if "in_proj.weight" in sd:  # [z; x; B; C; dt]
-        D, W = H * K, sd["in_proj.weight"]
-        return {"v": W[D:2 * D], "k": W[2 * D:3 * D], "q": W[3 * D:4 * D], "o": sd["out_proj.weight"]}
-    q = sd["W_r.weight"] if "W_r.weight" in sd else sd["W_q.weight"]
-    return {"q": q, "k": sd["W_k.weight"], "v": sd["W_v.weight"], "o": sd["W_o.weight"]}
+    """{q, k, v, o: the student's tensors the init table fills} (packed W_qk, Mamba-2's in_proj, RWKV-7's W_r or W_q), as
+    the projections compute with them (a projection that keeps the teacher's kv heads, group_kv: its rows expanded)."""
+    w = lambda name: s.get_submodule(name).weight  # noqa: E731
+    names = dict(s.named_modules())
+    if "W_qk" in names:
+        return {"q": w("W_qk")[: H * K], "k": w("W_qk")[H * K:], "v": w("W_v"), "o": w("W_o")}
+    if "in_proj" in names:  # [z; x; B; C; dt]
+        D, W = H * K, w("in_proj")
+        return {"v": W[D:2 * D], "k": W[2 * D:3 * D], "q": W[3 * D:4 * D], "o": w("out_proj")}
+    return {"q": w("W_r") if "W_r" in names else w("W_q"), "k": w("W_k"), "v": w("W_v"), "o": w("W_o")}
 
 
 @pytest.mark.parametrize("name,kw,lr,trainable", NEW, ids=IDS)

@@ -280,8 +280,8 @@ def test_lolcats_decoding_step_reads_the_window_and_one_leaving_token_only(monke
     op, step_op = hybrid.window_softmax, wa._full_window_step
     monkeypatch.setattr(hybrid, "window_softmax", lambda q, k, v, **kw: seen["keys"].append(k.shape[1]) or op(q, k, v, **kw))
     monkeypatch.setattr(wa, "_full_window_step", lambda q, k, v: seen["step"].append(k.shape[1]) or step_op(q, k, v))
-    key_features = m._key_features
-    monkeypatch.setattr(m, "_key_features", lambda k: seen["features"].append(k.shape[1]) or key_features(k))
+    qk_features = m._qk_features  # (φ(q_t), ψ(k_{t−w})): the key features of the token leaving the window
+    monkeypatch.setattr(m, "_qk_features", lambda q, k: seen["features"].append(k.shape[1]) or qk_features(q, k))
     cache, x = Cache(), x_of(T=40)
     m(x[:, :20], cache=cache)
     floats = cache.floats()

@@ -20,6 +20,7 @@ from ..interop import InteropMixer, convert_module, place_mixer, placed_mixers
 from ..interop.convert import PLACED
 from ..interop.families import FAMILIES
 from .init import build_student, teacher_weights
+from .recipes import DEFAULT_RECIPE, RECIPES
 
 __all__ = ["linearize", "attention_layers", "parse_layers", "uniform_layers", "keep_softmax", "students", "save"]
 
@@ -95,7 +96,7 @@ def parse_layers(layers, n_layers: int) -> tuple[list[int], int | None]:
 
 
 def linearize(model: nn.Module, mixer: str = "gla", layers="all", init: str = "attention", *, inplace: bool = False,
-              group_kv: bool = False, **mixer_config) -> nn.Module:
+              group_kv: bool | None = None, **mixer_config) -> nn.Module:
     """The transformers ``model`` with the attention of ``layers`` replaced by the seqmix ``mixer``
     (module docstring), each student inside :class:`~seqmix.interop.InteropMixer`; the other layers
     stay transformers' own. ``init="attention"``: q/k/v/o copied by the init table
@@ -105,7 +106,10 @@ def linearize(model: nn.Module, mixer: str = "gla", layers="all", init: str = "a
     model would start from). ``mixer_config``: the
     student's config fields (e.g. ``feature_map="hedgehog"``, ``window=64``). ``group_kv``: a teacher with
     grouped-query attention keeps its kv heads in the students (k and v rows tied per group:
-    :func:`seqmix.linearize.init.build_student`). A copy unless ``inplace``. ``model.seqmix_linearize`` records the call (``auto`` holds K of "auto:K")."""
+    :func:`seqmix.linearize.init.build_student`); None: the default recipe's (``seqmix.linearize.recipes``, as
+    ``seqmix linearize`` runs it: on). A copy unless ``inplace``. ``model.seqmix_linearize`` records the call (``auto`` holds K of "auto:K")."""
+    if group_kv is None:
+        group_kv = RECIPES[DEFAULT_RECIPE].settings["group_kv"]
     paths = attention_layers(model)
     idx, auto = parse_layers(layers, len(paths))
     order = list(paths)  # layer indices of the attention modules, in order

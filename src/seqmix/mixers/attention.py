@@ -255,7 +255,8 @@ class _Attention(Mixer):
 def _per_head(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """x W_h + b_h per head h: x [B, T, H, K], W [H, K, F], b [H, F] -> [B, T, H, F] (Hedgehog's learnt map), one
     batched matmul over the heads (the einsum "bthk,hkf->bthf" without its parsing)."""
-    W, b = W.to(x.dtype), b.to(x.dtype)
+    if W.dtype != x.dtype or b.dtype != x.dtype:
+        W, b = W.to(x.dtype), b.to(x.dtype)
     return torch.baddbmm(b.unsqueeze(1), x.flatten(0, 1).transpose(0, 1), W).transpose(0, 1).unflatten(0, x.shape[:2])
 
 
@@ -413,12 +414,26 @@ class SeparableAttention(_Attention):
             return hedgehog_features(_per_head(k, self.fm_k_weight, self.fm_k_bias))
         return apply_feature_map(self.psi_name, k, self.config.taylor_order, self.config.taylor_basis)
 
+    def _qk_features(self, q, k):
+        """(φ(q), ψ(k)) [B, T, H, n_φ] of the rotated q and k; Hedgehog's maps of one token (a decoding step: T = 1)
+        as one batched map over 2·H heads (the weights packed once, a layer constant): the same numbers in one
+        call of each op instead of two."""
+        if self.phi_name != "hedgehog" or q.shape[1] != 1 or q.shape[0] != k.shape[0]:
+            return self._query_features(q), self._key_features(k)
+        W, b = self.layer_constant("hedgehog maps", self._packed_maps, self.fm_q_weight, self.fm_k_weight, self.fm_q_bias,
+                                   self.fm_k_bias)
+        return hedgehog_features(_per_head(torch.cat([q, k], 2), W, b)).split(self.heads, dim=2)
+
+    def _packed_maps(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hedgehog's weights of q and k as one map of 2·H heads: (W [2H, K, K], b [2H, K])."""
+        return torch.cat([self.fm_q_weight, self.fm_k_weight]), torch.cat([self.fm_q_bias, self.fm_k_bias])
+
     def _features(self, x, start: int = 0):
         """φ(q), ψ(k): [B, T, H, n_φ]; v: [B, T, H, V]; z = W_η x: [B, T, H] or None. ``start``: the
         absolute position of x's first token (RoPE)."""
         q, k, v = self._rotated(x, start)
         z = self.W_eta(x) if self.W_eta is not None else None
-        return self._query_features(q), self._key_features(k), v, z
+        return *self._qk_features(q, k), v, z
 
     def separable_parts(self, x):
         """(φ(q) [B, T, H, n_φ], ψ(k) [B, T, H, n_φ], η [B, T, H]): the three parts of eq. (13)."""

@@ -712,25 +712,36 @@ class LolcatsAttention(SeparableAttention):
         """One decoding token once the window is full (pos0 >= w): the same numbers as the general path (the
         contract's step tests tie them) in fewer ops — the token leaving the window, ψ(k_{t−w}) ⊗ [v_{t−w}, 1],
         added to the linear state and read by the general form's fused step (:func:`~seqmix.ops.recurrence_step`: in
-        place inside :func:`~seqmix.ops.states_in_place`), the window's softmax by the op's fused step (:func:`~seqmix.ops.window_softmax_step`) over the
-        last w keys (every one valid), the window's new keys and values made by one concatenation each."""
+        place inside :func:`~seqmix.ops.states_in_place`), φ(q_t) and ψ(k_{t−w}) as one batched map, the window's
+        softmax by the op's fused step (:func:`~seqmix.ops.window_softmax_step`) over the last w keys (every one
+        valid), the window's new keys and values made by one concatenation each, and eq. 7's two sums joined with
+        the factors divided by λ (y = (r·num_w + num_l) / (r·den_w + den_l), r = γ/λ a layer constant: λ > 0)."""
         V = self.head_v
         q, k, v = self._rotated(x, pos0)
-        k_old, v_old = state["k"].to(k.dtype), state["v"].to(v.dtype)
-        fq, fk = self._query_features(q), self._key_features(k_old[:, :1])  # [B, 1, H, n_φ]
-        v_out = torch.cat([v_old[:, 0], torch.ones_like(v_old[:, 0, :, :1])], -1)  # [B, H, V + 1]
+        k_old, v_old = state["k"], state["v"]
+        if k_old.dtype != k.dtype or v_old.dtype != v.dtype:
+            k_old, v_old = k_old.to(k.dtype), v_old.to(v.dtype)
+        fq, fk = self._qk_features(q, k_old[:, :1])  # [B, 1, H, n_φ]
         # S ← S + ψ(k_{t−w}) [v_{t−w}, 1]ᵀ, o = φ(q_t) S: the op's fused step (float32 or wider, autocast off; in place
         # inside states_in_place), its read in the features' dtype as linear_recurrence returns it
-        o_lin, S = recurrence_step(fq[:, 0], fk[:, 0], v_out, None, None, state["S"], check_values=False, check_shapes=False)
-        o_lin = upcast(o_lin)
+        o_lin, S = recurrence_step(fq[:, 0], fk[:, 0], F.pad(v_old[:, 0], (0, 1), value=1.0), None, None, state["S"],
+                                   check_values=False, check_shapes=False)
+        o_lin = upcast(o_lin)  # [B, H, V + 1]
         k_win, v_win = torch.cat([k_old[:, 1:], k], 1), torch.cat([v_old[:, 1:], v], 1)
         s_num, s_den, _ = window_softmax(q, k_win, v_win, window=self.window, mode="chunk", check_values=False,
                                          check_shapes=False)  # every key valid: the op's fused step
-        gamma, lam = self.layer_constant("window factors", self.window_factors, self.window_logit)
-        num = gamma.view(-1, 1) * s_num[:, 0] + lam.view(-1, 1) * o_lin[..., :V]
-        den = gamma * s_den[:, 0] + lam * o_lin[..., V]
-        o = (num / den.unsqueeze(-1)).to(v.dtype).unsqueeze(1)
+        r = self.layer_constant("window ratio", self._window_ratio, self.window_logit)  # [H, 1]
+        num = torch.addcmul(o_lin[..., :V], s_num[:, 0], r)
+        den = torch.addcmul(o_lin[..., V:], s_den.transpose(1, 2), r)
+        o = (num / den).unsqueeze(1)
+        if o.dtype != v.dtype:
+            o = o.to(v.dtype)
         return MixOut(self._readout(o), {"S": S, "pos": pos0 + 1, "k": k_win, "v": v_win}, values=v, mixed=o)
+
+    def _window_ratio(self) -> torch.Tensor:
+        """r = γ/λ [H, 1]: the softmax terms' factor when eq. 7's numerator and denominator are divided by λ (> 0)."""
+        gamma, lam = self.window_factors()
+        return (gamma / lam).unsqueeze(-1)
 
     # -- DSF view --------------------------------------------------------------------------
 

@@ -133,7 +133,7 @@ def window_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window:
         if return_weights and mode != "parallel":
             raise ValueError(f"{_WHERE}: argument 'return_weights' needs mode 'parallel' (the explicit matrix), got mode {mode!r}")
     if mode == "chunk" and q.shape[1] == 1 and key_valid is None:  # (the parallel mode stays the reference)
-        return _full_window_step(q, k[:, -window:], v[:, -window:])
+        return _full_window_step(q, k, v) if k.shape[1] == window else _full_window_step(q, k[:, -window:], v[:, -window:])
     dt = compute_dtype(q, k, v)
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     if mode == "parallel":
@@ -149,8 +149,8 @@ def window_softmax_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ch
     against its window's keys k [B, w, H, K] and values v [B, w, H, V], the query's own token last, every
     key valid -> (num [B, 1, H, V], den, m [B, 1, H]), in float32 or wider (autocast off). The same numbers as
     ``window_softmax(q, k, v, window=w, mode="parallel")`` (tests/test_decode_steps.py) without its mask and
-    einsums: two batched products over the heads. ``check_shapes=False``: a mixer's decoding step that built
-    the inputs itself skips the shape checks."""
+    einsums: elementwise products summed in the window's own layout. ``check_shapes=False``: a mixer's decoding
+    step that built the inputs itself skips the shape checks."""
     if check_shapes:
         where = "window_softmax_step"
         check_tensor("q", q, rank=4, layout="[B, 1, H, K]", where=where)
@@ -166,11 +166,14 @@ def window_softmax_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ch
 
 
 def _full_window_step(q, k, v):
-    """The body of :func:`window_softmax_step` (no checks; autocast off by the caller's decorator)."""
+    """The body of :func:`window_softmax_step` (no checks; autocast off by the caller's decorator): the scores as q ⊙ k
+    summed over K and the numerator as p ⊙ v summed over the window, elementwise in the keys' own [B, w, H, K] layout
+    (two matmuls over the heads would first copy the window into head-major matrices: 1.5x this form's time at w 64,
+    batch 1, and 4.7x at batch 4, on the 2-core CPU)."""
     dt = compute_dtype(q, k, v)
-    q, k, v = q.to(dt), k.to(dt), v.to(dt)
-    s = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1))  # [B, H, 1, w]
-    m = s.amax(-1, keepdim=True)
+    if q.dtype != dt or k.dtype != dt or v.dtype != dt:
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    s = (k * q).sum(-1)  # [B, w, H]
+    m = s.amax(1, keepdim=True)  # [B, 1, H]
     p = torch.exp(s - m)
-    num = torch.matmul(p, v.transpose(1, 2))  # [B, H, 1, V]
-    return num.transpose(1, 2), p.sum(-1).transpose(1, 2), m.squeeze(-1).transpose(1, 2)
+    return (p.unsqueeze(-1) * v).sum(1, keepdim=True), p.sum(1, keepdim=True), m

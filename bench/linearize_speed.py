@@ -374,7 +374,8 @@ def plot(results: dict, path: Path) -> None:
 
 def section(results: dict, status: list[str], meta: dict, plot_rel: str | None) -> str:
     """The Markdown results section of docs/linearize.md."""
-    out = [f"Measured by `python bench/linearize_speed.py {meta['argv']}` ({meta['when']}; torch threads "
+    other = f"; repeats {meta['repeats_other']}" if meta.get("repeats_other") else ""
+    out = [f"Measured by `python bench/linearize_speed.py {meta['argv']}` ({meta['when']}{other}; torch threads "
            f"{meta['threads']} on {meta['cpus']} cores; load average over the runs {meta['load_min']:.2f} to "
            f"{meta['load_max']:.2f}: the machine is shared, so these are figures under that load). Batch 1, float32, "
            f"greedy, {meta['new_tokens']} new tokens; each cell: time per new token in ms (tokens/s ratio to the teacher), "
@@ -495,10 +496,17 @@ def main() -> None:
                 plot_rel = str(a.plot)
         stored_threads = sorted({str(r[-2]) for r in rows}) or [str(torch.get_num_threads())]
         threads = stored_threads[0] if len(stored_threads) == 1 and stored_threads[0].isdigit() else a.threads  # the runs' own
-        argv = f"--sizes {a.sizes} --prompts {a.prompts} --new-tokens {a.new_tokens} --repeats {a.repeats} --threads {threads}" \
+        groups_of = {}  # the stored runs' own repeats -> the (size, P) groups run with them
+        for r in rows:
+            groups_of.setdefault(r[-3], set()).add((r[0], r[1]))
+        repeats = max(groups_of, key=lambda k: len(groups_of[k])) if groups_of else a.repeats
+        other = "; ".join(f"{k} at " + ", ".join(f"{s} P {P}" for s, P in sorted(groups_of[k])) for k in sorted(groups_of)
+                          if k != repeats)
+        argv = f"--sizes {a.sizes} --prompts {a.prompts} --new-tokens {a.new_tokens} --repeats {repeats} --threads {threads}" \
             + (f" --hybrid {shlex.quote(a.hybrid)} --kept {a.kept}" if a.hybrid else " --hybrid ''") + (" --compile" if a.compile else "") + " --out OUT"
         meta = {"argv": argv, "when": time.strftime("%Y-%m-%d"), "threads": "/".join(stored_threads),
-                "cpus": os.cpu_count(), "load_min": min(loads), "load_max": max(loads), "new_tokens": a.new_tokens}
+                "cpus": os.cpu_count(), "load_min": min(loads), "load_max": max(loads), "new_tokens": a.new_tokens,
+                "repeats_other": other}
         write_doc_section(a.docs, MARKER, section(results, status + compiled_lines, meta, plot_rel))
     (a.out / "summary.json").write_text(json.dumps({"machine": info, "results": {s: {str(P): g for P, g in gs.items()}
                                                                                  for s, gs in results.items()},

@@ -311,3 +311,35 @@ def test_delta_rule_step_trains_through_its_fused_step():
         grads.append([t.grad for t in leaves])
     for a, b in zip(*grads):
         assert max_abs(a, b) < F64_ATOL
+
+
+def test_layer_constants_and_rope_tables_are_kept_and_rebuilt_as_their_tensors_say():
+    """Mixer.layer_constant keeps a value while its tensors keep their versions, computes it anew after an in-place
+    change and on every call for an inference tensor (no version counter); RotaryTable keeps its table and rebuilds
+    one made in inference mode for a call outside it (an inference tensor cannot be saved for backward)."""
+    from seqmix.mixers.base import build_mixer as build
+    from seqmix.ops.rotary import RotaryTable
+
+    m = build("gla", d_model=16, heads=2)
+    calls = []
+    fn = lambda: calls.append(1) or torch.ones(2)  # noqa: E731
+    p = torch.zeros(3)
+    with torch.no_grad():
+        a, b = m.layer_constant("c", fn, p), m.layer_constant("c", fn, p)
+        assert a is b and len(calls) == 1
+        p.add_(1.0)
+        m.layer_constant("c", fn, p)
+        assert len(calls) == 2
+        with torch.inference_mode():
+            q = torch.zeros(3)
+        m.layer_constant("d", fn, q), m.layer_constant("d", fn, q)
+        assert len(calls) == 4
+    table = RotaryTable()
+    with torch.inference_mode():
+        c1, _ = table(0, 4, 8, device="cpu", dtype=torch.float32)
+        c2, _ = table(1, 4, 8, device="cpu", dtype=torch.float32)
+        assert c1.is_inference() and c2._base is c1._base  # kept: slices of one table
+    c3, s3 = table(0, 4, 8, device="cpu", dtype=torch.float32)
+    assert not c3.is_inference() and torch.equal(c3, c1)  # rebuilt outside inference mode, the same numbers
+    c4, _ = table(2, 3, 8, device="cpu", dtype=torch.float32)
+    assert c4._base is c3._base

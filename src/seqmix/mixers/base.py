@@ -400,10 +400,11 @@ class Mixer(nn.Module):
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
             return fn()
         stamp = [key]
-        for p in params:
-            if p.is_inference():
-                return fn()
-            stamp += (id(p), p._version)
+        try:
+            for p in params:
+                stamp += (id(p), p._version)
+        except RuntimeError:  # an inference tensor keeps no version counter: computed anew (no test per tensor first)
+            return fn()
         kept = self.__dict__.setdefault("_layer_constants", {})
         e = kept.get(key)
         if e is not None and e[0] == stamp:

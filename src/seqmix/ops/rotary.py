@@ -276,11 +276,11 @@ class RotaryTable:
             cos, sin = rotary_cos_sin(torch.arange(start, end, device=device), rotary_dim, self.theta, dtype, seq_len=seq_len, **kw)
             return cos.unsqueeze(1), sin.unsqueeze(1)
         key = (rotary_dim, interleaved, str(device), dtype)
-        table = self._tables.get(key)
-        if table is None or table[0].shape[0] < end or (table[0].is_inference() and not torch.is_inference_mode_enabled()):
+        table = self._tables.get(key)  # (cos, sin, whether they are inference tensors: known when built)
+        if table is None or table[0].shape[0] < end or (table[2] and not torch.is_inference_mode_enabled()):
             n = max(end, self.MIN_POSITIONS, 2 * table[0].shape[0] if table is not None else 0)
             cos, sin = rotary_cos_sin(torch.arange(n, device=device), rotary_dim, self.theta, dtype, **kw)
-            table = self._tables[key] = (cos.unsqueeze(1), sin.unsqueeze(1))
+            table = self._tables[key] = (cos.unsqueeze(1), sin.unsqueeze(1), cos.is_inference())
         return table[0][start:end], table[1][start:end]
 
     def __getstate__(self):  # copies and pickles carry the settings, not the tables

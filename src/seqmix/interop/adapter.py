@@ -326,10 +326,13 @@ class InteropMixer(nn.Module):
             with states_in_place():
                 y, new = step(x, trust.state)
             out = self._write_trusted(hf, trust, new)
+            objs = self._slot_objects(hf)
             if kind in _VERSIONED_KINDS:
-                trust.objs, trust.versions, trust.tensors = self._slot_record(hf, kind)
-            else:
-                trust.objs = self._slot_objects(hf)
+                try:  # the tensors sit where the record found them (the step writes tensors into tensor slots only)
+                    trust.versions = tuple([objs[i]._version for i in trust.tensors])
+                except AttributeError:  # (a slot of another type there: recorded anew)
+                    objs, trust.versions, trust.tensors = self._slot_record(hf, kind)
+            trust.objs = objs
         trust.seen += 1
         trust.state = new
         if residual is not None:

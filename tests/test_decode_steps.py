@@ -339,7 +339,7 @@ def test_layer_constants_and_rope_tables_are_kept_and_rebuilt_as_their_tensors_s
         c1, _ = table(0, 4, 8, device="cpu", dtype=torch.float32)
         c2, _ = table(1, 4, 8, device="cpu", dtype=torch.float32)
         assert c1.is_inference() and c2._base is c1._base  # kept: slices of one table
-    c3, s3 = table(0, 4, 8, device="cpu", dtype=torch.float32)
+    c3, _ = table(0, 4, 8, device="cpu", dtype=torch.float32)
     assert not c3.is_inference() and torch.equal(c3, c1)  # rebuilt outside inference mode, the same numbers
     c4, _ = table(2, 3, 8, device="cpu", dtype=torch.float32)
     assert c4._base is c3._base

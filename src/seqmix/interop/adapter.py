@@ -328,6 +328,7 @@ class InteropMixer(nn.Module):
             out = self._write_trusted(hf, trust, new)
             objs = self._slot_objects(hf)
             if kind in _VERSIONED_KINDS:
+                # (inline, as in the check above and in _slot_record: a helper would cost a Python call per step)
                 try:  # the tensors sit where the record found them (the step writes tensors into tensor slots only)
                     trust.versions = tuple([objs[i]._version for i in trust.tensors])
                 except AttributeError:  # (a slot of another type there: recorded anew)

@@ -418,7 +418,7 @@ class SeparableAttention(_Attention):
         """(φ(q), ψ(k)) [B, T, H, n_φ] of the rotated q and k; Hedgehog's maps of one token (a decoding step: T = 1)
         as one batched map over 2·H heads (the weights packed once, a layer constant): the same numbers in one
         call of each op instead of two."""
-        if self.phi_name != "hedgehog" or q.shape[1] != 1 or q.shape[0] != k.shape[0]:
+        if self.phi_name != "hedgehog" or q.shape[1] != 1 or k.shape[1] != 1:
             return self._query_features(q), self._key_features(k)
         W, b = self.layer_constant("hedgehog maps", self._packed_maps, self.fm_q_weight, self.fm_k_weight, self.fm_q_bias,
                                    self.fm_k_bias)

@@ -133,7 +133,9 @@ def window_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window:
         if return_weights and mode != "parallel":
             raise ValueError(f"{_WHERE}: argument 'return_weights' needs mode 'parallel' (the explicit matrix), got mode {mode!r}")
     if mode == "chunk" and q.shape[1] == 1 and key_valid is None:  # (the parallel mode stays the reference)
-        return _full_window_step(q, k, v) if k.shape[1] == window else _full_window_step(q, k[:, -window:], v[:, -window:])
+        if k.shape[1] != window:  # (a decoding step hands exactly the window's keys: no slice)
+            k, v = k[:, -window:], v[:, -window:]
+        return _full_window_step(q, k, v)
     dt = compute_dtype(q, k, v)
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     if mode == "parallel":

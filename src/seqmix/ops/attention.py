@@ -131,13 +131,12 @@ def attention_mask(
         raise ValueError(f"{where}: argument 'offset' must be an integer (position of query 0), got {offset!r}")
     if key_valid is not None:
         device = key_valid.device
-    q_pos = torch.arange(T_q, device=device).unsqueeze(1) + offset  # [T_q, 1]
-    k_pos = torch.arange(n_seq, device=device).unsqueeze(0)  # [1, n_seq]
-    lag = q_pos - k_pos
-    seq = lag >= 0
+    # query i (position offset + i) sees sequence key j iff 0 <= (offset + i) - j < window: the band of diagonals
+    # offset - window + 1 <= j - i <= offset, as tril and triu of a matrix of ones
+    seq = torch.ones(T_q, n_seq, dtype=torch.bool, device=device).tril(offset)
     if window is not None:
-        seq = seq & (lag < window)
-    mask = torch.cat([torch.ones(T_q, prefix, dtype=torch.bool, device=device), seq], dim=1)
+        seq = seq.triu(offset - window + 1)
+    mask = torch.cat([torch.ones(T_q, prefix, dtype=torch.bool, device=device), seq], dim=1) if prefix else seq
     if key_valid is not None:
         if not isinstance(key_valid, torch.Tensor) or key_valid.dtype != torch.bool or key_valid.dim() != 2 or key_valid.shape[1] != T_k:
             got = fmt_shape(key_valid.shape) + f" {key_valid.dtype}" if isinstance(key_valid, torch.Tensor) else type(key_valid).__name__
@@ -229,14 +228,42 @@ def _prepare(q, k, v, scale, window, prefix, offset, key_valid, check_values, wh
     return scale, _plain_causal(q.shape[1], k.shape[1], window, prefix, offset, key_valid)
 
 
-def _visible(Tq, Tk, window, prefix, offset, key_valid, device, plain):
+#: the masks :func:`_visible` keeps for the next call with the same arguments (the layers of one forward pass ask for
+#: the same mask): at most this many, each of at most MASK_KEEP_MAX_ELEMENTS entries (a [T, T] bool mask: T = 4096)
+MASK_KEEP_COUNT, MASK_KEEP_MAX_ELEMENTS = 4, 1 << 24
+_KEPT_MASKS: dict = {}
+
+
+def _may_have_empty_rows(Tq, Tk, prefix, offset, key_valid) -> bool:
+    """Whether a query can see no key: only with ``key_valid``, or without memory tokens where a query sits before
+    position 0 or after the last key (with the default offset every query sees at least its own position)."""
+    if key_valid is not None:
+        return True
+    return not prefix and offset is not None and not 0 <= offset <= Tk - Tq
+
+
+def _visible(Tq, Tk, window, prefix, offset, key_valid, device):
     """(mask, empty): the mask of :func:`attention_mask` in which a query that sees no key
-    sees every key instead (a finite softmax), and ``empty`` marks those rows (or None)."""
+    sees every key instead (a finite softmax), and ``empty`` marks those rows (None where no row can be empty:
+    :func:`_may_have_empty_rows`). Without ``key_valid`` the mask is kept for the next call with the same arguments
+    (``MASK_KEEP_COUNT`` of them; not while torch.compile traces): the layers of a forward pass share one."""
+    if key_valid is not None or torch.compiler.is_compiling() or Tq * Tk > MASK_KEEP_MAX_ELEMENTS:
+        key = None
+    else:  # (a mask made in inference mode is an inference tensor: kept apart from the others)
+        key = (Tq, Tk, window, prefix, offset, torch.device(device) if device is not None else None, torch.is_inference_mode_enabled())
+        kept = _KEPT_MASKS.get(key)
+        if kept is not None:
+            return kept
     mask = attention_mask(Tq, Tk, window=window, prefix=prefix, offset=offset, key_valid=key_valid, device=device)
-    if plain:
-        return mask, None
-    no_key = ~mask.any(-1, keepdim=True)  # kept whether or not a row is empty: asking would read the mask on the host
-    return mask | no_key, no_key
+    empty = None
+    if _may_have_empty_rows(Tq, Tk, prefix, offset, key_valid):
+        empty = ~mask.any(-1, keepdim=True)  # kept whether or not a row is empty: asking would read the mask on the host
+        mask = mask | empty
+    if key is not None:
+        while len(_KEPT_MASKS) >= MASK_KEEP_COUNT:
+            _KEPT_MASKS.pop(next(iter(_KEPT_MASKS)))
+        _KEPT_MASKS[key] = (mask, empty)
+    return mask, empty
 
 
 def alibi_slopes(heads: int, *, device=None, dtype=torch.float32) -> torch.Tensor:
@@ -257,7 +284,7 @@ def _lags(Tq, Tk, prefix, offset, device, dtype):
     n_seq = Tk - prefix
     offset = n_seq - Tq if offset is None else offset
     lag = (torch.arange(Tq, device=device, dtype=dtype).unsqueeze(1) + offset) - torch.arange(n_seq, device=device, dtype=dtype)
-    return torch.cat([torch.zeros(Tq, prefix, device=device, dtype=dtype), lag], dim=1)
+    return torch.cat([torch.zeros(Tq, prefix, device=device, dtype=dtype), lag], dim=1) if prefix else lag
 
 
 def _scores(qh, kh, scale, softcap, bias):
@@ -302,7 +329,7 @@ def _probs(qh, kh, scale, mask, empty, *, softcap=None, alibi=None, sinks=None, 
     with autocast_off(qh.device.type):  # scores and softmax in float32 (docs/scale.md)
         bias = _alibi_bias(alibi, qh.shape[2], kh.shape[2], prefix, offset, qh.device, dt)
         scores = _scores(qh.to(dt), kh.to(dt), scale, softcap, bias)
-        probs = _softmax_rows(scores.masked_fill(~mask, float("-inf")), sinks)
+        probs = _softmax_rows(torch.where(mask, scores, float("-inf")), sinks)
     return probs.masked_fill(empty, 0.0) if empty is not None else probs
 
 
@@ -323,9 +350,9 @@ def attention_probs(
     """The attention matrix [B, H, Tq, Tk] (rows sum to 1, less with sinks, 0 for a query that sees
     no key): q [B, Tq, H, K], k [B, Tk, H, K]; the other arguments as in :func:`softmax_attention`."""
     where = "attention_probs"
-    scale, plain = _prepare(q, k, None, scale, window, prefix, offset, key_valid, check_values, where)
+    scale, _ = _prepare(q, k, None, scale, window, prefix, offset, key_valid, check_values, where)
     _check_extras(softcap, alibi, sinks, q.shape[2], where)
-    mask, empty = _visible(q.shape[1], k.shape[1], window, prefix, offset, key_valid, q.device, plain)
+    mask, empty = _visible(q.shape[1], k.shape[1], window, prefix, offset, key_valid, q.device)
     k = repeat_kv(k, q.shape[2] // k.shape[2])
     return _probs(q.transpose(1, 2), k.transpose(1, 2), scale, mask, empty, softcap=softcap, alibi=alibi, sinks=sinks,
                   prefix=prefix, offset=offset)
@@ -387,7 +414,7 @@ def softmax_attention(
     if mode in ("sdpa", "auto") and plain:  # SDPA's is_causal needs no [Tq, Tk] mask
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=gqa, dropout_p=dropout_p)
     else:
-        mask, empty = _visible(Tq, Tk, window, prefix, offset, key_valid, q.device, plain)
+        mask, empty = _visible(Tq, Tk, window, prefix, offset, key_valid, q.device)
         if mode == "parallel":
             kh, vh = repeat_kv(kh, groups, 1), repeat_kv(vh, groups, 1)
             probs = _dropout(_probs(qh, kh, scale, mask, empty), dropout_p)
@@ -413,7 +440,7 @@ def _attention_with_extras(q, k, v, scale, window, prefix, offset, key_valid, mo
     Tq, Tk = q.shape[1], k.shape[1]
     groups = q.shape[2] // k.shape[2]
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    mask, empty = _visible(Tq, Tk, window, prefix, offset, key_valid, q.device, False)
+    mask, empty = _visible(Tq, Tk, window, prefix, offset, key_valid, q.device)
     if mode == "parallel" or softcap is not None or (dropout_p and sinks is not None):  # dropout on Φ, not on a sink's column
         kh, vh = repeat_kv(kh, groups, 1), repeat_kv(vh, groups, 1)
         probs = _probs(qh, kh, scale, mask, empty, softcap=softcap, alibi=alibi, sinks=sinks, prefix=prefix, offset=offset)
@@ -422,9 +449,10 @@ def _attention_with_extras(q, k, v, scale, window, prefix, offset, key_valid, mo
             o = (probs @ vh.to(probs.dtype)).to(v.dtype)
         return o.transpose(1, 2)
     H = q.shape[2]
-    bias = _alibi_bias(alibi, Tq, Tk, prefix, offset, q.device, q.dtype)
-    bias = torch.zeros(1, H, Tq, Tk, device=q.device, dtype=q.dtype) if bias is None else bias
-    bias = bias.masked_fill(~mask, float("-inf"))
+    bias = _alibi_bias(alibi, Tq, Tk, prefix, offset, q.device, q.dtype)  # [1, H, Tq, Tk] or None
+    bias = torch.where(mask, bias if bias is not None else torch.zeros((), device=q.device, dtype=q.dtype), float("-inf"))
+    if bias.dim() == 2:  # (no ALiBi and no key_valid: one [Tq, Tk] bias for every head)
+        bias = bias.view(1, 1, Tq, Tk)
     if sinks is not None:  # one more key: k = 0, v = 0, logit z_h
         B = q.shape[0]
         kh = torch.cat([kh, kh.new_zeros(B, kh.shape[1], 1, kh.shape[-1])], dim=2)

@@ -67,6 +67,55 @@ def test_mask_key_valid_and_offset():
     assert torch.equal(base, torch.ones(3, 4, dtype=torch.bool).tril())
 
 
+@pytest.mark.parametrize("offset", [-3, -1, 0, 2, 4, 6, 9])
+@pytest.mark.parametrize("window", [None, 1, 3])
+def test_mask_follows_the_rules_at_any_offset(offset, window):
+    Tq, Tk = 4, 7
+    m = attention_mask(Tq, Tk, window=window, offset=offset)
+    for i in range(Tq):
+        p = offset + i
+        for j in range(Tk):
+            assert bool(m[i, j]) == (j <= p and (window is None or p - j < window)), (i, j)
+
+
+@pytest.mark.parametrize("Tq,Tk,prefix", [(4, 7, 0), (7, 7, 0), (3, 6, 2)])
+def test_rows_said_never_empty_see_a_key(Tq, Tk, prefix):
+    """_visible leaves out the empty-row mask only where no row can be empty: checked on the mask itself for every
+    offset (None included) and window."""
+    from seqmix.ops.attention import _may_have_empty_rows, _visible
+
+    for offset in [None, *range(-3, Tk + 2)]:
+        for window in (None, 1, 2, 5):
+            plain = attention_mask(Tq, Tk, window=window, prefix=prefix, offset=offset)
+            mask, empty = _visible(Tq, Tk, window, prefix, offset, None, None)
+            has_empty = bool((~plain.any(-1)).any())
+            if not _may_have_empty_rows(Tq, Tk, prefix, offset, None):
+                assert not has_empty and empty is None and torch.equal(mask, plain), (offset, window)
+            else:
+                assert torch.equal(empty[:, 0], ~plain.any(-1)) and torch.equal(mask, plain | empty), (offset, window)
+
+
+def test_the_mask_is_kept_for_the_next_call_and_apart_in_inference_mode():
+    from seqmix.ops import attention as A
+
+    A._KEPT_MASKS.clear()
+    first = A._visible(6, 9, 3, 0, None, None, torch.device("cpu"))
+    assert A._visible(6, 9, 3, 0, None, None, torch.device("cpu"))[0] is first[0]
+    assert A._visible(6, 9, 2, 0, None, None, torch.device("cpu"))[0] is not first[0]  # another window: another mask
+    with torch.inference_mode():
+        inf = A._visible(6, 9, 3, 0, None, None, torch.device("cpu"))[0]
+    assert inf is not first[0] and inf.is_inference() and not first[0].is_inference()
+    for n in range(A.MASK_KEEP_COUNT + 2):  # at most MASK_KEEP_COUNT kept
+        A._visible(2, 3 + n, None, 0, 0, None, torch.device("cpu"))
+    assert len(A._KEPT_MASKS) == A.MASK_KEEP_COUNT
+    # a windowed attention run in inference mode, then with autograd: the gradient flows (no inference tensor saved)
+    q, k, v = qkv(Tq=6, grad=True)
+    with torch.inference_mode():
+        softmax_attention(q.detach(), k.detach(), v.detach(), window=3)
+    softmax_attention(q, k, v, window=3).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
 # -- modes agree ---------------------------------------------------------------------------
 
 

@@ -343,3 +343,33 @@ def test_layer_constants_and_rope_tables_are_kept_and_rebuilt_as_their_tensors_s
     assert not c3.is_inference() and torch.equal(c3, c1)  # rebuilt outside inference mode, the same numbers
     c4, _ = table(2, 3, 8, device="cpu", dtype=torch.float32)
     assert c4._base is c3._base
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_rwkv4_step_follows_a_change_of_its_kept_decay_and_bonus(dtype):
+    """RWKV-4's fixed decay −e^w and bonus scale·e^u are layer constants (kept between calls without autograd): after an
+    in-place change of w and u, a prefill and a decoding step equal a fresh copy's full pass (no constant kept)."""
+    import copy
+
+    from seqmix.mixers.base import Cache, build_mixer
+
+    torch.manual_seed(0)
+    m = build_mixer("rwkv4", d_model=8, bonus=True, token_shift=True, normalizer=True).to(dtype).eval()
+    x = torch.randn(2, 6, 8, dtype=dtype)
+
+    def prefill_then_step(mixer):
+        c = Cache()
+        mixer(x[:, :5], cache=c)
+        return mixer.decode_step(x[:, 5:], c.get(mixer))[0]
+
+    with torch.no_grad():
+        before = prefill_then_step(m)  # the constants kept
+        assert {"fixed decay", "bonus weight"} <= set(m.__dict__["_layer_constants"])
+        m.w.add_(0.3)
+        m.u.mul_(-0.5)
+        after = prefill_then_step(m)
+        fresh = copy.deepcopy(m)
+        fresh.__dict__.pop("_layer_constants")
+        expected = fresh(x)[:, 5:]
+    _close(after, expected, dtype)
+    assert max_abs(before, after) > 1e-3  # (the change matters)

@@ -593,8 +593,8 @@ class GeneralForm(Mixer):
         if kind == "fixed_head":  # not learned (RetNet, TransNormer): computed once per device and dtype
             key = f"gamma {c.head_decay} {c.head_decay_rates} {u.device} {compute_dtype(u)}"
             la = self.layer_constant(key, lambda: self._head_log_decay(u)).expand(B, T, H)
-        elif kind == "fixed":
-            la = (-torch.exp(upcast(self.w))).view(H, K).expand(B, T, H, K)
+        elif kind == "fixed":  # a parameter alone: a layer constant between changes of w
+            la = self.layer_constant("fixed decay", lambda: (-torch.exp(upcast(self.w))).view(H, K), self.w).expand(B, T, H, K)
         elif kind == "lru":
             la = complex_(-torch.exp(upcast(self.nu_log)), torch.exp(upcast(self.theta_log))).view(H, K).expand(B, T, H, K)
         elif kind in ("sigmoid", "low_rank_sigmoid", "exp"):
@@ -676,8 +676,13 @@ class GeneralForm(Mixer):
             if need_state:
                 new["x_prev"] = u[:, -1]
         qk_heads = 1 if c.shared_qk else H
-        q_proj = self.W_q(u_q).view(B, T, qk_heads, K).expand(B, T, H, K) if c.query == "proj" else None
-        k_proj = self.W_k(u_k).view(B, T, qk_heads, K).expand(B, T, H, K) if c.key == "proj" else None
+        q_proj = k_proj = None
+        if c.query == "proj":
+            q_proj = self.W_q(u_q).view(B, T, qk_heads, K)
+            q_proj = q_proj if qk_heads == H else q_proj.expand(B, T, H, K)
+        if c.key == "proj":
+            k_proj = self.W_k(u_k).view(B, T, qk_heads, K)
+            k_proj = k_proj if qk_heads == H else k_proj.expand(B, T, H, K)
         la, delta = self._decay(u_w, k_proj)
         m = li = None
         if c.input_gate == "exp":  # xLSTM: i_t = exp(ĩ_t); the max-stabilizer turns (f_t, i_t) into gates <= 1 (seqmix.ops.stabilizer)
@@ -783,8 +788,11 @@ class GeneralForm(Mixer):
         return o, (S.reshape(B, H, 1, V) if S is not None else None)
 
     def _bonus_term(self, P: _Params):
-        """RWKV's current-token term: scale·Σ_i q_i e^{u_i} k_i, one number per head [B, T, H, 1]."""
-        return self._scale * (P.q * self._bonus_u().view(self.H, self.K) * P.k).sum(-1, keepdim=True)
+        """RWKV's current-token term: scale·Σ_i q_i e^{u_i} k_i, one number per head [B, T, H, 1] (q = 1 with query 'one';
+        scale·e^u a layer constant between changes of u)."""
+        w = self.layer_constant("bonus weight", lambda: self._scale * self._bonus_u().view(self.H, self.K), self.u)
+        qk = w * P.k if self.config.query == "one" else P.q * w * P.k
+        return qk if self.K == 1 else qk.sum(-1, keepdim=True)
 
     def _bonus_u(self):
         """The bonus weight per key channel: e^u (bonus_form 'exp', RWKV-4) or u (bonus_form 'linear', RWKV-5/6)."""
@@ -798,7 +806,7 @@ class GeneralForm(Mixer):
         v = P.v
         T = v.shape[1]
         if c.normalizer:
-            v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # the last channel accumulates the denominator
+            v = F.pad(v, (0, 1), value=1.0)  # a channel of ones: the last channel accumulates the denominator
         if c.bonus and mode == "step":  # q_t S_{t-1}: the state read before this token's write
             o, S = self._recur(q, k, v, gk, S0, mode, need_state, delayed=True)
             o = o + self._bonus_term(P) * v

@@ -373,3 +373,22 @@ def test_rwkv4_step_follows_a_change_of_its_kept_decay_and_bonus(dtype):
         expected = fresh(x)[:, 5:]
     _close(after, expected, dtype)
     assert max_abs(before, after) > 1e-3  # (the change matters)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_max_stabilizer_step_equals_the_recurrent_mode_token_by_token(dtype):
+    from seqmix.ops import max_stabilizer, max_stabilizer_step
+
+    g = torch.Generator().manual_seed(0)
+    T = 40
+    log_f = torch.nn.functional.logsigmoid(3 * torch.randn(B, T, H, generator=g, dtype=dtype))
+    log_i = 5 * torch.randn(B, T, H, generator=g, dtype=dtype)
+    m0 = torch.randn(B, H, generator=g, dtype=dtype)
+    ref = max_stabilizer(log_f, log_i, m0, mode="recurrent")
+    m = m0
+    for t in range(T):
+        lf, li, m1 = max_stabilizer_step(log_f[:, t:t + 1], log_i[:, t:t + 1], m.unsqueeze(1))
+        for got, want in zip((lf, li, m1), ref):
+            assert got.shape == (B, 1, H) and got.dtype == dtype
+            _close(got, want[:, t:t + 1], dtype)
+        m = m1[:, 0]

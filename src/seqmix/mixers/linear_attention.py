@@ -104,7 +104,9 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops import clock_atom, cyclic_readout, linear_recurrence, lse_gate, max_stabilizer, recurrence_map, recurrence_step, rotary
+from ..ops import (
+    clock_atom, cyclic_readout, linear_recurrence, lse_gate, max_stabilizer, max_stabilizer_step, recurrence_map, recurrence_step, rotary,
+)
 from ..ops.precision import complex_, compute_dtype, linear_f32, upcast
 from .base import ExpandedWidths, MixerConfig, Mixer, MixOut, register, register_preset
 from .layers import LayerNorm, RMSNorm, ShortConv, short_conv_qkv
@@ -687,8 +689,12 @@ class GeneralForm(Mixer):
         m = li = None
         if c.input_gate == "exp":  # xLSTM: i_t = exp(ĩ_t); the max-stabilizer turns (f_t, i_t) into gates <= 1 (seqmix.ops.stabilizer)
             li_raw = self._soft_cap(upcast(self.W_i(u_k)))  # [B, T, H]
-            la, li, m = max_stabilizer(la, li_raw, state.get("m") if state else None, mode="recurrent" if T == 1 else "parallel",
-                                      check_values=False)  # computed here from the checked input
+            m_prev = state.get("m") if state else None
+            if T == 1 and m_prev is not None:  # a decoding step: the op's one-token form
+                la, li, m = max_stabilizer_step(la, li_raw, m_prev.unsqueeze(1).to(la.dtype))
+            else:
+                la, li, m = max_stabilizer(la, li_raw, m_prev, mode="recurrent" if T == 1 else "parallel",
+                                          check_values=False)  # computed here from the checked input
             if need_state:
                 new["m"] = m[:, -1]
         # f_q

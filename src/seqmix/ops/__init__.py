@@ -16,7 +16,7 @@ from .delta_rule import MODES as DELTA_RULE_MODES
 from .delta_rule import delta_product, delta_product_map, delta_rule, delta_rule_map, delta_rule_step
 from .selective_scan import selective_scan, selective_scan_step
 from .inplace import states_in_place
-from .stabilizer import max_stabilizer
+from .stabilizer import max_stabilizer, max_stabilizer_step
 from .lse_gate import lse_gate
 from .cyclic_clock import clock_atom, clock_phases, cyclic_readout, readout_basis
 from .moba import moba_attention, moba_mask, moba_probs
@@ -51,7 +51,7 @@ __all__ = [
     "softmax_attention", "attention_probs", "attention_step", "attention_mask", "kv_cache_trim", "ATTENTION_MODES",
     "attention_decode", "alibi_slopes", "KVCache", "repeat_kv", "rotary", "rotary_angles", "rotary_cos_sin", "apply_rotary", "RotaryTable", "rotary_reference", "rope_frequencies", "check_rope_scaling", "ROPE_SCALINGS",
     "FEATURE_MAPS", "apply_feature_map", "taylor_features", "taylor_feature_dim",
-    "selective_scan", "selective_scan_step", "states_in_place", "max_stabilizer", "lse_gate", "clock_atom", "clock_phases", "cyclic_readout", "readout_basis", "momentum_delta_rule", "momentum_delta_rule_map", "MOMENTUM_DELTA_MODES",
+    "selective_scan", "selective_scan_step", "states_in_place", "max_stabilizer", "max_stabilizer_step", "lse_gate", "clock_atom", "clock_phases", "cyclic_readout", "readout_basis", "momentum_delta_rule", "momentum_delta_rule_map", "MOMENTUM_DELTA_MODES",
     "moba_attention", "moba_mask", "moba_probs", "nsa_attention", "nsa_probs", "deltaformer_attention", "deltaformer_probs", "parallax_attention", "parallax_probs", "wall_attention", "wall_probs", "discretize", "krylov_kernel", "vandermonde", "vandermonde_transpose", "vandermonde_kernel",
     "cauchy", "dplr_kernel", "hippo_legs", "nplr_legs", "s4d_init", "ssm_scan", "ssm_free_response", "ssm_final_state",
     "diagonal_ssm_conv", "delta_product", "delta_product_map",

@@ -16,6 +16,9 @@ they are. A ratio of two readouts of the same state (the mLSTM normalizer) does 
 Shapes: log_f, log_i [B, T, ...] (one gate per head: [B, T, H]); m0 [B, ...].
 Returns (log f', log i', m), each [B, T, ...], in the inputs' dtype (float32 or wider).
 
+One token of a decoding step: :func:`max_stabilizer_step` (the recurrent mode's loop body, without the argument
+checks and the stacking; tied to it by a test).
+
 Modes (equal up to rounding; a test ties them):
 
 * ``recurrent``: the reference, the loop over time of the definition.
@@ -33,7 +36,7 @@ from .precision import compute_dtype, full_precision
 
 MODES = ("recurrent", "parallel")
 
-__all__ = ["max_stabilizer", "MODES"]
+__all__ = ["max_stabilizer", "max_stabilizer_step", "MODES"]
 
 _WHERE = "max_stabilizer"
 
@@ -86,3 +89,12 @@ def max_stabilizer(log_f: torch.Tensor, log_i: torch.Tensor, m0: torch.Tensor | 
     m_prev = torch.cat([m0w.unsqueeze(1), m[:, :-1]], 1)
     lf_s, li_s = _stabilized(lf, li, m, m_prev)
     return lf_s.to(dt), li_s.to(dt), m.to(dt)
+
+
+def max_stabilizer_step(log_f: torch.Tensor, log_i: torch.Tensor, m_prev: torch.Tensor):
+    """One token of :func:`max_stabilizer` (a decoding step): m = max(log f + m_prev, log i) and the stabilized gates
+    (log f', log i'), elementwise with broadcasting (log f, log i of one token, m_prev the stabilizer before it, e.g.
+    [B, 1, H] and [B, 1, H]), computed in the inputs' dtype (the caller's float32 or wider gates and state). No
+    argument checks: the caller built its inputs (a mixer's step, from a checked input). Returns (log f', log i', m)."""
+    m = torch.maximum(log_f + m_prev, log_i)
+    return _stabilized(log_f, log_i, m, m_prev) + (m,)

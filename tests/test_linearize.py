@@ -121,6 +121,9 @@ def test_bad_layers_init_and_model_name_the_argument():
             linearize(m, mixer="gla", layers=bad)
     with pytest.raises(ValueError, match="init"):
         linearize(m, mixer="gla", init="zeros")
+    for bad in ("yes", 1, 0):
+        with pytest.raises(ValueError, match="group_kv"):
+            linearize(m, mixer="gla", group_kv=bad)
     from transformers import MambaConfig, MambaForCausalLM
 
     mamba = MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, state_size=4))

@@ -110,6 +110,8 @@ def linearize(model: nn.Module, mixer: str = "gla", layers="all", init: str = "a
     ``seqmix linearize`` runs it: on). A copy unless ``inplace``. ``model.seqmix_linearize`` records the call (``auto`` holds K of "auto:K")."""
     if group_kv is None:
         group_kv = RECIPES[DEFAULT_RECIPE].settings["group_kv"]
+    elif not isinstance(group_kv, bool):
+        raise ValueError(f"linearize: argument 'group_kv' must be True, False or None (the default recipe's), got {group_kv!r}")
     paths = attention_layers(model)
     idx, auto = parse_layers(layers, len(paths))
     order = list(paths)  # layer indices of the attention modules, in order

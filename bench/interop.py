@@ -350,7 +350,12 @@ def main() -> None:
                    "Markdown table (docs/interop.md) instead of timing")
     p.add_argument("--write-docs", action="store_true", help="write the results section of --docs (between its markers)")
     p.add_argument("--docs", type=Path, default=DOCS, help="the page of the results section (default docs/interop.md)")
+    p.add_argument("--keep-freed-memory", action="store_true", help="run in a process started with "
+                   "seqmix.runtime.keep_freed_memory_env() (glibc keeps freed memory: no page faults of a block mapped "
+                   "afresh, which otherwise fall on one model or the other by chance; docs/performance.md, the allocator)")
     args = p.parse_args()
+    if args.keep_freed_memory:
+        _restart_keeping_freed_memory()
     info = setup(args)
     from transformers.utils import logging as hf_logging
 
@@ -403,7 +408,9 @@ def main() -> None:
         print(f"  {fam}: done (load average now {os.getloadavg()[0]:.2f})", flush=True)
     load_after = os.getloadavg()
     setting = (f"d = {D}, {LAYERS} layers, vocab {VOCAB}, batch 1, float32, T = {T} (forward, prefill), {steps} decode steps, "
-               f"min of {repeats}; torch threads {torch.get_num_threads()} on {os.cpu_count()} cores")
+               f"min of {repeats}; torch threads {torch.get_num_threads()} on {os.cpu_count()} cores; "
+               + ("glibc keeping freed memory (`GLIBC_TUNABLES` of `seqmix.runtime.keep_freed_memory_env()`)"
+                  if args.keep_freed_memory else "the C library's default allocator settings"))
     loads = (f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
              f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f} (the machine is shared: figures under load)")
     print(f"\n{setting}\n{loads}")
@@ -424,10 +431,26 @@ def main() -> None:
     skipped = [f"{fam}: not measured: {r['skipped']}" for fam, r in results.items() if "skipped" in r]
     for line in skipped:
         print(f"  {line}")
-    write_json(args, "interop", {"machine": info, "T": T, "decode_tokens": steps, "d_model": D, "layers": LAYERS,
+    from seqmix.runtime import freed_memory_is_kept
+
+    write_json(args, "interop", {"machine": info, "freed_memory_kept": freed_memory_is_kept(), "T": T, "decode_tokens": steps, "d_model": D, "layers": LAYERS,
                                  "vocab": VOCAB, "load_before": load_before, "load_after": load_after, "results": results})
     if args.write_docs:
         write_doc_section(args.docs, MARKER, docs_section(args, setting, loads, rows, summary, count_rows, n_counts, skipped))
+
+
+def _restart_keeping_freed_memory() -> None:
+    """--keep-freed-memory: this process started anew (the same arguments) with the allocator settings of
+    ``keep_freed_memory_env()`` where it did not start with them (glibc reads them at start only); nothing where the
+    C library is not glibc (said on stderr)."""
+    from seqmix.runtime import freed_memory_is_kept, glibc_malloc, keep_freed_memory_env
+
+    if not glibc_malloc():
+        print("--keep-freed-memory: the C library is not glibc; running with its defaults", file=sys.stderr)
+        return
+    if not freed_memory_is_kept():
+        env = {**os.environ, **keep_freed_memory_env()}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def _rate(v) -> str:
@@ -441,7 +464,8 @@ def docs_section(args, setting: str, loads: str, rows: list, summary: str, count
     decoding step, and the measured reason of every row NOT MET beyond the noise."""
     cmd = " ".join(a for a in ("python bench/interop.py", f"--repeats {args.repeats}" if args.repeats != 3 else "",
                                f"--threads {args.threads}" if args.threads else "", "--quick" if args.quick else "",
-                               f"--families {args.families}" if args.families else "", "--write-docs") if a)
+                               f"--families {args.families}" if args.families else "",
+                               "--keep-freed-memory" if args.keep_freed_memory else "", "--write-docs") if a)
     out = [f"`{cmd}` ({time.strftime('%Y-%m-%d')}): {setting}; {loads}. Each cell: original → converted tokens/s (the "
            "ratio, the A/A control's ratio: a second copy of the original timed in the same loop; the status: MET, "
            "\"noise\" where NOT MET but no further from 1 than the A/A control, **NOT MET** beyond it).", "",

@@ -313,9 +313,14 @@ def test_interop_rows_and_counts(tmp_path):
     (call_counts: aten ops and Python calls per call, counted, deterministic)."""
     pytest.importorskip("transformers", reason="the optional extra 'hf' is not installed: pip install 'seqmix[hf]'")
     out = tmp_path / "interop.json"
-    r = _run("interop.py", "--quick", "--families", "mamba", "--threads", "1", "--json", str(out))
+    r = _run("interop.py", "--quick", "--families", "mamba", "--threads", "1", "--keep-freed-memory", "--json", str(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    res = json.loads(out.read_text())["results"]["mamba"]
+    from seqmix.runtime import glibc_malloc
+
+    stored = json.loads(out.read_text())
+    assert stored["freed_memory_kept"] == glibc_malloc()  # (the process started anew with the settings, on glibc)
+    assert ("glibc keeping freed memory" in r.stdout) == glibc_malloc()
+    res = stored["results"]["mamba"]
     for mode in ("forward", "prefill", "decode"):
         k = f"{mode}_tok_s"
         assert res[f"{mode}_ratio"] == pytest.approx(res["converted"][k] / res["original"][k])

@@ -252,8 +252,9 @@ class MixOut:
     y: [B, T, d_model]; state: the layer's state after the last token (a dict, or None
     when the mixer was not asked for it); values, mixed: [B, T, maps, P], the input and
     output of the core map Φ (mixed[:, t, m] = Σ_s Φ[:, m, t, s] values[:, s, m]). ``values``
-    may be a function of no arguments that returns them, where they cost work that only
-    :meth:`Mixer.core` reads (grouped kv heads repeated per query head).
+    and ``mixed`` may each be a function of no arguments that returns them, where they cost work
+    that only :meth:`Mixer.core` reads (grouped kv heads repeated per query head; a decoding step's
+    own layout).
     """
 
     y: torch.Tensor
@@ -427,7 +428,7 @@ class Mixer(nn.Module):
         (default: the reference mode)."""
         self.check_input(x)
         out = self._forward(x, state=None, mode=mode or self.reference_mode, need_state=False)
-        return (out.values() if callable(out.values) else out.values), out.mixed
+        return tuple(t() if callable(t) else t for t in (out.values, out.mixed))
 
     def phi(self, x: torch.Tensor) -> torch.Tensor:
         """The token-mixing map(s) [batch, maps, time, time] of the core operator."""

@@ -69,7 +69,7 @@ from ..ops.conv import causal_conv1d, causal_conv1d_step, direct_conv, fft_conv,
 from ..ops.precision import linear_f32, upcast
 from ..ops.ssm import diagonal_ssm_conv
 from .base import Mixer, MixerConfig, MixOut, register
-from .layers import ShortConv
+from .layers import ShortConv, token_mix
 from .ssm import DiagonalSSM, DiagonalSSMConfig
 
 # ------------------------------------------------------------------------------------------
@@ -747,8 +747,14 @@ class RWKVChannelMix(Mixer):
 
     def _forward(self, x, *, state, mode, need_state):
         d = self.config.d_model
-        xx = torch.cat([x, x], dim=-1)  # [B, T, 2d]: the input read by the k taps and by the r taps
         prev = state.get("x_prev") if state else None
+        if mode == "step" and prev is not None:  # one token: the two taps' sums as two lerps (no conv call)
+            p = prev.unsqueeze(1)
+            xk, xr = token_mix(p, x, self.mu_k), token_mix(p, x, self.mu_r)
+            y = torch.sigmoid(self.W_r(xr)) * self.W_v(torch.relu(self.W_k(xk)).square())
+            return MixOut(y, {"x_prev": x[:, -1]} if need_state else None, values=lambda: torch.cat([x, x], dim=-1).unsqueeze(-1),
+                          mixed=lambda: torch.cat([xk, xr], dim=-1).unsqueeze(-1))
+        xx = torch.cat([x, x], dim=-1)  # [B, T, 2d]: the input read by the k taps and by the r taps
         prev = None if prev is None else torch.cat([prev, prev], dim=-1).unsqueeze(-1)  # [B, 2d, 1]
         if mode == "step":
             y1, _ = causal_conv1d_step(xx[:, 0], self.taps(), None, prev)

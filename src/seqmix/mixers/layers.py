@@ -53,6 +53,12 @@ def rope_rotate(module: nn.Module, theta: float, start: int, *ts: torch.Tensor, 
     return (apply_rotary(t0, cos, sin, interleaved=interleaved),)  # (one tensor, q and k packed: no comprehension)
 
 
+def token_mix(prev: torch.Tensor, x: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+    """RWKV's token shift μ ⊙ x_t + (1 − μ) ⊙ x_(t−1) = prev + μ ⊙ (x − prev): one ``torch.lerp`` where the three
+    dtypes agree (lerp takes one dtype), else the sum of products (equal up to rounding)."""
+    return torch.lerp(prev, x, mu) if mu.dtype == x.dtype == prev.dtype else prev + mu * (x - prev)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, groups: int = 1, *,
              gate: torch.Tensor | None = None) -> torch.Tensor:
     """y = x / rms(x) · w over the last dimension (each of ``groups`` equal slices on its own), computed in float32

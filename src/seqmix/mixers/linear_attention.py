@@ -109,7 +109,7 @@ from ..ops import (
 )
 from ..ops.precision import complex_, compute_dtype, linear_f32, upcast
 from .base import ExpandedWidths, MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv, short_conv_qkv
+from .layers import LayerNorm, RMSNorm, ShortConv, short_conv_qkv, token_mix
 
 # the vocabulary of each parameter function (the config fields below take exactly these names)
 Query = Literal["proj", "one"]
@@ -670,9 +670,7 @@ class GeneralForm(Mixer):
         if c.token_shift:
             prev = _shift_right(u, state.get("x_prev") if state else None)
             if c.ddlerp_rank is None:  # RWKV-4: x_k = μ_k x_t + (1 - μ_k) x_{t-1}, the same for v and the receptance r
-                u_k = prev + self.mu_k * (u - prev)
-                u_v = prev + self.mu_v * (u - prev)
-                u_g = prev + self.mu_r * (u - prev)
+                u_k, u_v, u_g = token_mix(prev, u, self.mu_k), token_mix(prev, u, self.mu_v), token_mix(prev, u, self.mu_r)
             else:  # RWKV-6: r, k, v, g and the decay each read their own ddlerp
                 u_q, u_k, u_v, u_g, u_w = self._ddlerp(u, prev)
             if need_state:

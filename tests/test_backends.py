@@ -98,6 +98,9 @@ def test_sdpa_backend_equals_the_reference_on_cpu():
     q, k, v, _, _ = lr_inputs(dtype=torch.float64)
     o_ref = softmax_attention(q, k, v, mode="parallel", backend="torch")
     assert max_abs(softmax_attention(q, k, v, backend="sdpa"), o_ref) < 1e-12
+    # grouped kv heads (GQA): the backend reads them itself (enable_gqa), the reference repeats them
+    kg, vg = k[:, :, :1], v[:, :, :1]
+    assert max_abs(softmax_attention(q, kg, vg, backend="sdpa"), softmax_attention(q, kg, vg, mode="parallel", backend="torch")) < 1e-12
 
 
 def test_what_the_gpu_backends_cover():

@@ -82,12 +82,6 @@ def neg() -> Transform:
     return Transform("-x", lambda t: -t)
 
 
-def block_diag_t() -> Transform:
-    """Per-head matrices [H, n, n] applied as x_h W_h (RecurrentGemma's RG-LRU gates, ``baddbmm``) -> one
-    block-diagonal Linear weight [H·n, H·n] holding W_hᵀ on its diagonal (zeros elsewhere)."""
-    return Transform("block_diag(W_hᵀ)", lambda t: torch.block_diag(*[w.t() for w in t.unbind(0)]))
-
-
 def rows(start: int, stop: int) -> Transform:
     """Rows start:stop of the first dimension: one part of a fused projection (xLSTM's
     ``weight_mode="fused"`` stacks q, k, v, o in one matrix and i, f in another)."""

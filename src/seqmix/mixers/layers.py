@@ -164,6 +164,42 @@ class LayerNorm(nn.Module):
         return y + self.bias if self.bias is not None else y
 
 
+class BlockDiagonalLinear(nn.Module):
+    """A Linear whose weight is block-diagonal: the input and output split into ``blocks`` equal slices, slice h
+    mapped by its own matrix, y_h = x_h W_h + b_h (RecurrentGemma's RG-LRU gates, one block per head: its
+    ``input_gate_weight`` / ``recurrent_gate_weight`` layout, [blocks, in/blocks, out/blocks], x @ W). Reads and
+    stores 1/blocks of the dense matrix's entries; equals the ``nn.Linear`` of :meth:`expanded_weight` (the
+    reference, tied in tests). Initialization: each block as PyTorch's Linear of its own width (uniform ±1/sqrt(in/blocks))."""
+
+    def __init__(self, in_features: int, out_features: int, blocks: int, *, bias: bool = True):
+        super().__init__()
+        for name, n in (("in_features", in_features), ("out_features", out_features)):
+            if n % blocks:
+                raise ValueError(f"BlockDiagonalLinear: argument '{name}' = {n} must be divisible by blocks = {blocks}")
+        self.in_features, self.out_features, self.blocks = int(in_features), int(out_features), int(blocks)
+        n_in, n_out = in_features // blocks, out_features // blocks
+        bound = n_in ** -0.5
+        self.weight = nn.Parameter(torch.empty(blocks, n_in, n_out).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(out_features).uniform_(-bound, bound)) if bias else None
+
+    def expanded_weight(self) -> torch.Tensor:
+        """The dense weight of the ordinary Linear this projection equals, [out_features, in_features]."""
+        return torch.block_diag(*[w.t() for w in self.weight.unbind(0)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        xb = x.reshape(-1, self.blocks, self.in_features // self.blocks).transpose(0, 1)  # [blocks, N, in/blocks]
+        w = self.weight.to(x.dtype)
+        if self.bias is None:
+            y = torch.bmm(xb, w)
+        else:
+            y = torch.baddbmm(self.bias.to(x.dtype).view(self.blocks, 1, -1), xb, w)
+        return y.transpose(0, 1).reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, blocks={self.blocks}, bias={self.bias is not None}"
+
+
 class GroupedRows(nn.Module):
     """A Linear whose output rows come in groups that share their weights: grouped-query attention's k and v
     projections kept at the kv heads inside a mixer that reads one k and v per query head.

@@ -109,7 +109,7 @@ from ..ops import (
 )
 from ..ops.precision import complex_, compute_dtype, linear_f32, upcast
 from .base import ExpandedWidths, MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv, short_conv_qkv, token_mix
+from .layers import BlockDiagonalLinear, LayerNorm, RMSNorm, ShortConv, short_conv_qkv, token_mix
 
 # the vocabulary of each parameter function (the config fields below take exactly these names)
 Query = Literal["proj", "one"]
@@ -189,6 +189,10 @@ class GeneralFormConfig(MixerConfig):
     tau: float = Field(1.0, gt=0, description="temperature: α <- α^{1/τ} (GLA and MetaLA: 16)")
     low_rank: int = Field(16, gt=0, description="rank of W_α¹ W_α² of 'low_rank_sigmoid' (GLA: 16) and of A B of 'lora_exp' (RWKV-6: 64)")
     decay_bias: bool = Field(False, description="bias in the decay's projection (GLA b_α, Griffin b_a; none in MetaLA)")
+    gate_blocks: int | None = Field(
+        None, gt=0, description="the RG-LRU's gate projections W_a (decay 'rg_lru') and W_x (value 'gated_identity') block-diagonal "
+        "with this many blocks (RecurrentGemma: one per head, its BlockDiagonalLinear; 1/gate_blocks of the dense weights); "
+        "None: dense (the Griffin paper's equations)")
     decay_lower_bound: float = Field(0.0, ge=0, lt=1, description="lb of 'sigmoid': α = lb + (1 - lb)σ(z) (HGRN's lower bound)")
     decay_per_head: bool = Field(
         False, description="one decay per head, W_α: d_in -> H ('sigmoid', 'exp'; the mLSTM forget gate, like SSD's), instead of one per key channel"
@@ -376,6 +380,12 @@ class GeneralFormConfig(MixerConfig):
         if self.gate_soft_cap is not None and self.input_gate != "exp" and self.decay not in ("sigmoid", "low_rank_sigmoid", "exp"):
             raise ValueError(f"gate_soft_cap caps the forget/input gate pre-activations: needs decay 'sigmoid', 'low_rank_sigmoid' or 'exp', "
                              f"or input_gate = 'exp', got decay = {self.decay!r}")
+        if self.gate_blocks is not None:
+            if self.decay != "rg_lru" and self.value != "gated_identity":
+                raise ValueError(f"gate_blocks = {self.gate_blocks} makes the RG-LRU's gates block-diagonal: needs decay = 'rg_lru' or "
+                                 f"value = 'gated_identity', got decay = {self.decay!r}, value = {self.value!r}")
+            if d_in % self.gate_blocks or d_k % self.gate_blocks:
+                raise ValueError(f"gate_blocks = {self.gate_blocks} must divide d_in = {d_in} and d_k = {d_k}")
         if self.normalizer_form != "sum" and not self.normalizer:
             raise ValueError(f"normalizer_form = {self.normalizer_form!r} needs normalizer = True")
         if self.reset_at_start and self.key not in ("one_minus_decay", "sqrt_one_minus_decay_sq"):
@@ -469,6 +479,8 @@ class GeneralForm(Mixer):
             self.W_k = None
         if c.value == "proj":
             self.W_v = nn.Linear(d_in, d_v, bias=c.bias)
+        elif c.value == "gated_identity" and c.gate_blocks:
+            self.W_v = BlockDiagonalLinear(d_in, d_v, c.gate_blocks, bias=c.gate_bias)
         elif c.value in ("silu_proj", "gated_identity"):
             self.W_v = nn.Linear(d_in, d_v, bias=c.gate_bias)
         else:
@@ -536,6 +548,8 @@ class GeneralForm(Mixer):
             self.nu_log = nn.Parameter(torch.log(-0.5 * torch.log(r2)))
             self.theta_log = nn.Parameter(torch.log(LRU_MAX_PHASE * u2 + 1e-8))
             self.gamma_log = nn.Parameter(0.5 * torch.log1p(-r2))
+        elif kind == "rg_lru" and c.gate_blocks:
+            self.W_a = BlockDiagonalLinear(d_in, d_k, c.gate_blocks, bias=c.decay_bias)
         elif kind in ("sigmoid", "reversed_sigmoid", "rg_lru", "exp"):
             self.W_a = nn.Linear(d_in, H if c.decay_per_head else d_k, bias=c.decay_bias)
         elif kind == "low_rank_sigmoid":
@@ -1107,7 +1121,7 @@ _preset(
     dict(_LINRNN, expand=1, in_proj_bias=True, outer_gate="gelu_tanh", conv_size=4, conv_bias=True, conv_activation="none",
          key="sqrt_one_minus_decay_sq", value="gated_identity", decay="rg_lru", decay_bias=True, gate="none", gate_bias=True, bias=True,
          reset_at_start=True),
-    example={"heads": None},
+    example={"heads": None, "gate_blocks": 2},  # (the contract runs RecurrentGemma's block-diagonal gates; rg_lru: dense)
 )
 _preset(
     "rwkv6", "{Q, K, Λ_t}",

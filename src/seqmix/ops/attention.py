@@ -407,7 +407,7 @@ def softmax_attention(
     if backend != "torch" and not dropout_p:  # the kernel backends take no dropout
         be = _backends.resolve(_WHERE, backend, _backends.Call(_WHERE, q.device.type, q.dtype, mode, dict(plain_causal=plain)))
         if be.name != "torch":
-            return be.run[_WHERE](q, repeat_kv(k, groups), repeat_kv(v, groups), scale=scale)
+            return be.run[_WHERE](q, k, v, scale=scale)  # (grouped kv heads: the backend reads them itself)
     Tq, Tk = q.shape[1], k.shape[1]
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, ·] (k, v: [B, Hkv, T, ·])
     gqa = groups > 1  # SDPA reads the grouped heads itself (enable_gqa), the reference repeats them

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from ..table import Family, ModuleMap, State, Transform, Unsupported, Weight, block_diag_t, drop_first, flatten, neg, pad_first, squeeze
+from ..table import Family, ModuleMap, State, Transform, Unsupported, Weight, drop_first, flatten, neg, pad_first, squeeze
 from .recurrent import MAMBA2_STATE, MAMBA2_WEIGHTS, MAMBA_STATE, MAMBA_WEIGHTS, S6_DSF, _dt_init, _silu, mamba_config
 from .transformers import (
     ATTENTION_STATE, ATTENTION_WEIGHTS, SOFTMAX_DSF, _attention, _group_rows, _rope, attention_dropout, kimi_mla_config, kimi_mla_weights,
@@ -51,8 +51,8 @@ def recurrent_gemma_attention_config(cfg, module) -> dict:
 
 def recurrent_gemma_block_config(cfg, module) -> dict:
     """RecurrentGemmaRecurrentBlock -> rg_lru_block (Griffin's recurrent block, c = 8, the reset at
-    position 0). The RG-LRU's per-head block-diagonal gates become seqmix's d_in x d_in gate
-    projections holding those blocks (zeros elsewhere): exact, with more trainable entries."""
+    position 0). The RG-LRU's per-head block-diagonal gates stay block-diagonal (``gate_blocks`` = the
+    heads: seqmix's BlockDiagonalLinear holds transformers' [heads, w, w] weights as they are)."""
     d, W = int(module.hidden_size), int(module.lru_width)
     if W % d:
         raise Unsupported("lru_width", W, f"seqmix's block has d_in = expand·hidden_size: lru_width must be a whole multiple of "
@@ -61,7 +61,8 @@ def recurrent_gemma_block_config(cfg, module) -> dict:
     gate = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "silu": "silu"}.get(act)
     if gate is None:
         raise Unsupported("hidden_activation", act, "the outer gate branch of seqmix's block is GeLU (tanh or exact) or SiLU")
-    return dict(d_model=d, expand=W // d, outer_gate=gate, conv_size=int(module.conv1d_width))
+    return dict(d_model=d, expand=W // d, outer_gate=gate, conv_size=int(module.conv1d_width),
+                gate_blocks=int(module.rg_lru.num_attention_heads))
 
 
 #: transformers' RecurrentGemmaRecurrentBlock -> seqmix "rg_lru_block"
@@ -72,9 +73,9 @@ RECURRENT_GEMMA_WEIGHTS = (
     Weight("linear_y.bias", "W_in.bias", part=1),
     Weight("conv_1d.weight", "conv.weight", squeeze(1)),  # depthwise [C, 1, W] -> [C, W], same tap order
     Weight("conv_1d.bias", "conv.bias"),
-    Weight("rg_lru.input_gate_weight", "W_v.weight", block_diag_t()),  # per head x_h W_h -> one block-diagonal Linear
+    Weight("rg_lru.input_gate_weight", "W_v.weight"),  # per head x_h W_h: BlockDiagonalLinear's layout [heads, w, w]
     Weight("rg_lru.input_gate_bias", "W_v.bias", flatten()),
-    Weight("rg_lru.recurrent_gate_weight", "W_a.weight", block_diag_t()),
+    Weight("rg_lru.recurrent_gate_weight", "W_a.weight"),
     Weight("rg_lru.recurrent_gate_bias", "W_a.bias", flatten()),
     Weight("rg_lru.recurrent_param", "Lambda", neg()),  # log a = -c r softplus(param) = c r log σ(-param)
     Weight("linear_out.weight", "W_o.weight"),

@@ -229,8 +229,8 @@ def _prepare(q, k, v, scale, window, prefix, offset, key_valid, check_values, wh
 
 
 #: the masks :func:`_visible` keeps for the next call with the same arguments (the layers of one forward pass ask for
-#: the same mask): at most this many, each of at most MASK_KEEP_MAX_ELEMENTS entries (a [T, T] bool mask: T = 4096)
-MASK_KEEP_COUNT, MASK_KEEP_MAX_ELEMENTS = 4, 1 << 24
+#: the same mask): at most this many, each of at most MASK_KEEP_MAX_ELEMENTS entries (a [T, T] bool mask: T = 2048; 16 MiB in all)
+MASK_KEEP_COUNT, MASK_KEEP_MAX_ELEMENTS = 4, 1 << 22
 _KEPT_MASKS: dict = {}
 
 

@@ -346,15 +346,20 @@ def test_layer_constants_and_rope_tables_are_kept_and_rebuilt_as_their_tensors_s
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_rwkv4_step_follows_a_change_of_its_kept_decay_and_bonus(dtype):
-    """RWKV-4's fixed decay −e^w and bonus scale·e^u are layer constants (kept between calls without autograd): after an
-    in-place change of w and u, a prefill and a decoding step equal a fresh copy's full pass (no constant kept)."""
+@pytest.mark.parametrize("name,config,params,kept", [
+    ("rwkv4", dict(bonus=True, token_shift=True, normalizer=True), ("w", "u"), {"fixed decay", "bonus weight"}),
+    ("rg_lru_block", dict(gate_blocks=2), ("Lambda",), {"rg_lru log a"}),
+])
+def test_steps_follow_a_change_of_their_kept_layer_constants(dtype, name, config, params, kept):
+    """Layer constants of the general form's steps (RWKV-4's fixed decay −e^w and bonus scale·e^u, the RG-LRU's
+    −c·softplus(−Λ)) are kept between calls without autograd: after an in-place change of their parameters, a prefill
+    and a decoding step equal a fresh copy's full pass (no constant kept)."""
     import copy
 
     from seqmix.mixers.base import Cache, build_mixer
 
     torch.manual_seed(0)
-    m = build_mixer("rwkv4", d_model=8, bonus=True, token_shift=True, normalizer=True).to(dtype).eval()
+    m = build_mixer(name, d_model=8, **config).to(dtype).eval()
     x = torch.randn(2, 6, 8, dtype=dtype)
 
     def prefill_then_step(mixer):
@@ -364,15 +369,15 @@ def test_rwkv4_step_follows_a_change_of_its_kept_decay_and_bonus(dtype):
 
     with torch.no_grad():
         before = prefill_then_step(m)  # the constants kept
-        assert {"fixed decay", "bonus weight"} <= set(m.__dict__["_layer_constants"])
-        m.w.add_(0.3)
-        m.u.mul_(-0.5)
+        assert kept <= set(m.__dict__["_layer_constants"])
+        for p in params:
+            getattr(m, p).mul_(-0.5).add_(0.3)
         after = prefill_then_step(m)
         fresh = copy.deepcopy(m)
         fresh.__dict__.pop("_layer_constants")
         expected = fresh(x)[:, 5:]
     _close(after, expected, dtype)
-    assert max_abs(before, after) > 1e-3  # (the change matters)
+    assert max_abs(before, after) > 1e-4  # (the change matters)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -633,7 +633,7 @@ class GeneralForm(Mixer):
             la = F.logsigmoid(k.mean(-1) if c.decay_per_head else k)
         elif kind == "rg_lru":  # Griffin: log a_t = c r_t log σ(Λ) = -c r_t softplus(-Λ)
             r = torch.sigmoid(upcast(self.W_a(u))).view(B, T, H, K)
-            la = -c.rg_lru_c * r * F.softplus(-upcast(self.Lambda)).view(H, K)
+            la = r * self.layer_constant("rg_lru log a", lambda: -c.rg_lru_c * F.softplus(-upcast(self.Lambda)).view(H, K), self.Lambda)
         else:  # delta_A, Mamba: log α = -Δ_t A
             delta = F.softplus(upcast(self.W_delta(self.W_u(u))))  # [B, T, H]
             la = -delta.unsqueeze(-1) * torch.exp(upcast(self.A_log))

@@ -1080,8 +1080,10 @@ def fused_step(S, q, k, v, gk, gv, scale, delayed=False, in_place=False):
 
 def _read(q: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
     """q S per head: q [B, H, K], S [B, H, K, V] -> [B, H, V], one batched matrix-vector product (``bmm`` on
-    [B·H] heads where S's layout allows it without a copy)."""
+    [B·H] heads where S's layout allows it without a copy; with K = 1 one elementwise product)."""
     B, H, K = q.shape
+    if K == 1:  # a vector state per head (the LinRNNs: one key channel): q S is a product per value channel
+        return S[:, :, 0] * q
     if S.is_contiguous():
         return torch.bmm(q.reshape(B * H, 1, K), S.view(B * H, K, -1)).view(B, H, -1)
     return torch.matmul(q.unsqueeze(-2), S).squeeze(-2)

@@ -78,7 +78,7 @@ def test_mask_follows_the_rules_at_any_offset(offset, window):
             assert bool(m[i, j]) == (j <= p and (window is None or p - j < window)), (i, j)
 
 
-@pytest.mark.parametrize("Tq,Tk,prefix", [(4, 7, 0), (7, 7, 0), (3, 6, 2)])
+@pytest.mark.parametrize("Tq,Tk,prefix", [(4, 7, 0), (7, 7, 0), (3, 6, 2), (5, 3, 0), (6, 5, 2)])
 def test_rows_said_never_empty_see_a_key(Tq, Tk, prefix):
     """_visible leaves out the empty-row mask only where no row can be empty: checked on the mask itself for every
     offset (None included) and window."""
@@ -93,6 +93,18 @@ def test_rows_said_never_empty_see_a_key(Tq, Tk, prefix):
                 assert not has_empty and empty is None and torch.equal(mask, plain), (offset, window)
             else:
                 assert torch.equal(empty[:, 0], ~plain.any(-1)) and torch.equal(mask, plain | empty), (offset, window)
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sdpa"])
+def test_more_queries_than_keys_leave_the_first_rows_zero(mode):
+    """With the default offset and Tq > Tk the first Tq − Tk queries see no key: their rows are 0, not NaN."""
+    q, _, _ = qkv(Tq=4)
+    _, k, v = qkv(Tq=2, seed=1)
+    o = softmax_attention(q, k, v, mode=mode)
+    assert torch.isfinite(o).all() and (o[:, :2] == 0).all() and (o[:, 2:] != 0).any()
+    p = attention_probs(q, k)
+    assert torch.isfinite(p).all() and (p[:, :, :2] == 0).all()
+    assert torch.isfinite(softmax_attention(q, k, v, mode="parallel", softcap=5.0)).all()
 
 
 def test_the_mask_is_kept_for_the_next_call_and_apart_in_inference_mode():
@@ -112,8 +124,12 @@ def test_the_mask_is_kept_for_the_next_call_and_apart_in_inference_mode():
     q, k, v = qkv(Tq=6, grad=True)
     with torch.inference_mode():
         softmax_attention(q.detach(), k.detach(), v.detach(), window=3)
-    softmax_attention(q, k, v, window=3).sum().backward()
-    assert q.grad is not None and torch.isfinite(q.grad).all()
+    for mode in ("parallel", "sdpa"):  # (the explicit matrix saves the mask's use for backward)
+        q.grad = None
+        with torch.inference_mode():
+            softmax_attention(q.detach(), k.detach(), v.detach(), window=3, mode=mode)
+        softmax_attention(q, k, v, window=3, mode=mode).sum().backward()
+        assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
 # -- modes agree ---------------------------------------------------------------------------

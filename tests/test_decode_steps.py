@@ -397,3 +397,34 @@ def test_max_stabilizer_step_equals_the_recurrent_mode_token_by_token(dtype):
             assert got.shape == (B, 1, H) and got.dtype == dtype
             _close(got, want[:, t:t + 1], dtype)
         m = m1[:, 0]
+
+
+@pytest.mark.parametrize("name,config", [("rg_lru", {}), ("rg_lru_block", {"gate_blocks": 2}),
+                                         ("rwkv4", dict(bonus=True, token_shift=True, normalizer=True))])
+def test_layer_constants_made_in_inference_mode_or_another_dtype_are_not_reused(name, config):
+    """A layer constant kept from an inference-mode call is not handed to a later call with autograd (frozen
+    parameters, an input that needs a gradient: the constant is saved for backward), nor one of float32 to the same
+    parameters after ``.double()`` (Module.to keeps their ids and versions)."""
+    import copy
+
+    from seqmix.mixers.base import Cache, build_mixer
+
+    torch.manual_seed(0)
+    m = build_mixer(name, d_model=8, **config).eval().requires_grad_(False)
+    x = torch.randn(2, 5, 8)
+    with torch.inference_mode():
+        c = Cache()
+        m(x[:, :4], cache=c)
+        m.decode_step(x[:, 4:], c.get(m))
+    xg = x.clone().requires_grad_()
+    c = Cache()
+    m(xg[:, :4], cache=c)
+    y, _ = m.decode_step(xg[:, 4:], c.get(m))
+    (m(xg).sum() + y.sum()).backward()
+    assert xg.grad is not None and torch.isfinite(xg.grad).all()
+    with torch.no_grad():
+        m(x)  # float32 constants kept
+        m.double()
+        fresh = copy.deepcopy(m)
+        fresh.__dict__.pop("_layer_constants", None)
+        assert max_abs(m(x.double()), fresh(x.double())) < F64_ATOL

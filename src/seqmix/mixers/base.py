@@ -396,14 +396,17 @@ class Mixer(nn.Module):
     def layer_constant(self, key: str, fn, *params: torch.Tensor):
         """``fn()``, a quantity of the layer that no token changes (a decay made of parameters alone:
         RetNet's γ_h, Mamba's A = −exp(A_log)), computed once and kept for the calls that follow while
-        ``params`` (the tensors it is made of) are the same tensors at the same versions; computed anew where
+        ``params`` (the tensors it is made of) are the same tensors at the same versions, dtypes and devices, in the
+        same inference mode; computed anew where
         autograd records them or torch.compile traces (the kept value is Python state)."""
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
             return fn()
-        stamp = [key]
+        # (inference mode, dtypes and devices in the stamp: a value made in inference mode cannot be saved for a later
+        # backward, and Module.to keeps a parameter's id and version while changing its dtype or device)
+        stamp = [key, torch.is_inference_mode_enabled()]
         try:
             for p in params:
-                stamp += (id(p), p._version)
+                stamp += (id(p), p._version, p.dtype, p.device)
         except RuntimeError:  # an inference tensor keeps no version counter: computed anew (no test per tensor first)
             return fn()
         kept = self.__dict__.setdefault("_layer_constants", {})

@@ -384,8 +384,10 @@ class GeneralFormConfig(MixerConfig):
             if self.decay != "rg_lru" and self.value != "gated_identity":
                 raise ValueError(f"gate_blocks = {self.gate_blocks} makes the RG-LRU's gates block-diagonal: needs decay = 'rg_lru' or "
                                  f"value = 'gated_identity', got decay = {self.decay!r}, value = {self.value!r}")
-            if d_in % self.gate_blocks or d_k % self.gate_blocks:
-                raise ValueError(f"gate_blocks = {self.gate_blocks} must divide d_in = {d_in} and d_k = {d_k}")
+            outs = ([("d_k", d_k)] if self.decay == "rg_lru" else []) + ([("d_v", d_v)] if self.value == "gated_identity" else [])
+            for name, n in [("d_in", d_in), *outs]:
+                if n % self.gate_blocks:
+                    raise ValueError(f"gate_blocks = {self.gate_blocks} must divide {name} = {n} (the gate projections' widths)")
         if self.normalizer_form != "sum" and not self.normalizer:
             raise ValueError(f"normalizer_form = {self.normalizer_form!r} needs normalizer = True")
         if self.reset_at_start and self.key not in ("one_minus_decay", "sqrt_one_minus_decay_sq"):

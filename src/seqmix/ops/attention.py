@@ -236,10 +236,11 @@ _KEPT_MASKS: dict = {}
 
 def _may_have_empty_rows(Tq, Tk, prefix, offset, key_valid) -> bool:
     """Whether a query can see no key: only with ``key_valid``, or without memory tokens where a query sits before
-    position 0 or after the last key (with the default offset every query sees at least its own position)."""
+    position 0 or after the last key (with the default offset: more queries than keys)."""
     if key_valid is not None:
         return True
-    return not prefix and offset is not None and not 0 <= offset <= Tk - Tq
+    off = Tk - prefix - Tq if offset is None else offset  # (the default puts the queries last: negative when Tq > Tk)
+    return not prefix and not 0 <= off <= Tk - Tq
 
 
 def _visible(Tq, Tk, window, prefix, offset, key_valid, device):
@@ -261,7 +262,10 @@ def _visible(Tq, Tk, window, prefix, offset, key_valid, device):
         mask = mask | empty
     if key is not None:
         while len(_KEPT_MASKS) >= MASK_KEEP_COUNT:
-            _KEPT_MASKS.pop(next(iter(_KEPT_MASKS)))
+            try:  # (another thread may evict or add at the same time: a missed eviction is harmless)
+                _KEPT_MASKS.pop(next(iter(_KEPT_MASKS)), None)
+            except (RuntimeError, StopIteration):
+                break
         _KEPT_MASKS[key] = (mask, empty)
     return mask, empty
 

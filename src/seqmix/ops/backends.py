@@ -382,8 +382,9 @@ def _sdpa_covers(call: Call) -> str | None:
 def _sdpa_attention(q, k, v, *, scale):
     """q [B, T, H, K], k [B, T, Hkv, K], v [B, T, Hkv, V] (grouped kv heads read by SDPA itself, ``enable_gqa``: no
     copy of the repeated heads); plain causal mask."""
+    gqa = {"enable_gqa": True} if k.shape[2] != q.shape[2] else {}  # (passed only where needed: torch >= 2.5)
     o = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale, enable_gqa=k.shape[2] != q.shape[2])
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale, **gqa)
     return o.transpose(1, 2)
 
 

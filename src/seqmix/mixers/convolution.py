@@ -714,7 +714,7 @@ class RWKVChannelMix(Mixer):
     (nilpotent), B_i = e_2, C_i = (1 - μ_c, μ_c), D_i = 0. The decoding state is the last input x_(t-1)
     [B, d] ("x_prev", shared by both streams: RWKV's FFN state).
 
-    Modes: "direct" (``causal_conv1d``; one decoding step ``causal_conv1d_step``).
+    Modes: "direct" (``causal_conv1d``; a decoding step: the two taps' sums as ``torch.lerp``, ``token_mix``).
     """
 
     family = "convolution"
@@ -748,23 +748,18 @@ class RWKVChannelMix(Mixer):
     def _forward(self, x, *, state, mode, need_state):
         d = self.config.d_model
         prev = state.get("x_prev") if state else None
-        if mode == "step" and prev is not None:  # one token: the two taps' sums as two lerps (no conv call)
-            p = prev.unsqueeze(1)
+        if mode == "step":  # one token: the two taps' sums, (1 - μ) x_(t-1) + μ x_t, as two lerps (no conv call)
+            p = prev.unsqueeze(1) if prev is not None else torch.zeros_like(x)
             xk, xr = token_mix(p, x, self.mu_k), token_mix(p, x, self.mu_r)
-            y = torch.sigmoid(self.W_r(xr)) * self.W_v(torch.relu(self.W_k(xk)).square())
-            return MixOut(y, {"x_prev": x[:, -1]} if need_state else None, values=lambda: torch.cat([x, x], dim=-1).unsqueeze(-1),
-                          mixed=lambda: torch.cat([xk, xr], dim=-1).unsqueeze(-1))
-        xx = torch.cat([x, x], dim=-1)  # [B, T, 2d]: the input read by the k taps and by the r taps
-        prev = None if prev is None else torch.cat([prev, prev], dim=-1).unsqueeze(-1)  # [B, 2d, 1]
-        if mode == "step":
-            y1, _ = causal_conv1d_step(xx[:, 0], self.taps(), None, prev)
-            shifted = y1.unsqueeze(1)
+            values, mixed = lambda: torch.cat([x, x], dim=-1).unsqueeze(-1), lambda: torch.cat([xk, xr], dim=-1).unsqueeze(-1)
         else:
+            xx = torch.cat([x, x], dim=-1)  # [B, T, 2d]: the input read by the k taps and by the r taps
+            prev = None if prev is None else torch.cat([prev, prev], dim=-1).unsqueeze(-1)  # [B, 2d, 1]
             shifted, _ = causal_conv1d(xx, self.taps(), None, prev)
-        xk, xr = shifted[..., :d], shifted[..., d:]
+            xk, xr = shifted[..., :d], shifted[..., d:]
+            values, mixed = xx.unsqueeze(-1), shifted.unsqueeze(-1)
         y = torch.sigmoid(self.W_r(xr)) * self.W_v(torch.relu(self.W_k(xk)).square())
-        new = {"x_prev": x[:, -1]} if need_state else None
-        return MixOut(y, new, values=xx.unsqueeze(-1), mixed=shifted.unsqueeze(-1))
+        return MixOut(y, {"x_prev": x[:, -1]} if need_state else None, values=values, mixed=mixed)
 
     # -- the DSF view ----------------------------------------------------------------------
 

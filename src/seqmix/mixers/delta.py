@@ -55,7 +55,7 @@ from ..ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_map
 from ..ops.recurrence import linear_recurrence
 from ..ops.precision import linear_f32, upcast
 from .base import ExpandedWidths, Mixer, MixerConfig, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, rope_rotate, short_conv_qkv
+from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, rope_rotate, short_conv_qkv, token_mix
 
 # Gated DeltaNet's initialization (the released code): A uniform in [A_MIN, A_MAX], Δ at init log-uniform in [DT_MIN, DT_MAX]
 A_MIN, A_MAX = 1.0, 16.0
@@ -622,7 +622,7 @@ class RWKV7(Mixer):
         if c.token_shift:
             first = state.get("shift") if state else None
             prev = torch.cat([first.unsqueeze(1) if first is not None else torch.zeros_like(x[:, :1]), x[:, :-1]], 1)
-            xr, xw, xk, xv, xa, xg = (x + (prev - x) * m for m in self.mu)  # token shift (eq. 6)
+            xr, xw, xk, xv, xa, xg = (token_mix(x, prev, m) for m in self.mu)  # token shift x + (prev − x) ⊙ μ (eq. 6)
         else:
             xr = xw = xk = xv = xa = xg = x
         r, k, v = self.W_r(xr), self.W_k(xk), self.W_v(xv)

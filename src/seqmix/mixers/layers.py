@@ -54,8 +54,9 @@ def rope_rotate(module: nn.Module, theta: float, start: int, *ts: torch.Tensor, 
 
 
 def token_mix(prev: torch.Tensor, x: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
-    """RWKV's token shift μ ⊙ x_t + (1 − μ) ⊙ x_(t−1) = prev + μ ⊙ (x − prev): one ``torch.lerp`` where the three
-    dtypes agree (lerp takes one dtype), else the sum of products (equal up to rounding)."""
+    """RWKV's token shift, prev + μ ⊙ (x − prev) (RWKV-4: μ ⊙ x_t + (1 − μ) ⊙ x_(t−1); RWKV-7 hands (x_t, x_(t−1), μ):
+    x_t + (x_(t−1) − x_t) ⊙ μ): one ``torch.lerp`` where the three dtypes agree (lerp takes one dtype), else the sum
+    of products (equal up to rounding)."""
     return torch.lerp(prev, x, mu) if mu.dtype == x.dtype == prev.dtype else prev + mu * (x - prev)
 
 

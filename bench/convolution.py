@@ -21,7 +21,10 @@ reason printed. The fitted exponent p of time ~ L^p is printed per mixer; an L l
 gives p = 1 + log(log L_max / log L_min)/log(L_max / L_min) (1.12 over 1024..16384) and an
 L² cost p = 2. Targets: Hyena's and H3's 0.8 < p < 1.4 (L log L, not L²).
 
-Also: the S4D kernel that H3 (and S4D, GSS) computes each call, ``vandermonde_kernel`` forward
+Also: the short causal convolution of Mamba, Mamba-2, Gated DeltaNet and the other conv mixers,
+``causal_conv1d`` (W = 4, 1536 channels: Mamba-2's at d 512) forward and forward+backward against
+torch's own depthwise ``F.conv1d`` (groups = C, the input padded by W − 1 on the left), the fair
+competitor; and the S4D kernel that H3 (and S4D, GSS) computes each call, ``vandermonde_kernel`` forward
 +backward for 256 systems of 32 complex modes, in two levels (z^l = z^(jb)·z^r, one matmul: the
 op) against the one-level form it replaced (exp(l·log z) for every l, an [N, L] tensor).
 
@@ -40,6 +43,7 @@ import torch
 from _common import base_parser, fit_exponent, peak_memory_mb, print_table, setup, target_line, timeit, write_json
 
 import seqmix
+from seqmix.ops.conv import causal_conv1d
 from seqmix.ops.ssm import vandermonde_kernel
 
 D_MODEL = 256
@@ -120,6 +124,35 @@ def kernel_bench(args, Ts, H=256, M=32):
     return rows, res
 
 
+def conv1d_depthwise(x, weight, bias):
+    """torch's depthwise conv1d as a causal short convolution: x [B, T, C], weight [C, W] -> [B, T, C] (the competitor)."""
+    W = weight.shape[1]
+    xt = torch.nn.functional.pad(x.transpose(1, 2), (W - 1, 0))
+    return torch.nn.functional.conv1d(xt, weight.unsqueeze(1), bias, groups=weight.shape[0]).transpose(1, 2)
+
+
+def short_conv_bench(args, Ts, C=1536, W=4):
+    """causal_conv1d against F.conv1d (depthwise), forward and forward+backward, per T: rows and results."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(C, W, generator=g).to(args.device).requires_grad_(True)
+    b = torch.randn(C, generator=g).to(args.device).requires_grad_(True)
+    impls = {"causal_conv1d": lambda x: causal_conv1d(x, w, b)[0], "F.conv1d": lambda x: conv1d_depthwise(x, w, b)}
+    rows, res = [], {}
+    for T in Ts:
+        x = torch.randn(1, T, C, generator=g).to(args.device).requires_grad_(True)
+        err = (impls["causal_conv1d"](x) - impls["F.conv1d"](x)).abs().max().item()
+        t = {}
+        for name, f in impls.items():
+            with torch.no_grad():
+                t[name, "fwd"] = timeit(lambda f=f: f(x), repeats=max(args.repeats, 5), device=args.device)["min_ms"]
+            t[name, "fwd_bwd"] = timeit(lambda f=f: torch.autograd.grad(f(x).sum(), [x, w, b]), repeats=max(args.repeats, 5),
+                                        device=args.device)["min_ms"]
+        res[T] = {f"{n} {k}": v for (n, k), v in t.items()} | {"max_abs_diff": err}
+        rows.append([T, t["causal_conv1d", "fwd"], t["F.conv1d", "fwd"], t["F.conv1d", "fwd"] / t["causal_conv1d", "fwd"],
+                     t["causal_conv1d", "fwd_bwd"], t["F.conv1d", "fwd_bwd"], t["F.conv1d", "fwd_bwd"] / t["causal_conv1d", "fwd_bwd"], err])
+    return rows, res
+
+
 def rounds_for(T: int, Ts, args) -> int:
     i = Ts.index(T)
     return max(args.repeats, 5) if i == 0 else (args.repeats if i < len(Ts) - 1 else max(2, args.repeats - 1))
@@ -184,6 +217,14 @@ def main():
         k_rows,
     )
 
+    c_rows, c_res = short_conv_bench(args, [256, 1024] if args.quick else [1024, 8192])
+    print_table(
+        "short causal convolution (W 4, 1536 channels, batch 1, float32), ms: causal_conv1d (the op) against torch's "
+        "depthwise F.conv1d",
+        ["T", "op fwd", "conv1d fwd", "conv1d / op", "op fwd+bwd", "conv1d fwd+bwd", "conv1d / op", "max |diff|"],
+        c_rows,
+    )
+
     lo, hi = Ts[0], Ts[-1]
     nlogn = 1 + math.log(math.log(hi) / math.log(lo)) / math.log(hi / lo)
     exps = {}
@@ -217,12 +258,20 @@ def main():
         f"exponent {exps['linear_attention']:.2f}; at L={hi}: hyena {res['hyena'][hi]['fwd_bwd_ms'] / res['linear_attention'][hi]['fwd_bwd_ms']:.2f}x, "
         f"h3 {res['h3'][hi]['fwd_bwd_ms'] / res['linear_attention'][hi]['fwd_bwd_ms']:.2f}x its time",
     ))
+    T_c = max(c_res)
+    targets.append(target_line(
+        f"causal_conv1d at least as fast as torch's depthwise F.conv1d (T {T_c}, forward and forward+backward)",
+        c_res[T_c]["causal_conv1d fwd"] <= c_res[T_c]["F.conv1d fwd"] and c_res[T_c]["causal_conv1d fwd_bwd"] <= c_res[T_c]["F.conv1d fwd_bwd"],
+        f"forward {c_res[T_c]['F.conv1d fwd'] / c_res[T_c]['causal_conv1d fwd']:.2f}x, forward+backward "
+        f"{c_res[T_c]['F.conv1d fwd_bwd'] / c_res[T_c]['causal_conv1d fwd_bwd']:.2f}x conv1d's speed",
+    ))
     if args.quick:
         print("  (--quick: small sizes and d_model 64; the targets are defined at L = 1k..16k, d = 256)")
     write_json(args, "convolution", dict(
         machine=info, d_model=d, lengths=Ts, configs=CONFIGS,
         fwd_bwd_ms={name: {str(T): r for T, r in v.items()} for name, v in res.items()},
-        exponents=exps, nlogn_exponent=nlogn, vandermonde_kernel_ms={str(T): r for T, r in k_res.items()}, softmax_largest=dict(run=run_softmax_big, reason=softmax_reason),
+        exponents=exps, nlogn_exponent=nlogn, vandermonde_kernel_ms={str(T): r for T, r in k_res.items()},
+        short_conv_ms={str(T): r for T, r in c_res.items()}, softmax_largest=dict(run=run_softmax_big, reason=softmax_reason),
         targets=targets, quick=args.quick,
     ))
 

@@ -96,3 +96,67 @@ def test_bad_short_conv_input():
         causal_conv1d(torch.randn(2, 5, 3), torch.randn(3, 4), state=torch.randn(2, 3, 2))
     with pytest.raises(ValueError, match="activation"):
         causal_conv1d(torch.randn(2, 5, 3), torch.randn(3, 4), activation="relu6")
+
+
+def _conv1d_reference(x, w, b, state):
+    """torch's depthwise conv1d over [the state's W-1 inputs, x]: the short conv's obviously correct form."""
+    W = w.shape[1]
+    prev = state if state is not None else x.new_zeros(x.shape[0], x.shape[2], W - 1)
+    full = torch.cat([prev, x.transpose(1, 2)], dim=-1)
+    return torch.nn.functional.conv1d(full, w.unsqueeze(1), b, groups=w.shape[0]).transpose(1, 2)
+
+
+@pytest.mark.parametrize("W", [1, 2, 4])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("with_state", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_short_conv_and_its_gradients_equal_torch_conv1d(W, bias, with_state, dtype):
+    """causal_conv1d's output and its hand-written backward (gradients of x, weight, bias and the carried state)
+    against F.conv1d with autograd's; the same numbers with and without autograd recording."""
+    g = torch.Generator().manual_seed(W)
+    B, T, C = 2, 13, 5
+    x = torch.randn(B, T, C, generator=g, dtype=dtype, requires_grad=True)
+    w = torch.randn(C, W, generator=g, dtype=dtype, requires_grad=True)
+    b = torch.randn(C, generator=g, dtype=dtype, requires_grad=True) if bias else None
+    s = torch.randn(B, C, W - 1, generator=g, dtype=dtype, requires_grad=True) if with_state else None
+    named = [(n, t) for n, t in (("x", x), ("weight", w), ("bias", b), ("state", s)) if t is not None]
+    leaves = [t for _, t in named]
+    y, _ = causal_conv1d(x, w, b, s)
+    ref = _conv1d_reference(x, w, b, s)
+    dy = torch.randn(ref.shape, generator=g, dtype=dtype)
+    grads = torch.autograd.grad(y, leaves, dy)
+    grads_ref = torch.autograd.grad(ref, leaves, dy)
+    check = (lambda a, r: max_abs(a, r) < F64_ATOL) if dtype == torch.float64 else (lambda a, r: rel_err(a, r) < F32_RTOL)
+    assert check(y, ref)
+    for (name, _), a, r in zip(named, grads, grads_ref):
+        assert a.shape == r.shape and (a.numel() == 0 or check(a, r)), name  # (W 1: the state is empty)
+    with torch.no_grad():
+        assert torch.equal(causal_conv1d(x, w, b, s)[0], y.detach())
+
+
+def test_short_conv_second_derivatives_are_exact():
+    """The hand-written backward is made of differentiable ops: gradgradcheck passes (float64)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 6, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, generator=g, dtype=torch.float64, requires_grad=True)
+    s = torch.randn(1, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    f = lambda x, w, b, s: causal_conv1d(x, w, b, s, activation="silu")[0]
+    assert torch.autograd.gradcheck(f, (x, w, b, s))
+    assert torch.autograd.gradgradcheck(f, (x, w, b, s))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_short_conv_half_inputs_sum_in_float32_and_round_once(dtype):
+    """Half-precision x: the full pass and the step give the float32 result rounded once to x's dtype."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 9, 6, generator=g).to(dtype)
+    w, b = torch.randn(6, 4, generator=g), torch.randn(6, generator=g)
+    y, state = causal_conv1d(x, w, b, activation="silu", output_final_state=True)
+    ref, ref_state = causal_conv1d(x.float(), w, b, activation="silu", output_final_state=True)
+    assert y.dtype == dtype and state.dtype == dtype
+    assert torch.equal(y, ref.to(dtype)) and torch.equal(state, ref_state.to(dtype))
+    x1 = torch.randn(2, 6, generator=g).to(dtype)
+    o, _ = causal_conv1d_step(x1, w, b, state.clone(), activation="silu")
+    o_ref, _ = causal_conv1d_step(x1.float(), w, b, state.float(), activation="silu")
+    assert o.dtype == dtype and torch.equal(o, o_ref.to(dtype))

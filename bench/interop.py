@@ -29,10 +29,15 @@ at the end of the page where they are absent); the rest of the page is written b
 
 The models run interleaved (each repeat times the original, the converted model and the A/A control, a
 second copy of the original, each repeat starting at the next of them), min over ``--repeats`` runs; each row prints MET where the
-converted model is at least as fast (ratio >= 1.0) and NOT MET otherwise, with the measured reason: the
-A/A control's where the gap is no larger than the one between the two copies of the original in the same
-run (``status_of``: the run cannot tell the models apart), else the work counted per call, converted against
-original, with the entries counted most above the original (``counted_reason``). The load average (``os.getloadavg``) is printed beside the
+converted model is at least as fast (ratio >= 1.0) and NOT MET otherwise, with the measured reason: "within the
+run's noise" where the ratio is no further below 1 than two copies of one model fall apart in this run
+(``noise_band``: the 95th percentile of the run's A/A gaps |log A/A| in that mode, over every family; ``status_of``),
+else the work counted per call, converted against original, with the entries counted most above the original
+(``counted_reason``). Why the run's A/A gaps and not the row's own: one A/A ratio is one draw of the noise, and a
+converted model exactly as fast as its original falls below its own row's A/A gap a quarter of the time (both
+ratios drawn alike: half the time further from 1, half of that below it), so that criterion flags a quarter of
+the rows of a perfect conversion; against the 95th percentile of the run's gaps a row of equal speed is flagged
+2.5% of the time. The load average (``os.getloadavg``) is printed beside the
 figures: the machine may be shared. A family whose tiny model transformers cannot build
 here, or that seqmix refuses, is listed with the reason.
 """
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import re
 import sys
@@ -284,17 +290,32 @@ def counted_reason(mode: str, orig: tuple, conv: tuple, known: str = "") -> str:
     return f"{text}; {known}" if known else text
 
 
-def status_of(ratio: float | None, aa: float | None, reason: str) -> tuple[str, str]:
+#: the quantile of the run's A/A gaps that bounds its noise (:func:`noise_band`)
+NOISE_QUANTILE = 0.95
+
+
+def noise_band(aa_ratios) -> float | None:
+    """The run's noise in one mode, as the lowest ratio two copies of one model reach in it: exp(−g) with g the
+    ``NOISE_QUANTILE`` quantile of the gaps |log A/A| of the run's A/A controls in that mode (the ceil(q·n)-th
+    smallest of n; the largest where n < 20). None without a control. A converted model exactly as fast as its
+    original falls below it (1 − q)/2 of the time."""
+    gaps = sorted(abs(math.log(a)) for a in aa_ratios if a)
+    if not gaps:
+        return None
+    return math.exp(-gaps[max(0, math.ceil(NOISE_QUANTILE * len(gaps)) - 1)])
+
+
+def status_of(ratio: float | None, band: float | None, reason: str) -> tuple[str, str]:
     """(status, reason) of a row: MET where ratio >= TARGET; NOT MET otherwise, with the measured reason:
-    the A/A control's where the gap is no larger than the gap between two copies of the original measured
-    in the same run (min(aa, 1/aa) <= ratio: the run cannot tell the two models apart), else ``reason``
-    (the counted work: :func:`counted_reason`)."""
+    the run's noise where ratio >= ``band`` (:func:`noise_band` of the row's mode: the run cannot tell the
+    two models apart), else ``reason`` (the counted work: :func:`counted_reason`)."""
     if ratio is None:
         return "not measured", ""
     if ratio >= TARGET:
         return "MET", ""
-    if aa is not None and ratio >= min(aa, 1 / aa):
-        noise = f"within this run's noise: two copies of the original differ by {aa:.3f}x here (A/A)"
+    if band is not None and ratio >= band:
+        noise = (f"within this run's noise: two copies of one model differ by up to {1 / band:.3f}x in this mode "
+                 f"(the {NOISE_QUANTILE:.0%} quantile of the run's A/A gaps)")
         return "NOT MET", f"{noise}; {reason}" if reason else noise
     return "NOT MET", reason
 
@@ -369,7 +390,7 @@ def main() -> None:
     if args.report_table:
         return report_table(fams, T=args.seq_len or 64)
     load_before = os.getloadavg()
-    rows, count_rows, results = [], [], {}
+    rows, count_rows, results, details = [], [], {}, {}
     for fam in fams:
         if fam not in CONFIGS:
             results[fam] = {"skipped": "no benchmark model for this family in bench/interop.py's CONFIGS"}
@@ -391,21 +412,26 @@ def main() -> None:
         counts = {who: call_counts(m, T, detail=True) for who, m in (("original", orig), ("converted", conv))}
         results[fam] = {"convert_s": conv_s, "original": r_o, "converted": r_c, "control": r_a,
                         "counts": {who: {mode: c[:2] for mode, c in cs.items()} for who, cs in counts.items()}}
+        details[fam] = counts
         for k, name in (("forward_tok_s", "forward"), ("prefill_tok_s", "prefill"), ("decode_tok_s", "decode")):
             ratio = r_c[k] / r_o[k] if r_c[k] and r_o[k] else None
             aa = r_a[k] / r_o[k] if r_a and r_a[k] and r_o[k] else None
-            status, reason = status_of(ratio, aa, "")
-            if status == "NOT MET" and not reason:
-                reason = counted_reason(name, counts["original"][name], counts["converted"][name])
-            results[fam][f"{name}_ratio"], results[fam][f"{name}_aa"], results[fam][f"{name}_status"] = ratio, aa, status
-            results[fam][f"{name}_reason"] = reason
-            rows.append([fam, name, r_o[k], r_c[k], ratio, aa, status, reason, conv_s if name == "forward" else None])
+            results[fam][f"{name}_ratio"], results[fam][f"{name}_aa"] = ratio, aa
+            rows.append([fam, name, r_o[k], r_c[k], ratio, aa, None, "", conv_s if name == "forward" else None])
         co, cc = counts["original"]["decode"], counts["converted"]["decode"]
         ok = cc[0] <= co[0] and cc[1] <= co[1]
         count_rows.append([fam, cc[0], co[0], cc[1], co[1], "MET" if ok else "NOT MET",
                            "" if ok else f"most above the original: {excess(co[2], cc[2])}; {excess(co[3], cc[3])}"])
         results[fam]["decode_counts_status"], results[fam]["decode_counts_reason"] = count_rows[-1][5], count_rows[-1][6]
         print(f"  {fam}: done (load average now {os.getloadavg()[0]:.2f})", flush=True)
+    bands = {mode: noise_band([r[5] for r in rows if r[1] == mode]) for mode in ("forward", "prefill", "decode")}
+    for row in rows:  # the statuses, against the run's noise in the row's mode
+        fam, name, ratio = row[0], row[1], row[4]
+        status, reason = status_of(ratio, bands[name], "")
+        if status == "NOT MET" and not reason:
+            reason = counted_reason(name, details[fam]["original"][name], details[fam]["converted"][name])
+        row[6], row[7] = status, reason
+        results[fam][f"{name}_status"], results[fam][f"{name}_reason"] = status, reason
     load_after = os.getloadavg()
     setting = (f"d = {D}, {LAYERS} layers, vocab {VOCAB}, batch 1, float32, T = {T} (forward, prefill), {steps} decode steps, "
                f"min of {repeats}; torch threads {torch.get_num_threads()} on {os.cpu_count()} cores; "
@@ -419,8 +445,10 @@ def main() -> None:
                  "reason (measured)", "convert (s)"], rows)
     n_met = sum(r[6] == "MET" for r in rows)
     n_noise = sum(r[6] == "NOT MET" and r[7].startswith("within this run's noise") for r in rows)
+    band_text = ", ".join(f"{mode} {b:.3f}x" for mode, b in bands.items() if b is not None) or "no A/A control"
     summary = (f"{n_met} of {len(rows)} rows MET (converted >= {TARGET}x the original); {n_noise} NOT MET within the run's "
-               f"A/A noise (the gap no larger than between two copies of the original); {len(rows) - n_met - n_noise} NOT MET "
+               f"A/A noise (at or above the lowest ratio two copies of one model reach in the mode: {band_text}, the "
+               f"{NOISE_QUANTILE:.0%} quantile of the run's A/A gaps); {len(rows) - n_met - n_noise} NOT MET "
                "beyond it")
     print(f"  {summary}")
     print_table("counted work per decoding step (call_counts: aten ops by torch.profiler, Python calls by cProfile); "
@@ -434,7 +462,7 @@ def main() -> None:
     from seqmix.runtime import freed_memory_is_kept
 
     write_json(args, "interop", {"machine": info, "freed_memory_kept": freed_memory_is_kept(), "T": T, "decode_tokens": steps, "d_model": D, "layers": LAYERS,
-                                 "vocab": VOCAB, "load_before": load_before, "load_after": load_after, "results": results})
+                                 "vocab": VOCAB, "noise_bands": bands, "noise_quantile": NOISE_QUANTILE, "load_before": load_before, "load_after": load_after, "results": results})
     if args.write_docs:
         write_doc_section(args.docs, MARKER, docs_section(args, setting, loads, rows, summary, count_rows, n_counts, skipped))
 
@@ -468,7 +496,8 @@ def docs_section(args, setting: str, loads: str, rows: list, summary: str, count
                                "--keep-freed-memory" if args.keep_freed_memory else "", "--write-docs") if a)
     out = [f"`{cmd}` ({time.strftime('%Y-%m-%d')}): {setting}; {loads}. Each cell: original → converted tokens/s (the "
            "ratio, the A/A control's ratio: a second copy of the original timed in the same loop; the status: MET, "
-           "\"noise\" where NOT MET but no further from 1 than the A/A control, **NOT MET** beyond it).", "",
+           "\"noise\" where NOT MET but no further below 1 than two copies of one model fall apart in this run — the "
+           f"{NOISE_QUANTILE:.0%} quantile of the run's A/A gaps in that mode, over every family —, **NOT MET** beyond it).", "",
            "| family | convert (s) | forward tok/s orig → conv | prefill tok/s orig → conv | decode tok/s orig → conv |",
            "|---|---|---|---|---|"]
     by_fam: dict = {}

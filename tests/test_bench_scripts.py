@@ -332,9 +332,16 @@ def test_interop_rows_and_counts(tmp_path):
     finally:
         sys.path.remove(str(ROOT / "bench"))
     assert interop.status_of(1.02, 0.9, "x") == ("MET", "")
-    assert interop.status_of(0.95, 0.93, "x")[1].startswith("within this run's noise")  # the copies differ more
-    assert interop.status_of(0.95, 1.06, "")[1].startswith("within this run's noise")  # 1/1.06 = 0.943 <= 0.95
-    assert interop.status_of(0.80, 0.97, "where: y") == ("NOT MET", "where: y")  # outside the A/A gap: the known reason
+    assert interop.status_of(0.95, 0.93, "x")[1].startswith("within this run's noise")  # at or above the run's band
+    assert interop.status_of(0.95, 0.95, "")[1].startswith("within this run's noise")
+    assert interop.status_of(0.80, 0.97, "where: y") == ("NOT MET", "where: y")  # below the band: the known reason
+    assert interop.status_of(0.90, None, "where: y") == ("NOT MET", "where: y")  # no control: no band
+    # the band: the 95% quantile of the gaps |log A/A| (the 19th smallest of 20; the largest of fewer than 20),
+    # each gap alike above and below 1 (which copy is the "original" is chance)
+    assert interop.noise_band([1.0] * 18 + [0.97, 1 / 0.95]) == pytest.approx(0.97)
+    assert interop.noise_band([1.0] * 18 + [1 / 0.97, 0.95]) == pytest.approx(0.97)
+    assert interop.noise_band([1.02, 0.99, 1.0]) == pytest.approx(1 / 1.02)
+    assert interop.noise_band([]) is None and interop.noise_band([None]) is None
     assert interop.status_of(None, None, "") == ("not measured", "")
     import torch
     torch.manual_seed(0)

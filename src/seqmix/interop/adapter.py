@@ -41,7 +41,8 @@ from torch import nn
 from .._checks import reads_values
 from ..hf.modeling import resolve_cache_argument
 from ..mixers.base import Cache, Mixer
-from ..ops import KVCache, states_in_place
+from ..ops import KVCache
+from ..ops.inplace import _IN_PLACE  # (the states_in_place flag, set inline: the trusted step's two calls fewer)
 from .table import State
 
 #: keyword arguments transformers' blocks may pass that do not change a recurrent mixer's output
@@ -55,9 +56,10 @@ class _Verified:
     layer's check serves the others (each layer would otherwise read them on the host again). An entry is
     a weak reference to the tensor, its version counter and the check's key (the positions or the mask the
     layer expects); another tensor, one written in place since, or an inference tensor (no version counter)
-    is checked again. ``steps``: per kind ("padding", "causal", "positions"), the tensor a trusted decoding
-    step checked last, with its key and version counter (a strong reference to a one-token call's small
-    tensor: the later layers of that step find it there without a lookup)."""
+    is checked again. ``steps``: per key of a trusted decoding step's check (the kind, "padding", "causal" or
+    "positions", with what it checked against: the tokens seen for a KV cache, none for a recurrent state), the
+    tensor checked last and its version counter (a strong reference to a one-token call's small tensor: the later
+    layers of that step find it there, a hybrid's attention and recurrent layers each under their own key)."""
 
     def __init__(self):
         self._seen: dict = {}
@@ -92,7 +94,8 @@ class _Trust:
     objects in this layer's slots (``objs``) with the version counters of the versioned kinds (``versions``, of the
     tensors at the positions ``tensors`` of ``objs``: the next step reads the counters there without a type test)."""
 
-    __slots__ = ("cache", "batch", "width", "dtype", "device", "seen", "state", "alias", "objs", "versions", "tensors")
+    __slots__ = ("cache", "batch", "width", "lead", "tail", "dtype", "device", "seen", "state", "alias", "objs", "versions",
+                 "tensors")
 
     def __init__(self, cache, x: torch.Tensor, seen: int, state: dict, alias: tuple[bool, ...], objs: tuple, versions: tuple,
                  tensors: tuple):
@@ -101,6 +104,7 @@ class _Trust:
         except TypeError:  # a list or tuple (RWKV-4's, xLSTM's): small, held until the next call
             self.cache = lambda c=cache: c
         self.batch, self.width, self.dtype, self.device = x.shape[0], x.shape[2], x.dtype, x.device
+        self.lead, self.tail = (x.shape[0],), (1, x.shape[2])  # a step's x.shape[:-2] and x.shape[-2:]
         self.seen, self.state, self.alias, self.objs, self.versions, self.tensors = seen, state, alias, objs, versions, tensors
 
 
@@ -280,24 +284,19 @@ class InteropMixer(nn.Module):
         then runs, checking everything and recording anew)."""
         hf = cache if cache is not None else state if state is not None else past_key_values \
             if past_key_values is not None else cache_params
-        if hf is None or hf is not trust.cache() or not isinstance(x, torch.Tensor):
+        if hf is None or hf is not trust.cache() or type(x) is not torch.Tensor:  # (a tensor subclass: the full path)
             return None
         for other in (cache, state, past_key_values, cache_params):
             if other is not None and other is not hf:
                 return None
-        shape = x.shape
-        if len(shape) != 3 or shape[1] != 1 or shape[0] != trust.batch or shape[2] != trust.width or x.dtype != trust.dtype \
-                or x.device != trust.device:
+        # (the checks below in plain comparisons and loops: no builtin called per step)
+        shape = x.shape  # [batch, 1, width] as recorded
+        if shape[-2:] != trust.tail or shape[:-2] != trust.lead or x.dtype != trust.dtype or x.device != trust.device:
             return None
-        extra = kwargs.keys() - _HARMLESS
-        if extra:
-            if self.layer_arg in extra:
-                layer = kwargs[self.layer_arg]
-                if layer is not None and int(layer) != self.layer_idx:
+        for name in kwargs:  # an argument the mixer does not take, given: the full path (which refuses it)
+            if name not in _HARMLESS and kwargs[name] is not None:
+                if name != self.layer_arg or int(kwargs[name]) != self.layer_idx:
                     return None
-                extra = extra - {self.layer_arg}
-            if any(kwargs[k] is not None for k in extra):
-                return None
         kind = self.state_table[0].kind
         try:
             objs = self._slot_objects(hf)
@@ -307,9 +306,7 @@ class InteropMixer(nn.Module):
                 return None
         except (AttributeError, IndexError, KeyError, TypeError, RuntimeError):
             return None
-        if len(objs) != len(trust.objs):
-            return None
-        for a, b in zip(objs, trust.objs):
+        for a, b in zip(objs, trust.objs):  # (as many as recorded: _slot_objects' length is fixed by the kind and the table)
             if a is not b:
                 return None
         pos = kwargs.get("position_ids") if self.positions else None
@@ -323,10 +320,23 @@ class InteropMixer(nn.Module):
             trust.objs = (layer, layer.keys, layer.values, objs[3])  # what _slot_objects reads after the write
             out = hf
         else:
-            with states_in_place():
+            _IN_PLACE.append(True)  # (seqmix.ops.states_in_place, inline)
+            try:
                 y, new = step(x, trust.state)
-            out = self._write_trusted(hf, trust, new)
-            objs = self._slot_objects(hf)
+            finally:
+                _IN_PLACE.pop()
+            if kind == "layer":  # the state beside the row ids on the cache layer: the slots are (layer, its new keys)
+                layer = objs[0]
+                self._put_layer_step(layer, new, trust)
+                trust.objs = (layer, layer.keys)
+                trust.seen += 1
+                trust.state = new
+                if residual is not None:
+                    y = y + residual
+                return (y, None) if self.returns_pair else (y, hf) if self.returns_state else y
+            out, replaced = self._write_trusted(hf, trust, new)
+            if replaced:  # (else every entry was written in place, in transformers' own tensors: the same objects)
+                objs = self._slot_objects(hf)
             if kind in _VERSIONED_KINDS:
                 # (inline, as in the check above and in _slot_record: a helper would cost a Python call per step)
                 try:  # the tensors sit where the record found them (the step writes tensors into tensor slots only)
@@ -353,8 +363,8 @@ class InteropMixer(nn.Module):
                 key = ("positions", trust.seen if kv_like else None, 1)
             else:
                 key = ("padding", 1) if self.mask_kind == "padding" else ("causal", trust.seen, 1, self._window())
-            e = steps.get(key[0])
-            if e is not None and e[0] is t and e[1] == key and e[2] == t._version:
+            e = steps.get(key)
+            if e is not None and e[0] is t and e[1] == t._version:
                 continue
             where = where or f"{self.where} ({self.source} -> seqmix {mixer.registry_name!r})"
             if key[0] == "padding":
@@ -364,18 +374,17 @@ class InteropMixer(nn.Module):
             else:
                 self._check_positions(t, x, key[1], where)
             if isinstance(t, torch.Tensor) and not t.is_inference():
-                steps[key[0]] = (t, key, t._version)
+                if len(steps) >= 8:  # (the keys of one step: a few per layer kind; a later step's replace them)
+                    steps.clear()
+                steps[key] = (t, t._version)
 
     def _write_trusted(self, hf, trust, new: dict):
-        """The trusted step's write: what :meth:`write_state` writes, without its lookups and checks, and nothing
-        for an entry updated in place as a view of transformers' tensor. Returns what the module hands back."""
+        """The trusted step's write of a ``conv`` / ``recurrent`` / ``linear_cache`` / ``stacked`` / ``tuple`` state
+        (the ``kv`` and ``layer`` kinds are written by :meth:`_trusted_step` itself): what :meth:`write_state` writes,
+        without its lookups and checks, and nothing for an entry updated in place as a view of transformers' tensor.
+        Returns (what the module hands back, whether anything was written: else transformers' slots hold the objects
+        they held)."""
         kind = self.state_table[0].kind
-        if kind == "kv":
-            self._put_kv(hf.layers[self.layer_idx], new["kv"])
-            return hf
-        if kind == "layer":
-            self._put_layer_state(trust.objs[0], new, 1)
-            return hf
         alias = list(trust.alias)
         todo = []
         for n, row in enumerate(self.state_table):
@@ -386,14 +395,14 @@ class InteropMixer(nn.Module):
             todo.append(row)
         trust.alias = tuple(alias)
         if not todo:
-            return hf
+            return hf, False
         if kind == "linear_cache":
             row = todo[0]
             t = new[row.seqmix]
             hf.set_linear_cache(self.layer_idx, row.to_hf(t) if row.to_hf else t)
             trust.alias = (_aliases(t, hf.get_linear_cache(self.layer_idx)),)
-            return hf
-        return self._write_rows(hf, todo, new, hf.layers[self.layer_idx] if kind in ("conv", "recurrent") else None)
+            return hf, True
+        return self._write_rows(hf, todo, new, hf.layers[self.layer_idx] if kind in ("conv", "recurrent") else None), True
 
     def _check_layer_arg(self, layer, where: str) -> None:
         """``ModuleMap.layer_arg``: the cache layer index the caller passes must be this adapter's (the N
@@ -710,6 +719,17 @@ class InteropMixer(nn.Module):
             layer.lazy_initialization(keys, keys)
         layer.keys, layer.values = keys, keys
         layer._seqmix_keys, layer._seqmix_state = keys, state
+
+    def _put_layer_step(self, layer, state: dict, trust) -> None:
+        """:meth:`_put_layer_state` of a trusted step (one token; ``layer`` holds this adapter's keys, checked by the
+        step): the row ids of the recorded call, broadcast to the tokens seen after this one."""
+        rows = layer.__dict__.get("_seqmix_rows")
+        if rows is None or rows.shape[0] != trust.batch:  # (not written by _put_layer_state for this batch)
+            self._put_layer_state(layer, state, 1)
+            return
+        keys = rows.expand(trust.batch, 1, trust.seen + 1, 1)
+        layer.keys = layer.values = layer._seqmix_keys = keys
+        layer._seqmix_state = state
 
     def _kv_layer(self, hf_cache, where: str):
         from transformers.cache_utils import (

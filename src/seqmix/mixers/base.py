@@ -402,19 +402,25 @@ class Mixer(nn.Module):
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
             return fn()
         # (inference mode, dtypes and devices in the stamp: a value made in inference mode cannot be saved for a later
-        # backward, and Module.to keeps a parameter's id and version while changing its dtype or device)
-        stamp = [key, torch.is_inference_mode_enabled()]
+        # backward, and Module.to keeps a parameter's identity and version while changing its dtype or device; the
+        # tensors themselves are kept, compared by identity: an id could be reused by a later tensor)
+        kept = self.__dict__.get("_layer_constants")
+        if kept is None:
+            kept = self.__dict__["_layer_constants"] = {}
+        inference = torch.is_inference_mode_enabled()
+        e = kept.get(key)
         try:
-            for p in params:
-                stamp += (id(p), p._version, p.dtype, p.device)
+            if e is not None and e[1] is inference:  # (a key always comes with as many tensors)
+                for p, (q, version, dtype, device) in zip(params, e[0]):
+                    if p is not q or p._version != version or p.dtype != dtype or p.device != device:
+                        break
+                else:
+                    return e[2]
+            stamp = tuple([(p, p._version, p.dtype, p.device) for p in params])
         except RuntimeError:  # an inference tensor keeps no version counter: computed anew (no test per tensor first)
             return fn()
-        kept = self.__dict__.setdefault("_layer_constants", {})
-        e = kept.get(key)
-        if e is not None and e[0] == stamp:
-            return e[1]
         value = fn()
-        kept[key] = (stamp, value)
+        kept[key] = (stamp, inference, value)
         return value
 
     def _forward(self, x: torch.Tensor, *, state: dict | None, mode: str, need_state: bool) -> MixOut:

@@ -86,6 +86,26 @@ _VERIFIED = _Verified()
 _VERSIONED_KINDS = frozenset({"conv", "recurrent", "linear_cache"})
 
 
+def _one_token_passes(t, key: tuple, trust) -> bool:
+    """A trusted step's check of one sequence's token in one host read: its position (``position_ids`` [1, 1]: the
+    tokens seen, or any position after 0 for a recurrent state) or its causal mask row ([1, 1, 1, L]: as many keys
+    visible as the rule shows it, min(seen + 1, window)). True where it passes; False where it does not or cannot
+    tell (another shape, a tensor whose values are not read): the full check then decides, with its message."""
+    if type(t) is not torch.Tensor or not reads_values(t):
+        return False
+    shape = t.shape
+    if key[0] == "positions":
+        if shape != (1, 1) and shape != (1,):
+            return False
+        p = int(t)
+        return p == key[1] if key[1] is not None else p >= 1
+    if key[0] == "causal" and shape[:-1] == (1, 1, 1):  # [1, 1, 1, L]: the visible keys counted, as the full check does
+        n = int((t if t.dtype == torch.bool else t == 0).sum())
+        w = trust.window
+        return n == (trust.seen + 1 if w is None or trust.seen + 1 < w else w)
+    return False
+
+
 class _Trust:
     """What a fully checked call left (``InteropMixer._trust``), against which a later one-token call is
     matched (module docstring): the cache object (a weak reference where the object takes one), the input's
@@ -95,7 +115,7 @@ class _Trust:
     tensors at the positions ``tensors`` of ``objs``: the next step reads the counters there without a type test)."""
 
     __slots__ = ("cache", "batch", "width", "lead", "tail", "dtype", "device", "seen", "state", "alias", "objs", "versions",
-                 "tensors")
+                 "tensors", "window")
 
     def __init__(self, cache, x: torch.Tensor, seen: int, state: dict, alias: tuple[bool, ...], objs: tuple, versions: tuple,
                  tensors: tuple):
@@ -106,6 +126,7 @@ class _Trust:
         self.batch, self.width, self.dtype, self.device = x.shape[0], x.shape[2], x.dtype, x.device
         self.lead, self.tail = (x.shape[0],), (1, x.shape[2])  # a step's x.shape[:-2] and x.shape[-2:]
         self.seen, self.state, self.alias, self.objs, self.versions, self.tensors = seen, state, alias, objs, versions, tensors
+        self.window = None  # the sliding window of the layer's mask (InteropMixer._window), set by the record
 
 
 def _aliases(t, hf) -> bool:
@@ -261,7 +282,8 @@ class InteropMixer(nn.Module):
             alias = tuple(_aliases(state[row.seqmix], self._hf_tensor(hf_cache, row)) for row in self.state_table)
         if kind in _VERSIONED_KINDS and any(isinstance(o, torch.Tensor) and o.is_inference() for o in self._slot_objects(hf_cache)):
             return  # (no version counters to tell another writer: every call takes the full path)
-        self.__dict__["_trust"] = _Trust(hf_cache, x, seen, dict(state), alias, *self._slot_record(hf_cache, kind))
+        trust = self.__dict__["_trust"] = _Trust(hf_cache, x, seen, dict(state), alias, *self._slot_record(hf_cache, kind))
+        trust.window = self._window()
 
     def _slot_record(self, hf_cache, kind: str) -> tuple[tuple, tuple, tuple]:
         """(:meth:`_slot_objects`, their tensors' version counters for _VERSIONED_KINDS, else (), the positions of
@@ -315,9 +337,13 @@ class InteropMixer(nn.Module):
         step = self.__dict__.get("_step_fn") or mixer.decode_step
         if kind == "kv":  # a KV cache: its step writes the token into the buffers' next slot whatever the context
             y, new = step(x, trust.state)
-            layer = objs[0]
-            self._put_kv(layer, new["kv"])
-            trust.objs = (layer, layer.keys, layer.values, objs[3])  # what _slot_objects reads after the write
+            layer, kv = objs[0], new["kv"]
+            keys, values = kv.head_first()  # (_put_kv on the layer the step checked: no lookup, no type test)
+            layer.keys, layer.values = keys, values
+            if trust.window is not None:  # a sliding layer counts every token seen (positions, mask sizes)
+                layer.cumulative_length = kv.seen
+            layer._seqmix_kv, layer._seqmix_keys, layer._seqmix_values = kv, keys, values
+            trust.objs = (layer, keys, values, objs[3])  # what _slot_objects reads after the write
             out = hf
         else:
             _IN_PLACE.append(True)  # (seqmix.ops.states_in_place, inline)
@@ -362,21 +388,26 @@ class InteropMixer(nn.Module):
             if is_pos:
                 key = ("positions", trust.seen if kv_like else None, 1)
             else:
-                key = ("padding", 1) if self.mask_kind == "padding" else ("causal", trust.seen, 1, self._window())
+                key = ("padding", 1) if self.mask_kind == "padding" else ("causal", trust.seen, 1, trust.window)
             e = steps.get(key)
             if e is not None and e[0] is t and e[1] == t._version:
                 continue
-            where = where or f"{self.where} ({self.source} -> seqmix {mixer.registry_name!r})"
-            if key[0] == "padding":
-                self._check_mask(t, x, where)
-            elif key[0] == "causal":
-                self._check_causal_mask(t, x, trust.seen, where)
-            else:
-                self._check_positions(t, x, key[1], where)
+            if not _one_token_passes(t, key, trust):  # (else the full check: it passes the same or names what is wrong)
+                where = where or f"{self.where} ({self.source} -> seqmix {mixer.registry_name!r})"
+                self._full_step_check(t, x, key, trust, where)
             if isinstance(t, torch.Tensor) and not t.is_inference():
                 if len(steps) >= 8:  # (the keys of one step: a few per layer kind; a later step's replace them)
                     steps.clear()
                 steps[key] = (t, t._version)
+
+    def _full_step_check(self, t, x, key, trust, where: str) -> None:
+        """A step check of ``_step_checks`` by the full path's checks (which raise naming what is wrong)."""
+        if key[0] == "padding":
+            self._check_mask(t, x, where)
+        elif key[0] == "causal":
+            self._check_causal_mask(t, x, trust.seen, where)
+        else:
+            self._check_positions(t, x, key[1], where)
 
     def _write_trusted(self, hf, trust, new: dict):
         """The trusted step's write of a ``conv`` / ``recurrent`` / ``linear_cache`` / ``stacked`` / ``tuple`` state

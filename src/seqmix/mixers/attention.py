@@ -842,7 +842,7 @@ class SoftmaxAttention(_Attention):
             qk = self._rope(start, qk)[0]
             q, k = qk[:, :, :H], qk[:, :, H:]
         else:
-            q, k = qk.split([H * K, Hkv * K], dim=-1)
+            q, k = qk.split_with_sizes([H * K, Hkv * K], dim=-1)
             if c.qk_norm == "full":
                 q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
             q, k = q.view(B, T, H, K), k.view(B, T, Hkv, K)
@@ -874,7 +874,11 @@ class SoftmaxAttention(_Attention):
             heads = kv.append_step(k, v)
             if heads is not None:
                 B, H = q.shape[0], self.heads
-                o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, **self._score_options())
+                c = self.config
+                if c.softcap is None and not c.alibi and not c.sinks:  # (no extras: none looked up)
+                    o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True)
+                else:
+                    o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, **self._score_options())
                 o = o.view(B, 1, H, -1)
                 y = self.W_o(o.flatten(2)) if self.W_g is None else self._gated_readout(o, x)
                 return MixOut(y, {"kv": kv} if need_state else None,

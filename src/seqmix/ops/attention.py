@@ -204,6 +204,8 @@ def repeat_kv(x: torch.Tensor, groups: int, dim: int = 2) -> torch.Tensor:
 
 
 def _scale(scale, K, where):
+    if type(scale) is float and 0.0 < scale < math.inf:  # (the common case first: no call)
+        return scale
     if scale is None:
         return 1.0 / math.sqrt(K)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:

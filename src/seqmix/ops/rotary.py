@@ -207,7 +207,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
     if xr.dtype != cos.dtype:
         xr = xr.to(cos.dtype)
     partner = xr.unflatten(-1, (R // 2, 2)).flip(-1).flatten(-2) if interleaved else xr.roll(R // 2, dims=-1)
-    rot = xr * cos + partner * sin
+    rot = torch.addcmul(xr * cos, partner, sin)  # x ⊙ c + x̃ ⊙ s (one op fewer than a product and a sum)
     if rot.dtype != x.dtype:
         rot = rot.to(x.dtype)
     return rot if R == x.shape[-1] else torch.cat((rot, x[..., R:]), dim=-1)

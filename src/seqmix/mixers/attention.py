@@ -165,8 +165,8 @@ class _Attention(Mixer):
         channels, default K) at the absolute positions start .. start + T − 1, one cos / sin for all
         (:func:`~seqmix.mixers.layers.rope_rotate`): the rotary positions of the attentions with a ``rope`` option."""
         c = self.config
-        # vars(c): a config without the field (pydantic's __getattr__ breaks torch.compile's graph)
-        return rope_rotate(self, c.rope_theta, start, *ts, scaling=vars(c).get("rope_scaling"), rotary_dim=rotary_dim,
+        # c.__dict__: a config without the field (pydantic's __getattr__ breaks torch.compile's graph)
+        return rope_rotate(self, c.rope_theta, start, *ts, scaling=c.__dict__.get("rope_scaling"), rotary_dim=rotary_dim,
                            interleaved=interleaved)
 
     def __init__(self, config=None, **kwargs):
@@ -766,7 +766,7 @@ class SoftmaxAttention(_Attention):
     def _rope(self, start: int, *ts):
         """RoPE (with its scaling, rotary_dim and pairing) at positions start .. start + T - 1 on each of ts [B, T, H, ·]."""
         c = self.config  # (rope_rotate itself, not _rotate: one call fewer per decoding step)
-        return rope_rotate(self, c.rope_theta, start, *ts, scaling=vars(c).get("rope_scaling"),
+        return rope_rotate(self, c.rope_theta, start, *ts, scaling=c.__dict__.get("rope_scaling"),
                            rotary_dim=None if self.mla else c.rotary_dim, interleaved=c.rope_interleaved)
 
     def _mla_qkv(self, x, start: int, scaled: bool = True):
@@ -877,8 +877,9 @@ class SoftmaxAttention(_Attention):
                 c = self.config
                 if c.softcap is None and not c.alibi and not c.sinks:  # (no extras: none looked up)
                     o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True)
-                else:
-                    o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, **self._score_options())
+                else:  # (_score_options' three, read here: a call fewer per step)
+                    o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, softcap=c.softcap,
+                                         alibi=self.alibi_slopes, sinks=self.sinks)
                 o = o.view(B, 1, H, -1)
                 y = self.W_o(o.flatten(2)) if self.W_g is None else self._gated_readout(o, x)
                 return MixOut(y, {"kv": kv} if need_state else None,

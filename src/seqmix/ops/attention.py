@@ -76,7 +76,7 @@ import torch.nn.functional as F
 
 from . import backends as _backends
 from .._checks import check_choice, check_finite, check_shape, check_tensor, fmt_shape, reads_values
-from .precision import autocast_off
+from .precision import autocast_enabled, autocast_off
 
 MODES = ("parallel", "sdpa")
 
@@ -540,21 +540,36 @@ def attention_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         o = F.scaled_dot_product_attention(q.unsqueeze(2), kh, vh, attn_mask=bias, scale=scale, enable_gqa=H != Hkv)  # [B, H, 1, V]
         return o.view(B, H, -1)
     dt = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    with autocast_off(q.device.type):
-        q, kh, vh = (t if t.dtype == dt else t.to(dt) for t in (q, kh, vh))
-        qg = q.view(B, Hkv, H // Hkv, K)  # query heads grouped by the kv head they read
-        bias = None
-        if alibi is not None:
-            lag = torch.arange(L - 1, -1, -1, device=q.device, dtype=dt)
-            bias = -alibi.to(dt).view(1, Hkv, H // Hkv, 1) * lag
-        s = _scores(qg, kh, scale, softcap, bias)  # [B, Hkv, G, L]
-        if sinks is not None:
-            z = sinks.to(dt).view(1, Hkv, H // Hkv, 1).expand(B, Hkv, H // Hkv, 1)
-            p = torch.softmax(torch.cat([s, z], dim=-1), dim=-1)[..., :-1]
-        else:
-            p = torch.softmax(s, dim=-1)
-        o = (p @ vh).reshape(B, H, -1)  # [B, Hkv, G, V] -> [B, H, V]
+    if autocast_enabled(q.device.type):  # (the explicit read below in dt: autocast off around it)
+        with torch.autocast(q.device.type, enabled=False):
+            return _decode_explicit(q, kh, vh, dt, scale, softcap, alibi, sinks).to(values.dtype)
+    o = _decode_explicit(q, kh, vh, dt, scale, softcap, alibi, sinks)
     return o if o.dtype == values.dtype else o.to(values.dtype)
+
+
+def _decode_explicit(q, kh, vh, dt, scale, softcap, alibi, sinks):
+    """:func:`attention_decode`'s explicit read (soft-capping, sinks, half inputs): q [B, H, K], kh [B, Hkv, L, K],
+    vh [B, Hkv, L, V] -> o [B, H, V] in ``dt`` (autocast off)."""
+    B, H, K = q.shape
+    Hkv, L = kh.shape[1], kh.shape[2]
+    if q.dtype != dt:
+        q = q.to(dt)
+    if kh.dtype != dt:
+        kh = kh.to(dt)
+    if vh.dtype != dt:
+        vh = vh.to(dt)
+    qg = q.view(B, Hkv, H // Hkv, K)  # query heads grouped by the kv head they read
+    bias = None
+    if alibi is not None:
+        lag = torch.arange(L - 1, -1, -1, device=q.device, dtype=dt)
+        bias = -alibi.to(dt).view(1, Hkv, H // Hkv, 1) * lag
+    s = _scores(qg, kh, scale, softcap, bias)  # [B, Hkv, G, L]
+    if sinks is not None:
+        z = sinks.to(dt).view(1, Hkv, H // Hkv, 1).expand(B, Hkv, H // Hkv, 1)
+        p = torch.softmax(torch.cat([s, z], dim=-1), dim=-1)[..., :-1]
+    else:
+        p = torch.softmax(s, dim=-1)
+    return (p @ vh).reshape(B, H, -1)  # [B, Hkv, G, V] -> [B, H, V]
 
 
 def attention_step(

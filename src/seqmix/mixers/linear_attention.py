@@ -412,15 +412,16 @@ class _Params:
     k_proj: torch.Tensor | None = None
 
 
+#: the activations of the gates and feature maps by name (the identities apart: no call)
+_IDENTITIES = frozenset({"identity", "none", "linear"})
+_ACTS = {"elu1": lambda t: F.elu(t) + 1, "silu": F.silu, "relu": F.relu, "sigmoid": torch.sigmoid, "gelu": F.gelu,
+         "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "softmax": lambda t: torch.softmax(t, dim=-1)}
+
+
 def _act(name: str, x: torch.Tensor) -> torch.Tensor:
-    return {"identity": lambda t: t, "none": lambda t: t, "linear": lambda t: t, "elu1": lambda t: F.elu(t) + 1,
-            "silu": F.silu, "relu": F.relu, "sigmoid": torch.sigmoid, "gelu": F.gelu,
-            "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[name](x)
-
-
-def _feature(name: str, x: torch.Tensor) -> torch.Tensor:
-    """The feature map φ of f_q, f_k on x [B, T, H, K]: elementwise, or 'softmax' over each head's K channels."""
-    return torch.softmax(x, dim=-1) if name == "softmax" else _act(name, x)
+    """The activation ``name`` on x; as the feature map φ of f_q, f_k on x [B, T, H, K]: elementwise, or 'softmax' over
+    each head's K channels."""
+    return x if name in _IDENTITIES else _ACTS[name](x)
 
 
 def _shift_right(x: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
@@ -713,13 +714,13 @@ class GeneralForm(Mixer):
                 new["m"] = m[:, -1]
         # f_q
         if c.query == "proj":
-            q = _feature(c.feature_map, q_proj)
+            q = _act(c.feature_map, q_proj)
         else:
             q = u.new_ones(B, T, H, K)
         # f_k
         kind = c.key
         if kind == "proj":
-            k = _feature(c.feature_map, k_proj)
+            k = _act(c.feature_map, k_proj)
         elif kind == "one":
             k = u.new_ones(B, T, H, K)
         elif kind in ("one_minus_decay", "sqrt_one_minus_decay_sq"):
@@ -822,7 +823,7 @@ class GeneralForm(Mixer):
         """The core map on P.v: o_t = q_t S_t (Eq. 13-14), or with the bonus q_t S_{t-1} + bonus·v_t,
         normalized by its row sums, plus D_h v_h. Returns (mixed [B, T, H, V], final state)."""
         c = self.config
-        q, k, gk = self._rotary_form(P)
+        q, k, gk = self._rotary_form(P) if c.rotary else (P.q, P.k, P.gk)
         v = P.v
         T = v.shape[1]
         if c.normalizer:

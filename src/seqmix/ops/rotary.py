@@ -207,7 +207,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
     if xr.dtype != cos.dtype:
         xr = xr.to(cos.dtype)
     partner = xr.unflatten(-1, (R // 2, 2)).flip(-1).flatten(-2) if interleaved else xr.roll(R // 2, dims=-1)
-    rot = torch.addcmul(xr * cos, partner, sin)  # x ⊙ c + x̃ ⊙ s (one op fewer than a product and a sum)
+    # (a product and a sum: one addcmul instead gave a last-bit difference between two copies of one model,
+    # tests/test_grouped_rows.py's exact save / load)
+    rot = xr * cos + partner * sin
     if rot.dtype != x.dtype:
         rot = rot.to(x.dtype)
     return rot if R == x.shape[-1] else torch.cat((rot, x[..., R:]), dim=-1)

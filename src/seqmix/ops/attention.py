@@ -703,8 +703,8 @@ class KVCache:
     def _store(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
         """New buffers of ``capacity`` slots holding keys [B, L, Hkv, K], values [B, L, Hkv, V] in slots [0, L)."""
         B, L, H, K = keys.shape
-        self.k = keys.new_zeros(B, H, capacity, K)
-        self.v = values.new_zeros(B, H, capacity, values.shape[-1])
+        self.k = keys.new_empty(B, H, capacity, K)
+        self.v = values.new_empty(B, H, capacity, values.shape[-1])
         self.k[:, :, :L] = keys.transpose(1, 2)
         self.v[:, :, :L] = values.transpose(1, 2)
         self.start, self.end = 0, L

@@ -275,3 +275,45 @@ def test_compile_decode_gives_the_eager_logits():
     assert scale_err(torch.stack(out.scores), torch.stack(ref.scores)) <= INTEROP_RTOL
     uncompile_decode(model)
     assert all(a.__dict__.get("_step_fn") is None for a in _adapters(model))
+
+
+def test_the_one_token_check_passes_exactly_what_the_full_check_passes():
+    """The trusted step's check of one sequence's token (one host read) against the rule the full check applies: the
+    position equals the tokens seen (a KV cache) or follows position 0 (a recurrent state, key None); a causal mask row
+    shows min(seen + 1, window) keys, as a bool or an additive float mask. Whatever it does not pass goes to the full
+    check (False), so a wrong token is still refused there with its message."""
+    from types import SimpleNamespace
+
+    from seqmix.interop.adapter import _one_token_passes
+
+    trust = SimpleNamespace(seen=5, window=None)
+    assert _one_token_passes(torch.tensor([[5]]), ("positions", 5, 1), trust)
+    assert not _one_token_passes(torch.tensor([[4]]), ("positions", 5, 1), trust)
+    assert _one_token_passes(torch.tensor([[7]]), ("positions", None, 1), trust)  # a recurrent state: any after 0
+    assert not _one_token_passes(torch.tensor([[0]]), ("positions", None, 1), trust)
+    assert not _one_token_passes(torch.tensor([[5, 5]]), ("positions", 5, 1), trust)  # two sequences: the full check
+    full = torch.ones(1, 1, 1, 6, dtype=torch.bool)
+    assert _one_token_passes(full, ("causal", 5, 1, None), trust)
+    hidden = full.clone()
+    hidden[..., 0] = False  # a padded key
+    assert not _one_token_passes(hidden, ("causal", 5, 1, None), trust)
+    additive = torch.zeros(1, 1, 1, 6)
+    assert _one_token_passes(additive, ("causal", 5, 1, None), trust)
+    additive[..., 2] = float("-inf")
+    assert not _one_token_passes(additive, ("causal", 5, 1, None), trust)
+    windowed = SimpleNamespace(seen=5, window=4)  # the query sees its last 4 keys
+    row = torch.zeros(1, 1, 1, 6, dtype=torch.bool)
+    row[..., 2:] = True
+    assert _one_token_passes(row, ("causal", 5, 1, 4), windowed)
+    assert not _one_token_passes(full, ("causal", 5, 1, 4), windowed)
+
+
+def test_a_padded_mask_row_is_refused_on_a_trusted_attention_step():
+    model, x = _model("llama"), ids(batch=1, T=12)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(x[:, :8], cache=cache, use_cache=True)
+        model(x[:, 8:9], cache=cache, use_cache=True, position_ids=torch.tensor([[8]]))  # trusted from here
+        with pytest.raises(ValueError, match="attention_mask"):
+            model(x[:, 9:10], cache=cache, use_cache=True, position_ids=torch.tensor([[9]]),
+                  attention_mask=torch.tensor([[0] + [1] * 9]))

@@ -114,7 +114,7 @@ class _Trust:
     objects in this layer's slots (``objs``) with the version counters of the versioned kinds (``versions``, of the
     tensors at the positions ``tensors`` of ``objs``: the next step reads the counters there without a type test)."""
 
-    __slots__ = ("cache", "batch", "width", "lead", "tail", "dtype", "device", "seen", "state", "alias", "objs", "versions",
+    __slots__ = ("cache", "batch", "lead", "tail", "dtype", "device", "seen", "state", "alias", "objs", "versions",
                  "tensors", "window")
 
     def __init__(self, cache, x: torch.Tensor, seen: int, state: dict, alias: tuple[bool, ...], objs: tuple, versions: tuple,
@@ -123,8 +123,8 @@ class _Trust:
             self.cache = weakref.ref(cache)
         except TypeError:  # a list or tuple (RWKV-4's, xLSTM's): small, held until the next call
             self.cache = lambda c=cache: c
-        self.batch, self.width, self.dtype, self.device = x.shape[0], x.shape[2], x.dtype, x.device
-        self.lead, self.tail = (x.shape[0],), (1, x.shape[2])  # a step's x.shape[:-2] and x.shape[-2:]
+        self.batch, self.dtype, self.device = x.shape[0], x.dtype, x.device
+        self.lead, self.tail = (x.shape[0],), (1, x.shape[2])  # a step's x.shape[:-2] and x.shape[-2:]: [batch, 1, width]
         self.seen, self.state, self.alias, self.objs, self.versions, self.tensors = seen, state, alias, objs, versions, tensors
         self.window = None  # the sliding window of the layer's mask (InteropMixer._window), set by the record
 
@@ -337,12 +337,8 @@ class InteropMixer(nn.Module):
         step = self.__dict__.get("_step_fn") or mixer.decode_step
         if kind == "kv":  # a KV cache: its step writes the token into the buffers' next slot whatever the context
             y, new = step(x, trust.state)
-            layer, kv = objs[0], new["kv"]
-            keys, values = kv.head_first()  # (_put_kv on the layer the step checked: no lookup, no type test)
-            layer.keys, layer.values = keys, values
-            if trust.window is not None:  # a sliding layer counts every token seen (positions, mask sizes)
-                layer.cumulative_length = kv.seen
-            layer._seqmix_kv, layer._seqmix_keys, layer._seqmix_values = kv, keys, values
+            layer = objs[0]  # (the layer the step checked: no lookup; sliding where the mask has a window)
+            keys, values = self._put_kv(layer, new["kv"], trust.window is not None)
             trust.objs = (layer, keys, values, objs[3])  # what _slot_objects reads after the write
             out = hf
         else:
@@ -813,15 +809,17 @@ class InteropMixer(nn.Module):
         self._put_kv(self._kv_layer(hf_cache, where), kv)
 
     @staticmethod
-    def _put_kv(layer, kv: KVCache) -> None:
-        """Hands transformers' attention ``layer`` the views of ``kv``'s buffers (and keeps ``kv`` on it)."""
+    def _put_kv(layer, kv: KVCache, sliding: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hands transformers' attention ``layer`` the views of ``kv``'s buffers (and keeps ``kv`` on it); returns them.
+        ``sliding``: whether the layer is a sliding one (it counts every token seen), None: read from the layer."""
         keys, values = kv.head_first()  # [B, Hkv, L, ·]: views of its buffers
         if not layer.is_initialized:
             layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys, values
-        if hasattr(layer, "cumulative_length"):  # a sliding layer counts every token seen (positions, mask sizes)
+        if hasattr(layer, "cumulative_length") if sliding is None else sliding:  # (positions, mask sizes)
             layer.cumulative_length = kv.seen
         layer._seqmix_kv, layer._seqmix_keys, layer._seqmix_values = kv, keys, values
+        return keys, values
 
 
 # -- compiling the decoding step (opt-in) -----------------------------------------------------------

@@ -164,3 +164,17 @@ def test_rwkv7_without_token_shift_and_bonus_is_rwkv7_with_them_zeroed():
     roped.load_state_dict(bare.state_dict())
     assert max_abs(roped(x), bare(x)) > 1e-3
     assert_modes_agree_f64(roped, x, "rad_rwkv7 rope")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_l2_normalize_gives_f_normalize_numbers(dtype):
+    """The delta-rule mixers' L2 norm of q and k (seqmix.mixers.layers.l2_normalize, without F.normalize's Python
+    wrappers): the same numbers as F.normalize(t, dim=-1, eps), bit for bit, a zero row included."""
+    import torch.nn.functional as F
+
+    from seqmix.mixers.layers import l2_normalize
+
+    t = torch.randn(2, 3, 4, 16, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    t[0, 0, 0] = 0
+    assert torch.equal(l2_normalize(t), F.normalize(t, dim=-1))
+    assert torch.equal(l2_normalize(t, 1e-3), F.normalize(t, dim=-1, eps=1e-3))

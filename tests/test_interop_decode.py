@@ -317,3 +317,31 @@ def test_a_padded_mask_row_is_refused_on_a_trusted_attention_step():
         with pytest.raises(ValueError, match="attention_mask"):
             model(x[:, 9:10], cache=cache, use_cache=True, position_ids=torch.tensor([[9]]),
                   attention_mask=torch.tensor([[0] + [1] * 9]))
+
+
+def test_each_step_check_reads_its_tensor_once_per_step(monkeypatch):
+    """A model whose layers take different masks (Gemma 2: sliding and full attention) checks, per decoding step,
+    each of its keys (the positions, each mask) once: the later layers of the step find it in ``_VERIFIED.steps``,
+    and the keys of earlier steps are dropped before the current step's (no key read twice across the steps)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    import seqmix.interop.adapter as adapter
+
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=8, intermediate_size=64, sliding_window=4, pad_token_id=0, eos_token_id=1, bos_token_id=1,
+                          layer_types=["sliding_attention", "full_attention"] * 2)
+    model = from_transformers(Gemma2ForCausalLM(config).eval())
+    checked = []
+    one = adapter._one_token_passes
+
+    def spy(t, key, trust):
+        checked.append(key)
+        return one(t, key, trust)
+
+    monkeypatch.setattr(adapter, "_one_token_passes", spy)
+    with torch.no_grad():
+        model.generate(ids(batch=1, T=6), max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    kinds = {(k[0], k[-1]) for k in checked}
+    assert {("positions", 1), ("causal", 4), ("causal", None)} <= kinds  # the positions and both masks were checked
+    assert len(checked) == len(set(checked)) and len(checked) >= 3 * 6  # once each, over the trusted steps

@@ -392,8 +392,10 @@ class InteropMixer(nn.Module):
                 where = where or f"{self.where} ({self.source} -> seqmix {mixer.registry_name!r})"
                 self._full_step_check(t, x, key, trust, where)
             if isinstance(t, torch.Tensor) and not t.is_inference():
-                if len(steps) >= 8:  # (the keys of one step: a few per layer kind; a later step's replace them)
-                    steps.clear()
+                if len(steps) >= 8:  # (a few keys per step: the earlier steps' go, keyed by other tokens seen; all where none is)
+                    old = [k for k in steps if k[0] != "padding" and k[1] is not None and k[1] != trust.seen]
+                    for k in old or list(steps):
+                        del steps[k]
                 steps[key] = (t, t._version)
 
     def _full_step_check(self, t, x, key, trust, where: str) -> None:
@@ -496,7 +498,7 @@ class InteropMixer(nn.Module):
         if (mask, key) in _VERIFIED or not reads_values(mask):
             return
         visible = mask if mask.dtype == torch.bool else mask == 0
-        seen = visible[..., -T:, :].sum(-1)  # [B, 1, T]: keys each query sees
+        seen = visible[..., -T:, :].sum(-1, dtype=torch.int32)  # [B, 1, T]: keys each query sees (int32: half int64's bytes)
         expect = torch.arange(start + 1, start + T + 1, device=mask.device)
         if w is not None:
             expect = expect.clamp(max=w)

@@ -55,7 +55,7 @@ from ..ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_map
 from ..ops.recurrence import linear_recurrence
 from ..ops.precision import linear_f32, upcast
 from .base import ExpandedWidths, Mixer, MixerConfig, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, rope_rotate, short_conv_qkv, token_mix
+from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, l2_normalize, rope_rotate, short_conv_qkv, token_mix
 
 # Gated DeltaNet's initialization (the released code): A uniform in [A_MIN, A_MAX], Δ at init log-uniform in [DT_MIN, DT_MAX]
 A_MIN, A_MAX = 1.0, 16.0
@@ -306,7 +306,7 @@ class DeltaNet(Mixer):
 
     def _l2(self, t):
         eps = self.config.qk_l2_eps
-        return F.normalize(t, dim=-1) if eps is None else t / torch.sqrt((t * t).sum(-1, keepdim=True) + eps)
+        return l2_normalize(t) if eps is None else t / torch.sqrt((t * t).sum(-1, keepdim=True) + eps)
 
     def _readout(self, o, x):
         """o [B, T, H, V] -> y [B, T, d]: the per-head RMSNorm, the gate, W_o."""
@@ -637,7 +637,7 @@ class RWKV7(Mixer):
         if c.value_residual:  # eq. 13: v + (v_first − v) ⊙ σ(ν); lerp(v, v, ·) = v in the first layer
             nu = torch.sigmoid(self.v0 + self.v2(self.v1(xv)))  # ν_t [B, T, d] (float32 under autocast: v0 is)
             v = torch.lerp(v, v_first.to(v.dtype), nu.to(v.dtype))
-        kappa = F.normalize((k * self.k_k).view(B, T, H, K), dim=-1)  # κ̂ (eq. 14)
+        kappa = l2_normalize((k * self.k_k).view(B, T, H, K))  # κ̂ (eq. 14)
         kt = (k + k * (a - 1) * self.k_a).view(B, T, H, K)  # k̃ (eq. 15)
         view = lambda t: t.view(B, T, H, K)  # noqa: E731
         logw, a = view(logw), view(a)
@@ -809,8 +809,8 @@ class MoM(Mixer):
         E, H, K, V = self.E, self.H, self.K, self.V
         q, k, v, new = short_conv_qkv(self, x, state, need_state)
         w, mask = self.routing(x)  # [B, T, E]
-        q = F.normalize(q.view(B, T, 1, H, K), dim=-1) * w.view(B, T, E, 1, 1).to(q.dtype)  # memory e reads w_{t,e} q_t
-        k = F.normalize(k.view(B, T, E, H, K), dim=-1)
+        q = l2_normalize(q.view(B, T, 1, H, K)) * w.view(B, T, E, 1, 1).to(q.dtype)  # memory e reads w_{t,e} q_t
+        k = l2_normalize(k.view(B, T, E, H, K))
         m = mask.view(B, T, E, 1)
         beta = torch.sigmoid(self.W_beta(x)).view(B, T, E, H) * m.to(x.dtype)
         g = -self.A_log.exp() * F.softplus(upcast(self.W_a(x)).view(B, T, E, H) + self.dt_bias) * m
@@ -957,7 +957,7 @@ class MomentumDeltaNet(Mixer):
         q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, V)
         if c.output_correction:
             q = q - self.D_log.exp().view(H, 1).to(q.dtype) * k
-        q, k = F.normalize(upcast(q), dim=-1), F.normalize(upcast(k), dim=-1)
+        q, k = l2_normalize(upcast(q)), l2_normalize(upcast(k))
         eta = torch.tanh(upcast(self.W_eta(x)) / self._tau) + 1
         theta = torch.atan(eta * self.log_factor.exp())
         beta = torch.sin(theta) ** 2 * torch.sigmoid(upcast(self.W_beta(x)))

@@ -724,7 +724,7 @@ class LolcatsAttention(SeparableAttention):
         fq, fk = self._qk_features(q, k_old[:, :1])  # [B, 1, H, n_φ]
         # S ← S + ψ(k_{t−w}) [v_{t−w}, 1]ᵀ, o = φ(q_t) S: the op's fused step (float32 or wider, autocast off; in place
         # inside states_in_place), its read in the features' dtype as linear_recurrence returns it
-        o_lin, S = recurrence_step(fq[:, 0], fk[:, 0], F.pad(v_old[:, 0], (0, 1), value=1.0), None, None, state["S"],
+        o_lin, S = recurrence_step(fq[:, 0], fk[:, 0], torch.constant_pad_nd(v_old[:, 0], (0, 1), 1.0), None, None, state["S"],
                                    check_values=False, check_shapes=False)
         o_lin = upcast(o_lin)  # [B, H, V + 1]
         k_win, v_win = torch.cat([k_old[:, 1:], k], 1), torch.cat([v_old[:, 1:], v], 1)

@@ -53,6 +53,12 @@ def rope_rotate(module: nn.Module, theta: float, start: int, *ts: torch.Tensor, 
     return (apply_rotary(t0, cos, sin, interleaved=interleaved),)  # (one tensor, q and k packed: no comprehension)
 
 
+def l2_normalize(t: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """t / max(‖t‖₂, eps) over the last dimension: ``F.normalize(t, dim=-1, eps=eps)``'s numbers without its Python
+    wrappers (a decoding step calls it per token and head group)."""
+    return t / torch.linalg.vector_norm(t, dim=-1, keepdim=True).clamp_min(eps)
+
+
 def token_mix(prev: torch.Tensor, x: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
     """RWKV's token shift, prev + μ ⊙ (x − prev) (RWKV-4: μ ⊙ x_t + (1 − μ) ⊙ x_(t−1); RWKV-7 hands (x_t, x_(t−1), μ):
     x_t + (x_(t−1) − x_t) ⊙ μ): one ``torch.lerp`` where the three dtypes agree (lerp takes one dtype), else the sum

@@ -109,7 +109,7 @@ from ..ops import (
 )
 from ..ops.precision import complex_, compute_dtype, linear_f32, upcast
 from .base import ExpandedWidths, MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import BlockDiagonalLinear, LayerNorm, RMSNorm, ShortConv, short_conv_qkv, token_mix
+from .layers import BlockDiagonalLinear, LayerNorm, RMSNorm, ShortConv, l2_normalize, short_conv_qkv, token_mix
 
 # the vocabulary of each parameter function (the config fields below take exactly these names)
 Query = Literal["proj", "one"]
@@ -827,7 +827,7 @@ class GeneralForm(Mixer):
         v = P.v
         T = v.shape[1]
         if c.normalizer:
-            v = F.pad(v, (0, 1), value=1.0)  # a channel of ones: the last channel accumulates the denominator
+            v = torch.constant_pad_nd(v, (0, 1), 1.0)  # (F.pad without its wrapper) a channel of ones: the last channel accumulates the denominator
         if c.bonus and mode == "step":  # q_t S_{t-1}: the state read before this token's write
             o, S = self._recur(q, k, v, gk, S0, mode, need_state, delayed=True)
             o = o + self._bonus_term(P) * v
@@ -1741,7 +1741,7 @@ class Rodimus(Mixer):
         q = upcast(self.W_q(s))
         g = F.softplus(upcast(self.W_g(s)))
         tau = torch.sigmoid(upcast(self.W_tau(s)))
-        k = F.normalize(upcast(self.W_k(s)), dim=-1, eps=c.k_norm_eps) * g.pow(tau)
+        k = l2_normalize(upcast(self.W_k(s)), c.k_norm_eps) * g.pow(tau)
         v = torch.sigmoid(self.W_i(u)) * u
         return q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2), (-g * tau).unsqueeze(2), s, z, new
 

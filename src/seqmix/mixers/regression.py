@@ -23,7 +23,7 @@ from ..ops.conv import causal_conv1d, causal_conv1d_step
 from ..ops.precision import autocast_off, linear_f32, upcast
 from ..ops.recurrence import recurrence_map
 from .base import Mixer, MixerConfig, MixOut, register
-from .layers import RMSNorm, ShortConv
+from .layers import RMSNorm, ShortConv, l2_normalize
 
 
 def _conv_f32(conv: ShortConv, x, state, need_state):
@@ -131,8 +131,8 @@ class MesaNet(Mixer):
                     new = {"conv_q": sq, "conv_k": sk}
             else:
                 q, k = F.silu(q), F.silu(k)
-        q = F.normalize(q.view(Bt, T, self.H, self.K), dim=-1)
-        k = F.normalize(k.view(Bt, T, self.H, self.K), dim=-1)
+        q = l2_normalize(q.view(Bt, T, self.H, self.K))
+        k = l2_normalize(k.view(Bt, T, self.H, self.K))
         v = self.W_v(x).view(Bt, T, self.H, self.V)
         beta = torch.sigmoid(upcast(self.W_beta(x)))
         g = F.logsigmoid(upcast(self.W_a(x)))

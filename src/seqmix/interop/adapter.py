@@ -431,7 +431,9 @@ class InteropMixer(nn.Module):
             hf.set_linear_cache(self.layer_idx, row.to_hf(t) if row.to_hf else t)
             trust.alias = (_aliases(t, hf.get_linear_cache(self.layer_idx)),)
             return hf, True
-        return self._write_rows(hf, todo, new, hf.layers[self.layer_idx] if kind in ("conv", "recurrent") else None), True
+        out = self._write_rows(hf, todo, new, hf.layers[self.layer_idx] if kind in ("conv", "recurrent") else None)
+        # ("stacked": written in place into the list's tensors, whose slots hold the objects they held)
+        return out, kind != "stacked"
 
     def _check_layer_arg(self, layer, where: str) -> None:
         """``ModuleMap.layer_arg``: the cache layer index the caller passes must be this adapter's (the N

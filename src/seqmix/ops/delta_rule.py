@@ -174,8 +174,14 @@ def _block(q, k, v, beta, G):
     W [.., C, K] with U = U0 − W S_0; Qt = q Γ_t; Kw = k Γ_C Γ_t⁻¹; dC [.., K|1, 1] = Γ_C (or None).
     """
     C = q.shape[-2]
-    P = _scores(q, k, G, strict=False)
-    A = beta.unsqueeze(-1) * _scores(k, k, G, strict=True)
+    if G is not None and G.shape[-1] == 1:  # a decay per head: one decay matrix Γ_t/Γ_i (i <= t) serves both score maps
+        Gs = G[..., 0]
+        D = _exp_where(Gs.unsqueeze(-1) - Gs.unsqueeze(-2), torch.ones(C, C, dtype=torch.bool, device=q.device).tril())
+        P = (q @ k.transpose(-1, -2)) * D
+        A = beta.unsqueeze(-1) * ((k @ k.transpose(-1, -2)) * D).tril(-1)  # (i < t: the strict map)
+    else:
+        P = _scores(q, k, G, strict=False)
+        A = beta.unsqueeze(-1) * _scores(k, k, G, strict=True)
     I = torch.eye(C, dtype=A.dtype, device=A.device)
     if G is None:
         Kt, Qt, Kw, dC = k, q, k, None

@@ -9,9 +9,10 @@ T. For each mode: forward and forward+backward time (min over --repeats), speedu
 ``recurrent``, and the chunk forward's GFLOP/s as a % of the float32 matmul peak measured in
 the same run.
 
-FLOPs counted (chunk forward, per chunk of C tokens): 4C²K (the q-k and k-k scores) +
-C²(K + V) (the triangular solve with K + V right-hand sides) + 2C²V (P U) + 6CKV (W S, Q̃ S,
-K_wᵀ U). Elementwise work (decay factors, masks) is not counted. recurrent: 7KV per token.
+FLOPs counted (chunk forward, per chunk of C tokens): 4C²K (the q-k and k-k scores) + C³ (the
+UT transform's unit lower-triangular solve, C right-hand sides: T = (I + A)⁻¹ Diag(β)) + 2C²(K + V)
+(T [V, K̃]) + 2C²V (P U) + 6CKV (W S, Q̃ S, K_wᵀ U). Elementwise work (decay factors, masks) is not
+counted. recurrent: 7KV per token.
 
 flash-linear-attention's naive delta rule (``fla.ops.delta_rule.naive``) is timed and
 compared on the same inputs when ``fla`` is importable; otherwise the table says it is absent.
@@ -45,7 +46,7 @@ def flops(mode, B, T, H, K, V):
     if mode == "chunk":
         C = CHUNK
         n = math.ceil(T / C)
-        return B * H * n * (4 * C * C * K + C * C * (K + V) + 2 * C * C * V + 6 * C * K * V)
+        return B * H * n * (4 * C * C * K + C ** 3 + 2 * C * C * (K + V) + 2 * C * C * V + 6 * C * K * V)
     return B * H * T * 7 * K * V
 
 

@@ -55,7 +55,7 @@ from einops import rearrange
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape, reads_values
 from .precision import full_precision
 from .inplace import writable
-from .recurrence import _compute_dtype, _exp_where, _read, _step_dtype, _tile_size, _tiled_scores
+from .recurrence import _compute_dtype, _exp_where, _read, _step_dtype, _tile_factors, _tile_size, _tiled_scores
 
 MODES = ("recurrent", "chunk", "parallel", "step")
 BETA_MAX = 2.0
@@ -151,9 +151,10 @@ def _recurrent(q, k, v, beta, g, scale, S, ra=None, rb=None):
 # --------------------------------------------------------------------------------------
 
 
-def _scores(q, k, G, strict: bool):
+def _scores(q, k, G, strict: bool, tiles=None):
     """Decayed causal scores S[.., t, i] = Σ_k q_tk k_ik exp(G_tk − G_ik) for i <= t (i < t if strict), else 0.
-    q,k [.., C, K]; G [.., C, K|1] cumulative log-decay from the block's start, or None."""
+    q,k [.., C, K]; G [.., C, K|1] cumulative log-decay from the block's start, or None. ``tiles``: (c, factors) of
+    key-wise decays (:func:`_key_tiles`), made once for the block's score maps; None: made here."""
     C = q.shape[-2]
     mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1 if strict else 0)
     if G is None:
@@ -162,8 +163,18 @@ def _scores(q, k, G, strict: bool):
         Gs = G[..., 0]
         A = (q @ k.transpose(-1, -2)) * _exp_where(Gs.unsqueeze(-1) - Gs.unsqueeze(-2), mask)
     else:
-        A = _tiled_scores(q, k, G, _tile_size(C, None, G)).reshape(*q.shape[:-2], C, C)
+        c, factors = tiles if tiles is not None else _key_tiles(G)
+        A = _tiled_scores(q, k, G, c, factors).reshape(*q.shape[:-2], C, C)
     return torch.where(mask, A, torch.zeros((), dtype=A.dtype, device=A.device))
+
+
+def _key_tiles(G):
+    """(the tile c, :func:`~seqmix.ops.recurrence._tile_factors`) of a block's key-wise decays G [.., C, K] (for
+    :func:`_scores`: the score maps of one block share them), or None for a decay per head or none."""
+    if G is None or G.shape[-1] == 1:
+        return None
+    c = _tile_size(G.shape[-2], None, G)
+    return c, _tile_factors(G, c)
 
 
 def _block(q, k, v, beta, G):
@@ -180,8 +191,9 @@ def _block(q, k, v, beta, G):
         P = (q @ k.transpose(-1, -2)) * D
         A = beta.unsqueeze(-1) * ((k @ k.transpose(-1, -2)) * D).tril(-1)  # (i < t: the strict map)
     else:
-        P = _scores(q, k, G, strict=False)
-        A = beta.unsqueeze(-1) * _scores(k, k, G, strict=True)
+        tiles = _key_tiles(G)
+        P = _scores(q, k, G, strict=False, tiles=tiles)
+        A = beta.unsqueeze(-1) * _scores(k, k, G, strict=True, tiles=tiles)
     I = torch.eye(C, dtype=A.dtype, device=A.device)
     if G is None:
         Kt, Qt, Kw, dC = k, q, k, None
@@ -208,10 +220,11 @@ def _block_general(q, k, v, beta, G, ra, rb):
     lower-triangular solve). Returns (P_qa, P_qk, U0, W, Qt, Aw, Kw, bV, dC).
     """
     C = q.shape[-2]
-    P_qa = _scores(q, ra, G, strict=False)
-    P_qk = _scores(q, k, G, strict=False)
-    A_ba = _scores(rb, ra, G, strict=True)
-    A_bk = _scores(rb, k, G, strict=True)
+    tiles = _key_tiles(G)  # (the four maps' decay factors, made once)
+    P_qa = _scores(q, ra, G, strict=False, tiles=tiles)
+    P_qk = _scores(q, k, G, strict=False, tiles=tiles)
+    A_ba = _scores(rb, ra, G, strict=True, tiles=tiles)
+    A_bk = _scores(rb, k, G, strict=True, tiles=tiles)
     I = torch.eye(C, dtype=A_ba.dtype, device=A_ba.device)
     bV = beta.unsqueeze(-1) * v
     if G is None:

@@ -476,20 +476,38 @@ def _tile_size(C: int, requested: int | None, *Gs) -> int:
     return c if c < C else _largest_divisor(C, min(_TILE, C // 2))
 
 
-def _tile_parts(q, k, Gk, c):
+def _tile_factors(Gk, c):
+    """The factors of :func:`_tile_parts` made of the decays alone (several score maps of one block with the same
+    decays share them: the delta rule's general chunk forms four): Gk [.., C, K|1] -> (exp(G_i − G_r) [.., s, c,
+    K|1] of each tile's queries, exp(G_r − G_j) [.., s, C, K|1] of the keys before each tile (0 elsewhere), and
+    exp(G_r − G_j) [.., s, c, K|1] of the tile's own keys where the decays' values are read (:func:`_tile_size`
+    chose c safe), else None), r the tile's first position."""
+    C = Gk.shape[-2]
+    s = C // c
+    before = torch.arange(C, device=Gk.device).view(1, C) < (torch.arange(s, device=Gk.device) * c).view(s, 1)
+    G_t = _tiles(Gk, c)
+    R = Gk[..., ::c, :].unsqueeze(-2)  # [.., s, 1, K|1]: G at the first position of each tile
+    e_in = torch.exp(R - G_t) if reads_values(Gk) else None
+    e_out = _exp_where(R - Gk.unsqueeze(-3), before.unsqueeze(-1)) if s > 1 else None  # (one tile: no key before it)
+    return torch.exp(G_t - R), e_out, e_in
+
+
+def _tile_parts(q, k, Gk, c, factors=None):
     """The decayed causal scores of a block in tiles of c tokens, as two parts.
 
     q,k [.., C, K]; Gk [.., C, K|1] cumulative log-decay (from the start of the block) or None.
     Returns (before [.., s, c, C], inside [.., s, c, c]), s = C/c tiles: for query i of tile a,
     before[.., a, i, j] = Σ_k q_ik k_jk exp(G_ik − G_jk) for keys j before the tile (0 elsewhere) and
-    inside[.., a, i, j'] the same for key j' of the tile itself, j' <= i (0 above the diagonal).
+    inside[.., a, i, j'] the same for key j' of the tile itself, j' <= i (0 above the diagonal); ``before`` is
+    None for one tile (c = C: no key lies before it).
 
     Before the tile, exp(G_i − G_j) = exp(G_i − G_r) · exp(G_r − G_j) with r the tile's first position:
     both factors are <= 1 (the decays accumulate), so one matmul per tile against all earlier keys
     neither overflows nor loses the small terms' relative precision. Inside the tile: one matmul of the
     same factors, exp(G_r − G_j) <= e^_MAX_LOG_GROWTH, where :func:`_tile_size` read the decays and chose
     c so; without that read, the factors exp(G_i − G_j), j <= i, formed pairwise ([.., s, c, c, K] for
-    key-wise decays): no exponent is positive, at any decay.
+    key-wise decays): no exponent is positive, at any decay. ``factors``: :func:`_tile_factors` of (Gk, c), made
+    once for several calls.
     """
     *lead, C, K = q.shape
     s = C // c
@@ -501,16 +519,17 @@ def _tile_parts(q, k, Gk, c):
     tril = torch.ones(c, c, dtype=torch.bool, device=dev).tril()
     if Gk is None:
         A_in = (q_t @ k_t.transpose(-1, -2)).masked_fill(~tril, 0)
+        if s == 1:
+            return None, A_in
         A_out = q_t @ k.unsqueeze(-3).transpose(-1, -2)  # [.., s, c, C]
         return A_out.masked_fill(~before.unsqueeze(-2), 0), A_in
-    G_t = _tiles(Gk, c)  # [.., s, c, K|1]
-    R = Gk[..., ::c, :].unsqueeze(-2)  # [.., s, 1, K|1]: G at the first position of each tile
-    qr = q_t * torch.exp(G_t - R).to(q.dtype)  # exponents <= 0
-    kr = k.unsqueeze(-3) * _exp_where(R - Gk.unsqueeze(-3), before.unsqueeze(-1)).to(k.dtype)  # [.., s, C, K]: <= 0
-    A_out = qr @ kr.transpose(-1, -2)
-    if reads_values(Gk):  # c was read to be safe: the tile's own keys by one matmul
-        A_in = (qr @ (k_t * torch.exp(R - G_t).to(k.dtype)).transpose(-1, -2)).masked_fill(~tril, 0)
+    e_q, e_out, e_in = factors if factors is not None else _tile_factors(Gk, c)
+    qr = q_t * e_q.to(q.dtype)  # exponents <= 0
+    A_out = None if e_out is None else qr @ (k.unsqueeze(-3) * e_out.to(k.dtype)).transpose(-1, -2)  # [.., s, C, K]: <= 0
+    if e_in is not None:  # c was read to be safe: the tile's own keys by one matmul
+        A_in = (qr @ (k_t * e_in.to(k.dtype)).transpose(-1, -2)).masked_fill(~tril, 0)
         return A_out, A_in
+    G_t = _tiles(Gk, c)  # [.., s, c, K|1]
     pair = G_t.unsqueeze(-2) - G_t.unsqueeze(-3)  # [.., s, c, c, K|1]: G_i − G_j
     D = _exp_where(pair, tril.unsqueeze(-1))
     if Gk.shape[-1] == 1:
@@ -520,15 +539,17 @@ def _tile_parts(q, k, Gk, c):
     return A_out, A_in
 
 
-def _tiled_scores(q, k, Gk, c):
+def _tiled_scores(q, k, Gk, c, factors=None):
     """Decayed causal scores A[.., a, i, j] = Σ_k q_ik k_jk exp(G_ik - G_jk) for j <= i, else 0.
 
     q,k [.., C, K]; Gk [.., C, K|1] cumulative log-decay (from the start of the block) or None.
     Returns [.., s, c, C]: query i of tile a (s = C/c tiles) against every key of the block, the two
-    parts of :func:`_tile_parts` put together (the tile's own keys on its diagonal block)."""
+    parts of :func:`_tile_parts` put together (the tile's own keys on its diagonal block); ``factors`` as there."""
     *lead, C, _ = q.shape
     s = C // c
-    A_out, A_in = _tile_parts(q, k, Gk, c)
+    A_out, A_in = _tile_parts(q, k, Gk, c, factors)
+    if A_out is None:  # one tile: its own scores are the block's ([.., 1, C, C])
+        return A_in
     eye = torch.eye(s, dtype=torch.bool, device=q.device).view(s, 1, s, 1)
     diag = torch.where(eye, A_in.unsqueeze(-2), torch.zeros((), dtype=A_in.dtype, device=q.device))  # [.., s, c, s, c]
     return A_out + diag.reshape(*lead, s, c, C)
@@ -548,24 +569,27 @@ def _intra_tiled(q, k, v, Gk, Gv, c):
     """
     *lead, C, _ = q.shape
     V = v.shape[-1]
-    A_out, A_in = _tile_parts(q, k, Gk, c)  # [.., s, c, C], [.., s, c, c]
+    A_out, A_in = _tile_parts(q, k, Gk, c)  # [.., s, c, C] (None for one tile), [.., s, c, c]
     v_t = _tiles(v, c)  # [.., s, c, V]
     if Gv is None:
-        o = A_out @ v.unsqueeze(-3) + A_in @ v_t
+        o = A_in @ v_t if A_out is None else A_out @ v.unsqueeze(-3) + A_in @ v_t
     else:
         s = C // c
         pos = torch.arange(C, device=q.device)
         before = (pos.view(1, C) < (torch.arange(s, device=q.device) * c).view(s, 1)).unsqueeze(-1)  # [s, C, 1]
         W_t = _tiles(Gv, c)
         Rv = Gv[..., ::c, :].unsqueeze(-2)  # [.., s, 1, V]
-        v_r = v.unsqueeze(-3) * _exp_where(Rv - Gv.unsqueeze(-3), before)  # [.., s, C, V]: exponents <= 0
-        o = (A_out @ v_r) * torch.exp(W_t - Rv)
+        o = None
+        if A_out is not None:
+            v_r = v.unsqueeze(-3) * _exp_where(Rv - Gv.unsqueeze(-3), before)  # [.., s, C, V]: exponents <= 0
+            o = (A_out @ v_r) * torch.exp(W_t - Rv)
         if reads_values(Gv):  # c was read to be safe: exp(W_i − W_r) · exp(W_r − W_j) inside the tile too
-            o = o + (A_in @ (v_t * torch.exp(Rv - W_t))) * torch.exp(W_t - Rv)
+            o_in = (A_in @ (v_t * torch.exp(Rv - W_t))) * torch.exp(W_t - Rv)
         else:
             tril = torch.ones(c, c, dtype=torch.bool, device=q.device).tril().unsqueeze(-1)
             Dv = _exp_where(W_t.unsqueeze(-2) - W_t.unsqueeze(-3), tril)  # [.., s, c, c, V]: exp(W_i − W_j), j <= i
-            o = o + torch.einsum("...ij,...ijv,...jv->...iv", A_in, Dv, v_t)
+            o_in = torch.einsum("...ij,...ijv,...jv->...iv", A_in, Dv, v_t)
+        o = o_in if o is None else o + o_in
     return o.reshape(*lead, C, V)
 
 

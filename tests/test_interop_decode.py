@@ -135,14 +135,20 @@ def test_the_state_is_updated_in_place_in_transformers_tensor():
     assert cache.layers[0].recurrent_states[0] is slot and slot._version > version and not torch.equal(slot, before)
 
 
-def test_other_positions_or_a_padding_mask_are_refused_on_a_trusted_step():
+def _trusted_llama():
+    """A converted Llama after a prefill of 8 tokens and one trusted step: (model, tokens [1, 12], its cache)."""
     model, x = _model("llama"), ids(batch=1, T=12)
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         model(x[:, :8], cache=cache, use_cache=True)
         model(x[:, 8:9], cache=cache, use_cache=True, position_ids=torch.tensor([[8]]))  # trusted from here
-        with pytest.raises(ValueError, match="position_ids"):
-            model(x[:, 9:10], cache=cache, use_cache=True, position_ids=torch.tensor([[3]]))
+    return model, x, cache
+
+
+def test_other_positions_or_a_padding_mask_are_refused_on_a_trusted_step():
+    model, x, cache = _trusted_llama()
+    with torch.no_grad(), pytest.raises(ValueError, match="position_ids"):
+        model(x[:, 9:10], cache=cache, use_cache=True, position_ids=torch.tensor([[3]]))
     model, cache = _model("mamba"), None
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
@@ -309,14 +315,10 @@ def test_the_one_token_check_passes_exactly_what_the_full_check_passes():
 
 
 def test_a_padded_mask_row_is_refused_on_a_trusted_attention_step():
-    model, x = _model("llama"), ids(batch=1, T=12)
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        model(x[:, :8], cache=cache, use_cache=True)
-        model(x[:, 8:9], cache=cache, use_cache=True, position_ids=torch.tensor([[8]]))  # trusted from here
-        with pytest.raises(ValueError, match="attention_mask"):
-            model(x[:, 9:10], cache=cache, use_cache=True, position_ids=torch.tensor([[9]]),
-                  attention_mask=torch.tensor([[0] + [1] * 9]))
+    model, x, cache = _trusted_llama()
+    with torch.no_grad(), pytest.raises(ValueError, match="attention_mask"):
+        model(x[:, 9:10], cache=cache, use_cache=True, position_ids=torch.tensor([[9]]),
+              attention_mask=torch.tensor([[0] + [1] * 9]))
 
 
 def test_each_step_check_reads_its_tensor_once_per_step(monkeypatch):

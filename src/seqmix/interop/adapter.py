@@ -115,7 +115,7 @@ class _Trust:
     tensors at the positions ``tensors`` of ``objs``: the next step reads the counters there without a type test)."""
 
     __slots__ = ("cache", "batch", "lead", "tail", "dtype", "device", "seen", "state", "alias", "objs", "versions",
-                 "tensors", "window")
+                 "tensors", "window", "sliding")
 
     def __init__(self, cache, x: torch.Tensor, seen: int, state: dict, alias: tuple[bool, ...], objs: tuple, versions: tuple,
                  tensors: tuple):
@@ -127,6 +127,7 @@ class _Trust:
         self.lead, self.tail = (x.shape[0],), (1, x.shape[2])  # a step's x.shape[:-2] and x.shape[-2:]: [batch, 1, width]
         self.seen, self.state, self.alias, self.objs, self.versions, self.tensors = seen, state, alias, objs, versions, tensors
         self.window = None  # the sliding window of the layer's mask (InteropMixer._window), set by the record
+        self.sliding = False  # a KV cache's transformers layer is a sliding one (it counts every token seen), set by the record
 
 
 def _aliases(t, hf) -> bool:
@@ -284,6 +285,7 @@ class InteropMixer(nn.Module):
             return  # (no version counters to tell another writer: every call takes the full path)
         trust = self.__dict__["_trust"] = _Trust(hf_cache, x, seen, dict(state), alias, *self._slot_record(hf_cache, kind))
         trust.window = self._window()
+        trust.sliding = kind == "kv" and hasattr(trust.objs[0], "cumulative_length")  # (the layer a trusted step finds again)
 
     def _slot_record(self, hf_cache, kind: str) -> tuple[tuple, tuple, tuple]:
         """(:meth:`_slot_objects`, their tensors' version counters for _VERSIONED_KINDS, else (), the positions of
@@ -337,8 +339,8 @@ class InteropMixer(nn.Module):
         step = self.__dict__.get("_step_fn") or mixer.decode_step
         if kind == "kv":  # a KV cache: its step writes the token into the buffers' next slot whatever the context
             y, new = step(x, trust.state)
-            layer = objs[0]  # (the layer the step checked: no lookup; sliding where the mask has a window)
-            keys, values = self._put_kv(layer, new["kv"], trust.window is not None)
+            layer = objs[0]  # (the layer the step checked, the recorded one: no lookup)
+            keys, values = self._put_kv(layer, new["kv"], trust.sliding)
             trust.objs = (layer, keys, values, objs[3])  # what _slot_objects reads after the write
             out = hf
         else:

@@ -874,12 +874,7 @@ class SoftmaxAttention(_Attention):
             heads = kv.append_step(k, v)
             if heads is not None:
                 B, H = q.shape[0], self.heads
-                c = self.config
-                if c.softcap is None and not c.alibi and not c.sinks:  # (no extras: none looked up)
-                    o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True)
-                else:  # (_score_options' three, read here: a call fewer per step)
-                    o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, softcap=c.softcap,
-                                         alibi=self.alibi_slopes, sinks=self.sinks)
+                o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, **self._score_options())
                 o = o.view(B, 1, H, -1)
                 y = self.W_o(o.flatten(2)) if self.W_g is None else self._gated_readout(o, x)
                 return MixOut(y, {"kv": kv} if need_state else None,

@@ -151,30 +151,36 @@ def _recurrent(q, k, v, beta, g, scale, S, ra=None, rb=None):
 # --------------------------------------------------------------------------------------
 
 
-def _scores(q, k, G, strict: bool, tiles=None):
+def _shared_decays(G):
+    """What the score maps of one block share of its decays G [.., C, K|1] (cumulative log-decay from the block's
+    start): with a decay per head the matrix exp(G_t − G_i) [.., C, C] for i <= t (0 above), with key-wise decays
+    (the tile c, :func:`~seqmix.ops.recurrence._tile_factors`); None without decays. Made once per block for
+    :func:`_scores` (the tied chunk forms two maps, the general one four)."""
+    if G is None:
+        return None
+    C = G.shape[-2]
+    if G.shape[-1] == 1:
+        Gs = G[..., 0]
+        return _exp_where(Gs.unsqueeze(-1) - Gs.unsqueeze(-2), torch.ones(C, C, dtype=torch.bool, device=G.device).tril())
+    c = _tile_size(C, None, G)
+    return c, _tile_factors(G, c)
+
+
+def _scores(q, k, G, strict: bool, shared=None):
     """Decayed causal scores S[.., t, i] = Σ_k q_tk k_ik exp(G_tk − G_ik) for i <= t (i < t if strict), else 0.
-    q,k [.., C, K]; G [.., C, K|1] cumulative log-decay from the block's start, or None. ``tiles``: (c, factors) of
-    key-wise decays (:func:`_key_tiles`), made once for the block's score maps; None: made here."""
+    q,k [.., C, K]; G [.., C, K|1] cumulative log-decay from the block's start, or None. ``shared``:
+    :func:`_shared_decays` of G, made once for the block's maps (None: made here)."""
     C = q.shape[-2]
     mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1 if strict else 0)
     if G is None:
         A = q @ k.transpose(-1, -2)
-    elif G.shape[-1] == 1:
-        Gs = G[..., 0]
-        A = (q @ k.transpose(-1, -2)) * _exp_where(Gs.unsqueeze(-1) - Gs.unsqueeze(-2), mask)
     else:
-        c, factors = tiles if tiles is not None else _key_tiles(G)
-        A = _tiled_scores(q, k, G, c, factors).reshape(*q.shape[:-2], C, C)
+        shared = _shared_decays(G) if shared is None else shared
+        if G.shape[-1] == 1:
+            A = (q @ k.transpose(-1, -2)) * shared
+        else:
+            A = _tiled_scores(q, k, G, *shared).reshape(*q.shape[:-2], C, C)
     return torch.where(mask, A, torch.zeros((), dtype=A.dtype, device=A.device))
-
-
-def _key_tiles(G):
-    """(the tile c, :func:`~seqmix.ops.recurrence._tile_factors`) of a block's key-wise decays G [.., C, K] (for
-    :func:`_scores`: the score maps of one block share them), or None for a decay per head or none."""
-    if G is None or G.shape[-1] == 1:
-        return None
-    c = _tile_size(G.shape[-2], None, G)
-    return c, _tile_factors(G, c)
 
 
 def _block(q, k, v, beta, G):
@@ -185,15 +191,9 @@ def _block(q, k, v, beta, G):
     W [.., C, K] with U = U0 − W S_0; Qt = q Γ_t; Kw = k Γ_C Γ_t⁻¹; dC [.., K|1, 1] = Γ_C (or None).
     """
     C = q.shape[-2]
-    if G is not None and G.shape[-1] == 1:  # a decay per head: one decay matrix Γ_t/Γ_i (i <= t) serves both score maps
-        Gs = G[..., 0]
-        D = _exp_where(Gs.unsqueeze(-1) - Gs.unsqueeze(-2), torch.ones(C, C, dtype=torch.bool, device=q.device).tril())
-        P = (q @ k.transpose(-1, -2)) * D
-        A = beta.unsqueeze(-1) * ((k @ k.transpose(-1, -2)) * D).tril(-1)  # (i < t: the strict map)
-    else:
-        tiles = _key_tiles(G)
-        P = _scores(q, k, G, strict=False, tiles=tiles)
-        A = beta.unsqueeze(-1) * _scores(k, k, G, strict=True, tiles=tiles)
+    shared = _shared_decays(G)  # (the two maps' decays, made once)
+    P = _scores(q, k, G, strict=False, shared=shared)
+    A = beta.unsqueeze(-1) * _scores(k, k, G, strict=True, shared=shared)
     I = torch.eye(C, dtype=A.dtype, device=A.device)
     if G is None:
         Kt, Qt, Kw, dC = k, q, k, None
@@ -220,11 +220,11 @@ def _block_general(q, k, v, beta, G, ra, rb):
     lower-triangular solve). Returns (P_qa, P_qk, U0, W, Qt, Aw, Kw, bV, dC).
     """
     C = q.shape[-2]
-    tiles = _key_tiles(G)  # (the four maps' decay factors, made once)
-    P_qa = _scores(q, ra, G, strict=False, tiles=tiles)
-    P_qk = _scores(q, k, G, strict=False, tiles=tiles)
-    A_ba = _scores(rb, ra, G, strict=True, tiles=tiles)
-    A_bk = _scores(rb, k, G, strict=True, tiles=tiles)
+    shared = _shared_decays(G)  # (the four maps' decays, made once)
+    P_qa = _scores(q, ra, G, strict=False, shared=shared)
+    P_qk = _scores(q, k, G, strict=False, shared=shared)
+    A_ba = _scores(rb, ra, G, strict=True, shared=shared)
+    A_bk = _scores(rb, k, G, strict=True, shared=shared)
     I = torch.eye(C, dtype=A_ba.dtype, device=A_ba.device)
     bV = beta.unsqueeze(-1) * v
     if G is None:
@@ -315,10 +315,11 @@ def _map_general(q, k, beta, g, scale, ra, rb):
     if scale != 1.0:
         qh = qh * scale
     T = qh.shape[-2]
-    P_qa = _scores(qh, ah, G, strict=False).to(qh.dtype)
-    P_qk = _scores(qh, kh, G, strict=False).to(qh.dtype)
-    A_ba = _scores(bh_, ah, G, strict=True).to(qh.dtype)
-    A_bk = _scores(bh_, kh, G, strict=True).to(qh.dtype)
+    shared = _shared_decays(G)
+    P_qa = _scores(qh, ah, G, strict=False, shared=shared).to(qh.dtype)
+    P_qk = _scores(qh, kh, G, strict=False, shared=shared).to(qh.dtype)
+    A_ba = _scores(bh_, ah, G, strict=True, shared=shared).to(qh.dtype)
+    A_bk = _scores(bh_, kh, G, strict=True, shared=shared).to(qh.dtype)
     I = torch.eye(T, dtype=qh.dtype, device=qh.device)
     X = torch.linalg.solve_triangular(I - A_ba, A_bk, upper=False, unitriangular=True)
     return (P_qk + P_qa @ X) * beh.unsqueeze(-2)
@@ -335,8 +336,9 @@ def _map(q, k, beta, g, scale):
     if scale != 1.0:
         qh = qh * scale
     C = qh.shape[-2]
-    P = _scores(qh, kh, G, strict=False).to(qh.dtype)
-    A = bh.unsqueeze(-1) * _scores(kh, kh, G, strict=True).to(qh.dtype)
+    shared = _shared_decays(G)
+    P = _scores(qh, kh, G, strict=False, shared=shared).to(qh.dtype)
+    A = bh.unsqueeze(-1) * _scores(kh, kh, G, strict=True, shared=shared).to(qh.dtype)
     I = torch.eye(C, dtype=A.dtype, device=A.device)
     # Φ = P (I + A)⁻¹ Diag(β): solve X (I + A) = P from the right, then scale the columns by β
     Phi = torch.linalg.solve_triangular(I + A, P, upper=False, left=False, unitriangular=True) * bh.unsqueeze(-2)

@@ -553,3 +553,70 @@ def test_fixed_head_decay_rates_and_the_lightning_schedule():
             seqmix.build_mixer("lightning_attention", d_model=16, heads=4, head_decay_rates=bad)
     with pytest.raises(ValueError, match="head_decay_rates"):
         seqmix.build_mixer("gla", d_model=16, heads=4, head_decay_rates=(0.1,) * 4)
+
+
+def _general_form_names():
+    """Every registered mixer built on GeneralForm (the presets and the general form itself)."""
+    return [e.name for e in seqmix.list_mixers() if isinstance(build(e.name), GeneralForm)]
+
+
+#: the presets whose decoding step must take the fused path (tests below fail if one of them stops being fusable)
+FUSED_PRESETS = {"general_form", "gla", "hgrn", "hgrn2", "lightning_attention", "linformer", "qlstm", "qlstm_block", "qlstm_rs",
+                 "qlstm_rs_block", "rg_lru", "rg_lru_block", "rwkv4"}
+
+
+def test_the_fused_step_covers_the_presets_it_names():
+    fusable = {n for n in _general_form_names() if build(n).__dict__["_step_fusable"]}
+    assert FUSED_PRESETS <= fusable
+    assert not build("rwkv6").__dict__["_step_fusable"] and not build("mlstm").__dict__["_step_fusable"]  # ddlerp, input gate
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("in_place", [False, True], ids=["new-state", "in-place"])
+@pytest.mark.parametrize("extra", [{}, RWKV4_FULL, dict(normalizer=True, skip="head", xnorm="rmsnorm"), dict(skip="input")],
+                         ids=["preset", "rwkv4-full", "normalizer-skip-norm", "skip-input"])
+@pytest.mark.parametrize("name", sorted(FUSED_PRESETS))
+def test_fused_step_equals_the_general_step(name, extra, in_place, dtype):
+    """GeneralForm._fused_step (a decoding step in one pass) against the general path (_params, _core, _readout in
+    mode "step", the reference): from no state (the first token: Griffin's reset) and after a prefill, four steps,
+    outputs and every state entry; float64 within F64_ATOL, float32 within F32_RTOL; the state written in place or
+    not (seqmix.ops.states_in_place)."""
+    import contextlib
+    import copy
+
+    from seqmix.mixers.base import Cache
+    from seqmix.ops import states_in_place
+
+    try:
+        fused = build(name, dtype, **extra)
+    except ValueError as e:
+        pytest.skip(f"{name} with {extra}: {e}")
+    perturb(fused)
+    assert fused.__dict__["_step_fusable"]
+    general = copy.deepcopy(fused)
+    general.__dict__["_step_fusable"] = False
+    x = randn(B, 9, fused.d_model, dtype=dtype)
+    ctx = states_in_place if in_place else contextlib.nullcontext
+    with torch.no_grad():
+        for prefill in (0, 4):
+            caches = []
+            for m in (fused, general):
+                c = Cache()
+                if prefill:
+                    m(x[:, :prefill], cache=c)
+                state = c.get(m)
+                ys = []
+                with ctx():
+                    for t in range(prefill, prefill + 4):
+                        y, state = m.decode_step(x[:, t:t + 1], state)
+                        ys.append(y)
+                        state = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in state.items()}
+                caches.append((torch.cat(ys, 1), state))
+            (y_f, s_f), (y_g, s_g) = caches
+            assert set(s_f) == set(s_g)
+            for a, b in [(y_f, y_g)] + [(s_f[k], s_g[k]) for k in s_g]:
+                assert a.shape == b.shape and a.dtype == b.dtype
+                if dtype == torch.float64:
+                    assert max_abs(a, b) < F64_ATOL
+                else:
+                    assert rel_err(a, b) < F32_RTOL

@@ -115,7 +115,7 @@ class _Trust:
     tensors at the positions ``tensors`` of ``objs``: the next step reads the counters there without a type test)."""
 
     __slots__ = ("cache", "batch", "lead", "tail", "dtype", "device", "seen", "state", "alias", "objs", "versions",
-                 "tensors", "window", "sliding")
+                 "tensors", "window", "sliding", "columns")
 
     def __init__(self, cache, x: torch.Tensor, seen: int, state: dict, alias: tuple[bool, ...], objs: tuple, versions: tuple,
                  tensors: tuple):
@@ -128,6 +128,7 @@ class _Trust:
         self.seen, self.state, self.alias, self.objs, self.versions, self.tensors = seen, state, alias, objs, versions, tensors
         self.window = None  # the sliding window of the layer's mask (InteropMixer._window), set by the record
         self.sliding = False  # a KV cache's transformers layer is a sliding one (it counts every token seen), set by the record
+        self.columns = None  # the "stacked" kind: slot -> this layer's column of the list's tensor (a view), at the first write
 
 
 def _aliases(t, hf) -> bool:
@@ -433,9 +434,21 @@ class InteropMixer(nn.Module):
             hf.set_linear_cache(self.layer_idx, row.to_hf(t) if row.to_hf else t)
             trust.alias = (_aliases(t, hf.get_linear_cache(self.layer_idx)),)
             return hf, True
-        out = self._write_rows(hf, todo, new, hf.layers[self.layer_idx] if kind in ("conv", "recurrent") else None)
-        # ("stacked": written in place into the list's tensors, whose slots hold the objects they held)
-        return out, kind != "stacked"
+        if kind == "stacked":  # into this layer's columns of the list's tensors, whose slots hold the objects they held
+            cols = trust.columns
+            if cols is None:  # (views of the tensors the trusted step finds in the slots by identity: kept while it does)
+                i = self.layer_idx
+                cols = trust.columns = {j: hf[j][:, :, i] for row in self.state_table for j in row.slots}
+            for row in todo:
+                t = new[row.seqmix]
+                t = row.to_hf(t) if row.to_hf else t
+                if type(row.index) is tuple:
+                    for j, v in zip(row.index, t):
+                        cols[j].copy_(v)
+                else:
+                    cols[row.index].copy_(t)
+            return hf, False
+        return self._write_rows(hf, todo, new, hf.layers[self.layer_idx] if kind in ("conv", "recurrent") else None), True
 
     def _check_layer_arg(self, layer, where: str) -> None:
         """``ModuleMap.layer_arg``: the cache layer index the caller passes must be this adapter's (the N

@@ -112,7 +112,10 @@ def unstabilize_pair() -> Transform:
 
 def stabilized_pair() -> Transform:
     """The inverse of :func:`unstabilize_pair`: S [B, C, 1, 2] -> (num, den, max = 0)."""
-    return Transform("(num, den, 0)", lambda t: (t[..., 0, 0], t[..., 0, 1], torch.zeros_like(t[..., 0, 0])))
+    def fn(t):
+        num, den = t.select(-2, 0).unbind(-1)
+        return num, den, torch.zeros_like(num)
+    return Transform("(num, den, 0)", fn)
 
 
 # ------------------------------------------------------------------------------------------

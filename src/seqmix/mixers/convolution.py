@@ -759,7 +759,7 @@ class RWKVChannelMix(Mixer):
             xk, xr = shifted[..., :d], shifted[..., d:]
             values, mixed = xx.unsqueeze(-1), shifted.unsqueeze(-1)
         y = torch.sigmoid(self.W_r(xr)) * self.W_v(torch.relu(self.W_k(xk)).square())
-        return MixOut(y, {"x_prev": x[:, -1]} if need_state else None, values=values, mixed=mixed)
+        return MixOut(y, {"x_prev": x.select(1, -1)} if need_state else None, values=values, mixed=mixed)
 
     # -- the DSF view ----------------------------------------------------------------------
 

@@ -89,7 +89,11 @@ runs two recurrences per head with a softmax over slots between them (its docstr
 
 Computation: heads with a vector state (d_k' = 1: the LinRNNs, LRU) are run as one head
 whose V = H·d_v' value channels carry their own (value-wise) decay, so the chunk mode
-does one [C, C]·[C, H·V] matmul per chunk instead of H thin ones.
+does one [C, C]·[C, H·V] matmul per chunk instead of H thin ones. A decoding step of a config whose
+parameter functions read the token alone (``_fusable``: RWKV-4, lightning attention, GLA, HGRN(2), the
+qLSTMs, the RG-LRU and its block, LinFormer) runs in one pass (``_fused_step``: the token's [B, d] row in
+the step op's [B, H, K] layout, ``recurrence.fused_step``, the bonus, normalizer and readout), held to the
+general path by tests/test_general_form.py.
 """
 
 from __future__ import annotations
@@ -539,6 +543,8 @@ class GeneralForm(Mixer):
             self._scale = 1.0
         else:
             self._scale = float(c.scale)
+        # (read by _forward at every call: a plain entry of __dict__, no nn.Module lookup)
+        self.__dict__["_step_fusable"] = self._fusable()
 
     def _init_decay(self, c, d_in, d_k, H):
         kind = c.decay
@@ -613,7 +619,7 @@ class GeneralForm(Mixer):
             key = f"gamma {c.head_decay} {c.head_decay_rates} {u.device} {compute_dtype(u)}"
             la = self.layer_constant(key, lambda: self._head_log_decay(u)).expand(B, T, H)
         elif kind == "fixed":  # a parameter alone: a layer constant between changes of w
-            la = self.layer_constant("fixed decay", lambda: (-torch.exp(upcast(self.w))).view(H, K), self.w).expand(B, T, H, K)
+            la = self._fixed_log_decay().expand(B, T, H, K)
         elif kind == "lru":
             la = complex_(-torch.exp(upcast(self.nu_log)), torch.exp(upcast(self.theta_log))).view(H, K).expand(B, T, H, K)
         elif kind in ("sigmoid", "low_rank_sigmoid", "exp"):
@@ -643,6 +649,10 @@ class GeneralForm(Mixer):
         if c.tau != 1.0:
             la = la / c.tau
         return la, delta
+
+    def _fixed_log_decay(self):
+        """log α = -exp(w) [H, K] of decay 'fixed' (RWKV-4), in float32 or wider: a layer constant between changes of w."""
+        return self.layer_constant("fixed decay", lambda: (-torch.exp(upcast(self.w))).view(self.H, self.K), self.w)
 
     def _head_log_decay(self, u):
         """log γ_h [H] of the fixed per-head decays (RetNet's 1 − 2^(−5−h), lightning attention's, TransNormer's,
@@ -888,10 +898,105 @@ class GeneralForm(Mixer):
         return y
 
     def _forward(self, x, *, state, mode, need_state):
+        if mode == "step" and self.__dict__["_step_fusable"]:
+            return self._fused_step(x, state)
         P = self._params(x, state, need_state)
         o, S = self._core(P, state.get("S") if state else None, mode, need_state)
         y = self._readout(o, P, x)
         return MixOut(y, {"S": S, **P.state} if need_state else None, values=P.v, mixed=o)
+
+    # -- the fused decoding step ------------------------------------------------------------------
+
+    def _fusable(self) -> bool:
+        """Whether :meth:`_fused_step` computes this config's decoding step: a real state (no rotary, LRU or
+        complex values), no RWKV-6 ddlerp, exponential input gate or self-augmentation, q and k of their own (not
+        shared), a decay that reads the stream alone (not Mamba's Δ_t, nor Liger's key pool), and the class's own
+        parameter functions, core and readout."""
+        c, cls = self.config, type(self)
+        return (cls._params is GeneralForm._params and cls._core is GeneralForm._core and cls._readout is GeneralForm._readout
+                and not c.rotary and not c.complex_values and c.ddlerp_rank is None and c.input_gate == "none"
+                and not c.self_aug and not c.shared_qk and c.decay not in ("lru", "delta_A", "key_pool")
+                and c.key != "delta_proj" and c.value != "lru")
+
+    def _fused_step(self, x, state) -> MixOut:
+        """One decoding step of a :meth:`_fusable` config in one pass: the parameter functions on the token's
+        [B, d] row (laid out [B, H, K] / [B, H, V] as the step op takes them, no [B, T, ...] views), the op's
+        :func:`~seqmix.ops.recurrence.fused_step` (the state updated in place inside
+        :func:`~seqmix.ops.states_in_place`; with the bonus, the read of S_{t-1} before the write), the bonus, the
+        normalizer, the skip and the readout. The same numbers as the general path (:meth:`_params`, :meth:`_core`,
+        :meth:`_readout` in mode "step"; tests/test_general_form.py ties them for every fusable preset)."""
+        c = self.config
+        B, H, K, V = x.shape[0], self.H, self.K, self.V
+        if self.W_in is None and self.conv is None:
+            u, z, new = x.reshape(B, x.shape[-1]), None, {}  # [B, d_in] (a view of the one token)
+        else:  # the block form: the in-projection, the outer gate, the conv's step (its state in new["conv"])
+            u, z, new = self._stream(x, state, True)
+            u = u.reshape(B, u.shape[-1])
+        u_k = u_v = u_g = u
+        if c.token_shift:  # RWKV-4's static μ (ddlerp is not fusable)
+            prev = state.get("x_prev") if state else None
+            prev = torch.zeros_like(u) if prev is None else prev.to(u.dtype)
+            mu_k, mu_v, mu_r = self.mu_k, self.mu_v, self.mu_r
+            if mu_k.dtype == u.dtype:  # (token_mix's lerp, inline: three calls fewer per step)
+                u_k, u_v, u_g = torch.lerp(prev, u, mu_k), torch.lerp(prev, u, mu_v), torch.lerp(prev, u, mu_r)
+            else:
+                u_k, u_v, u_g = token_mix(prev, u, mu_k), token_mix(prev, u, mu_v), token_mix(prev, u, mu_r)
+            new["x_prev"] = u
+        la = None
+        if c.decay == "fixed":  # the step's [B, H, K] of the layer constant (no _decay call)
+            la = self._fixed_log_decay().expand(B, H, K)
+        elif c.decay != "none":  # log α [B, H] (one per head) or [B, H, K], as _decay computes it on the token
+            la = self._decay(u.view(B, 1, -1))[0].select(1, 0)
+        kind = c.key
+        if kind == "proj":
+            k = _act(c.feature_map, self.W_k(u_k).view(B, H, K))
+        elif kind == "exp_proj":
+            k = torch.exp(self.W_k(u_k)).view(B, H, K)
+        elif kind == "sigmoid_proj":
+            k = torch.sigmoid(self.W_k(u_k)).view(B, H, K)
+        elif kind == "one":
+            k = u.new_ones(B, H, K)
+        else:  # one_minus_decay, sqrt_one_minus_decay_sq: tied to the decay
+            la_k = la if la.dim() == 3 else la.unsqueeze(-1).expand(B, H, K)
+            k = -torch.expm1(la_k) if kind == "one_minus_decay" else torch.sqrt(-torch.expm1(2 * la_k))
+        if c.reset_at_start and state is None:  # Griffin: the first token of a sequence enters unnormalized
+            k = torch.ones_like(k)
+        q = _act(c.feature_map, self.W_q(u).view(B, H, K)) if c.query == "proj" else u.new_ones(B, H, K)
+        kind = c.value
+        if kind == "proj":
+            v = self.W_v(u_v)
+        elif kind == "identity":
+            v = u_v
+        elif kind == "silu_proj":
+            v = F.silu(self.W_v(u_v))
+        else:  # gated_identity
+            v = torch.sigmoid(self.W_v(u_v)) * u_v
+        v = v.view(B, H, V)
+        vn = torch.constant_pad_nd(v, (0, 1), 1.0) if c.normalizer else v  # the ones column: the row sums
+        o, S = recurrence_step(q, k, vn, la, None, state.get("S") if state else None, scale=self._scale, check_values=False,
+                               check_shapes=False, delayed=c.bonus)
+        if c.bonus:  # o_t = q_t S_{t-1} + scale·(Σ_i q_i w_i k_i) v_t
+            w = self.layer_constant("bonus weight", lambda: self._scale * self._bonus_u().view(H, K), self.u)
+            qk = w * k if c.query == "one" else q * w * k
+            o = torch.addcmul(o, qk if K == 1 else qk.sum(-1, keepdim=True), vn)
+        if c.normalizer:  # the value channels over the last (ones) channel's row sum
+            num, s = o.split((V, 1), -1)
+            o = num / (s if c.normalizer_form == "sum" else self._eta(s))
+        o = o.to(v.dtype)
+        if c.skip == "head":
+            o = o + self.D.view(H, 1) * v
+        new["S"] = S
+        r = o.view(B, H * V)
+        if self.norm is not None:
+            r = self.norm(r)
+        if self.W_g is not None:
+            r = r * _act(c.gate, self.W_g(u_g))
+        if z is not None:
+            r = r * z.reshape(B, -1)
+        y = self.W_o(r) if self.W_o is not None else r
+        if c.skip == "input":
+            y = y + self.D * x.reshape(B, -1)
+        return MixOut(y.view(B, 1, -1), new, values=lambda: v.unsqueeze(1), mixed=lambda: o.unsqueeze(1))
 
     # -- the DSF view --------------------------------------------------------------------------
 

@@ -142,10 +142,16 @@ def test_lolcats_modes_decoding_and_splits_agree_at_windows_below_at_and_above_t
     m32 = perturb_(build("lolcats", torch.float32, window=w, chunk_size=C))
     x32 = x.float()
     y_ref, g_ref = forward_and_grads(m32, x32, m32.reference_mode)
+    # (a window covering the whole sequence, w >= T, leaves the linear part empty: the window's weight cancels in the
+    # normalized sum and the window logit's gradient is zero in exact arithmetic, rounding noise in float32, where a
+    # relative error says nothing; each gradient is held to F32_RTOL of itself, or to F32_RTOL / 100 of the largest gradient)
+    scale = max(float(b.abs().max()) for b in g_ref if b is not None)
     for mode in ("chunk", "parallel"):
         y, g = forward_and_grads(m32, x32, mode)
         assert rel_err(y, y_ref) < F32_RTOL
-        assert all(rel_err(a, b) < F32_RTOL for a, b in zip(g, g_ref) if a is not None)
+        for a, b in zip(g, g_ref):
+            if a is not None:
+                assert rel_err(a, b) < F32_RTOL or max_abs(a, b) < F32_RTOL * scale * 1e-2, (mode, rel_err(a, b), max_abs(a, b))
 
 
 def _attention_twin(m, **kw):

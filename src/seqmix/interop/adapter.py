@@ -115,14 +115,14 @@ class _Trust:
     tensors at the positions ``tensors`` of ``objs``: the next step reads the counters there without a type test)."""
 
     __slots__ = ("cache", "batch", "lead", "tail", "dtype", "device", "seen", "state", "alias", "objs", "versions",
-                 "tensors", "window", "sliding", "columns")
+                 "tensors", "window", "sliding", "columns", "held")
 
     def __init__(self, cache, x: torch.Tensor, seen: int, state: dict, alias: tuple[bool, ...], objs: tuple, versions: tuple,
                  tensors: tuple):
         try:
-            self.cache = weakref.ref(cache)
+            self.cache, self.held = weakref.ref(cache), None
         except TypeError:  # a list or tuple (RWKV-4's, xLSTM's): small, held until the next call
-            self.cache = lambda c=cache: c
+            self.cache, self.held = None, cache
         self.batch, self.dtype, self.device = x.shape[0], x.dtype, x.device
         self.lead, self.tail = (x.shape[0],), (1, x.shape[2])  # a step's x.shape[:-2] and x.shape[-2:]: [batch, 1, width]
         self.seen, self.state, self.alias, self.objs, self.versions, self.tensors = seen, state, alias, objs, versions, tensors
@@ -175,6 +175,10 @@ class InteropMixer(nn.Module):
         self.layer_arg = layer_arg
         self.residual = bool(residual)
         self.derived_args = tuple(derived_args)
+        # (read at every call as plain attributes of the instance: no dict lookup, no nn.Module __getattr__)
+        self._trust = None  # the record of the last fully checked call (_Trust), or None
+        self._step_fn = None  # compile_decode's compiled decode_step, or None (the mixer's own)
+        self._slot_spec = None  # (conv?, slot) of every slot the state table reads, made at the first use
 
     def __getattr__(self, name: str):
         try:
@@ -200,7 +204,7 @@ class InteropMixer(nn.Module):
             residual, cache = cache, None
         for name in self.derived_args:  # recomputed by the mixer (ModuleMap.derived_args)
             kwargs.pop(name, None)
-        trust = self.__dict__.get("_trust")
+        trust = self._trust
         if trust is not None:
             out = self._trusted_step(trust, mixer, hidden_states, cache, state, past_key_values, cache_params, attention_mask,
                                      kwargs, residual)
@@ -214,7 +218,7 @@ class InteropMixer(nn.Module):
         if self.layer_arg is not None:  # Zamba2's shared attention is told its cache layer by the call
             self._check_layer_arg(kwargs.pop(self.layer_arg, None), where)
         self._check_kwargs(kwargs, where)
-        self.__dict__["_trust"] = None
+        self._trust = None
         seqmix_state = self.read_state(hf_cache, where) if hf_cache is not None else None
         if self.mask_kind == "padding":
             self._check_mask(attention_mask, hidden_states, where)
@@ -254,9 +258,9 @@ class InteropMixer(nn.Module):
         if kind == "layer":
             layer = hf_cache.layers[i]
             return layer, layer.keys
-        spec = self.__dict__.get("_slot_spec")
+        spec = self._slot_spec
         if spec is None:  # (conv?, slot) of every slot the table reads, once
-            spec = self.__dict__["_slot_spec"] = tuple((row.kind == "conv", j) for row in self.state_table for j in row.slots)
+            spec = self._slot_spec = tuple((row.kind == "conv", j) for row in self.state_table for j in row.slots)
         if kind in ("conv", "recurrent"):
             layer = hf_cache.layers[i]
             out = [layer, layer.record_past]
@@ -284,7 +288,7 @@ class InteropMixer(nn.Module):
             alias = tuple(_aliases(state[row.seqmix], self._hf_tensor(hf_cache, row)) for row in self.state_table)
         if kind in _VERSIONED_KINDS and any(isinstance(o, torch.Tensor) and o.is_inference() for o in self._slot_objects(hf_cache)):
             return  # (no version counters to tell another writer: every call takes the full path)
-        trust = self.__dict__["_trust"] = _Trust(hf_cache, x, seen, dict(state), alias, *self._slot_record(hf_cache, kind))
+        trust = self._trust = _Trust(hf_cache, x, seen, dict(state), alias, *self._slot_record(hf_cache, kind))
         trust.window = self._window()
         trust.sliding = kind == "kv" and hasattr(trust.objs[0], "cumulative_length")  # (the layer a trusted step finds again)
 
@@ -309,7 +313,7 @@ class InteropMixer(nn.Module):
         then runs, checking everything and recording anew)."""
         hf = cache if cache is not None else state if state is not None else past_key_values \
             if past_key_values is not None else cache_params
-        if hf is None or hf is not trust.cache() or type(x) is not torch.Tensor:  # (a tensor subclass: the full path)
+        if hf is None or hf is not (trust.held if trust.cache is None else trust.cache()) or type(x) is not torch.Tensor:  # (a tensor subclass: the full path)
             return None
         for other in (cache, state, past_key_values, cache_params):
             if other is not None and other is not hf:
@@ -337,7 +341,7 @@ class InteropMixer(nn.Module):
         pos = kwargs.get("position_ids") if self.positions else None
         if (mask is not None and self.mask_kind != "ignored") or pos is not None:
             self._step_checks(mixer, x, mask, pos, trust)
-        step = self.__dict__.get("_step_fn") or mixer.decode_step
+        step = self._step_fn or mixer.decode_step
         if kind == "kv":  # a KV cache: its step writes the token into the buffers' next slot whatever the context
             y, new = step(x, trust.state)
             layer = objs[0]  # (the layer the step checked, the recorded one: no lookup)
@@ -417,6 +421,8 @@ class InteropMixer(nn.Module):
         Returns (what the module hands back, whether anything was written: else transformers' slots hold the objects
         they held)."""
         kind = self.state_table[0].kind
+        if kind == "stacked":  # (never views of transformers' tensors: every row is written)
+            return self._write_stacked(hf, trust, new), False
         alias = list(trust.alias)
         todo = []
         for n, row in enumerate(self.state_table):
@@ -434,21 +440,26 @@ class InteropMixer(nn.Module):
             hf.set_linear_cache(self.layer_idx, row.to_hf(t) if row.to_hf else t)
             trust.alias = (_aliases(t, hf.get_linear_cache(self.layer_idx)),)
             return hf, True
-        if kind == "stacked":  # into this layer's columns of the list's tensors, whose slots hold the objects they held
-            cols = trust.columns
-            if cols is None:  # (views of the tensors the trusted step finds in the slots by identity: kept while it does)
-                i = self.layer_idx
-                cols = trust.columns = {j: hf[j][:, :, i] for row in self.state_table for j in row.slots}
-            for row in todo:
-                t = new[row.seqmix]
-                t = row.to_hf(t) if row.to_hf else t
-                if type(row.index) is tuple:
-                    for j, v in zip(row.index, t):
-                        cols[j].copy_(v)
-                else:
-                    cols[row.index].copy_(t)
-            return hf, False
         return self._write_rows(hf, todo, new, hf.layers[self.layer_idx] if kind in ("conv", "recurrent") else None), True
+
+    def _write_stacked(self, hf, trust, new: dict):
+        """The trusted step's write of a ``stacked`` state: each entry into this layer's column of the list's tensors
+        (whose slots hold the objects they held), through views kept on the record (the tensors the trusted step finds
+        in the slots by identity)."""
+        cols = trust.columns
+        if cols is None:
+            i = self.layer_idx
+            cols = trust.columns = {j: hf[j][:, :, i] for row in self.state_table for j in row.slots}
+        for row in self.state_table:
+            t = new[row.seqmix]
+            if row.to_hf is not None:
+                t = row.to_hf(t)
+            if type(row.index) is tuple:
+                for j, v in zip(row.index, t):
+                    cols[j].copy_(v)
+            else:
+                cols[row.index].copy_(t)
+        return hf
 
     def _check_layer_arg(self, layer, where: str) -> None:
         """``ModuleMap.layer_arg``: the cache layer index the caller passes must be this adapter's (the N
@@ -872,7 +883,7 @@ def compile_decode(model: nn.Module, *, prompt: torch.Tensor | None = None, **co
         if hasattr(_dynamo.config, name) and getattr(_dynamo.config, name) < limit:
             setattr(_dynamo.config, name, limit)
     for m in compiled:
-        m.__dict__["_step_fn"] = torch.compile(m.mixer.decode_step, **compile_kwargs)
+        m._step_fn = torch.compile(m.mixer.decode_step, **compile_kwargs)
     first = None
     if prompt is not None:
         t0 = time.perf_counter()
@@ -887,4 +898,4 @@ def uncompile_decode(model: nn.Module) -> None:
     """Undoes :func:`compile_decode`: every adapter of ``model`` runs the eager decoding step again."""
     for m in model.modules():
         if isinstance(m, InteropMixer):
-            m.__dict__.pop("_step_fn", None)
+            m._step_fn = None

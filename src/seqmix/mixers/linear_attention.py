@@ -652,7 +652,10 @@ class GeneralForm(Mixer):
 
     def _fixed_log_decay(self):
         """log α = -exp(w) [H, K] of decay 'fixed' (RWKV-4), in float32 or wider: a layer constant between changes of w."""
-        return self.layer_constant("fixed decay", lambda: (-torch.exp(upcast(self.w))).view(self.H, self.K), self.w)
+        return self.layer_constant("fixed decay", self._fixed_log_decay_of_w, self.w)
+
+    def _fixed_log_decay_of_w(self):
+        return (-torch.exp(upcast(self.w))).view(self.H, self.K)
 
     def _head_log_decay(self, u):
         """log γ_h [H] of the fixed per-head decays (RetNet's 1 − 2^(−5−h), lightning attention's, TransNormer's,
@@ -821,9 +824,13 @@ class GeneralForm(Mixer):
     def _bonus_term(self, P: _Params):
         """RWKV's current-token term: scale·Σ_i q_i e^{u_i} k_i, one number per head [B, T, H, 1] (q = 1 with query 'one';
         scale·e^u a layer constant between changes of u)."""
-        w = self.layer_constant("bonus weight", lambda: self._scale * self._bonus_u().view(self.H, self.K), self.u)
+        w = self.layer_constant("bonus weight", self._bonus_weight, self.u)
         qk = w * P.k if self.config.query == "one" else P.q * w * P.k
         return qk if self.K == 1 else qk.sum(-1, keepdim=True)
+
+    def _bonus_weight(self):
+        """scale·e^u (or scale·u) [H, K]: the bonus weight per key channel with the read's scale."""
+        return self._scale * self._bonus_u().view(self.H, self.K)
 
     def _bonus_u(self):
         """The bonus weight per key channel: e^u (bonus_form 'exp', RWKV-4) or u (bonus_form 'linear', RWKV-5/6)."""
@@ -918,6 +925,14 @@ class GeneralForm(Mixer):
                 and not c.self_aug and not c.shared_qk and c.decay not in ("lru", "delta_A", "key_pool")
                 and c.key != "delta_proj" and c.value != "lru")
 
+    def _step_constants(self):
+        """(log α = -exp(w) [H, K] of decay 'fixed', else None; the bonus weight scale·e^u [H, K] (or scale·u), else
+        None): the fused step's layer constants, kept as one (a single stamp check per step)."""
+        c = self.config
+        params = ((self.w,) if c.decay == "fixed" else ()) + ((self.u,) if c.bonus else ())
+        return self.layer_constant("step constants", lambda: (self._fixed_log_decay_of_w() if c.decay == "fixed" else None,
+                                                              self._bonus_weight() if c.bonus else None), *params)
+
     def _fused_step(self, x, state) -> MixOut:
         """One decoding step of a :meth:`_fusable` config in one pass: the parameter functions on the token's
         [B, d] row (laid out [B, H, K] / [B, H, V] as the step op takes them, no [B, T, ...] views), the op's
@@ -942,9 +957,10 @@ class GeneralForm(Mixer):
             else:
                 u_k, u_v, u_g = token_mix(prev, u, mu_k), token_mix(prev, u, mu_v), token_mix(prev, u, mu_r)
             new["x_prev"] = u
+        fixed, bonus_w = self._step_constants() if c.decay == "fixed" or c.bonus else (None, None)
         la = None
-        if c.decay == "fixed":  # the step's [B, H, K] of the layer constant (no _decay call)
-            la = self._fixed_log_decay().expand(B, H, K)
+        if fixed is not None:  # the step's [B, H, K] of the layer constant (no _decay call)
+            la = fixed.expand(B, H, K)
         elif c.decay != "none":  # log α [B, H] (one per head) or [B, H, K], as _decay computes it on the token
             la = self._decay(u.view(B, 1, -1))[0].select(1, 0)
         kind = c.key
@@ -976,8 +992,7 @@ class GeneralForm(Mixer):
         o, S = recurrence_step(q, k, vn, la, None, state.get("S") if state else None, scale=self._scale, check_values=False,
                                check_shapes=False, delayed=c.bonus)
         if c.bonus:  # o_t = q_t S_{t-1} + scale·(Σ_i q_i w_i k_i) v_t
-            w = self.layer_constant("bonus weight", lambda: self._scale * self._bonus_u().view(H, K), self.u)
-            qk = w * k if c.query == "one" else q * w * k
+            qk = bonus_w * k if c.query == "one" else q * bonus_w * k
             o = torch.addcmul(o, qk if K == 1 else qk.sum(-1, keepdim=True), vn)
         if c.normalizer:  # the value channels over the last (ones) channel's row sum
             num, s = o.split((V, 1), -1)

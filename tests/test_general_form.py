@@ -561,14 +561,14 @@ def _general_form_names():
 
 
 #: the presets whose decoding step must take the fused path (tests below fail if one of them stops being fusable)
-FUSED_PRESETS = {"general_form", "gla", "hgrn", "hgrn2", "lightning_attention", "linformer", "qlstm", "qlstm_block", "qlstm_rs",
-                 "qlstm_rs_block", "rg_lru", "rg_lru_block", "rwkv4"}
+FUSED_PRESETS = {"general_form", "gla", "hgrn", "hgrn2", "lightning_attention", "linformer", "mlstm", "qlstm", "qlstm_block",
+                 "qlstm_rs", "qlstm_rs_block", "rg_lru", "rg_lru_block", "rwkv4"}
 
 
 def test_the_fused_step_covers_the_presets_it_names():
     fusable = {n for n in _general_form_names() if build(n).__dict__["_step_fusable"]}
     assert FUSED_PRESETS <= fusable
-    assert not build("rwkv6").__dict__["_step_fusable"] and not build("mlstm").__dict__["_step_fusable"]  # ddlerp, input gate
+    assert not build("rwkv6").__dict__["_step_fusable"] and not build("metala").__dict__["_step_fusable"]  # ddlerp, self-aug
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

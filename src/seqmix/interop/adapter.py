@@ -421,8 +421,8 @@ class InteropMixer(nn.Module):
         Returns (what the module hands back, whether anything was written: else transformers' slots hold the objects
         they held)."""
         kind = self.state_table[0].kind
-        if kind == "stacked":  # (never views of transformers' tensors: every row is written)
-            return self._write_stacked(hf, trust, new), False
+        if kind == "stacked" or kind == "tuple":  # (never views of transformers' tensors: every row is written)
+            return self._write_listed(hf, trust, new, kind), False
         alias = list(trust.alias)
         todo = []
         for n, row in enumerate(self.state_table):
@@ -442,24 +442,29 @@ class InteropMixer(nn.Module):
             return hf, True
         return self._write_rows(hf, todo, new, hf.layers[self.layer_idx] if kind in ("conv", "recurrent") else None), True
 
-    def _write_stacked(self, hf, trust, new: dict):
-        """The trusted step's write of a ``stacked`` state: each entry into this layer's column of the list's tensors
-        (whose slots hold the objects they held), through views kept on the record (the tensors the trusted step finds
-        in the slots by identity)."""
-        cols = trust.columns
-        if cols is None:
-            i = self.layer_idx
-            cols = trust.columns = {j: hf[j][:, :, i] for row in self.state_table for j in row.slots}
+    def _write_listed(self, hf, trust, new: dict, kind: str):
+        """The trusted step's write of a ``stacked`` state (each entry into this layer's column of the list's tensors,
+        through views kept on the record: the tensors the trusted step finds in the slots by identity; returns the
+        list) or a ``tuple`` state (returns the new tuple, the layer's tuple ``hf`` unchanged). Either way the slots
+        of ``hf`` hold the objects they held."""
+        stacked = kind == "stacked"
+        if stacked:
+            cols = trust.columns
+            if cols is None:
+                i = self.layer_idx
+                cols = trust.columns = {j: hf[j][:, :, i] for row in self.state_table for j in row.slots}
+        else:
+            cols = list(hf)
         for row in self.state_table:
             t = new[row.seqmix]
             if row.to_hf is not None:
                 t = row.to_hf(t)
-            if type(row.index) is tuple:
-                for j, v in zip(row.index, t):
+            for j, v in (zip(row.index, t) if type(row.index) is tuple else ((row.index, t),)):
+                if stacked:
                     cols[j].copy_(v)
-            else:
-                cols[row.index].copy_(t)
-        return hf
+                else:
+                    cols[j] = v
+        return hf if stacked else tuple(cols)
 
     def _check_layer_arg(self, layer, where: str) -> None:
         """``ModuleMap.layer_arg``: the cache layer index the caller passes must be this adapter's (the N

@@ -906,7 +906,9 @@ class GeneralForm(Mixer):
 
     def _forward(self, x, *, state, mode, need_state):
         if mode == "step" and self.__dict__["_step_fusable"]:
-            return self._fused_step(x, state)
+            out = self._fused_step(x, state)
+            if out is not None:  # (None: the mLSTM's first token, which has no stabilizer yet: the general path)
+                return out
         P = self._params(x, state, need_state)
         o, S = self._core(P, state.get("S") if state else None, mode, need_state)
         y = self._readout(o, P, x)
@@ -916,12 +918,12 @@ class GeneralForm(Mixer):
 
     def _fusable(self) -> bool:
         """Whether :meth:`_fused_step` computes this config's decoding step: a real state (no rotary, LRU or
-        complex values), no RWKV-6 ddlerp, exponential input gate or self-augmentation, q and k of their own (not
-        shared), a decay that reads the stream alone (not Mamba's Δ_t, nor Liger's key pool), and the class's own
-        parameter functions, core and readout."""
+        complex values), no RWKV-6 ddlerp or self-augmentation, q and k of their own (not shared), a decay that
+        reads the stream alone (not Mamba's Δ_t, nor Liger's key pool), and the class's own parameter functions,
+        core and readout."""
         c, cls = self.config, type(self)
         return (cls._params is GeneralForm._params and cls._core is GeneralForm._core and cls._readout is GeneralForm._readout
-                and not c.rotary and not c.complex_values and c.ddlerp_rank is None and c.input_gate == "none"
+                and not c.rotary and not c.complex_values and c.ddlerp_rank is None
                 and not c.self_aug and not c.shared_qk and c.decay not in ("lru", "delta_A", "key_pool")
                 and c.key != "delta_proj" and c.value != "lru")
 
@@ -941,6 +943,11 @@ class GeneralForm(Mixer):
         normalizer, the skip and the readout. The same numbers as the general path (:meth:`_params`, :meth:`_core`,
         :meth:`_readout` in mode "step"; tests/test_general_form.py ties them for every fusable preset)."""
         c = self.config
+        m_prev = None
+        if c.input_gate == "exp":  # the mLSTM: its stabilizer m_{t-1} from the state (none at the first token: the general path)
+            m_prev = state.get("m") if state else None
+            if m_prev is None:
+                return None
         B, H, K, V = x.shape[0], self.H, self.K, self.V
         if self.W_in is None and self.conv is None:
             u, z, new = x.reshape(B, x.shape[-1]), None, {}  # [B, d_in] (a view of the one token)
@@ -963,9 +970,16 @@ class GeneralForm(Mixer):
             la = fixed.expand(B, H, K)
         elif c.decay != "none":  # log α [B, H] (one per head) or [B, H, K], as _decay computes it on the token
             la = self._decay(u.view(B, 1, -1))[0].select(1, 0)
+        li = m = None
+        if m_prev is not None:  # xLSTM's exponential input gate, stabilized with the forget gate (as _params)
+            la, li, m = max_stabilizer_step(la, self._soft_cap(upcast(self.W_i(u_k))), m_prev.to(la.dtype))
+            new["m"] = m
+        fm = c.feature_map if c.feature_map not in _IDENTITIES else None  # (φ = identity: no call)
         kind = c.key
         if kind == "proj":
-            k = _act(c.feature_map, self.W_k(u_k).view(B, H, K))
+            k = self.W_k(u_k).view(B, H, K)
+            if fm is not None:
+                k = _act(fm, k)
         elif kind == "exp_proj":
             k = torch.exp(self.W_k(u_k)).view(B, H, K)
         elif kind == "sigmoid_proj":
@@ -977,7 +991,14 @@ class GeneralForm(Mixer):
             k = -torch.expm1(la_k) if kind == "one_minus_decay" else torch.sqrt(-torch.expm1(2 * la_k))
         if c.reset_at_start and state is None:  # Griffin: the first token of a sequence enters unnormalized
             k = torch.ones_like(k)
-        q = _act(c.feature_map, self.W_q(u).view(B, H, K)) if c.query == "proj" else u.new_ones(B, H, K)
+        if li is not None:  # the stabilized input gate, folded into the key
+            k = k * torch.exp(li).unsqueeze(-1)
+        if c.query == "proj":
+            q = self.W_q(u).view(B, H, K)
+            if fm is not None:
+                q = _act(fm, q)
+        else:
+            q = u.new_ones(B, H, K)
         kind = c.value
         if kind == "proj":
             v = self.W_v(u_v)
@@ -996,7 +1017,7 @@ class GeneralForm(Mixer):
             o = torch.addcmul(o, qk if K == 1 else qk.sum(-1, keepdim=True), vn)
         if c.normalizer:  # the value channels over the last (ones) channel's row sum
             num, s = o.split((V, 1), -1)
-            o = num / (s if c.normalizer_form == "sum" else self._eta(s))
+            o = num / (s if c.normalizer_form == "sum" else self._eta(s, m.unsqueeze(-1) if m is not None else None))
         o = o.to(v.dtype)
         if c.skip == "head":
             o = o + self.D.view(H, 1) * v

@@ -90,8 +90,8 @@ runs two recurrences per head with a softmax over slots between them (its docstr
 Computation: heads with a vector state (d_k' = 1: the LinRNNs, LRU) are run as one head
 whose V = H·d_v' value channels carry their own (value-wise) decay, so the chunk mode
 does one [C, C]·[C, H·V] matmul per chunk instead of H thin ones. A decoding step of a config whose
-parameter functions read the token alone (``_fusable``: RWKV-4, lightning attention, GLA, HGRN(2), the
-qLSTMs, the RG-LRU and its block, LinFormer) runs in one pass (``_fused_step``: the token's [B, d] row in
+parameter functions read the token alone (``_fusable``: RWKV-4, the mLSTM after its first token, lightning
+attention, GLA, HGRN(2), the qLSTMs, the RG-LRU and its block, LinFormer) runs in one pass (``_fused_step``: the token's [B, d] row in
 the step op's [B, H, K] layout, ``recurrence.fused_step``, the bonus, normalizer and readout), held to the
 general path by tests/test_general_form.py.
 """

@@ -689,6 +689,17 @@ class GeneralForm(Mixer):
         lora = torch.einsum("btir,ird->btid", z, self.B_mix.to(x.dtype)) + self.lam_mix
         return (x.unsqueeze(2) + xx.unsqueeze(2) * lora).to(x.dtype).unbind(2)
 
+    def _value(self, u_v):
+        """f_v of the real value options on the stream u_v [..., d_in] -> [..., d_v] ('lru', complex, is _params')."""
+        kind = self.config.value
+        if kind == "proj":
+            return self.W_v(u_v)
+        if kind == "identity":
+            return u_v
+        if kind == "silu_proj":
+            return F.silu(self.W_v(u_v))
+        return torch.sigmoid(self.W_v(u_v)) * u_v  # gated_identity
+
     def _params(self, x, state, need_state) -> _Params:
         """The parameter functions (Eqs. 11-12) on x [B, T, d]:
         q, k [B, T, H, K]; v [B, T, H, V]; gk (log α) [B, T, H] or [B, T, H, K]; g [B, T, d_v]."""
@@ -750,15 +761,8 @@ class GeneralForm(Mixer):
         if c.reset_at_start and state is None:  # Griffin: position 0 enters unnormalized
             k = torch.cat([torch.ones_like(k[:, :1]), k[:, 1:]], dim=1)
         # f_v
-        kind = c.value
-        if kind == "proj":
-            v = self.W_v(u_v)
-        elif kind == "identity":
-            v = u_v
-        elif kind == "silu_proj":
-            v = F.silu(self.W_v(u_v))
-        elif kind == "gated_identity":
-            v = torch.sigmoid(self.W_v(u_v)) * u_v
+        if c.value != "lru":
+            v = self._value(u_v)
         else:  # lru: γ ⊙ (x B), complex
             gamma = torch.exp(self.gamma_log).unsqueeze(-1)
             v = complex_(u_v @ (gamma * self.B_re).t(), u_v @ (gamma * self.B_im).t())
@@ -999,16 +1003,7 @@ class GeneralForm(Mixer):
                 q = _act(fm, q)
         else:
             q = u.new_ones(B, H, K)
-        kind = c.value
-        if kind == "proj":
-            v = self.W_v(u_v)
-        elif kind == "identity":
-            v = u_v
-        elif kind == "silu_proj":
-            v = F.silu(self.W_v(u_v))
-        else:  # gated_identity
-            v = torch.sigmoid(self.W_v(u_v)) * u_v
-        v = v.view(B, H, V)
+        v = self._value(u_v).view(B, H, V)
         vn = torch.constant_pad_nd(v, (0, 1), 1.0) if c.normalizer else v  # the ones column: the row sums
         o, S = recurrence_step(q, k, vn, la, None, state.get("S") if state else None, scale=self._scale, check_values=False,
                                check_shapes=False, delayed=c.bonus)

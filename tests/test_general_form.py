@@ -16,7 +16,7 @@ from seqmix.mixers.linear_attention import (
     METALA_ABLATIONS, METALA_MQAR, METALA_PAPER, MLSTM_EXP_FORGET, MLSTM_PAPER, PRESETS, RWKV4_FULL, S6_NAMES, GeneralForm,
     mamba_gf_state_from_s6,
 )
-from tolerances import F32_RTOL, F64_ATOL, assert_decodes_splits_and_maps, max_abs, rel_err
+from tolerances import BF16_MODE_RTOL, F32_RTOL, F64_ATOL, assert_decodes_splits_and_maps, max_abs, rel_err
 
 B = 2
 
@@ -588,25 +588,26 @@ def _fused_cases():
     return cases
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=["f64", "f32", "bf16"])
 @pytest.mark.parametrize("in_place", [False, True], ids=["new-state", "in-place"])
 @pytest.mark.parametrize("name,extra", _fused_cases())
 def test_fused_step_equals_the_general_step(name, extra, in_place, dtype):
     """GeneralForm._fused_step (a decoding step in one pass) against the general path (_params, _core, _readout in
     mode "step", the reference): from no state (the first token: Griffin's reset) and after a prefill, four steps,
-    outputs and every state entry; float64 within F64_ATOL, float32 within F32_RTOL; the state written in place or
-    not (seqmix.ops.states_in_place)."""
+    outputs and every state entry; float64 within F64_ATOL, float32 within F32_RTOL, bfloat16 parameters and input
+    within BF16_MODE_RTOL (a product and a sum fused as one addcmul may round one bf16 step apart); the state written in
+    place or not (seqmix.ops.states_in_place)."""
     import contextlib
     import copy
 
     from seqmix.mixers.base import Cache
     from seqmix.ops import states_in_place
 
-    fused = perturb(build(name, dtype, **extra))
+    fused = perturb(build(name, torch.float32 if dtype == torch.bfloat16 else dtype, **extra)).to(dtype)
     assert fused.__dict__["_step_fusable"]
     general = copy.deepcopy(fused)
     general.__dict__["_step_fusable"] = False
-    x = randn(B, 9, fused.d_model, dtype=dtype)
+    x = randn(B, 9, fused.d_model, dtype=torch.float32 if dtype == torch.bfloat16 else dtype).to(dtype)
     ctx = states_in_place if in_place else contextlib.nullcontext
     with torch.no_grad():
         for prefill in (0, 4):
@@ -632,4 +633,4 @@ def test_fused_step_equals_the_general_step(name, extra, in_place, dtype):
                 if dtype == torch.float64:
                     assert max_abs(a, b) < F64_ATOL
                 else:
-                    assert rel_err(a, b) < F32_RTOL
+                    assert rel_err(a, b) < (F32_RTOL if dtype == torch.float32 else BF16_MODE_RTOL)

@@ -655,6 +655,7 @@ class GeneralForm(Mixer):
         return self.layer_constant("fixed decay", self._fixed_log_decay_of_w, self.w)
 
     def _fixed_log_decay_of_w(self):
+        """-exp(w) [H, K] computed afresh (what the layer constants keep)."""
         return (-torch.exp(upcast(self.w))).view(self.H, self.K)
 
     def _head_log_decay(self, u):
@@ -699,6 +700,11 @@ class GeneralForm(Mixer):
         if kind == "silu_proj":
             return F.silu(self.W_v(u_v))
         return torch.sigmoid(self.W_v(u_v)) * u_v  # gated_identity
+
+    def _tied_key(self, la):
+        """f_k tied to the decay, from log α key-wise (any leading shape): 1 - α ('one_minus_decay', MetaLA, HGRN) or
+        sqrt(1 - α²) ('sqrt_one_minus_decay_sq', the RG-LRU)."""
+        return -torch.expm1(la) if self.config.key == "one_minus_decay" else torch.sqrt(-torch.expm1(2 * la))
 
     def _params(self, x, state, need_state) -> _Params:
         """The parameter functions (Eqs. 11-12) on x [B, T, d]:
@@ -748,8 +754,7 @@ class GeneralForm(Mixer):
         elif kind == "one":
             k = u.new_ones(B, T, H, K)
         elif kind in ("one_minus_decay", "sqrt_one_minus_decay_sq"):
-            la_k = la if la.dim() == 4 else la.unsqueeze(-1).expand(B, T, H, K)
-            k = -torch.expm1(la_k) if kind == "one_minus_decay" else torch.sqrt(-torch.expm1(2 * la_k))
+            k = self._tied_key(la if la.dim() == 4 else la.unsqueeze(-1).expand(B, T, H, K))
         elif kind == "sigmoid_proj":
             k = torch.sigmoid(self.W_k(u_k)).view(B, T, H, K)
         elif kind == "exp_proj":
@@ -963,7 +968,7 @@ class GeneralForm(Mixer):
             prev = state.get("x_prev") if state else None
             prev = torch.zeros_like(u) if prev is None else prev.to(u.dtype)
             mu_k, mu_v, mu_r = self.mu_k, self.mu_v, self.mu_r
-            if mu_k.dtype == u.dtype:  # (token_mix's lerp, inline: three calls fewer per step)
+            if mu_k.dtype == mu_v.dtype == mu_r.dtype == u.dtype:  # (token_mix's lerp, inline: three calls fewer per step)
                 u_k, u_v, u_g = torch.lerp(prev, u, mu_k), torch.lerp(prev, u, mu_v), torch.lerp(prev, u, mu_r)
             else:
                 u_k, u_v, u_g = token_mix(prev, u, mu_k), token_mix(prev, u, mu_v), token_mix(prev, u, mu_r)
@@ -991,8 +996,7 @@ class GeneralForm(Mixer):
         elif kind == "one":
             k = u.new_ones(B, H, K)
         else:  # one_minus_decay, sqrt_one_minus_decay_sq: tied to the decay
-            la_k = la if la.dim() == 3 else la.unsqueeze(-1).expand(B, H, K)
-            k = -torch.expm1(la_k) if kind == "one_minus_decay" else torch.sqrt(-torch.expm1(2 * la_k))
+            k = self._tied_key(la if la.dim() == 3 else la.unsqueeze(-1).expand(B, H, K))
         if c.reset_at_start and state is None:  # Griffin: the first token of a sequence enters unnormalized
             k = torch.ones_like(k)
         if li is not None:  # the stabilized input gate, folded into the key

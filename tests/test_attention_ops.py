@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from seqmix.ops import (
-    apply_feature_map, attention_mask, attention_probs, attention_step, kv_cache_trim, softmax_attention,
+    KVCache, apply_feature_map, attention_mask, attention_probs, attention_step, kv_cache_trim, softmax_attention,
     taylor_feature_dim, taylor_features,
 )
 from tolerances import F32_RTOL, F64_ATOL, max_abs, rel_err
@@ -236,6 +236,37 @@ def test_step_loop_equals_parallel_and_cache_is_bounded(window):
             assert kc.shape[1] <= window - 1 and vc.shape[1] == kc.shape[1]
     assert max_abs(torch.stack(outs, 1), ref) < F64_ATOL
     assert kc.shape[1] == (11 if window is None else min(11, window - 1))
+
+
+@pytest.mark.parametrize("window,Hkv,Tk", [(None, 3, 9), (4, 3, 9), (None, 1, 12)])
+def test_unchecked_call_equals_the_checked_one(window, Hkv, Tk):
+    # check_shapes=False (the attention mixers' own q, k, v) skips the argument checks, nothing else: the same
+    # output for the plain causal mask (SDPA), a window and more keys than queries (the masked path)
+    q, k, v = qkv(Tq=9, Tk=Tk, H=3)
+    k, v = k[:, :, :Hkv], v[:, :, :Hkv]
+    for mode in ("auto", "parallel"):
+        kw = dict(scale=0.5, window=window, mode=mode)
+        assert torch.equal(softmax_attention(q, k, v, check_shapes=False, **kw), softmax_attention(q, k, v, **kw))
+    with pytest.raises(ValueError, match="argument 'k'"):  # the checked call still names a wrong argument
+        softmax_attention(q, k[..., :2], v)
+
+
+def test_kv_cache_unchecked_appends_equal_the_checked_ones():
+    # KVCache.append(check_shapes=False): the same buffers, views and counts as the checked append, from an empty
+    # cache (the new tokens become the buffers' first) through a refill past the capacity
+    g = torch.Generator().manual_seed(0)
+    chunks = [(torch.randn(2, T, 3, 4, generator=g), torch.randn(2, T, 3, 5, generator=g)) for T in (5, 1, 70, 2)]
+    for window in (None, 6):
+        a, b = KVCache(window=window), KVCache(window=window)
+        for k, v in chunks:
+            ka, va = a.append(k, v)
+            kb, vb = b.append(k, v, check_shapes=False)
+            assert torch.equal(ka, kb) and torch.equal(va, vb)
+            assert (a.seen, len(a), a.capacity) == (b.seen, len(b), b.capacity)
+        keys = torch.cat([k for k, _ in chunks], 1)
+        assert torch.equal(b.keys, keys if window is None else keys[:, -(window - 1):])
+    with pytest.raises(ValueError, match="argument 'v'"):
+        KVCache().append(chunks[0][0], chunks[0][1][:, :2])
 
 
 def test_kv_cache_trim():

@@ -85,7 +85,10 @@ def host_read_policy() -> str:
     environment variable ``SEQMIX_HOST_READS``, else "auto"."""
     if _policy_override:
         return _policy_override[-1]
-    env = os.environ.get(HOST_READS_ENV, "").strip().lower() or "auto"
+    env = os.environ.get(HOST_READS_ENV)
+    if not env:  # (the common case: unset)
+        return "auto"
+    env = env.strip().lower() or "auto"
     if env not in HOST_READ_POLICIES:
         raise ValueError(f"environment variable {HOST_READS_ENV}={env!r}: expected one of "
                          f"{', '.join(repr(p) for p in HOST_READ_POLICIES)}")

@@ -54,6 +54,8 @@ OLD_CACHE_NAMES = ("past_key_values", "cache_params")
 def resolve_cache_argument(cache, past_key_values, cache_params, where: str):
     """The one decoding state passed under any of its names (``cache``, or the older
     ``past_key_values`` / ``cache_params``); a ValueError when two different ones are given."""
+    if past_key_values is None and cache_params is None:  # (the common case: no dict to build)
+        return cache
     given = {name: v for name, v in (("cache", cache), ("past_key_values", past_key_values),
                                      ("cache_params", cache_params)) if v is not None}
     if len({id(v) for v in given.values()}) > 1:

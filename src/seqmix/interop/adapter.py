@@ -32,6 +32,7 @@ the input's finite check and the cache layer's lookups and type checks run on th
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 
@@ -44,6 +45,15 @@ from ..mixers.base import Cache, Mixer
 from ..ops import KVCache
 from ..ops.inplace import _IN_PLACE  # (the states_in_place flag, set inline: the trusted step's two calls fewer)
 from .table import State
+
+@functools.cache
+def _cache_classes():
+    """transformers.cache_utils, imported once (the adapter's cache checks run per call: an import statement in
+    each would cost the import machinery's calls every time; transformers is not imported at this module's import)."""
+    import transformers.cache_utils as cu
+
+    return cu
+
 
 #: keyword arguments transformers' blocks may pass that do not change a recurrent mixer's output
 _HARMLESS = frozenset({"position_ids", "cache_position", "use_cache", "output_attentions", "return_dict", "position_embeddings",
@@ -218,7 +228,8 @@ class InteropMixer(nn.Module):
         if self.layer_arg is not None:  # Zamba2's shared attention is told its cache layer by the call
             self._check_layer_arg(kwargs.pop(self.layer_arg, None), where)
         self._check_kwargs(kwargs, where)
-        self._trust = None
+        if trust is not None:
+            self.__dict__["_trust"] = None  # (a plain attribute: nn.Module's __setattr__ costs a call)
         seqmix_state = self.read_state(hf_cache, where) if hf_cache is not None else None
         if self.mask_kind == "padding":
             self._check_mask(attention_mask, hidden_states, where)
@@ -288,7 +299,7 @@ class InteropMixer(nn.Module):
             alias = tuple(_aliases(state[row.seqmix], self._hf_tensor(hf_cache, row)) for row in self.state_table)
         if kind in _VERSIONED_KINDS and any(isinstance(o, torch.Tensor) and o.is_inference() for o in self._slot_objects(hf_cache)):
             return  # (no version counters to tell another writer: every call takes the full path)
-        trust = self._trust = _Trust(hf_cache, x, seen, dict(state), alias, *self._slot_record(hf_cache, kind))
+        trust = self.__dict__["_trust"] = _Trust(hf_cache, x, seen, dict(state), alias, *self._slot_record(hf_cache, kind))
         trust.window = self._window()
         trust.sliding = kind == "kv" and hasattr(trust.objs[0], "cumulative_length")  # (the layer a trusted step finds again)
 
@@ -475,6 +486,8 @@ class InteropMixer(nn.Module):
 
     @staticmethod
     def _check_kwargs(kwargs: dict, where: str) -> None:
+        if kwargs.keys() <= _HARMLESS:  # (the common case: one set comparison)
+            return
         bad = sorted(k for k, v in kwargs.items() if v is not None and k not in _HARMLESS)
         if bad:
             raise ValueError(f"{where}: argument(s) {', '.join(repr(k) for k in bad)} are not supported by the converted "
@@ -503,7 +516,7 @@ class InteropMixer(nn.Module):
         mask is the full causal one, whatever window the mixer keeps inside its state)."""
         if self.state_table and self.state_table[0].kind == "layer":
             return None
-        return getattr(self.mixer.config, "window", None)
+        return getattr(self._modules["mixer"].config, "window", None)
 
     def _cached(self, hf_cache, state) -> int:
         """Tokens already in the decoding state (positions and masks of this call start there)."""
@@ -586,8 +599,7 @@ class InteropMixer(nn.Module):
     # -- the state: transformers' cache object <-> a seqmix Cache entry ------------------------
 
     def _layer(self, hf_cache, where: str):
-        from transformers.cache_utils import LinearAttentionCacheLayerMixin
-
+        LinearAttentionCacheLayerMixin = _cache_classes().LinearAttentionCacheLayerMixin
         layers = getattr(hf_cache, "layers", None)
         if self.layer_idx is None or layers is None or self.layer_idx >= len(layers) \
                 or not isinstance(layers[self.layer_idx], LinearAttentionCacheLayerMixin):
@@ -721,8 +733,7 @@ class InteropMixer(nn.Module):
     # -- the "layer" kind: a finite-state mixer's whole state kept on a DynamicCache's attention layer ----
 
     def _attention_layer(self, hf_cache, where: str):
-        from transformers.cache_utils import DynamicLayer
-
+        DynamicLayer = _cache_classes().DynamicLayer
         layers = getattr(hf_cache, "layers", None)
         if self.layer_idx is not None and layers is not None and getattr(hf_cache, "layer_class_to_replicate", None) is not None:
             while len(layers) <= self.layer_idx:  # a DynamicCache() without config creates its layers lazily
@@ -794,10 +805,7 @@ class InteropMixer(nn.Module):
         layer._seqmix_state = state
 
     def _kv_layer(self, hf_cache, where: str):
-        from transformers.cache_utils import (
-            DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionAndFullAttentionLayer, LinearAttentionAndSlidingWindowAttentionLayer,
-        )
-
+        cu = _cache_classes()
         layers = getattr(hf_cache, "layers", None)
         if self.layer_idx is not None and layers is not None and getattr(hf_cache, "layer_class_to_replicate", None) is not None:
             while len(layers) <= self.layer_idx:  # a DynamicCache() without config creates its layers lazily, as update() does
@@ -807,10 +815,10 @@ class InteropMixer(nn.Module):
                              "build it as DynamicCache(config=model.config), as the model does")
         layer = layers[self.layer_idx]
         w = self._window()
-        want = DynamicLayer if w is None else DynamicSlidingWindowLayer
+        want = cu.DynamicLayer if w is None else cu.DynamicSlidingWindowLayer
         # a hybrid layer of the cache (Zamba2's hybrid layers, Falcon-H1's parallel attention + Mamba-2) keeps the
         # keys and values in the same dynamic layer, beside the Mamba layer's conv / recurrent states
-        hybrid = LinearAttentionAndFullAttentionLayer if w is None else LinearAttentionAndSlidingWindowAttentionLayer
+        hybrid = cu.LinearAttentionAndFullAttentionLayer if w is None else cu.LinearAttentionAndSlidingWindowAttentionLayer
         if type(layer) not in (want, hybrid) or (w is not None and layer.sliding_window != w):
             got = type(layer).__name__ + (f"(sliding_window={layer.sliding_window})" if hasattr(layer, "sliding_window") else "")
             raise ValueError(f"{where}: argument 'cache' layer {self.layer_idx} is a {got}; the converted attention"

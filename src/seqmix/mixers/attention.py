@@ -879,7 +879,8 @@ class SoftmaxAttention(_Attention):
                 y = self.W_o(o.flatten(2)) if self.W_g is None else self._gated_readout(o, x)
                 return MixOut(y, {"kv": kv} if need_state else None,
                               values=lambda: repeat_kv(v, H // self.kv_heads), mixed=o)
-        keys, vals = kv.append(k, v) if kv is not None else (k, v)  # every key the queries see: the cached ones and their own
+        # (q, k, v made here from checked x: the cache and the op skip their argument checks)
+        keys, vals = kv.append(k, v, check_shapes=False) if kv is not None else (k, v)  # every key the queries see
         if self.mla:  # the cache holds the latent pair: every head's keys and values from it
             keys, vals = self._mla_expand(keys, vals)
         p = self.config.attn_dropout if self.training else 0.0
@@ -887,7 +888,8 @@ class SoftmaxAttention(_Attention):
             o = attention_decode(q[:, 0], keys, vals, scale=self.qk_scale, **self._score_options()).unsqueeze(1)
         else:
             o = softmax_attention(q, keys, vals, scale=self.qk_scale, window=self.config.window, check_values=False,
-                                  mode="auto" if mode == "step" else mode, dropout_p=p, **self._score_options())
+                                  mode="auto" if mode == "step" else mode, dropout_p=p, check_shapes=False,
+                                  **self._score_options())
         T = x.shape[1]
         values = (lambda: vals[:, -T:]) if self.mla else (lambda: repeat_kv(v, self.heads // self.kv_heads))  # the core's input per map
         y = self._gated_readout(o, x)

@@ -410,6 +410,7 @@ def softmax_attention(
     alibi: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     dropout_p: float = 0.0,
+    check_shapes: bool = True,
 ) -> torch.Tensor:
     """Masked softmax attention; see the module docstring for the mask rules, modes and options.
 
@@ -427,13 +428,23 @@ def softmax_attention(
         dropout_p: dropout on the probabilities (training: each entry of the matrix zeroed with probability
             p, the others scaled by 1/(1 - p), as ``F.dropout`` of the matrix; SDPA's ``dropout_p``);
             0 = none. A draw from torch's generator: pass 0 where the result must be deterministic.
+        check_shapes: check the arguments' shapes, dtypes, mode, window and extras (False: a caller that made
+            them itself and checked its own configuration, as the attention mixers do for their q, k, v; a
+            wrong argument then fails inside torch instead of with this op's message).
 
     Returns:
         o [B, Tq, H, V] (the matrix itself: :func:`attention_probs`)
     """
-    check_choice("mode", mode, MODES + ("auto",), _WHERE)
-    scale, plain = _prepare(q, k, v, scale, window, prefix, offset, key_valid, check_values, _WHERE)
-    _check_extras(softcap, alibi, sinks, q.shape[2], _WHERE)
+    if check_shapes:
+        check_choice("mode", mode, MODES + ("auto",), _WHERE)
+        scale, plain = _prepare(q, k, v, scale, window, prefix, offset, key_valid, check_values, _WHERE)
+        _check_extras(softcap, alibi, sinks, q.shape[2], _WHERE)
+    else:  # (the values are checked where asked, as _prepare does)
+        if check_values and reads_values(q):
+            for name, t in (("q", q), ("k", k), ("v", v)):
+                check_finite(name, t, _WHERE)
+        scale = _scale(scale, q.shape[-1], _WHERE)
+        plain = _plain_causal(q.shape[1], k.shape[1], window, prefix, offset, key_valid)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
         raise ValueError(f"{_WHERE}: argument 'dropout_p' must be a number in [0, 1), got {dropout_p!r}")
     groups = q.shape[2] // k.shape[2]
@@ -701,12 +712,14 @@ class KVCache:
     # -- appending -------------------------------------------------------------------------
 
     def _store(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
-        """New buffers of ``capacity`` slots holding keys [B, L, Hkv, K], values [B, L, Hkv, V] in slots [0, L)."""
+        """New buffers of ``capacity`` slots holding keys [B, L, Hkv, K], values [B, L, Hkv, V] in slots [0, L)
+        (L = 0: empty buffers of their batch, heads, widths and dtypes, nothing copied)."""
         B, L, H, K = keys.shape
         self.k = keys.new_empty(B, H, capacity, K)
         self.v = values.new_empty(B, H, capacity, values.shape[-1])
-        self.k[:, :, :L] = keys.transpose(1, 2)
-        self.v[:, :, :L] = values.transpose(1, 2)
+        if L:
+            self.k[:, :, :L] = keys.transpose(1, 2)
+            self.v[:, :, :L] = values.transpose(1, 2)
         self.start, self.end = 0, L
 
     def _functional(self, k, v) -> bool:
@@ -715,17 +728,19 @@ class KVCache:
             return True
         return self.k is not None and self.k.is_inference() and not torch.is_inference_mode_enabled()
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, k: torch.Tensor, v: torch.Tensor, *, check_shapes: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Appends T tokens k [B, T, Hkv, K], v [B, T, Hkv, V].
 
         Returns (keys, values) [B, L + T, Hkv, ·]: the cached tokens followed by the new ones,
         every key the new queries may see (the caller's window mask does the rest). They are
         views of the buffers, valid until the next append. The cache then keeps the last
-        window - 1 of them (all without a window)."""
+        window - 1 of them (all without a window). ``check_shapes=False``: k and v are not checked (a caller
+        that made them itself, as the attention mixers do; a wrong shape then fails inside torch)."""
         where = "KVCache.append"
-        fits = self.k is not None and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == v.dim() == 4 \
-            and k.shape[1] == v.shape[1] > 0 and (k.shape[0], k.shape[2], k.shape[3]) == (self.k.shape[0], self.k.shape[1], self.k.shape[3]) \
-            and (v.shape[0], v.shape[2], v.shape[3]) == (self.v.shape[0], self.v.shape[1], self.v.shape[3])
+        fits = not check_shapes or (
+            self.k is not None and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == v.dim() == 4
+            and k.shape[1] == v.shape[1] > 0 and (k.shape[0], k.shape[2], k.shape[3]) == (self.k.shape[0], self.k.shape[1], self.k.shape[3])
+            and (v.shape[0], v.shape[2], v.shape[3]) == (self.v.shape[0], self.v.shape[1], self.v.shape[3]))
         if not fits:  # the full checks (the first append, or a shape that is not the buffers'): each names what is wrong
             check_tensor("k", k, rank=4, layout="[B, T, Hkv, K]", where=where)
             check_tensor("v", v, rank=4, layout="[B, T, Hkv, V]", where=where)
@@ -747,12 +762,14 @@ class KVCache:
             else:
                 self._store(keys[:, keys.shape[1] - keep :], values[:, values.shape[1] - keep :], self._capacity(keep))
             return keys, values
-        if self.k is None or self.end + T > self.capacity:
-            old_k, old_v = (self.keys, self.values) if L else (k[:, :0], v[:, :0])
-            self._store(old_k, old_v, self._capacity(L + T))
-        self.k[:, :, self.end : self.end + T] = k.transpose(1, 2)
-        self.v[:, :, self.end : self.end + T] = v.transpose(1, 2)
-        self.end += T
+        if L == 0 and (self.k is None or T > self.capacity):
+            self._store(k, v, self._capacity(T))  # an empty cache: the new tokens are the new buffers' first
+        else:
+            if self.k is None or self.end + T > self.capacity:
+                self._store(self.keys, self.values, self._capacity(L + T))
+            self.k[:, :, self.end : self.end + T] = k.transpose(1, 2)
+            self.v[:, :, self.end : self.end + T] = v.transpose(1, 2)
+            self.end += T
         keys, values = self.keys, self.values
         if self.keep is not None:
             self.start = max(self.start, self.end - self.keep)

@@ -3,6 +3,7 @@
     python bench/recurrence.py                  # the targets' shapes (a few minutes on 2 cores)
     python bench/recurrence.py --quick          # small shapes, seconds
     python bench/recurrence.py --chunk-sweep    # also fwd+bwd of the chunk mode for C in 16..256 (the chunk-size rule)
+    python bench/recurrence.py --subnormal      # only: strong decays, small factors taken as 0 vs every factor as it is
 
 The chunk mode is timed twice in the same run: ``chunk-autograd`` (autograd through the chunk
 form, chunk_backward="autograd") and ``chunk`` (the hand-written backward,
@@ -183,8 +184,58 @@ def chunk_sweep(B, T, H, K, V, decay, args):
     return dict(times_ms=times, best=best)
 
 
+def subnormal(args) -> dict:
+    """The chunk mode's decay factors below e^-60 taken as 0 (``recurrence._decay_exp``, the default) against the same
+    op with every factor computed as it is (``recurrence._FLUSH_BELOW`` emptied for the timing), on a Mamba-2-like
+    shape (B 1, T 512 (256 --quick), 8 heads, K = N = 64, V = 64, one log-decay per head and token, Δ·a in
+    [-8, 0]: strong decays, as Mamba-2's at its initialization, whose products fall below the smallest normal
+    float32), in one run: forward and forward+backward (min over --repeats), the ratio, and the largest difference
+    of the two outputs and of each against the reference (``recurrent``, every factor as it is) relative to the
+    output's largest entry."""
+    from seqmix.ops import recurrence as R
+
+    T = 256 if args.quick else 512
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, T, 8, 64, generator=g) for _ in range(3))
+    gk = -torch.rand(1, T, 8, generator=g) * 8.0
+
+    def run(grad: bool):
+        xs = [t.clone().requires_grad_(grad) for t in (q, k, v, gk)]
+        o, _ = linear_recurrence(*xs, mode="chunk", chunk_size=CHUNK, check_values=False)
+        if grad:
+            o.sum().backward()
+        return o.detach()
+
+    saved = dict(R._FLUSH_BELOW)
+    out, times = {}, {}
+    for label, table in (("flushed (default)", saved), ("every factor", {})):
+        R._FLUSH_BELOW.clear()
+        R._FLUSH_BELOW.update(table)
+        try:
+            out[label] = run(False)
+            times[label] = (timeit(lambda: run(False), repeats=args.repeats)["min_ms"],
+                            timeit(lambda: run(True), repeats=args.repeats)["min_ms"])
+        finally:
+            R._FLUSH_BELOW.clear()
+            R._FLUSH_BELOW.update(saved)
+    ref, _ = linear_recurrence(q, k, v, gk, mode="recurrent", check_values=False)
+    scale = ref.abs().max()
+    a, b = out["flushed (default)"], out["every factor"]
+    rows = [[label, f"{f:.2f}", f"{fb:.2f}", f"{float((o - ref).abs().max() / scale):.1e}"]
+            for (label, (f, fb)), o in zip(times.items(), (a, b))]
+    print_table(f"chunk mode, strong per-head decays (B 1, T {T}, H 8, K = V = 64, log-decay in [-8, 0], C {CHUNK})",
+                ["decay factors", "fwd ms", "fwd+bwd ms", "max |o - recurrent| / max |o|"], rows)
+    (f0, fb0), (f1, fb1) = times["flushed (default)"], times["every factor"]
+    diff = float((a - b).abs().max() / scale)
+    print(f"  flushed vs every factor: forward {f1 / f0:.2f}x, forward+backward {fb1 / fb0:.2f}x faster; "
+          f"outputs differ by {diff:.1e} of the largest output")
+    return dict(T=T, times_ms=times, speedup_fwd=f1 / f0, speedup_fwd_bwd=fb1 / fb0, max_rel_diff=diff)
+
+
 def main():
     p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--subnormal", action="store_true", help="only the chunk mode with its small decay factors taken as 0 "
+                   "against every factor as it is, on strong per-head decays (subnormal floats: seqmix.ops.recurrence._decay_exp)")
     p.add_argument("--chunk-sweep", action="store_true", help="also time the chunk mode's fwd+bwd for C in 16..256 per case")
     p.add_argument("--cases", type=lambda x: x.split(","), default=None, help="comma-separated subset of key,head,s6,diagonal "
                    "(default all)")
@@ -193,6 +244,10 @@ def main():
                         "the loop's rows take minutes at T = 4096 on a loaded machine; targets needing a missing row print n/a")
     args = p.parse_args()
     info = setup(args)
+    if args.subnormal:
+        print(f"machine: {info}")
+        write_json(args, "recurrence_subnormal", dict(machine=info, **subnormal(args)))
+        return
     peak = matmul_peak_gflops(args.device, sizes=(512, 1024) if args.quick else (1024, 2048, 3072))
     print(f"machine: {info}\nfloat32 matmul peak measured now: {peak:.1f} GFLOP/s\n")
 

@@ -298,3 +298,38 @@ def test_bad_input(what, override, match):
     q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
     with pytest.raises(ValueError, match=match):
         linear_recurrence(q, k, v, **args)
+
+
+# -- small decay factors (subnormal floats) ----------------------------------------------------
+
+
+def test_decay_factors_below_the_flush_bound_are_zero():
+    x = torch.tensor([0.0, -1.0, -59.9, -60.1, -90.0, -float("inf")])
+    f = recurrence_module._decay_exp(x)
+    assert torch.equal(f[:3], torch.exp(x[:3])) and torch.equal(f[3:], torch.zeros(3))
+    assert torch.equal(recurrence_module._decay_exp(x.double()), torch.exp(x.double()))  # float64's bound: -600
+    assert recurrence_module._decay_exp(torch.tensor([-601.0], dtype=torch.float64)).item() == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("per_head", [True, False])
+def test_strong_decays_chunk_equals_the_reference(dtype, per_head):
+    # decays strong enough that the chunk form's factors fall below e^-60 (Mamba-2 at its initialization): the
+    # chunk and parallel forms take them as 0, the reference computes them; outputs, final state and gradients agree
+    g = torch.Generator().manual_seed(0)
+    B, T, H, K, V = 1, 96, 2, 8, 4
+    q, k, v = (torch.randn(B, T, H, d, generator=g, dtype=dtype) for d in (K, K, V))
+    gk = -torch.rand(*((B, T, H) if per_head else (B, T, H, K)), generator=g, dtype=dtype) * 8.0
+    S0 = torch.randn(B, H, K, V, generator=g, dtype=dtype)
+    outs = {}
+    for mode in ("recurrent", "chunk", "parallel"):
+        xs = [t.clone().requires_grad_(True) for t in (q, k, v, gk, S0)]
+        o, S = linear_recurrence(*xs[:4], initial_state=xs[4], mode=mode, chunk_size=32, output_final_state=True)
+        (o.square().sum() + S.square().sum()).backward()
+        outs[mode] = [o.detach(), S.detach()] + [t.grad for t in xs]
+    for mode in ("chunk", "parallel"):
+        for got, ref in zip(outs[mode], outs["recurrent"]):
+            if dtype == torch.float64:
+                assert max_abs(got, ref) < F64_ATOL * max(1.0, float(ref.abs().max()))
+            else:
+                assert rel_err(got, ref) < F32_RTOL

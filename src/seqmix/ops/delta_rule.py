@@ -55,7 +55,7 @@ from einops import rearrange
 from .._checks import check_choice, check_finite, check_positive_int, check_shape, check_tensor, fmt_shape, reads_values
 from .precision import full_precision
 from .inplace import writable
-from .recurrence import _compute_dtype, _exp_where, _read, _step_dtype, _tile_factors, _tile_size, _tiled_scores
+from .recurrence import _compute_dtype, _decay_exp, _exp_where, _read, _step_dtype, _tile_factors, _tile_size, _tiled_scores
 
 MODES = ("recurrent", "chunk", "parallel", "step")
 BETA_MAX = 2.0
@@ -198,9 +198,9 @@ def _block(q, k, v, beta, G):
     if G is None:
         Kt, Qt, Kw, dC = k, q, k, None
     else:
-        E = G.exp()
+        E = _decay_exp(G)  # (the chunk form's decay factors: below e^-60 exactly 0, recurrence._decay_exp)
         Kt, Qt = k * E, q * E
-        Kw = k * (G[..., -1:, :] - G).exp()
+        Kw = k * _decay_exp(G[..., -1:, :] - G)
         dC = E[..., -1, :].unsqueeze(-1)
     # the UT transform: T = (I + A)⁻¹ Diag(β) by one unit lower-triangular solve (C right-hand
     # sides, fewer than the K + V of solving for [U0, W] directly), then [U0, W] = T [V, K̃] as a matmul
@@ -230,9 +230,9 @@ def _block_general(q, k, v, beta, G, ra, rb):
     if G is None:
         Bt, Qt, Aw, Kw, dC = rb, q, ra, k, None
     else:
-        E = G.exp()
+        E = _decay_exp(G)
         Bt, Qt = rb * E, q * E
-        Ed = (G[..., -1:, :] - G).exp()
+        Ed = _decay_exp(G[..., -1:, :] - G)
         Aw, Kw = ra * Ed, k * Ed
         dC = E[..., -1, :].unsqueeze(-1)
     X = torch.linalg.solve_triangular(I - A_ba, torch.cat([A_bk @ bV, Bt], dim=-1), upper=False, unitriangular=True)

@@ -150,13 +150,33 @@ def _compute_dtype(*tensors) -> torch.dtype:
     return dt
 
 
+#: the chunk and parallel forms' decay factors: a log-decay below −_FLUSH_BELOW[dtype] gives a factor of exactly 0
+#: (:func:`_decay_exp`)
+_FLUSH_BELOW = {torch.float32: 60.0, torch.float64: 600.0}
+
+
+def _decay_exp(x: torch.Tensor) -> torch.Tensor:
+    """exp(x) of a log-decay x (a decay over a span of tokens, <= 0), as the chunk and parallel forms' factors: where
+    x < −60 (float32; −600 in float64) the factor is exactly 0 instead of e^x < 1e-26. Such factors only scale terms
+    26 orders of magnitude below the ones they are summed with, but their products with the operands fall below the
+    smallest normal float (e^−87 in float32) where the decays are strong (Mamba-2's Δ·a at its initialization reaches
+    hundreds over a chunk), and a CPU's matmul and elementwise kernels run many times slower on such subnormal
+    numbers (a Mamba-2 layer at T = 512: about 2x; docs/performance.md). As flushing subnormals to zero (FTZ, the
+    GPU default) but local to these factors: no process-wide floating-point mode is changed. The reference
+    (``recurrent``) and ``scan`` modes compute every factor as it is."""
+    t = _FLUSH_BELOW.get(x.dtype)
+    return torch.exp(x) if t is None else torch.exp(x.masked_fill(x < -t, float("-inf")))
+
+
 def _exp_where(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """exp(x) where mask, exactly 0 elsewhere; exp is never evaluated on masked-out entries,
-    so neither the value nor the gradient can overflow there."""
+    so neither the value nor the gradient can overflow there. x a log-decay where mask: its factors below
+    e^−60 (float32) are 0 as well (:func:`_decay_exp`)."""
     if x.is_complex():
         zero = torch.zeros((), dtype=x.dtype, device=x.device)
         return torch.where(mask, torch.exp(torch.where(mask, x, zero)), zero)
-    return torch.exp(x.masked_fill(~mask, float("-inf")))
+    t = _FLUSH_BELOW.get(x.dtype)
+    return torch.exp(x.masked_fill(~mask if t is None else ~mask | (x < -t), float("-inf")))
 
 
 # --------------------------------------------------------------------------------------
@@ -627,14 +647,14 @@ def _chunk(q, k, v, gk, gv, scale, S0, C, sub_chunk_size, want_state, backward="
             first, last = Gk[..., :1, :], Gk[..., -1:, :]
             Ek = torch.exp(Gk - first)
             q_i, k_i = q * Ek, k / Ek
-            q_r = q_i * first.exp()  # q_t exp(G_t): reads the state entering the chunk
-            k_w = k_i * (last - first).exp()  # k_t exp(G_last - G_t): writes the state leaving it
+            q_r = q_i * _decay_exp(first)  # q_t exp(G_t): reads the state entering the chunk
+            k_w = k_i * _decay_exp(last - first)  # k_t exp(G_last - G_t): writes the state leaving it
         if Gv is not None:
             first_v, last_v = Gv[..., :1, :], Gv[..., -1:, :]
             Ev = torch.exp(Gv - first_v)
             v_i = v / Ev
-            v_w = v_i * (last_v - first_v).exp()
-            o_fac = Ev * first_v.exp()  # exp(G^V_t)
+            v_w = v_i * _decay_exp(last_v - first_v)
+            o_fac = Ev * _decay_exp(first_v)  # exp(G^V_t)
         A = (q_i @ k_i.transpose(-1, -2)).tril()
         o = A @ v_i
         if Gv is not None:
@@ -644,15 +664,15 @@ def _chunk(q, k, v, gk, gv, scale, S0, C, sub_chunk_size, want_state, backward="
             o = _intra_scalar(q, k, v, Gk)  # strong per-head decay: one explicit [C, C] factor beats small tiles
         else:
             o = _intra_tiled(q, k, v, Gk, Gv, c)
-        q_r = q * Gk.exp() if Gk is not None else q
-        k_w = k * (Gk[..., -1:, :] - Gk).exp() if Gk is not None else k
-        v_w = v * (Gv[..., -1:, :] - Gv).exp() if Gv is not None else v
-        o_fac = Gv.exp() if Gv is not None else None
+        q_r = q * _decay_exp(Gk) if Gk is not None else q
+        k_w = k * _decay_exp(Gk[..., -1:, :] - Gk) if Gk is not None else k
+        v_w = v * _decay_exp(Gv[..., -1:, :] - Gv) if Gv is not None else v
+        o_fac = _decay_exp(Gv) if Gv is not None else None
 
     # state written by each chunk, decayed to the chunk's end (exponents <= 0)
     U = k_w.transpose(-1, -2) @ v_w  # [B,H,n,K,V]
-    dk = Gk[..., -1, :].exp().unsqueeze(-1) if Gk is not None else None  # [B,H,n,K|1,1]
-    dv = Gv[..., -1, :].exp().unsqueeze(-2) if Gv is not None else None  # [B,H,n,1,V]
+    dk = _decay_exp(Gk[..., -1, :]).unsqueeze(-1) if Gk is not None else None  # [B,H,n,K|1,1]
+    dv = _decay_exp(Gv[..., -1, :]).unsqueeze(-2) if Gv is not None else None  # [B,H,n,1,V]
 
     # inter-chunk: a sequential scan over n chunks of an elementwise update
     S = S0 if S0 is not None else torch.zeros(B, H, K, V, dtype=U.dtype, device=U.device)
@@ -846,7 +866,7 @@ def _chunk_scales(Gk, Gv):
         if G is None:
             continue
         F, L = G[..., 0, :].unsqueeze(unsq), G[..., -1, :].unsqueeze(unsq)
-        f, w, d = F.exp(), (L - F).exp(), L.exp()
+        f, w, d = _decay_exp(F), _decay_exp(L - F), _decay_exp(L)
         first = f if first is None else first * f
         write = w if write is None else write * w
         decay = d if decay is None else decay * d

@@ -61,6 +61,19 @@ def test_peer_one_cell(tmp_path):
     assert r.returncode == 2 and "unknown mode 'generate'" in r.stderr
 
 
+def test_recurrence_subnormal_quick(tmp_path):
+    """bench/recurrence.py --subnormal --quick: the chunk mode with its small decay factors taken as 0 beside every
+    factor as it is, one run; both timed, the outputs compared (the flush leaves no visible difference)."""
+    out = tmp_path / "sub.json"
+    r = _run("recurrence.py", "--subnormal", "--quick", "--repeats", "1", "--threads", "1", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "flushed vs every factor" in r.stdout
+    res = json.loads(out.read_text())
+    assert res["T"] == 256 and set(res["times_ms"]) == {"flushed (default)", "every factor"}
+    assert all(f > 0 and fb > 0 for f, fb in res["times_ms"].values())
+    assert res["max_rel_diff"] < 1e-5  # (the terms it drops lie far below float32's resolution)
+
+
 def test_lra_pathfinder_probe(tmp_path):
     """bench/lra.py --part pathfinder-probe --quick: the shortcut threshold and the CNN control, well-formed."""
     out = tmp_path / "lra.json"

@@ -43,7 +43,10 @@ Modes (all return the same numbers; tests tie each to ``recurrent``):
   float32 or wider. Memory is linear in T. Where every chunk is one tile (the usual
   case), the backward is written by hand (:class:`_ChunkOneTile`: 9 matmuls of the
   forward's operands, O(T(K+V)) kept per head); strong decays that need smaller tiles
-  are differentiated by autograd. ``chunk_size=None`` picks C by :func:`chunk_size_for`.
+  are differentiated by autograd. ``chunk_size=None`` picks C by :func:`chunk_size_for`. A decay
+  factor below e^-60 (float32; e^-600 in float64) is taken as exactly 0 in the chunk and parallel forms
+  (:func:`_decay_exp`: subnormal floats slow a CPU's kernels many times; the terms it scales lie 26 orders of
+  magnitude below the others).
 * ``parallel``: the quadratic form o = (A ⊙ M) v through the materialized map of
   :func:`recurrence_map`; memory O(T²).
 * ``step``: one token (T == 1), given and returning the state (decoding); the

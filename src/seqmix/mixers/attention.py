@@ -192,7 +192,12 @@ class _Attention(Mixer):
     @property
     def qk_scale(self) -> float:
         s = self.config.scale
-        return 1.0 / math.sqrt(self.head_qk) if s == "sqrt" else 1.0 if s == "none" else float(s)
+        if s == "sqrt":  # (kept with the head width it was made for: a decoding step reads it per token)
+            kept = self.__dict__.get("_sqrt_scale")
+            if kept is None or kept[0] != self.head_qk:
+                kept = self.__dict__["_sqrt_scale"] = (self.head_qk, 1.0 / math.sqrt(self.head_qk))
+            return kept[1]
+        return 1.0 if s == "none" else float(s)
 
     def _qkv(self, x, *, qk_f32: bool = False, scaled: bool = True):
         """q (scaled unless ``scaled=False``), k: [B, T, H, K]; v: [B, T, H, V]. ``qk_f32``: q and k in
@@ -839,7 +844,9 @@ class SoftmaxAttention(_Attention):
                 w = self.layer_constant("packed qk-norm weight", lambda: torch.cat(
                     [self.q_norm.weight.expand(H, K), self.k_norm.weight.expand(Hkv, K)]), self.q_norm.weight, self.k_norm.weight)
                 qk = rms_norm(qk, w, self.q_norm.eps).to(qk.dtype)
-            qk = self._rope(start, qk)[0]
+            # (rope_rotate itself, as _rope calls it: a call fewer per decoding step)
+            qk = rope_rotate(self, c.rope_theta, start, qk, scaling=c.__dict__.get("rope_scaling"), rotary_dim=c.rotary_dim,
+                             interleaved=c.rope_interleaved)[0]
             q, k = qk[:, :, :H], qk[:, :, H:]
         else:
             q, k = qk.split_with_sizes([H * K, Hkv * K], dim=-1)
@@ -874,11 +881,16 @@ class SoftmaxAttention(_Attention):
             heads = kv.append_step(k, v)
             if heads is not None:
                 B, H = q.shape[0], self.heads
-                o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, **self._score_options())
-                o = o.view(B, 1, H, -1)
-                y = self.W_o(o.flatten(2)) if self.W_g is None else self._gated_readout(o, x)
+                c = self.config
+                # (the plain read without _score_options' dict where no score option is on: a call fewer per step)
+                extras = {} if c.softcap is None and not c.alibi and self.sinks is None else self._score_options()
+                o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, **extras)  # [B, H, V]
+                if self.W_g is None:
+                    y = self.W_o(o.view(B, 1, -1))
+                else:
+                    y = self._gated_readout(o.view(B, 1, H, -1), x)
                 return MixOut(y, {"kv": kv} if need_state else None,
-                              values=lambda: repeat_kv(v, H // self.kv_heads), mixed=o)
+                              values=lambda: repeat_kv(v, H // self.kv_heads), mixed=lambda: o.view(B, 1, H, -1))
         # (q, k, v made here from checked x: the cache and the op skip their argument checks)
         keys, vals = kv.append(k, v, check_shapes=False) if kv is not None else (k, v)  # every key the queries see
         if self.mla:  # the cache holds the latent pair: every head's keys and values from it

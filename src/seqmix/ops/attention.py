@@ -541,7 +541,8 @@ def attention_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     """
     B, H, K = q.shape
     Hkv, L = (keys.shape[1], keys.shape[2]) if heads_first else (keys.shape[2], keys.shape[1])
-    scale = _scale(scale, K, "attention_decode")
+    if type(scale) is not float or not 0.0 < scale < math.inf:  # (a positive float, the common case: no call)
+        scale = _scale(scale, K, "attention_decode")
     kh, vh = (keys, values) if heads_first else (keys.transpose(1, 2), values.transpose(1, 2))  # [B, Hkv, L, ·]
     if softcap is None and sinks is None and q.dtype in (torch.float32, torch.float64) and keys.dtype == values.dtype == q.dtype:
         bias = None

@@ -333,3 +333,23 @@ def test_feature_maps_by_name():
         apply_feature_map("cosine", x)
     with pytest.raises(ValueError, match="'order'"):
         taylor_features(x, -1)
+
+
+def test_unchecked_append_still_compares_the_cache_batch():
+    # check_shapes=False skips the first append's checks only: a later append of another batch than the buffers'
+    # is refused by name instead of broadcast into them (a caller continuing a cache with a different batch)
+    kv = KVCache()
+    kv.append(torch.randn(2, 5, 3, 4), torch.randn(2, 5, 3, 5), check_shapes=False)
+    with pytest.raises(ValueError, match="argument 'k'.*the cache's B, Hkv, K"):
+        kv.append(torch.randn(1, 3, 3, 4), torch.randn(1, 3, 3, 5), check_shapes=False)
+    from seqmix.mixers.base import Cache
+    from seqmix.models.lm import LanguageModel, ModelConfig
+
+    torch.manual_seed(0)
+    m = LanguageModel(ModelConfig(mixer="softmax_attention", mixer_kwargs=dict(heads=4), d_model=16, n_layers=2,
+                                  vocab_size=50, max_seq_len=64)).eval()
+    c = Cache()
+    with torch.no_grad():
+        m.hidden(torch.randint(0, 50, (2, 5)), c)
+        with pytest.raises(ValueError, match="KVCache.append: argument 'k'"):
+            m.hidden(torch.randint(0, 50, (1, 3)), c, start=5)

@@ -82,6 +82,7 @@ _policy_override: list[str] = []  # seqmix.debug.host_reads(...) contexts, inner
 
 # os.environ's own mapping and its key for HOST_READS_ENV (CPython's os._Environ), read by host_read_policy on every
 # check: one dict lookup instead of os.environ.get's Python frames (encode the key, look up, decode the value)
+_ENVIRON = os.environ  # (the mapping _ENV_DATA belongs to: a replaced os.environ is read through its own get)
 _ENV_DATA = getattr(os.environ, "_data", None) if hasattr(os.environ, "encodekey") else None
 _ENV_KEY = os.environ.encodekey(HOST_READS_ENV) if _ENV_DATA is not None else None
 
@@ -91,7 +92,7 @@ def host_read_policy() -> str:
     environment variable ``SEQMIX_HOST_READS``, else "auto"."""
     if _policy_override:
         return _policy_override[-1]
-    env = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else os.environ.get(HOST_READS_ENV)
+    env = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None and os.environ is _ENVIRON else os.environ.get(HOST_READS_ENV)
     if env is not None and not isinstance(env, str):
         env = os.environ.get(HOST_READS_ENV)  # (set: read it through os.environ, which decodes it)
     if not env:  # (the common case: unset)

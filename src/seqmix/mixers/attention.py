@@ -883,7 +883,8 @@ class SoftmaxAttention(_Attention):
                 B, H = q.shape[0], self.heads
                 c = self.config
                 # (the plain read without _score_options' dict where no score option is on: a call fewer per step)
-                extras = {} if c.softcap is None and not c.alibi and self.sinks is None else self._score_options()
+                extras = {} if c.softcap is None and self.sinks is None and not c.alibi and self.alibi_slopes is None \
+                    else self._score_options()
                 o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, **extras)  # [B, H, V]
                 if self.W_g is None:
                     y = self.W_o(o.view(B, 1, -1))

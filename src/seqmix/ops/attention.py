@@ -735,11 +735,14 @@ class KVCache:
         Returns (keys, values) [B, L + T, Hkv, ·]: the cached tokens followed by the new ones,
         every key the new queries may see (the caller's window mask does the rest). They are
         views of the buffers, valid until the next append. The cache then keeps the last
-        window - 1 of them (all without a window). ``check_shapes=False``: k and v are not checked (a caller
-        that made them itself, as the attention mixers do; a wrong shape then fails inside torch)."""
+        window - 1 of them (all without a window). ``check_shapes=False``: the first append's k and v are not
+        checked (a caller that made them itself, as the attention mixers do); a later append is always compared
+        with the buffers' batch, heads and widths."""
         where = "KVCache.append"
-        fits = not check_shapes or (
-            self.k is not None and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == v.dim() == 4
+        # (unchecked, an empty cache takes k and v as they come; against buffers the shapes are always compared: a
+        # caller's x of another batch than the cache's must not write into it by broadcasting)
+        fits = not check_shapes if self.k is None else (
+            isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == v.dim() == 4
             and k.shape[1] == v.shape[1] > 0 and (k.shape[0], k.shape[2], k.shape[3]) == (self.k.shape[0], self.k.shape[1], self.k.shape[3])
             and (v.shape[0], v.shape[2], v.shape[3]) == (self.v.shape[0], self.v.shape[1], self.v.shape[3]))
         if not fits:  # the full checks (the first append, or a shape that is not the buffers'): each names what is wrong

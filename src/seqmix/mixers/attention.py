@@ -192,12 +192,7 @@ class _Attention(Mixer):
     @property
     def qk_scale(self) -> float:
         s = self.config.scale
-        if s == "sqrt":  # (kept with the head width it was made for: a decoding step reads it per token)
-            kept = self.__dict__.get("_sqrt_scale")
-            if kept is None or kept[0] != self.head_qk:
-                kept = self.__dict__["_sqrt_scale"] = (self.head_qk, 1.0 / math.sqrt(self.head_qk))
-            return kept[1]
-        return 1.0 if s == "none" else float(s)
+        return 1.0 / math.sqrt(self.head_qk) if s == "sqrt" else 1.0 if s == "none" else float(s)
 
     def _qkv(self, x, *, qk_f32: bool = False, scaled: bool = True):
         """q (scaled unless ``scaled=False``), k: [B, T, H, K]; v: [B, T, H, V]. ``qk_f32``: q and k in

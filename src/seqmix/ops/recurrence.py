@@ -158,7 +158,7 @@ def _compute_dtype(*tensors) -> torch.dtype:
 _FLUSH_BELOW = {torch.float32: 60.0, torch.float64: 600.0}
 
 
-def _decay_exp(x: torch.Tensor) -> torch.Tensor:
+def _decay_exp(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """exp(x) of a log-decay x (a decay over a span of tokens, <= 0), as the chunk and parallel forms' factors: where
     x < −60 (float32; −600 in float64) the factor is exactly 0 instead of e^x < 1e-26. Such factors only scale terms
     26 orders of magnitude below the ones they are summed with, but their products with the operands fall below the
@@ -167,9 +167,13 @@ def _decay_exp(x: torch.Tensor) -> torch.Tensor:
     numbers (``python bench/recurrence.py --subnormal``: the chunk form 2.8x faster at a Mamba-2-like shape with strong
     decays; docs/performance.md). As flushing subnormals to zero (FTZ, the
     GPU default) but local to these factors: no process-wide floating-point mode is changed. The reference
-    (``recurrent``) and ``scan`` modes compute every factor as it is."""
+    (``recurrent``) and ``scan`` modes compute every factor as it is. ``mask``: only where True (0 elsewhere,
+    exp never evaluated there: :func:`_exp_where`)."""
     t = _FLUSH_BELOW.get(x.dtype)
-    return torch.exp(x) if t is None else torch.exp(x.masked_fill(x < -t, float("-inf")))
+    drop = None if t is None else x < -t
+    if mask is not None:  # (_exp_where: the masked-out entries 0 as well)
+        drop = ~mask if drop is None else drop | ~mask
+    return torch.exp(x if drop is None else x.masked_fill(drop, float("-inf")))
 
 
 def _exp_where(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -179,8 +183,7 @@ def _exp_where(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     if x.is_complex():
         zero = torch.zeros((), dtype=x.dtype, device=x.device)
         return torch.where(mask, torch.exp(torch.where(mask, x, zero)), zero)
-    t = _FLUSH_BELOW.get(x.dtype)
-    return torch.exp(x.masked_fill(~mask if t is None else ~mask | (x < -t), float("-inf")))
+    return _decay_exp(x, mask)
 
 
 # --------------------------------------------------------------------------------------

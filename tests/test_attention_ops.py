@@ -353,3 +353,45 @@ def test_unchecked_append_still_compares_the_cache_batch():
         m.hidden(torch.randint(0, 50, (2, 5)), c)
         with pytest.raises(ValueError, match="KVCache.append: argument 'k'"):
             m.hidden(torch.randint(0, 50, (1, 3)), c, start=5)
+
+
+def test_kv_cache_head_first_after_a_step_is_the_fresh_slice():
+    # head_first() reuses the views append_step made for the same buffers, start and end: each equals the fresh slice
+    # of the buffers (the same storage), with and without a window, after a refill, map_ (beam search) and a copy
+    import copy
+    import pickle
+
+    g = torch.Generator().manual_seed(0)
+    for window in (None, 4):
+        kv = KVCache(window=window)
+        kv.append(torch.randn(2, 3, 3, 4, generator=g), torch.randn(2, 3, 3, 5, generator=g))
+        for step in range(kv.BLOCK + 8):  # past the capacity: append_step returns None, append refills
+            k, v = torch.randn(2, 1, 3, 4, generator=g), torch.randn(2, 1, 3, 5, generator=g)
+            if kv.append_step(k, v) is None:
+                kv.append(k, v)
+            hk, hv = kv.head_first()
+            fresh_k, fresh_v = kv.k[:, :, kv.start:kv.end], kv.v[:, :, kv.start:kv.end]
+            assert hk.shape == fresh_k.shape and torch.equal(hk, fresh_k) and torch.equal(hv, fresh_v)
+            assert hk.data_ptr() == fresh_k.data_ptr() and hv.data_ptr() == fresh_v.data_ptr()
+            if step == 5:
+                kv.map_(lambda t: t.index_select(0, torch.tensor([1, 0])))
+                assert torch.equal(kv.head_first()[0], kv.k[:, :, kv.start:kv.end])
+        for other in (copy.deepcopy(kv), pickle.loads(pickle.dumps(kv))):
+            ok, ov = other.head_first()
+            assert torch.equal(ok, kv.head_first()[0]) and ok.untyped_storage().data_ptr() == other.k.untyped_storage().data_ptr()
+            assert torch.equal(ov, kv.head_first()[1])
+
+
+def test_kv_cache_inference_buffers_outside_inference_mode():
+    # buffers made in inference mode cannot be written in place outside it: append_step declines (None) and append
+    # makes new buffers, as before the flag was kept; inside inference mode the step writes in place
+    with torch.inference_mode():
+        kv = KVCache()
+        kv.append(torch.randn(1, 3, 2, 4), torch.randn(1, 3, 2, 4))
+        assert kv.append_step(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4)) is not None
+    k, v = torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4)
+    assert kv.append_step(k, v) is None
+    keys, _ = kv.append(k, v)
+    assert keys.shape[1] == 5 and torch.equal(keys[:, -1], k[:, 0]) and not kv.k.is_inference()
+    kv.append(k, v)  # (the cat's buffers are full: this append makes buffers with free slots)
+    assert kv.append_step(k, v) is not None and len(kv) == 7

@@ -661,6 +661,8 @@ class KVCache:
         self.v: torch.Tensor | None = None  # [B, Hkv, C, V]
         self.start = self.end = 0
         self.seen = 0
+        self._inference = False  # whether the buffers are inference tensors (:meth:`_set_buffers`)
+        self._views = None  # (k, start, end, the head-first views): the last ones made (:meth:`head_first`)
 
     # -- views and sizes -------------------------------------------------------------------
 
@@ -689,9 +691,13 @@ class KVCache:
     def head_first(self) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
         """(k [B, Hkv, L, K], v [B, Hkv, L, V]): the cached keys and values in the buffers' own layout
         (views; transformers' cache layout)."""
-        if self.k is None:
+        k, start, end = self.k, self.start, self.end
+        if k is None:
             return None, None
-        return self.k[:, :, self.start : self.end], self.v[:, :, self.start : self.end]
+        views = self._views  # (the views append_step made for this token: the same buffers, start and end)
+        if views is not None and views[0] is k and views[1] == start and views[2] == end:
+            return views[3]
+        return k[:, :, start:end], self.v[:, :, start:end]
 
     def floats(self) -> int:
         if self.k is None:
@@ -707,8 +713,21 @@ class KVCache:
 
     def map_(self, fn) -> "KVCache":
         if self.k is not None:
-            self.k, self.v = fn(self.k), fn(self.v)
+            self._set_buffers(fn(self.k), fn(self.v))
         return self
+
+    def __getstate__(self):  # (copies and pickles: the buffers, not the kept views, which a copy would not share)
+        return {**self.__dict__, "_views": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._inference = self.k is not None and self.k.is_inference()  # (a copy's buffers are its own tensors)
+
+    def _set_buffers(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The buffers [B, Hkv, C, ·], and whether they are inference tensors (known once here: a decoding step's
+        test of :meth:`_functional` then reads a flag instead of calling the tensor)."""
+        self.k, self.v = k, v
+        self._inference = k.is_inference()
 
     # -- appending -------------------------------------------------------------------------
 
@@ -716,8 +735,7 @@ class KVCache:
         """New buffers of ``capacity`` slots holding keys [B, L, Hkv, K], values [B, L, Hkv, V] in slots [0, L)
         (L = 0: empty buffers of their batch, heads, widths and dtypes, nothing copied)."""
         B, L, H, K = keys.shape
-        self.k = keys.new_empty(B, H, capacity, K)
-        self.v = values.new_empty(B, H, capacity, values.shape[-1])
+        self._set_buffers(keys.new_empty(B, H, capacity, K), values.new_empty(B, H, capacity, values.shape[-1]))
         if L:
             self.k[:, :, :L] = keys.transpose(1, 2)
             self.v[:, :, :L] = values.transpose(1, 2)
@@ -727,7 +745,7 @@ class KVCache:
         """Whether this append must not write in place (autograd, or inference tensors outside inference mode)."""
         if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad or (self.k is not None and self.k.requires_grad)):
             return True
-        return self.k is not None and self.k.is_inference() and not torch.is_inference_mode_enabled()
+        return self.k is not None and self._inference and not torch.is_inference_mode_enabled()
 
     def append(self, k: torch.Tensor, v: torch.Tensor, *, check_shapes: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Appends T tokens k [B, T, Hkv, K], v [B, T, Hkv, V].
@@ -761,7 +779,7 @@ class KVCache:
             values = v if L == 0 else torch.cat([self.values.to(v.dtype), v], 1)
             keep = keys.shape[1] if self.keep is None else min(self.keep, keys.shape[1])
             if self._functional(k, v):  # the buffers are the cat itself (full: the next append reallocates)
-                self.k, self.v = keys.transpose(1, 2), values.transpose(1, 2)
+                self._set_buffers(keys.transpose(1, 2), values.transpose(1, 2))
                 self.start, self.end = keys.shape[1] - keep, keys.shape[1]
             else:
                 self._store(keys[:, keys.shape[1] - keep :], values[:, values.shape[1] - keep :], self._capacity(keep))
@@ -787,7 +805,10 @@ class KVCache:
         the buffers so (no buffers yet, no free slot, another shape or dtype, a functional append under autograd):
         the caller then runs :meth:`append`."""
         kb, vb = self.k, self.v
-        if kb is None or self.end >= kb.shape[2] or k.dtype != kb.dtype or v.dtype != vb.dtype or self._functional(k, v):
+        # (_functional inline: a call fewer per step)
+        if kb is None or self.end >= kb.shape[2] or k.dtype != kb.dtype or v.dtype != vb.dtype \
+                or (torch.is_grad_enabled() and (k.requires_grad or v.requires_grad or kb.requires_grad)) \
+                or (self._inference and not torch.is_inference_mode_enabled()):
             return None
         B, H, _, K = kb.shape
         if k.shape != (B, 1, H, K) or v.shape != (B, 1, H, vb.shape[3]):
@@ -798,7 +819,9 @@ class KVCache:
         self.end, self.seen = e + 1, self.seen + 1
         if self.window is not None:
             self.start = max(start, self.end - self.window + 1)
-        return kb[:, :, start:e + 1], vb[:, :, start:e + 1]
+        views = kb[:, :, start:e + 1], vb[:, :, start:e + 1]
+        self._views = (kb, start, e + 1, views)  # (head_first's, while the buffers, start and end are these)
+        return views
 
     def _capacity(self, need: int) -> int:
         """Slots of a new buffer that must hold ``need`` tokens: doubling without a window (and room for

@@ -373,6 +373,8 @@ def test_kv_cache_head_first_after_a_step_is_the_fresh_slice():
             fresh_k, fresh_v = kv.k[:, :, kv.start:kv.end], kv.v[:, :, kv.start:kv.end]
             assert hk.shape == fresh_k.shape and torch.equal(hk, fresh_k) and torch.equal(hv, fresh_v)
             assert hk.data_ptr() == fresh_k.data_ptr() and hv.data_ptr() == fresh_v.data_ptr()
+            if kv._views is not None:  # the kept views are of the present buffers (none of replaced ones)
+                assert kv._views[0] is kv.k
             if step == 5:
                 kv.map_(lambda t: t.index_select(0, torch.tensor([1, 0])))
                 assert torch.equal(kv.head_first()[0], kv.k[:, :, kv.start:kv.end])

@@ -728,6 +728,7 @@ class KVCache:
         test of :meth:`_functional` then reads a flag instead of calling the tensor)."""
         self.k, self.v = k, v
         self._inference = k.is_inference()
+        self._views = None  # (views of the previous buffers would keep them alive)
 
     # -- appending -------------------------------------------------------------------------
 

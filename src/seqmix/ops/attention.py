@@ -721,6 +721,7 @@ class KVCache:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self._views = None  # (also for a cache pickled before the views were kept)
         self._inference = self.k is not None and self.k.is_inference()  # (a copy's buffers are its own tensors)
 
     def _set_buffers(self, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -749,7 +749,8 @@ class SoftmaxAttention(_Attention):
             self.alibi_slopes = None
 
     def _score_options(self) -> dict:
-        """softcap, alibi, sinks of ops.softmax_attention / attention_decode / attention_probs."""
+        """softcap, alibi, sinks of ops.softmax_attention / attention_decode / attention_probs (the decoding step tests
+        the same three attributes for None to skip this dict: a new score option goes into both)."""
         return dict(softcap=self.config.softcap, alibi=self.alibi_slopes, sinks=self.sinks)
 
     @staticmethod
@@ -876,10 +877,8 @@ class SoftmaxAttention(_Attention):
             heads = kv.append_step(k, v)
             if heads is not None:
                 B, H = q.shape[0], self.heads
-                c = self.config
                 # (the plain read without _score_options' dict where no score option is on: a call fewer per step)
-                extras = {} if c.softcap is None and self.sinks is None and not c.alibi and self.alibi_slopes is None \
-                    else self._score_options()
+                extras = {} if self.config.softcap is None and self.alibi_slopes is None and self.sinks is None else self._score_options()
                 o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, **extras)  # [B, H, V]
                 if self.W_g is None:
                     y = self.W_o(o.view(B, 1, -1))

@@ -345,6 +345,42 @@ def test_layer_constants_and_rope_tables_are_kept_and_rebuilt_as_their_tensors_s
     assert c4._base is c3._base
 
 
+def test_layers_of_the_same_rope_settings_share_one_table():
+    """Every layer that rotates with the same base and scaling slices one RotaryTable (a model keeps one table, not one
+    per layer), copies and pickles join it, other settings get their own, and it is freed with the last layer."""
+    import copy
+    import gc
+    import pickle
+    import weakref
+
+    from seqmix.mixers.base import Cache, build_mixer
+    from seqmix.mixers.layers import rope_table
+    from seqmix.ops.rotary import RotaryTable
+
+    cfg = dict(d_model=16, heads=2, rope=True)
+    a, b = build_mixer("softmax_attention", **cfg), build_mixer("softmax_attention", **cfg)
+    other = build_mixer("softmax_attention", **cfg, rope_theta=500000.0)
+    x = torch.randn(1, 5, 16)
+    with torch.no_grad():
+        for m in (a, b, other):
+            m(x, cache=Cache())
+    table = a.__dict__["_rope_table"]
+    assert b.__dict__["_rope_table"] is table and other.__dict__["_rope_table"] is not table
+    assert rope_table(a, a.config.rope_theta) is table
+    assert copy.deepcopy(a).__dict__["_rope_table"] is table and pickle.loads(pickle.dumps(b)).__dict__["_rope_table"] is table
+    with torch.no_grad():  # the shared table (grown by the other layers) gives the numbers of a table of its own
+        fresh = build_mixer("softmax_attention", **cfg)
+        fresh.load_state_dict(a.state_dict())
+        fresh.__dict__["_rope_table"] = RotaryTable(a.config.rope_theta)
+        b(torch.randn(1, 300, 16), cache=Cache())
+        torch.testing.assert_close(a(x), fresh(x), rtol=0, atol=0)
+        assert fresh.__dict__["_rope_table"] is not table
+    ref = weakref.ref(table)
+    del a, b, fresh, table
+    gc.collect()
+    assert ref() is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("name,config,params,kept", [
     ("rwkv4", dict(bonus=True, token_shift=True, normalizer=True), ("w", "u"), {"fixed decay", "bonus weight"}),

@@ -122,6 +122,32 @@ def test_generate_takes_the_trusted_path(monkeypatch):
     assert len(taken) == 4 * len(_adapters(model))
 
 
+@pytest.mark.parametrize("family", ["llama", "mamba", "gla"])
+def test_no_state_is_kept_after_generate_returns(family):
+    """generate's cache object dies when it returns, and every adapter forgets its record with it: the decoding state
+    (a KV cache's buffers, a recurrent state) is freed then, not held until the layer's next call."""
+    model = _model(family)
+    with torch.no_grad():
+        model.generate(ids(batch=1, T=9), max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert [a.where for a in _adapters(model) if a._trust is not None] == []
+
+
+def test_the_record_and_its_state_live_as_long_as_the_cache():
+    """While the caller holds the cache, the record stays (the next step is trusted); once the cache is dropped, the
+    record goes and the seqmix state it held is freed."""
+    import weakref
+
+    model, x = _model("llama"), ids(batch=1, T=12)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(x[:, :8], cache=cache, use_cache=True)
+    adapter = _adapters(model)[0]
+    kv = weakref.ref(adapter._trust.state["kv"])
+    assert kv() is not None
+    del cache
+    assert adapter._trust is None and kv() is None
+
+
 def test_the_state_is_updated_in_place_in_transformers_tensor():
     """Mamba's recurrent state is a view of transformers' slot: the trusted step writes it in place, no copy."""
     model, x = _model("mamba"), ids(batch=1, T=12)

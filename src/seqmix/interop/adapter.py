@@ -118,7 +118,8 @@ def _one_token_passes(t, key: tuple, trust) -> bool:
 
 class _Trust:
     """What a fully checked call left (``InteropMixer._trust``), against which a later one-token call is
-    matched (module docstring): the cache object (a weak reference where the object takes one), the input's
+    matched (module docstring): the cache object (a weak reference where the object takes one: ``owner``, the
+    adapter, forgets the record when the cache dies, :func:`_forgetter`), the input's
     batch, width, dtype and device, the tokens seen, the seqmix state, for each row of the state table
     whether that entry is a view of transformers' tensor (an in-place step then needs no write), and the
     objects in this layer's slots (``objs``) with the version counters of the versioned kinds (``versions``, of the
@@ -128,9 +129,9 @@ class _Trust:
                  "tensors", "window", "sliding", "columns", "held")
 
     def __init__(self, cache, x: torch.Tensor, seen: int, state: dict, alias: tuple[bool, ...], objs: tuple, versions: tuple,
-                 tensors: tuple):
-        try:
-            self.cache, self.held = weakref.ref(cache), None
+                 tensors: tuple, owner: nn.Module):
+        try:  # (the owner forgets this record when the cache object dies: the state, a whole KV cache, freed with it)
+            self.cache, self.held = weakref.ref(cache, _forgetter(owner)), None
         except TypeError:  # a list or tuple (RWKV-4's, xLSTM's): small, held until the next call
             self.cache, self.held = None, cache
         self.batch, self.dtype, self.device = x.shape[0], x.dtype, x.device
@@ -139,6 +140,21 @@ class _Trust:
         self.window = None  # the sliding window of the layer's mask (InteropMixer._window), set by the record
         self.sliding = False  # a KV cache's transformers layer is a sliding one (it counts every token seen), set by the record
         self.columns = None  # the "stacked" kind: slot -> this layer's column of the list's tensor (a view), at the first write
+
+
+def _forgetter(owner: nn.Module):
+    """The callback of a record's weak reference to its cache object: ``owner`` (the adapter, held weakly) drops the
+    record when the cache dies, so that what the record holds (the seqmix state: a KV cache's buffers, a recurrent
+    state) is freed with the cache when ``generate`` returns, not kept until the layer's next call."""
+    owner_ref = weakref.ref(owner)
+
+    def forget(cache_ref) -> None:
+        adapter = owner_ref()
+        trust = adapter.__dict__.get("_trust") if adapter is not None else None
+        if trust is not None and trust.cache is cache_ref:
+            adapter.__dict__["_trust"] = None
+
+    return forget
 
 
 def _aliases(t, hf) -> bool:
@@ -299,7 +315,7 @@ class InteropMixer(nn.Module):
             alias = tuple(_aliases(state[row.seqmix], self._hf_tensor(hf_cache, row)) for row in self.state_table)
         if kind in _VERSIONED_KINDS and any(isinstance(o, torch.Tensor) and o.is_inference() for o in self._slot_objects(hf_cache)):
             return  # (no version counters to tell another writer: every call takes the full path)
-        trust = self.__dict__["_trust"] = _Trust(hf_cache, x, seen, dict(state), alias, *self._slot_record(hf_cache, kind))
+        trust = self.__dict__["_trust"] = _Trust(hf_cache, x, seen, dict(state), alias, *self._slot_record(hf_cache, kind), self)
         trust.window = self._window()
         trust.sliding = kind == "kv" and hasattr(trust.objs[0], "cumulative_length")  # (the layer a trusted step finds again)
 

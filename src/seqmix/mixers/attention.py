@@ -832,7 +832,7 @@ class SoftmaxAttention(_Attention):
         c = self.config
         B, T, _ = x.shape
         H, Hkv, K = self.heads, self.kv_heads, self.head_qk
-        qk = self.W_qk(x)
+        qk, v = self.W_qk(x), self.W_v(x).view(B, T, Hkv, self.head_v)
         packed_norm = c.qk_norm == "head" and c.qk_norm_kind == "rms" and self.q_norm.eps == self.k_norm.eps
         if c.rope and (c.qk_norm == "none" or packed_norm):  # q and k normed and rotated as one tensor of H + Hkv heads
             qk = qk.view(B, T, H + Hkv, K)
@@ -855,7 +855,7 @@ class SoftmaxAttention(_Attention):
                 q, k = self._rope(start, q, k)
         if scaled and self.qk_scale != 1.0:
             q = q * self.qk_scale
-        return q, k, self.W_v(x).view(B, T, Hkv, self.head_v)
+        return q, k, v
 
     def _gated_readout(self, o, x):
         """W_o(σ(W_g x) ⊙ o), o [B, T, heads, V]."""

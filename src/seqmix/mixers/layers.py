@@ -18,12 +18,14 @@ from ..ops.rotary import RotaryTable, apply_rotary, check_rope_scaling
 
 def rope_table(module: nn.Module, theta: float, scaling: dict | None = None) -> RotaryTable:
     """The :class:`~seqmix.ops.RotaryTable` of RoPE at base ``theta`` with the frequency ``scaling`` (``seqmix.ops.rotary``:
-    linear, dynamic, yarn, llama3, longrope; None: the default frequencies) kept on ``module`` (built on first use and
+    linear, dynamic, yarn, llama3, longrope; None: the default frequencies) kept on ``module`` (found on first use and
     again when theta or the scaling changes, outside its parameters and state dict): the one table every mixer with
-    RoPE rotates by."""
+    RoPE rotates by, shared by every layer of the same settings (:meth:`~seqmix.ops.RotaryTable.shared`)."""
     table = module.__dict__.get("_rope_table")
     if table is None or table.theta != theta or table.scaling != scaling:
-        table = module.__dict__["_rope_table"] = RotaryTable(theta, scaling)
+        if torch.compiler.is_compiling():  # (a traced call computes its rotation anew: a table of its own, not kept)
+            return RotaryTable(theta, scaling)
+        table = module.__dict__["_rope_table"] = RotaryTable.shared(theta, scaling)
     return table
 
 

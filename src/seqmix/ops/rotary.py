@@ -49,7 +49,9 @@ cast back to x's dtype. Shapes: x [B, T, H, K]; positions [T] or [B, T] (integer
 
 from __future__ import annotations
 
+import json
 import math
+import weakref
 
 import torch
 
@@ -285,8 +287,23 @@ class RotaryTable:
             table = self._tables[key] = (cos.unsqueeze(1), sin.unsqueeze(1), cos.is_inference())
         return table[0][start:end], table[1][start:end]
 
-    def __getstate__(self):  # copies and pickles carry the settings, not the tables
-        return {**self.__dict__, "_tables": {}}
+    def __reduce__(self):  # copies and pickles carry the settings, not the tables, and join the process's shared table
+        return (RotaryTable.shared, (self.theta, self.scaling))
+
+    @classmethod
+    def shared(cls, theta: float = 10000.0, scaling: dict | None = None) -> RotaryTable:
+        """The process's one table of RoPE at base ``theta`` with ``scaling``: every layer that rotates with the same
+        settings slices the same cos / sin (a model's L layers keep one table, not L: at 128k positions and R = 128
+        a table is 128 MiB). Held by its users (weakly here): freed with the last layer that holds it."""
+        key = (float(theta), json.dumps(scaling, sort_keys=True, default=repr))
+        table = _SHARED_TABLES.get(key)
+        if table is None:
+            table = _SHARED_TABLES[key] = cls(theta, scaling)
+        return table
+
+
+#: (theta, scaling as JSON) -> the RotaryTable of RotaryTable.shared, while a layer holds it
+_SHARED_TABLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def rotary_reference(x, positions, *, rotary_dim=None, theta=10000.0, interleaved=False, scaling=None, seq_len=None):

@@ -119,6 +119,27 @@ def test_rad_rwkv7_takes_the_teachers_rope_no_shift_no_bonus_and_qwen2_biases():
     assert torch.equal(s.W_k.bias, att.k_proj.bias.detach().view(2, 8).repeat_interleave(2, 0).reshape(-1))
 
 
+@pytest.mark.parametrize("cfg", [{"fused_conv": True}, {"conv_size": None}], ids=["fused_conv", "no_conv"])
+def test_a_delta_rule_student_takes_the_convs_it_has(cfg):
+    """The init table sets the delta rule's short convs to the identity where the student has them: three convs, one fused
+    conv over [q; k; v], or none (conv_size None, where q, k, v go through SiLU alone, as through an identity conv): each
+    student computes the same as the three-conv student with the same other weights."""
+    m = teacher()
+    sep = linearize(m, mixer="gated_deltanet", layers=[1])
+    other = linearize(m, mixer="gated_deltanet", layers=[1], **cfg)
+    a, b = sep.model.layers[1].self_attn.mixer, other.model.layers[1].self_attn.mixer
+    sd = {k: v for k, v in a.state_dict().items() if not k.startswith("conv_")}
+    if cfg.get("fused_conv"):
+        sd["conv.weight"] = torch.cat([a.conv_q.weight, a.conv_k.weight, a.conv_v.weight])
+        assert torch.equal(b.conv.weight, sd["conv.weight"])  # the identity, as the three convs are
+    else:
+        assert not [n for n, _ in b.named_parameters() if n.startswith("conv")]
+    b.load_state_dict(sd)
+    x = ids(1, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(other(x).logits, sep(x).logits, rtol=1e-6, atol=1e-6)
+
+
 def test_students_that_do_not_fit_the_teacher_are_refused_naming_mixer():
     """RWKV-7's heads split d_model (a teacher with heads·head_dim != d is refused)."""
     torch.manual_seed(0)

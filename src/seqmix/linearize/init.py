@@ -14,7 +14,8 @@ family (the registered mixer class), never code per mixer:
   of the kv heads themselves, for a student that keeps them grouped) — into its row block ``rows``
   (packed projections: Mamba-2's in_proj = [z; x; B; C; dt]); ``teacher="identity_conv"`` sets a
   short convolution to the identity (its last tap 1), so the copied projections reach the
-  recurrence unchanged.
+  recurrence unchanged (each of the convs a row names that the student has: the delta rule's three convs,
+  its ``fused_conv``, or none with ``conv_size`` None).
 
 Biases (Qwen2's q/k/v): a teacher with biases gives the student the config fields of its entry's
 ``bias`` (its projections biased), the teacher's biases fill the same rows as the weights, and every
@@ -233,7 +234,8 @@ STUDENTS: dict[str, StudentInit] = {
     "DeltaNet": StudentInit(
         lambda t: {"heads": t.heads, "expand_k": t.heads * t.head_dim / t.d_model, "expand_v": t.heads * t.head_dim / t.d_model},
         (Take("W_q.weight", "q"), Take("W_k.weight", "k"), Take("W_v.weight", "v"), Take("W_o.weight", "o"),
-         Take("conv_q.weight", "identity_conv"), Take("conv_k.weight", "identity_conv"), Take("conv_v.weight", "identity_conv")),
+         Take("conv_q.weight", "identity_conv"), Take("conv_k.weight", "identity_conv"), Take("conv_v.weight", "identity_conv"),
+         Take("conv.weight", "identity_conv")),  # (three convs, or fused_conv's one over [q; k; v], or none: conv_size None)
         "S_t = α_t(I − β_t k_tᵀk_t)S_{t-1} + β_t k_tᵀv_t (L2-normed q, k): q → C, k → B, v → u", bias={"qkv_bias": True}),
     # RWKV-7 (rwkv7, rad_rwkv7): the receptance r reads the state as the query does (RADLADS' weight transfer: q → r)
     "RWKV7": StudentInit(
@@ -403,7 +405,8 @@ def _build_student(mixer: str, teacher: Teacher, init: str, init_std: float, ove
     except ValueError as e:
         raise ValueError(f"linearize: argument 'mixer' = {mixer!r} with config {cfg}: {e}") from None
     params = dict(student.named_parameters())
-    missing = sorted({r.student for r in entry.rows} - set(params))
+    # (an identity conv row sets the conv the student has: its separate or fused convs, none without convs)
+    missing = sorted({r.student for r in entry.rows if r.teacher != "identity_conv"} - set(params))
     if missing:
         raise ValueError(f"linearize: argument 'mixer' = {mixer!r} cannot take attention's q/k/v: it has no "
                          f"{', '.join(missing)} (a preset without those projections)")
@@ -423,8 +426,10 @@ def _build_student(mixer: str, teacher: Teacher, init: str, init_std: float, ove
             if b is not None and row.teacher in _PROJECTIONS:
                 b.zero_()
         for row in rows:
-            p = params[row.student]
+            p = params.get(row.student)
             if row.teacher == "identity_conv":  # [C, W]: the last tap (the current token) 1, the others 0
+                if p is None:  # (a conv this student does not have)
+                    continue
                 p.zero_()
                 p[:, -1] = 1.0
                 bias = params.get(row.student.rsplit(".", 1)[0] + ".bias")

@@ -5,6 +5,7 @@ of a transformers Llama and of each of its linearized copies, at prompts of 256 
     python bench/linearize_speed.py --out runs/lin_speed --sizes 512x8 --prompts 256,8192
     python bench/linearize_speed.py --out runs/lin_speed --table --write-docs  # the stored results only
     python bench/linearize_speed.py --quick --out /tmp/ls                      # a smoke run (seconds)
+    python bench/linearize_speed.py --out runs/lsg --sizes 512x8 --prompts 256 --general-step  # fused steps on / off
 
 The teacher is a random-init ``LlamaForCausalLM`` (bench/linearize_teacher.py's architecture: GQA 8/4 heads,
 SwiGLU of 3·d, tied embeddings, vocabulary 256, SDPA attention; speed does not depend on the weights) of d
@@ -110,11 +111,13 @@ def _sharing_copy(model):
     return copy.deepcopy(model, memo)
 
 
-def models_for(d: int, layers: int, max_len: int, hybrid: str, kept: int, compiled: bool = False) -> dict:
+def models_for(d: int, layers: int, max_len: int, hybrid: str, kept: int, compiled: bool = False, general: bool = False) -> dict:
     """name -> model: the teacher, each pure student, the hybrid (``hybrid:<mixer label>``), each recipe's model
     that is not one of those (``recipe:<name>``: :func:`recipe_students`); with ``compiled``,
     also each pure student with its decoding step compiled (``<label> compiled``: a copy sharing its weights,
-    ``seqmix.compile_decode`` applied when it first runs: :func:`ensure_compiled`)."""
+    ``seqmix.compile_decode`` applied when it first runs: :func:`ensure_compiled`); with ``general``, each pure student
+    whose mixer has a fused decoding step (the general form's, the delta rule's) also with it off (``<label> general
+    step``: a copy sharing its weights whose steps take the general path: :func:`general_step_copy`)."""
     from seqmix.linearize import linearize
 
     t = teacher(d, layers, max_len)
@@ -135,7 +138,26 @@ def models_for(d: int, layers: int, max_len: int, hybrid: str, kept: int, compil
     if compiled:
         for label in students:
             out[f"{label} compiled"] = _sharing_copy(out[label])
+    if general:
+        for label in students:
+            copy_ = general_step_copy(out[label])
+            if copy_ is not None:
+                out[f"{label} general step"] = copy_
     return out
+
+
+#: the suffixes of the variants of a pure student (``--compile``, ``--general-step``)
+VARIANTS = (" compiled", " general step")
+
+
+def general_step_copy(model):
+    """A copy of ``model`` sharing its weights whose mixers' decoding steps take the general path (their ``_step_fusable``
+    flag off: the fused step's A/B), or None where no mixer of it has a fused step."""
+    copy_ = _sharing_copy(model)
+    fused = [m for m in copy_.modules() if m.__dict__.get("_step_fusable")]
+    for m in fused:
+        m.__dict__["_step_fusable"] = False
+    return copy_ if fused else None
 
 
 def recipe_label(name: str) -> str:
@@ -425,6 +447,8 @@ def main() -> None:
     p.add_argument("--plot", type=Path, default=PLOT, help="the plot's file (default docs/img/linearize_speed.png)")
     p.add_argument("--compile", action="store_true", help="also each pure student with seqmix.compile_decode (opt-in "
                    "torch.compile of the decoding step), as '<label> compiled'; its first call's cost is printed")
+    p.add_argument("--general-step", action="store_true", help="also each pure student whose mixer has a fused decoding "
+                   "step with that step off, as '<label> general step' (the fused step's A/B)")
     p.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK}")
     a = p.parse_args()
     if a.quick:
@@ -450,10 +474,10 @@ def main() -> None:
         count_path = a.out / f"{size}_counts.json"
         models = None
         if not a.table:
-            models = models_for(d, L, max(prompts) + a.new_tokens + 16, a.hybrid, a.kept, compiled=a.compile)
+            models = models_for(d, L, max(prompts) + a.new_tokens + 16, a.hybrid, a.kept, compiled=a.compile, general=a.general_step)
             if a.models:
                 keep = {"teacher", *a.models.split(",")}
-                models = {k: v for k, v in models.items() if k in keep or k.removesuffix(" compiled") in keep}
+                models = {k: v for k, v in models.items() if k in keep or any(k.removesuffix(v) in keep for v in VARIANTS)}
             print(f"{size}: {', '.join(models)}", flush=True)
             cost_path = a.out / f"{size}_compile.json"
             costs = json.loads(cost_path.read_text()) if cost_path.exists() else {}
@@ -503,7 +527,8 @@ def main() -> None:
         other = "; ".join(f"{k} at " + ", ".join(f"{s} P {P}" for s, P in sorted(groups_of[k])) for k in sorted(groups_of)
                           if k != repeats)
         argv = f"--sizes {a.sizes} --prompts {a.prompts} --new-tokens {a.new_tokens} --repeats {repeats} --threads {threads}" \
-            + (f" --hybrid {shlex.quote(a.hybrid)} --kept {a.kept}" if a.hybrid else " --hybrid ''") + (" --compile" if a.compile else "") + " --out OUT"
+            + (f" --hybrid {shlex.quote(a.hybrid)} --kept {a.kept}" if a.hybrid else " --hybrid ''") + (" --compile" if a.compile else "") \
+            + (" --general-step" if a.general_step else "") + " --out OUT"
         meta = {"argv": argv, "when": time.strftime("%Y-%m-%d"), "threads": "/".join(stored_threads),
                 "cpus": os.cpu_count(), "load_min": min(loads), "load_max": max(loads), "new_tokens": a.new_tokens,
                 "repeats_other": other}

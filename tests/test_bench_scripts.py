@@ -464,3 +464,33 @@ def test_linearize_speed_quick_resumes_and_writes_its_section(tmp_path):
     r = _run("linearize_speed.py", *args, timeout=600)  # resumed: every measurement is stored, nothing runs again
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert {p: p.stat().st_mtime for p in out.glob("64x2_P*.json")} == mtimes and "repeat 1/1" not in r.stdout
+
+
+def test_linearize_speed_general_step_copy_is_the_fused_steps_ab():
+    """bench/linearize_speed.py --general-step: a copy of a student sharing its weights whose mixers take the general
+    decoding path (the original's keep their fused step), decoding the same tokens; None for a student with no fused step."""
+    pytest.importorskip("transformers", reason="the optional extra 'hf' is not installed: pip install 'seqmix[hf]'")
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import linearize_speed
+
+        teacher = linearize_speed.teacher(32, 2, 64)  # (it imports bench/linearize_teacher.py)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    import torch
+
+    from seqmix.linearize import linearize
+
+    for mixer, cfg, fused in (("gated_deltanet", {}, True), ("gla", {}, True), ("lolcats", {"window": 4}, False)):
+        student = linearize(linearize_speed._sharing_copy(teacher), mixer=mixer, layers="all", inplace=True, **cfg).eval()
+        general = linearize_speed.general_step_copy(student)
+        if not fused:
+            assert general is None
+            continue
+        flags = lambda m: [x.__dict__["_step_fusable"] for x in m.modules() if "_step_fusable" in x.__dict__]  # noqa: E731
+        assert flags(student) == [True, True] and flags(general) == [False, False]
+        assert {p.data_ptr() for p in general.parameters()} == {p.data_ptr() for p in student.parameters()}
+        prompt = torch.randint(2, 256, (1, 9), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            a, b = (m.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0) for m in (student, general))
+        assert torch.equal(a, b), mixer

@@ -8,7 +8,7 @@ import torch
 
 import seqmix
 from seqmix.analysis import show
-from tolerances import assert_modes_agree_f64, max_abs
+from tolerances import BF16_MODE_RTOL, F32_RTOL, F64_ATOL, assert_modes_agree_f64, max_abs, rel_err
 
 
 def build(name, **kw):
@@ -178,3 +178,87 @@ def test_l2_normalize_gives_f_normalize_numbers(dtype):
     t[0, 0, 0] = 0
     assert torch.equal(l2_normalize(t), F.normalize(t, dim=-1))
     assert torch.equal(l2_normalize(t, 1e-3), F.normalize(t, dim=-1, eps=1e-3))
+
+
+#: the delta-rule configs whose decoding step takes DeltaNet._fused_step: each preset, with the options it touches
+FUSED_CASES = {
+    "deltanet": ("deltanet", {}), "gated_deltanet": ("gated_deltanet", {}), "kda": ("kda", {}),
+    "qwen3_next_gdn": ("qwen3_next_gdn", {"heads": 4, "k_heads": 2}), "kimi_kda": ("kimi_kda", {"gate_rank": 8}),
+    "negative-no_conv-no_gate": ("gated_deltanet", {"negative_eigenvalues": True, "conv_size": None, "gate": False}),
+    "sigmoid-scale_none-bias": ("gated_deltanet", {"gate_act": "sigmoid", "scale": "none", "qkv_bias": True}),
+}
+
+
+def test_the_fused_step_takes_the_configs_it_covers_and_leaves_the_rest():
+    for name, kw in FUSED_CASES.values():
+        assert build(name, **kw).__dict__["_step_fusable"], (name, kw)
+    for name, kw in (("gated_deltaproduct", {}), ("gated_deltanet2", {}), ("precond_gated_deltanet", {}), ("comba", {})):
+        assert not build(name, **kw).__dict__["_step_fusable"], name
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=["f64", "f32", "bf16"])
+@pytest.mark.parametrize("in_place", [False, True], ids=["new-state", "in-place"])
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_fused_step_equals_the_general_step(case, in_place, dtype):
+    """DeltaNet._fused_step (a decoding step after a prefill, in one pass) against the general path (_params, _core_op,
+    _readout in mode "step"): four steps after a prefill of 4 tokens, outputs and every state entry; float64 within
+    F64_ATOL, float32 within F32_RTOL, bfloat16 within BF16_MODE_RTOL; the states written in place or not."""
+    import contextlib
+    import copy
+
+    from seqmix.ops import states_in_place
+
+    name, kw = FUSED_CASES[case]
+    fused = build(name, **kw)
+    with torch.no_grad():  # biases and the short convs away from their init, so that every term counts
+        for p in fused.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=p.dtype))
+    fused = fused.to(torch.float32 if dtype == torch.bfloat16 else dtype).to(dtype)
+    general = copy.deepcopy(fused)
+    general.__dict__["_step_fusable"] = False
+    x = x_(T=8).to(dtype)
+    ctx = states_in_place if in_place else contextlib.nullcontext
+    runs = []
+    with torch.no_grad():
+        for m in (fused, general):
+            c = seqmix.Cache()
+            m(x[:, :4], cache=c)
+            state, ys = c.get(m), []
+            with ctx():
+                for t in range(4, 8):
+                    y, state = m.decode_step(x[:, t:t + 1], state)
+                    ys.append(y)
+                    state = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in state.items()}
+            runs.append((torch.cat(ys, 1), state))
+    (y_f, s_f), (y_g, s_g) = runs
+    assert set(s_f) == set(s_g)
+    for a, b in [(y_f, y_g)] + [(s_f[k], s_g[k]) for k in s_g]:
+        assert a.shape == b.shape and a.dtype == b.dtype
+        if dtype == torch.float64:
+            assert max_abs(a, b) < F64_ATOL
+        else:
+            assert rel_err(a, b) < (F32_RTOL if dtype == torch.float32 else BF16_MODE_RTOL)
+
+
+def test_the_fused_step_runs_and_hands_the_general_paths_values():
+    """The fused path is the one a decoding step after a prefill takes (a spy on it), and its MixOut's values and mixed
+    outputs are the general path's (the per-map values the analysis reads)."""
+    import copy
+
+    m = build("gated_deltanet")
+    general = copy.deepcopy(m)
+    general.__dict__["_step_fusable"] = False
+    x = x_(T=6)
+    calls = []
+    orig = type(m)._fused_step
+    m._fused_step = lambda *a: calls.append(1) or orig(m, *a)
+    with torch.no_grad():
+        outs = []
+        for mm in (m, general):
+            c = seqmix.Cache()
+            mm(x[:, :5], cache=c)
+            outs.append(mm._forward(x[:, 5:], state=c.get(mm), mode="step", need_state=True))
+    assert calls == [1]
+    f, g = outs
+    for a, b in ((f.y, g.y), (f.values() if callable(f.values) else f.values, g.values), (f.mixed() if callable(f.mixed) else f.mixed, g.mixed)):
+        assert a.shape == b.shape and max_abs(a, b) < F64_ATOL

@@ -50,7 +50,8 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..dsf import DSF
-from ..ops.delta_rule import delta_product, delta_product_map, delta_rule, delta_rule_map
+from ..ops.conv import causal_conv1d_step
+from ..ops.delta_rule import delta_product, delta_product_map, delta_rule, delta_rule_map, delta_rule_step
 from ..ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_map
 from ..ops.recurrence import linear_recurrence
 from ..ops.precision import linear_f32, upcast
@@ -236,6 +237,7 @@ class DeltaNet(Mixer):
             self.W_g = nn.Linear(d, d_v, bias=False)
         self.W_o = nn.Linear(d_v, d, bias=False)
         self._scale = self.K**-0.5 if c.scale == "inv_sqrt_k" else 1.0
+        self.__dict__["_step_fusable"] = self._fusable()
 
     @classmethod
     def example_config(cls) -> dict:
@@ -320,6 +322,8 @@ class DeltaNet(Mixer):
     # -- forward -------------------------------------------------------------------------
 
     def _forward(self, x, *, state, mode, need_state):
+        if mode == "step" and self.__dict__["_step_fusable"] and state and state.get("S") is not None:
+            return self._fused_step(x, state)
         c = self.config
         P = self._params(x, state, need_state)
         o, S = self._core_op(P, P.v, state.get("S") if state else None, mode, need_state)
@@ -327,6 +331,64 @@ class DeltaNet(Mixer):
         if self.n > 1:  # values and mixed per (head, Householder step): see core()
             return MixOut(y, {"S": S, **P.state} if need_state else None)
         return MixOut(y, {"S": S, **P.state} if need_state else None, values=P.v, mixed=o)
+
+    # -- the fused decoding step --------------------------------------------------------
+
+    def _fusable(self) -> bool:
+        """Whether :meth:`_fused_step` computes this config's decoding step: one delta step per token (not DeltaProduct),
+        the scalar β (not GDN-2's channel gates), no ATK preconditioner, no Comba key or correction, and the class's own
+        parameter functions and readout."""
+        c, cls = self.config, type(self)
+        return (cls._params is DeltaNet._params and cls._readout is DeltaNet._readout and cls._core_op is DeltaNet._core_op
+                and self.n == 1 and not c.channel_gates and c.preconditioner == "none" and not c.inner_decay
+                and not c.output_correction)
+
+    def _fused_step(self, x, state) -> MixOut:
+        """One decoding step of a :meth:`_fusable` config after a prefill (``state`` holds S and the convs' states), in
+        one pass on the token's [B, d] row: the projections, each short conv's step (:func:`~seqmix.ops.causal_conv1d_step`,
+        its state shifted in place inside :func:`~seqmix.ops.states_in_place`), the L2 norms, β and the gate on the
+        [B, H, ·] layout the step op takes, :func:`~seqmix.ops.delta_rule_step` (S in place), the norm, the output gate
+        and W_o — no [B, T, ...] views. The same numbers as :meth:`_params`, :meth:`_core_op` and :meth:`_readout` in
+        mode "step" (tests/test_delta_mixers.py ties them for every fusable preset)."""
+        c = self.config
+        B = x.shape[0]
+        H, Hk, K, V = self.H, self.Hk, self.K, self.V
+        u = x.reshape(B, x.shape[-1])  # [B, d] (a view of the one token)
+        q, k, v = self.W_q(u), self.W_k(u), self.W_v(u)
+        new = {}
+        if c.conv_size and c.fused_conv:
+            conv = self.conv
+            qkv, new["conv"] = causal_conv1d_step(torch.cat([q, k, v], dim=-1), conv.weight, conv.bias, state["conv"],
+                                                  activation=conv.activation)
+            q, k, v = qkv.split([c.d_k, c.d_k, c.d_v], dim=-1)
+        elif c.conv_size:
+            out = []
+            for name, conv, t in (("conv_q", self.conv_q, q), ("conv_k", self.conv_k, k), ("conv_v", self.conv_v, v)):
+                y, new[name] = causal_conv1d_step(t, conv.weight, conv.bias, state[name], activation=conv.activation)
+                out.append(y)
+            q, k, v = out
+        else:
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        q, k = self._l2(q.view(B, Hk, K)), self._l2(k.view(B, Hk, K))
+        if Hk != H:  # GVA: q/k head j serves value heads j·r .. j·r + r - 1
+            q, k = q.repeat_interleave(H // Hk, dim=1), k.repeat_interleave(H // Hk, dim=1)
+        v = v.view(B, H, V)
+        beta = torch.sigmoid(self.W_beta(u))  # [B, H]
+        if c.negative_eigenvalues:
+            beta = 2 * beta
+        g = None
+        if c.decay == "head":  # log α = −A_h softplus(x W_a + b_Δ) [B, H]
+            g = self.layer_constant("a", lambda: -self.A_log.exp(), self.A_log) * F.softplus(self.W_a(u) + self.dt_bias)
+        elif c.decay == "key":  # [B, H, K]
+            a = self.layer_constant("a", lambda: -self.A_log.exp().view(H, 1), self.A_log)
+            g = a * F.softplus(self.W_a(u) + self.dt_bias).view(B, H, K)
+        o, new["S"] = delta_rule_step(q, k, v, beta, g, state["S"], scale=self._scale, check_values=False, check_shapes=False)
+        r = self.norm(o).reshape(B, H * V) if c.norm_shared else self.norm(o.reshape(B, H * V))
+        if self.W_g is not None:
+            gate = self.W_g(u)
+            r = r * (torch.sigmoid(gate) if c.gate_act == "sigmoid" else F.silu(gate))
+        y = self.W_o(r)
+        return MixOut(y.view(B, 1, -1), new, values=lambda: v.unsqueeze(1), mixed=lambda: o.unsqueeze(1))
 
     def _core_op(self, P, v, S0, mode, need_state):
         c = self.config

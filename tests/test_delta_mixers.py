@@ -8,7 +8,7 @@ import torch
 
 import seqmix
 from seqmix.analysis import show
-from tolerances import BF16_MODE_RTOL, F32_RTOL, F64_ATOL, assert_modes_agree_f64, max_abs, rel_err
+from tolerances import F64_ATOL, assert_fused_step_agrees, assert_modes_agree_f64, max_abs
 
 
 def build(name, **kw):
@@ -203,10 +203,7 @@ def test_fused_step_equals_the_general_step(case, in_place, dtype):
     """DeltaNet._fused_step (a decoding step after a prefill, in one pass) against the general path (_params, _core_op,
     _readout in mode "step"): four steps after a prefill of 4 tokens, outputs and every state entry; float64 within
     F64_ATOL, float32 within F32_RTOL, bfloat16 within BF16_MODE_RTOL; the states written in place or not."""
-    import contextlib
     import copy
-
-    from seqmix.ops import states_in_place
 
     name, kw = FUSED_CASES[case]
     fused = build(name, **kw)
@@ -216,28 +213,7 @@ def test_fused_step_equals_the_general_step(case, in_place, dtype):
     fused = fused.to(torch.float32 if dtype == torch.bfloat16 else dtype).to(dtype)
     general = copy.deepcopy(fused)
     general.__dict__["_step_fusable"] = False
-    x = x_(T=8).to(dtype)
-    ctx = states_in_place if in_place else contextlib.nullcontext
-    runs = []
-    with torch.no_grad():
-        for m in (fused, general):
-            c = seqmix.Cache()
-            m(x[:, :4], cache=c)
-            state, ys = c.get(m), []
-            with ctx():
-                for t in range(4, 8):
-                    y, state = m.decode_step(x[:, t:t + 1], state)
-                    ys.append(y)
-                    state = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in state.items()}
-            runs.append((torch.cat(ys, 1), state))
-    (y_f, s_f), (y_g, s_g) = runs
-    assert set(s_f) == set(s_g)
-    for a, b in [(y_f, y_g)] + [(s_f[k], s_g[k]) for k in s_g]:
-        assert a.shape == b.shape and a.dtype == b.dtype
-        if dtype == torch.float64:
-            assert max_abs(a, b) < F64_ATOL
-        else:
-            assert rel_err(a, b) < (F32_RTOL if dtype == torch.float32 else BF16_MODE_RTOL)
+    assert_fused_step_agrees(fused, general, x_(T=8).to(dtype), 4, 4, in_place, dtype)
 
 
 def test_the_fused_step_runs_and_hands_the_general_paths_values():
@@ -260,5 +236,6 @@ def test_the_fused_step_runs_and_hands_the_general_paths_values():
             outs.append(mm._forward(x[:, 5:], state=c.get(mm), mode="step", need_state=True))
     assert calls == [1]
     f, g = outs
-    for a, b in ((f.y, g.y), (f.values() if callable(f.values) else f.values, g.values), (f.mixed() if callable(f.mixed) else f.mixed, g.mixed)):
+    got = lambda v: v() if callable(v) else v  # noqa: E731  (the fused step hands its values and mixed lazily)
+    for a, b in ((f.y, g.y), (got(f.values), got(g.values)), (got(f.mixed), got(g.mixed))):
         assert a.shape == b.shape and max_abs(a, b) < F64_ATOL

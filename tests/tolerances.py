@@ -46,6 +46,41 @@ def assert_decodes_splits_and_maps(m, x, where: str = "", split: int = 5):
     Bt, _, M, P = values.shape
     assert max_abs(m.dsf(x).evaluate(values.reshape(Bt, T, M * P)), mixed.reshape(Bt, T, M * P)) < F64_ATOL, f"{where}: dsf"
 
+def assert_fused_step_agrees(fused, general, x, prefill: int, steps: int, in_place: bool, dtype) -> None:
+    """A mixer's fused decoding step against the same mixer on its general path (``general``: a copy with the fused
+    step off): ``steps`` decoding steps of x [B, prefill + steps, d] after a prefill of ``prefill`` tokens (0: from no
+    state), the states updated in place (``seqmix.ops.states_in_place``) or not; the outputs and every state entry
+    agree within F64_ATOL (float64), F32_RTOL (float32) or BF16_MODE_RTOL (bfloat16: a product and a sum fused as one
+    op may round one bf16 step apart)."""
+    import contextlib
+
+    from seqmix.mixers.base import Cache
+    from seqmix.ops import states_in_place
+
+    ctx = states_in_place if in_place else contextlib.nullcontext
+    runs = []
+    with torch.no_grad():
+        for m in (fused, general):
+            c = Cache()
+            if prefill:
+                m(x[:, :prefill], cache=c)
+            state, ys = c.get(m), []
+            with ctx():
+                for t in range(prefill, prefill + steps):
+                    y, state = m.decode_step(x[:, t:t + 1], state)
+                    ys.append(y)
+                    state = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in state.items()}
+            runs.append((torch.cat(ys, 1), state))
+    (y_f, s_f), (y_g, s_g) = runs
+    assert set(s_f) == set(s_g)
+    for a, b in [(y_f, y_g)] + [(s_f[k], s_g[k]) for k in s_g]:
+        assert a.shape == b.shape and a.dtype == b.dtype
+        if dtype == torch.float64:
+            assert max_abs(a, b) < F64_ATOL
+        else:
+            assert rel_err(a, b) < (F32_RTOL if dtype == torch.float32 else BF16_MODE_RTOL)
+
+
 #: 2 ranks × batch b against 1 process × batch 2b (tests/test_distributed.py): relative error of
 #: each step's training loss and each evaluation's loss, float32 (gradients are summed in
 #: another order by the all-reduce, and Adam carries the differences on)

@@ -278,18 +278,24 @@ class DeltaNet(Mixer):
             q = q - self.D.view(H, 1) * (p if p is not None else k)
         if c.negative_eigenvalues and not c.channel_gates:
             beta = 2 * beta
-        g = None
-        if c.decay == "head":  # Gated DeltaNet: log α = −A_h softplus(x W_a + b_Δ)  (= −Δ_t A, Mamba-2)
-            g = self.layer_constant("a", lambda: -self.A_log.exp(), self.A_log) * F.softplus(self.W_a(x) + self.dt_bias)
-        elif c.decay == "key":  # KDA-style: one gate per key channel
-            a = self.layer_constant("a", lambda: -self.A_log.exp().view(H, 1), self.A_log)
-            g = a * F.softplus(self.W_a(x) + self.dt_bias).view(B, T, H, K)
+        g = self._log_decay(x)
         if c.preconditioner == "atk":  # write with k̃ = k ⊙ M_t, erase with k: the op's b (the read key) is k
             k_write, A_T = self._precondition(x, k, state)
             if need_state:
                 new["A"] = A_T
             k, p = k_write, k
         return _Params(q=q, k=k, v=v, beta=beta, g=g, state=new, p=p)
+
+    def _log_decay(self, x):
+        """log α of x [..., d]: [..., H] (decay 'head': Gated DeltaNet's −A_h softplus(x W_a + b_Δ) = −Δ_t A, Mamba-2's),
+        [..., H, K] (decay 'key': KDA's one gate per key channel), or None (decay 'none')."""
+        c, H = self.config, self.H
+        if c.decay == "head":
+            return self.layer_constant("a", lambda: -self.A_log.exp(), self.A_log) * F.softplus(self.W_a(x) + self.dt_bias)
+        if c.decay == "key":
+            a = self.layer_constant("a", lambda: -self.A_log.exp().view(H, 1), self.A_log)
+            return a * F.softplus(self.W_a(x) + self.dt_bias).view(*x.shape[:-1], H, self.K)
+        return None
 
     def _precondition(self, x, k, state):
         """(k ⊙ M_t [B, T, H, K], A_T [B, H, 1, K]): the ATK preconditioner. A_t = γ_t A_{t−1} + β^A_t k_t² per key
@@ -376,13 +382,7 @@ class DeltaNet(Mixer):
         beta = torch.sigmoid(self.W_beta(u))  # [B, H]
         if c.negative_eigenvalues:
             beta = 2 * beta
-        g = None
-        if c.decay == "head":  # log α = −A_h softplus(x W_a + b_Δ) [B, H]
-            g = self.layer_constant("a", lambda: -self.A_log.exp(), self.A_log) * F.softplus(self.W_a(u) + self.dt_bias)
-        elif c.decay == "key":  # [B, H, K]
-            a = self.layer_constant("a", lambda: -self.A_log.exp().view(H, 1), self.A_log)
-            g = a * F.softplus(self.W_a(u) + self.dt_bias).view(B, H, K)
-        o, new["S"] = delta_rule_step(q, k, v, beta, g, state["S"], scale=self._scale, check_values=False, check_shapes=False)
+        o, new["S"] = delta_rule_step(q, k, v, beta, self._log_decay(u), state["S"], scale=self._scale, check_values=False, check_shapes=False)
         r = self.norm(o).reshape(B, H * V) if c.norm_shared else self.norm(o.reshape(B, H * V))
         if self.W_g is not None:
             gate = self.W_g(u)

@@ -494,3 +494,15 @@ def test_linearize_speed_general_step_copy_is_the_fused_steps_ab():
         with torch.no_grad():
             a, b = (m.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0) for m in (student, general))
         assert torch.equal(a, b), mixer
+
+
+def test_vml_race_bench_runs(tmp_path):
+    """bench/vml_race.py with one process per arm: both arms reported (processes, inexact count, max relative
+    difference), the seqmix arm's first exp exact (seqmix.ops.mkl resolves MKL's functions at import)."""
+    r = _run("vml_race.py", "--processes", "1", "--json", str(tmp_path / "v.json"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "v.json").read_text())
+    assert set(res["arms"]) == {"torch", "seqmix"}
+    for arm in res["arms"].values():
+        assert arm["processes"] == 1 and arm["inexact"] in (0, 1) and arm["max_rel"] >= 0
+    assert res["arms"]["seqmix"]["inexact"] == 0 and res["target"]["met"] is True

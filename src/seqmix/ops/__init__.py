@@ -1,5 +1,9 @@
 """Pure tensor functions (no parameters): every mode of an op beside its reference."""
 
+from .mkl import resolve_vml
+
+resolve_vml()  # MKL's vector math settled before any op runs it on several threads (ops/mkl.py)
+
 from .recurrence import MODES as RECURRENCE_MODES
 from .attention import MODES as ATTENTION_MODES
 from .attention import (

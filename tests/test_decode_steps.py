@@ -9,6 +9,8 @@ import importlib
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 from tolerances import F32_RTOL, F64_ATOL, max_abs, rel_err
 
 from seqmix.ops import (
@@ -464,3 +466,32 @@ def test_layer_constants_made_in_inference_mode_or_another_dtype_are_not_reused(
         fresh = copy.deepcopy(m)
         fresh.__dict__.pop("_layer_constants", None)
         assert max_abs(m(x.double()), fresh(x.double())) < F64_ATOL
+
+
+def test_project_is_the_linear_layer_and_keeps_hooks_and_subclasses():
+    """seqmix.mixers.layers.project: a plain nn.Linear's F.linear (the same numbers as calling it), and the module
+    called as it is where it has a hook of its own, a global hook is registered, or it is a subclass (LoRA-like)."""
+    from seqmix.mixers.layers import project
+
+    torch.manual_seed(0)
+    lin = nn.Linear(6, 5)
+    u = torch.randn(3, 6, dtype=torch.float64)
+    lin = lin.double()
+    assert torch.equal(project(lin, u), lin(u))
+    seen = []
+    h = lin.register_forward_hook(lambda m, a, out: seen.append("own") or out * 2)
+    assert torch.equal(project(lin, u), 2 * F.linear(u, lin.weight, lin.bias)) and seen == ["own"]
+    h.remove()
+    g = torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: seen.append("global") or out + 1)
+    try:
+        assert torch.equal(project(lin, u), F.linear(u, lin.weight, lin.bias) + 1) and seen[-1] == "global"
+    finally:
+        g.remove()
+
+    class Doubled(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    d = Doubled(6, 5).double()
+    assert torch.equal(project(d, u), 2 * F.linear(u, d.weight, d.bias))
+    assert torch.equal(project(lin, u), lin(u))  # no hook left: the plain path again

@@ -88,7 +88,7 @@ from ..ops.features import (
     FEATURE_MAPS, LEARNED_FEATURE_MAPS, POSITIVE_FEATURE_MAPS, apply_feature_map, feature_dim, hedgehog_features, taylor_feature_dim,
 )
 from .base import MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, rms_norm, rope_rotate
+from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, project, rms_norm, rope_rotate
 
 FeatureMap = Literal["identity", "elu1", "relu", "exp", "taylor", "square", "hedgehog"]
 Normalizer = Literal["none", "row_sum", "abs_row_sum", "exp", "softplus", "sigmoid"]
@@ -198,14 +198,14 @@ class _Attention(Mixer):
         """q (scaled unless ``scaled=False``), k: [B, T, H, K]; v: [B, T, H, V]. ``qk_f32``: q and k in
         float32 or wider under autocast and with half parameters (docs/scale.md)."""
         B, T, _ = x.shape
-        q, k = (linear_f32(self.W_qk, x) if qk_f32 else self.W_qk(x)).split([self.n, self.kv_heads * self.head_qk], dim=-1)
+        q, k = (linear_f32(self.W_qk, x) if qk_f32 else project(self.W_qk, x)).split([self.n, self.kv_heads * self.head_qk], dim=-1)
         q = q.view(B, T, self.heads, self.head_qk)
         if scaled and self.qk_scale != 1.0:
             q = q * self.qk_scale
-        return q, k.view(B, T, self.heads, self.head_qk), self.W_v(x).view(B, T, self.heads, self.head_v)
+        return q, k.view(B, T, self.heads, self.head_qk), project(self.W_v, x).view(B, T, self.heads, self.head_v)
 
     def _readout(self, o):
-        return self.W_o(o.flatten(2))
+        return project(self.W_o, o.flatten(2))
 
     def _output_gate(self):
         """W_g of the output gate σ(W_g x) ⊙ o (heads·V outputs, the q/k/v projections' bias), or None
@@ -216,7 +216,7 @@ class _Attention(Mixer):
 
     def _gate(self, o, x):
         """σ(W_g x) ⊙ o with the output gate, o [B, T, heads, V]; o without."""
-        return o if self.W_g is None else o * torch.sigmoid(self.W_g(x)).view(o.shape).to(o.dtype)
+        return o if self.W_g is None else o * torch.sigmoid(project(self.W_g, x)).view(o.shape).to(o.dtype)
 
     def _cached_tokens(self, seq_len: int | None) -> int:
         """Tokens a KV cache holds after ``seq_len`` (min(seq_len, window − 1); window − 1 for None)."""
@@ -386,11 +386,11 @@ class SeparableAttention(_Attention):
         if c.rope and not pre:  # q and k rotated as one tensor of 2·heads heads (one RoPE call), then q scaled
             B, T, _ = x.shape
             H, K = self.heads, self.head_qk
-            qk = linear_f32(self.W_qk, x) if qk_f32 else self.W_qk(x)
+            qk = linear_f32(self.W_qk, x) if qk_f32 else project(self.W_qk, x)
             q, k = self._rotate(start, qk.view(B, T, H + self.kv_heads, K))[0].split([H, self.kv_heads], dim=2)
             if self.qk_scale != 1.0:
                 q = q * self.qk_scale
-            return q, k, self.W_v(x).view(B, T, H, self.head_v)
+            return q, k, project(self.W_v, x).view(B, T, H, self.head_v)
         q, k, v = self._qkv(x, qk_f32=qk_f32, scaled=not pre)
         if self.q_norm is not None:  # Qwen3: q_h ← RMSNorm(q_h)·γ_q, k alike, before RoPE
             q, k = self.q_norm(q).to(q.dtype), self.k_norm(k).to(k.dtype)
@@ -832,7 +832,7 @@ class SoftmaxAttention(_Attention):
         c = self.config
         B, T, _ = x.shape
         H, Hkv, K = self.heads, self.kv_heads, self.head_qk
-        qk, v = self.W_qk(x), self.W_v(x).view(B, T, Hkv, self.head_v)
+        qk, v = project(self.W_qk, x), project(self.W_v, x).view(B, T, Hkv, self.head_v)
         packed_norm = c.qk_norm == "head" and c.qk_norm_kind == "rms" and self.q_norm.eps == self.k_norm.eps
         if c.rope and (c.qk_norm == "none" or packed_norm):  # q and k normed and rotated as one tensor of H + Hkv heads
             qk = qk.view(B, T, H + Hkv, K)
@@ -881,7 +881,7 @@ class SoftmaxAttention(_Attention):
                 extras = {} if self.config.softcap is None and self.alibi_slopes is None and self.sinks is None else self._score_options()
                 o = attention_decode(q.view(B, H, -1), *heads, scale=self.qk_scale, heads_first=True, **extras)  # [B, H, V]
                 if self.W_g is None:
-                    y = self.W_o(o.view(B, 1, -1))
+                    y = project(self.W_o, o.view(B, 1, -1))
                 else:
                     y = self._gated_readout(o.view(B, 1, H, -1), x)
                 return MixOut(y, {"kv": kv} if need_state else None,

@@ -56,7 +56,9 @@ from ..ops.momentum_delta import momentum_delta_rule, momentum_delta_rule_map
 from ..ops.recurrence import linear_recurrence
 from ..ops.precision import linear_f32, upcast
 from .base import ExpandedWidths, Mixer, MixerConfig, MixOut, register, register_preset
-from .layers import LayerNorm, RMSNorm, ShortConv, check_rope_fields, l2_normalize, rope_rotate, short_conv_qkv, token_mix
+from .layers import (
+    LayerNorm, RMSNorm, ShortConv, check_rope_fields, l2_normalize, project, rope_rotate, short_conv_qkv, token_mix,
+)
 
 # Gated DeltaNet's initialization (the released code): A uniform in [A_MIN, A_MAX], Δ at init log-uniform in [DT_MIN, DT_MAX]
 A_MIN, A_MAX = 1.0, 16.0
@@ -291,10 +293,10 @@ class DeltaNet(Mixer):
         [..., H, K] (decay 'key': KDA's one gate per key channel), or None (decay 'none')."""
         c, H = self.config, self.H
         if c.decay == "head":
-            return self.layer_constant("a", lambda: -self.A_log.exp(), self.A_log) * F.softplus(self.W_a(x) + self.dt_bias)
+            return self.layer_constant("a", lambda: -self.A_log.exp(), self.A_log) * F.softplus(project(self.W_a, x) + self.dt_bias)
         if c.decay == "key":
             a = self.layer_constant("a", lambda: -self.A_log.exp().view(H, 1), self.A_log)
-            return a * F.softplus(self.W_a(x) + self.dt_bias).view(*x.shape[:-1], H, self.K)
+            return a * F.softplus(project(self.W_a, x) + self.dt_bias).view(*x.shape[:-1], H, self.K)
         return None
 
     def _precondition(self, x, k, state):
@@ -360,7 +362,7 @@ class DeltaNet(Mixer):
         B = x.shape[0]
         H, Hk, K, V = self.H, self.Hk, self.K, self.V
         u = x.reshape(B, x.shape[-1])  # [B, d] (a view of the one token)
-        q, k, v = self.W_q(u), self.W_k(u), self.W_v(u)
+        q, k, v = project(self.W_q, u), project(self.W_k, u), project(self.W_v, u)
         new = {}
         if c.conv_size and c.fused_conv:
             conv = self.conv
@@ -379,15 +381,15 @@ class DeltaNet(Mixer):
         if Hk != H:  # GVA: q/k head j serves value heads j·r .. j·r + r - 1
             q, k = q.repeat_interleave(H // Hk, dim=1), k.repeat_interleave(H // Hk, dim=1)
         v = v.view(B, H, V)
-        beta = torch.sigmoid(self.W_beta(u))  # [B, H]
+        beta = torch.sigmoid(project(self.W_beta, u))  # [B, H]
         if c.negative_eigenvalues:
             beta = 2 * beta
         o, new["S"] = delta_rule_step(q, k, v, beta, self._log_decay(u), state["S"], scale=self._scale, check_values=False, check_shapes=False)
         r = self.norm(o).reshape(B, H * V) if c.norm_shared else self.norm(o.reshape(B, H * V))
         if self.W_g is not None:
-            gate = self.W_g(u)
+            gate = project(self.W_g, u)
             r = r * (torch.sigmoid(gate) if c.gate_act == "sigmoid" else F.silu(gate))
-        y = self.W_o(r)
+        y = project(self.W_o, r)
         return MixOut(y.view(B, 1, -1), new, values=lambda: v.unsqueeze(1), mixed=lambda: o.unsqueeze(1))
 
     def _core_op(self, P, v, S0, mode, need_state):

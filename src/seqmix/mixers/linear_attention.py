@@ -113,7 +113,7 @@ from ..ops import (
 )
 from ..ops.precision import complex_, compute_dtype, linear_f32, upcast
 from .base import ExpandedWidths, MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import BlockDiagonalLinear, LayerNorm, RMSNorm, ShortConv, l2_normalize, short_conv_qkv, token_mix
+from .layers import BlockDiagonalLinear, LayerNorm, RMSNorm, ShortConv, l2_normalize, project, short_conv_qkv, token_mix
 
 # the vocabulary of each parameter function (the config fields below take exactly these names)
 Query = Literal["proj", "one"]
@@ -623,7 +623,7 @@ class GeneralForm(Mixer):
         elif kind == "lru":
             la = complex_(-torch.exp(upcast(self.nu_log)), torch.exp(upcast(self.theta_log))).view(H, K).expand(B, T, H, K)
         elif kind in ("sigmoid", "low_rank_sigmoid", "exp"):
-            z = upcast(self.W_a(u))  # decays in float32 or wider (docs/scale.md)
+            z = upcast(project(self.W_a, u))  # decays in float32 or wider (docs/scale.md)
             z = self._soft_cap(z.view(B, T, H) if c.decay_per_head else z.view(B, T, H, K))
             lb = c.decay_lower_bound
             if kind == "exp":  # xLSTM's exponential forget gate: log f = f̃ (stabilized in _params)
@@ -634,14 +634,14 @@ class GeneralForm(Mixer):
             d = upcast(self.w0) + torch.tanh(u @ self.A_w.to(u.dtype)) @ self.B_w.to(u.dtype)
             la = -torch.exp(upcast(d)).view(B, T, H, K)
         elif kind == "reversed_sigmoid":  # DSF eq. (23): σ_rev(z)^a = σ(-z)^a
-            z = upcast(self.W_a(u)).view(B, T, H, K)
+            z = upcast(project(self.W_a, u)).view(B, T, H, K)
             a = {"relu": lambda: F.relu(self.a), "exp": lambda: torch.exp(self.a_log), "fixed": lambda: 1.0}[c.rs_exponent]()
             la = a * F.logsigmoid(-z)
         elif kind == "key_pool":  # Liger (Lan et al. 2025, §3.2): α_t = σ(Pool(x W_K)), no parameter of its own
             k = upcast(k_proj)
             la = F.logsigmoid(k.mean(-1) if c.decay_per_head else k)
         elif kind == "rg_lru":  # Griffin: log a_t = c r_t log σ(Λ) = -c r_t softplus(-Λ)
-            r = torch.sigmoid(upcast(self.W_a(u))).view(B, T, H, K)
+            r = torch.sigmoid(upcast(project(self.W_a, u))).view(B, T, H, K)
             la = r * self.layer_constant("rg_lru log a", lambda: -c.rg_lru_c * F.softplus(-upcast(self.Lambda)).view(H, K), self.Lambda)
         else:  # delta_A, Mamba: log α = -Δ_t A
             delta = F.softplus(upcast(self.W_delta(self.W_u(u))))  # [B, T, H]
@@ -694,12 +694,12 @@ class GeneralForm(Mixer):
         """f_v of the real value options on the stream u_v [..., d_in] -> [..., d_v] ('lru', complex, is _params')."""
         kind = self.config.value
         if kind == "proj":
-            return self.W_v(u_v)
+            return project(self.W_v, u_v)
         if kind == "identity":
             return u_v
         if kind == "silu_proj":
-            return F.silu(self.W_v(u_v))
-        return torch.sigmoid(self.W_v(u_v)) * u_v  # gated_identity
+            return F.silu(project(self.W_v, u_v))
+        return torch.sigmoid(project(self.W_v, u_v)) * u_v  # gated_identity
 
     def _tied_key(self, la):
         """f_k tied to the decay, from log α key-wise (any leading shape): 1 - α ('one_minus_decay', MetaLA, HGRN) or
@@ -981,18 +981,18 @@ class GeneralForm(Mixer):
             la = self._decay(u.view(B, 1, -1))[0].select(1, 0)
         li = m = None
         if m_prev is not None:  # xLSTM's exponential input gate, stabilized with the forget gate (as _params)
-            la, li, m = max_stabilizer_step(la, self._soft_cap(upcast(self.W_i(u_k))), m_prev.to(la.dtype))
+            la, li, m = max_stabilizer_step(la, self._soft_cap(upcast(project(self.W_i, u_k))), m_prev.to(la.dtype))
             new["m"] = m
         fm = c.feature_map if c.feature_map not in _IDENTITIES else None  # (φ = identity: no call)
         kind = c.key
         if kind == "proj":
-            k = self.W_k(u_k).view(B, H, K)
+            k = project(self.W_k, u_k).view(B, H, K)
             if fm is not None:
                 k = _act(fm, k)
         elif kind == "exp_proj":
-            k = torch.exp(self.W_k(u_k)).view(B, H, K)
+            k = torch.exp(project(self.W_k, u_k)).view(B, H, K)
         elif kind == "sigmoid_proj":
-            k = torch.sigmoid(self.W_k(u_k)).view(B, H, K)
+            k = torch.sigmoid(project(self.W_k, u_k)).view(B, H, K)
         elif kind == "one":
             k = u.new_ones(B, H, K)
         else:  # one_minus_decay, sqrt_one_minus_decay_sq: tied to the decay
@@ -1002,7 +1002,7 @@ class GeneralForm(Mixer):
         if li is not None:  # the stabilized input gate, folded into the key
             k = k * torch.exp(li).unsqueeze(-1)
         if c.query == "proj":
-            q = self.W_q(u).view(B, H, K)
+            q = project(self.W_q, u).view(B, H, K)
             if fm is not None:
                 q = _act(fm, q)
         else:
@@ -1025,10 +1025,10 @@ class GeneralForm(Mixer):
         if self.norm is not None:
             r = self.norm(r)
         if self.W_g is not None:
-            r = r * _act(c.gate, self.W_g(u_g))
+            r = r * _act(c.gate, project(self.W_g, u_g))
         if z is not None:
             r = r * z.reshape(B, -1)
-        y = self.W_o(r) if self.W_o is not None else r
+        y = project(self.W_o, r) if self.W_o is not None else r
         if c.skip == "input":
             y = y + self.D * x.reshape(B, -1)
         return MixOut(y.view(B, 1, -1), new, values=lambda: v.unsqueeze(1), mixed=lambda: o.unsqueeze(1))

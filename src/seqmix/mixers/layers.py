@@ -63,9 +63,9 @@ def rope_rotate(module: nn.Module, theta: float, start: int, *ts: torch.Tensor, 
 
 
 def project(lin: nn.Module, u: torch.Tensor) -> torch.Tensor:
-    """``lin(u)`` for a decoding step's projection: ``F.linear`` on the weight and bias of a plain ``nn.Linear`` with no
-    hook (of its own or global), without the module call's Python frames (about 3 µs of 5 for a one-token
-    projection); anything else (a subclass, a wrapped or hooked layer: LoRA, quantized, FSDP) is called as it is."""
+    """``lin(u)`` for the mixers' projections (decoding steps, attention's q/k/v/o): ``F.linear`` on the weight and bias
+    of a plain ``nn.Linear`` with no hook (of its own or global), without the module call's Python frames; anything
+    else (a subclass, a wrapped or hooked layer: LoRA, quantized, FSDP) is called as it is."""
     if type(lin) is nn.Linear and not (lin._forward_pre_hooks or lin._forward_hooks or lin._backward_pre_hooks
                                        or lin._backward_hooks or _GLOBAL_HOOKS or _GLOBAL_PRE_HOOKS
                                        or _GLOBAL_BACKWARD_HOOKS or _GLOBAL_BACKWARD_PRE_HOOKS):

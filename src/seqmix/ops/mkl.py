@@ -5,13 +5,13 @@ oneMKL's VML, each intra-op thread on its chunk. oneMKL 2024.2 (the version in t
 VML function's kernel lazily, on its first call; when that first call runs on several threads at once, one
 thread can run a low-accuracy kernel for its whole chunk of that one call (pytorch/pytorch#188792: errors
 up to ~4000 ulp; later calls are exact). Seen here: the first ``torch.exp`` of a fresh process on a float64
-[2, 21, 40, 8] tensor with two threads returned the second half off by up to 3.3e-9 relative (one process
-in about four), so a float64 reference computed first differed from a kernel computed second by 3e-8 and a
-tight equivalence test failed one run in twenty.
+[2, 21, 40, 8] tensor with two threads returned the second half off by up to 3.3e-9 relative, so a float64
+reference computed first differed from a kernel computed second by 3e-8 and failed a tight equivalence test
+(bench/vml_race.py counts how often a fresh process's first call is inexact, with and without seqmix).
 
 :func:`resolve_vml` calls each of those functions once on a one-element tensor of each float dtype (one
 thread: below any parallel grain), which settles the choice for the process; ``import seqmix`` runs it once
-(about a tenth of a millisecond). It does nothing where torch has no MKL. A process that ran such ops on
+(about a millisecond). It does nothing where torch has no MKL. A process that ran such ops on
 several threads before importing seqmix may already have had one inexact call; later calls are exact.
 """
 

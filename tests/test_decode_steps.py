@@ -495,3 +495,35 @@ def test_project_is_the_linear_layer_and_keeps_hooks_and_subclasses():
     d = Doubled(6, 5).double()
     assert torch.equal(project(d, u), 2 * F.linear(u, d.weight, d.bias))
     assert torch.equal(project(lin, u), lin(u))  # no hook left: the plain path again
+
+
+def test_project_of_grouped_rows_equals_the_module_and_keeps_hooks():
+    """project on a GroupedRows (a student's k or v kept at the teacher's kv heads): its stored Linear's F.linear with
+    the rows gathered, the numbers of calling the module and of the expanded Linear; a hook on the GroupedRows or on
+    its stored Linear, or a stored Linear that is a subclass, runs the module call."""
+    from seqmix.mixers.layers import GroupedRows, project
+
+    torch.manual_seed(0)
+    g = GroupedRows(6, [[4, 2, 3], [1, 1, 2]]).double()
+    u = torch.randn(3, 6, dtype=torch.float64)
+    dense = F.linear(u, g.expanded_weight(), g.bias)
+    assert torch.equal(project(g, u), g(u)) and torch.allclose(project(g, u), dense, rtol=0, atol=1e-12)
+    assert project(g, u).shape == (3, 14)
+    from unittest import mock
+
+    with mock.patch.object(GroupedRows, "forward", side_effect=AssertionError("module called")):
+        assert torch.equal(project(g, u), g.gather(F.linear(u, g.proj.weight, g.proj.bias)))  # no module call
+    for target in (g, g.proj):
+        h = target.register_forward_hook(lambda m, a, out: out * 2)
+        assert torch.equal(project(g, u), g(u))
+        assert torch.allclose(project(g, u), 2 * dense, rtol=0, atol=1e-12)
+        h.remove()
+
+    class Doubled(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    d = Doubled(6, g.proj.out_features).double()
+    d.load_state_dict(g.proj.state_dict())
+    g.proj = d
+    assert torch.allclose(project(g, u), 2 * dense, rtol=0, atol=1e-12)

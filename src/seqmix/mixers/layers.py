@@ -64,12 +64,20 @@ def rope_rotate(module: nn.Module, theta: float, start: int, *ts: torch.Tensor, 
 
 def project(lin: nn.Module, u: torch.Tensor) -> torch.Tensor:
     """``lin(u)`` for the mixers' projections (decoding steps, attention's q/k/v/o): ``F.linear`` on the weight and bias
-    of a plain ``nn.Linear`` with no hook (of its own or global), without the module call's Python frames; anything
-    else (a subclass, a wrapped or hooked layer: LoRA, quantized, FSDP) is called as it is."""
-    if type(lin) is nn.Linear and not (lin._forward_pre_hooks or lin._forward_hooks or lin._backward_pre_hooks
-                                       or lin._backward_hooks or _GLOBAL_HOOKS or _GLOBAL_PRE_HOOKS
-                                       or _GLOBAL_BACKWARD_HOOKS or _GLOBAL_BACKWARD_PRE_HOOKS):
+    of a plain ``nn.Linear`` with no hook (of its own or global), without the module call's Python frames; a plain
+    :class:`GroupedRows` around a plain Linear (a linearized student's k and v kept at the teacher's kv heads) the same
+    way, its rows gathered after; anything else (a subclass, a wrapped or hooked layer: LoRA, quantized, FSDP) is
+    called as it is."""
+    kind = type(lin)
+    hooked = (lin._forward_pre_hooks or lin._forward_hooks or lin._backward_pre_hooks or lin._backward_hooks
+              or _GLOBAL_HOOKS or _GLOBAL_PRE_HOOKS or _GLOBAL_BACKWARD_HOOKS or _GLOBAL_BACKWARD_PRE_HOOKS)  # (inline)
+    if kind is nn.Linear and not hooked:
         return F.linear(u, lin.weight, lin.bias)
+    if kind is GroupedRows and not hooked:
+        proj = lin._modules["proj"]
+        if type(proj) is nn.Linear and not (proj._forward_pre_hooks or proj._forward_hooks or proj._backward_pre_hooks
+                                            or proj._backward_hooks):  # (the global hooks: tested above)
+            return lin.gather(F.linear(u, proj.weight, proj.bias))
     return lin(u)
 
 
@@ -293,8 +301,12 @@ class GroupedRows(nn.Module):
         rows = self.index[start:stop]
         return int(rows.min()), int(rows.max()) + 1
 
+    def gather(self, y: torch.Tensor) -> torch.Tensor:
+        """The output rows [..., out_features] from the stored rows' y [..., stored rows] (each group's row repeated)."""
+        return y.unflatten(-1, (-1, self.block)).index_select(-2, self._buffers["block_index"]).flatten(-2)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).unflatten(-1, (-1, self.block)).index_select(-2, self.block_index).flatten(-2)
+        return self.gather(self.proj(x))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, segments={self.segments}"

@@ -22,6 +22,7 @@ next-token loss alone). What trains:
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -130,7 +131,10 @@ def lora(model: nn.Module, rank: int, *, targets: str = "kept", trainable: str =
         raise ValueError(f"linearize: argument 'lora_targets' = {targets!r}: the model has no such Linear layer to adapt")
     cfg = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank, lora_dropout=dropout,
                      target_modules="^(" + "|".join(re.escape(t) for t in paths) + ")$", bias="none")
-    peft_model = get_peft_model(model, cfg)  # freezes every weight but the adapters
+    with warnings.catch_warnings():  # peft (0.21) reads transformers' deprecated alias is_gradient_checkpointing, whose
+        # FutureWarning would reach every user of linearize; only that warning is silenced, for this call
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        peft_model = get_peft_model(model, cfg)  # freezes every weight but the adapters
     if trainable != "lora":
         scope = [a.mixer for a in students(model).values()] if trainable == "students" else [model]
         for module in scope:

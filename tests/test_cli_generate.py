@@ -252,3 +252,14 @@ def test_bad_input_is_one_line_naming_the_argument(case, argv, needle, folders, 
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("seqmix generate:")]
     assert len(err) == 1 and re.search(needle, err[0]), err
     assert "Traceback" not in err[0]
+
+
+@pytest.mark.parametrize("kind, line", [("linearized", "parameters, linearized: gla in 2 layers)"),
+                                        ("converted", "parameters, converted)"), ("checkpoint", "parameters, converted)")])
+def test_the_first_line_says_what_the_folder_holds(kind, line, folders, capsys):
+    """stderr's first line: the model's class and size, and for a linearized folder which students sit in how many
+    layers (the teacher's attention kept in layer 1 not counted)."""
+    capsys.readouterr()
+    assert main(["generate", str(folders[kind]), "--prompt", PROMPTS.get(kind, PROMPT), "--max-new-tokens", "1"]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.endswith(line), first

@@ -135,9 +135,18 @@ def load_converted(path, *, dtype: torch.dtype = torch.float32, mode: str | None
 
 
 def describe(model) -> str:
-    """One line: the converted model's class and size."""
+    """One line: the converted model's class and size, and for a model with placed mixers (a linearized model) which
+    mixers sit in how many of its layers: "LlamaForCausalLM, 25.2M parameters, linearized: lolcats in 8 layers"
+    (the teacher's attention kept in a layer is not counted)."""
     n = sum(p.numel() for p in model.parameters())
-    return f"{type(model).__name__}, {n / 1e6:.1f}M parameters, converted"
+    head = f"{type(model).__name__}, {n / 1e6:.1f}M parameters"
+    counts: dict[str, int] = {}
+    for rec in placed_mixers(model).values():
+        if rec["mixer"] != "softmax_attention":
+            counts[rec["mixer"]] = counts.get(rec["mixer"], 0) + 1
+    if not counts:
+        return f"{head}, converted"
+    return f"{head}, linearized: " + ", ".join(f"{m} in {c} layer{'s' if c > 1 else ''}" for m, c in counts.items())
 
 
 def has_tokenizer(source: str) -> bool:

@@ -205,10 +205,11 @@ def test_window_softmax_step_equals_the_parallel_window(dtype):
 
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_lolcats_step_with_a_full_window_equals_its_general_path(dtype, in_place, monkeypatch):
-    """LoLCATs attention's decoding step once the window is full (LolcatsAttention._step, counted) against the
-    general path that the reference mode runs, token after token, outputs and states; inside states_in_place
-    its linear state is the same buffer, written in place."""
+def test_lolcats_step_equals_its_general_path_before_and_after_the_window_fills(dtype, in_place, monkeypatch):
+    """LoLCATs attention's decoding step (LolcatsAttention._step, counted) after a one-token prefill against the
+    general path that the reference mode runs, token after token, outputs and states: while the window (3) is not
+    full (tokens 1 and 2: nothing leaves it for the linear state, the softmax reads the tokens seen) and once it is;
+    inside states_in_place its linear state is the same buffer, written in place."""
     import contextlib
     from seqmix.mixers.base import build_mixer as build
 
@@ -218,20 +219,19 @@ def test_lolcats_step_with_a_full_window_equals_its_general_path(dtype, in_place
     calls, orig = [], type(m)._step
     monkeypatch.setattr(type(m), "_step", lambda self, *a: calls.append(1) or orig(self, *a))
     with torch.no_grad():
-        slow = m._forward(x[:, :2], state=None, mode="recurrent", need_state=True).state
+        slow = m._forward(x[:, :1], state=None, mode="recurrent", need_state=True).state
         fast = {k: v.clone() if torch.is_tensor(v) else v for k, v in slow.items()}
-        for t in range(2, 12):  # the window (3) is full from t = 3 on
+        for t in range(1, 12):  # the window (3) is full from t = 3 on
             S_before = fast["S"]
             with states_in_place() if in_place else contextlib.nullcontext():
                 out_fast = m._forward(x[:, t:t + 1], state=fast, mode="step", need_state=True)
-            if t >= 3:
-                assert (out_fast.state["S"] is S_before) == in_place
+            assert (out_fast.state["S"] is S_before) == in_place
             out_slow = m._forward(x[:, t:t + 1], state=slow, mode="recurrent", need_state=True)  # the general path
             _close(out_fast.y, out_slow.y, dtype)
+            for key in ("S", "k", "v"):
+                _close(out_fast.state[key], out_slow.state[key], dtype)
             fast, slow = out_fast.state, out_slow.state
-    assert fast["pos"] == slow["pos"] == 12 and len(calls) == 9  # the fast path from t = 3 (the window full) on
-    for key in ("S", "k", "v"):
-        _close(fast[key], slow[key], dtype)
+    assert fast["pos"] == slow["pos"] == 12 and len(calls) == 11  # the fast path at every step after the prefill
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -675,7 +675,7 @@ class LolcatsAttention(SeparableAttention):
         c = self.config
         T, V, w = x.shape[1], self.head_v, self.window
         pos0 = state["pos"] if state else 0
-        if mode == "step" and T == 1 and w and pos0 >= w:
+        if mode == "step" and T == 1 and w and state:
             return self._step(x, state, pos0)
         q, k, v = self._rotated(x, pos0)
         fq = self._query_features(q)
@@ -709,27 +709,35 @@ class LolcatsAttention(SeparableAttention):
         return MixOut(self._readout(o), new, values=v, mixed=o)
 
     def _step(self, x, state, pos0):
-        """One decoding token once the window is full (pos0 >= w): the same numbers as the general path (the
-        contract's step tests tie them) in fewer ops — the token leaving the window, ψ(k_{t−w}) ⊗ [v_{t−w}, 1],
-        added to the linear state and read by the general form's fused step (:func:`~seqmix.ops.recurrence_step`: in
-        place inside :func:`~seqmix.ops.states_in_place`), φ(q_t) and ψ(k_{t−w}) as one batched map, the window's
-        softmax by the op's fused step (:func:`~seqmix.ops.window_softmax_step`) over the last w keys (every one
-        valid), the window's new keys and values made by one concatenation each, and eq. 7's two sums joined with
-        the factors divided by λ (y = (r·num_w + num_l) / (r·den_w + den_l), r = γ/λ a layer constant: λ > 0)."""
-        V = self.head_v
+        """One decoding token after a prefill: the same numbers as the general path (the contract's step tests tie
+        them) in fewer ops — the token leaving the window, ψ(k_{t−w}) ⊗ [v_{t−w}, 1], added to the linear state and
+        read by the general form's fused step (:func:`~seqmix.ops.recurrence_step`: in place inside
+        :func:`~seqmix.ops.states_in_place`), φ(q_t) and ψ(k_{t−w}) as one batched map, the window's softmax by the
+        op's fused step (:func:`~seqmix.ops.window_softmax_step`) over the window's valid keys, the window's new keys
+        and values made by one concatenation each, and eq. 7's two sums joined with the factors divided by λ
+        (y = (r·num_w + num_l) / (r·den_w + den_l), r = γ/λ a layer constant: λ > 0). While the window is not full
+        (pos0 < w: a prompt shorter than the window) the token leaving it lies before position 0: nothing is written
+        to the linear state (ψ = 0, as the general path's mask) and the softmax reads the pos0 + 1 keys at positions
+        0 .. pos0 (the slots before position 0 hold no token)."""
+        V, w = self.head_v, self.window
         q, k, v = self._rotated(x, pos0)
         k_old, v_old = state["k"], state["v"]
         if k_old.dtype != k.dtype or v_old.dtype != v.dtype:
             k_old, v_old = k_old.to(k.dtype), v_old.to(v.dtype)
-        fq, fk = self._qk_features(q, k_old[:, :1])  # [B, 1, H, n_φ]
+        if pos0 >= w:
+            fq, fk = self._qk_features(q, k_old[:, :1])  # [B, 1, H, n_φ]
+        else:  # the leaving slot holds no token: no write (the general path masks its ψ to 0)
+            fq = self._query_features(q)
+            fk = torch.zeros_like(fq)
         # S ← S + ψ(k_{t−w}) [v_{t−w}, 1]ᵀ, o = φ(q_t) S: the op's fused step (float32 or wider, autocast off; in place
         # inside states_in_place), its read in the features' dtype as linear_recurrence returns it
         o_lin, S = recurrence_step(fq[:, 0], fk[:, 0], torch.constant_pad_nd(v_old[:, 0], (0, 1), 1.0), None, None, state["S"],
                                    check_values=False, check_shapes=False)
         o_lin = upcast(o_lin)  # [B, H, V + 1]
         k_win, v_win = torch.cat([k_old[:, 1:], k], 1), torch.cat([v_old[:, 1:], v], 1)
-        s_num, s_den, _ = window_softmax(q, k_win, v_win, window=self.window, mode="chunk", check_values=False,
-                                         check_shapes=False)  # every key valid: the op's fused step
+        k_see, v_see = (k_win, v_win) if pos0 >= w else (k_win[:, w - pos0 - 1:], v_win[:, w - pos0 - 1:])
+        s_num, s_den, _ = window_softmax(q, k_see, v_see, window=w, mode="chunk", check_values=False,
+                                         check_shapes=False)  # every key it sees valid: the op's fused step
         r = self.layer_constant("window ratio", self._window_ratio, self.window_logit)  # [H, 1]
         num = torch.addcmul(o_lin[..., :V], s_num[:, 0], r)
         den = torch.addcmul(o_lin[..., V:], s_den.transpose(1, 2), r)

@@ -235,10 +235,10 @@ def test_lolcats_step_equals_its_general_path_before_and_after_the_window_fills(
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_liger_step_with_a_full_window_equals_its_reference_mode(dtype, monkeypatch):
-    """Liger attention's decoding step (the fused window step once the window of 3 is full: from the third token
-    on, counted) against its reference mode ("recurrent") from a one-token prefill, token after token, outputs
-    and states."""
+def test_liger_step_equals_its_reference_mode_before_and_after_the_window_fills(dtype, monkeypatch):
+    """Liger attention's decoding step (the fused window step at every token, counted: its slots before position 0
+    masked until the window of 3 is full at the third token) against its reference mode ("recurrent") from a
+    one-token prefill, token after token, outputs and states."""
     import seqmix.ops.window_attention as wa
     from seqmix.mixers.base import build_mixer
 
@@ -254,24 +254,27 @@ def test_liger_step_with_a_full_window_equals_its_reference_mode(dtype, monkeypa
             b = m._forward(x[:, t:t + 1], state=slow, mode="recurrent", need_state=True)
             _close(a.y, b.y, dtype)
             fast, slow = a.state, b.state
-    assert len(calls) == 8  # the window (2 cached + the new token) is full from t = 2 on
+    assert len(calls) == 9  # every step (the window, 2 cached + the new token, is full from t = 2 on)
     for key in ("S", "k", "v"):
         _close(fast[key], slow[key], dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_window_softmax_routes_one_query_with_every_key_valid_to_its_fused_step(dtype, monkeypatch):
-    """window_softmax's chunk mode at T = 1 with key_valid None (a full window: R + 1 = 9 keys, window 6) runs the
-    fused step on the last 6 keys and equals the parallel mode (the reference, which never takes that route)."""
+@pytest.mark.parametrize("invalid", [0, 4, 5])
+def test_window_softmax_routes_one_query_to_its_fused_step(dtype, invalid, monkeypatch):
+    """window_softmax's chunk mode at T = 1 (R + 1 = 9 keys, window 6) runs the fused step on the last 6 keys and
+    equals the parallel mode (the reference, which never takes that route): every key valid (key_valid None), and
+    the first ``invalid`` slots marked invalid (a cache ring before position 0: 4 leaves one of the 6 masked, 5 two)."""
     import seqmix.ops.window_attention as wa
 
     calls, op = [], wa._full_window_step
-    monkeypatch.setattr(wa, "_full_window_step", lambda q, k, v: calls.append(k.shape[1]) or op(q, k, v))
+    monkeypatch.setattr(wa, "_full_window_step", lambda q, k, v, valid=None: calls.append(k.shape[1]) or op(q, k, v, valid))
     g = torch.Generator().manual_seed(3)
     q, k, v = _rand(B, 1, H, K, dtype=dtype, g=g), _rand(B, 9, H, K, dtype=dtype, g=g), _rand(B, 9, H, V, dtype=dtype, g=g)
-    got = window_softmax(q, k, v, window=6, mode="chunk")
+    valid = None if not invalid else torch.arange(9) >= invalid
+    got = window_softmax(q, k, v, window=6, key_valid=valid, mode="chunk")
     assert calls == [6]
-    want = window_softmax(q, k, v, window=6, mode="parallel")
+    want = window_softmax(q, k, v, window=6, key_valid=valid, mode="parallel")
     assert calls == [6]
     for a, b in zip(got, want):
         _close(a, b, dtype)

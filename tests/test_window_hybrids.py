@@ -56,7 +56,8 @@ def _brute(q, k, v, w, valid):
     return num, den, mx
 
 
-@pytest.mark.parametrize("T,R,w,C", [(19, 0, 5, 8), (19, 5, 5, 8), (16, 4, 7, 4), (7, 3, 1, 4), (3, 0, 10, 8), (20, 9, 12, 5)])
+@pytest.mark.parametrize("T,R,w,C", [(19, 0, 5, 8), (19, 5, 5, 8), (16, 4, 7, 4), (7, 3, 1, 4), (3, 0, 10, 8), (20, 9, 12, 5),
+                                     (1, 5, 5, 8), (1, 6, 4, 4), (1, 9, 6, 4)])  # (T = 1: the chunk mode's fused step)
 def test_window_softmax_modes_equal_the_sums_one_query_at_a_time(T, R, w, C):
     g = torch.Generator().manual_seed(T + R + w)
     q, k, v = (torch.randn(2, n, 2, c, generator=g, dtype=D64, requires_grad=True) for n, c in ((T, 4), (R + T, 4), (R + T, 3)))
@@ -285,7 +286,7 @@ def test_lolcats_decoding_step_reads_the_window_and_one_leaving_token_only(monke
 
     op, step_op = hybrid.window_softmax, wa._full_window_step
     monkeypatch.setattr(hybrid, "window_softmax", lambda q, k, v, **kw: seen["keys"].append(k.shape[1]) or op(q, k, v, **kw))
-    monkeypatch.setattr(wa, "_full_window_step", lambda q, k, v: seen["step"].append(k.shape[1]) or step_op(q, k, v))
+    monkeypatch.setattr(wa, "_full_window_step", lambda q, k, v, valid=None: seen["step"].append(k.shape[1]) or step_op(q, k, v, valid))
     qk_features = m._qk_features  # (φ(q_t), ψ(k_{t−w})): the key features of the token leaving the window
     monkeypatch.setattr(m, "_qk_features", lambda q, k: seen["features"].append(k.shape[1]) or qk_features(q, k))
     cache, x = Cache(), x_of(T=40)

@@ -123,8 +123,8 @@ def window_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window:
     slot before position 0), None: all valid. ``mode``: "parallel" (the explicit matrix, the reference)
     or "chunk" (blocks of ``chunk_size`` queries). ``return_weights`` (parallel only): also the weights
     exp(s_tj − m_t) on the visible keys, [B, H, T, R + T]. Computed in float32 or wider. In the chunk mode one
-    query with every key valid (a decoding step once the window is full: ``key_valid`` None) is the fused step
-    of :func:`window_softmax_step` over the last ``window`` keys. ``check_shapes=False``: a
+    query (a decoding step) is the fused step of :func:`window_softmax_step` over the last ``window`` keys, its
+    invalid keys (a window not yet full) masked. ``check_shapes=False``: a
     mixer's decoding step that built its inputs skips the argument checks."""
     if check_shapes:
         check_choice("mode", mode, MODES, _WHERE)
@@ -132,10 +132,11 @@ def window_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window:
         _check(q, k, v, window, key_valid, check_values)
         if return_weights and mode != "parallel":
             raise ValueError(f"{_WHERE}: argument 'return_weights' needs mode 'parallel' (the explicit matrix), got mode {mode!r}")
-    if mode == "chunk" and q.shape[1] == 1 and key_valid is None:  # (the parallel mode stays the reference)
+    if mode == "chunk" and q.shape[1] == 1:  # (the parallel mode stays the reference)
         if k.shape[1] != window:  # (a decoding step hands exactly the window's keys: no slice)
             k, v = k[:, -window:], v[:, -window:]
-        return _full_window_step(q, k, v)
+            key_valid = key_valid[-window:] if key_valid is not None else None
+        return _full_window_step(q, k, v, key_valid)
     dt = compute_dtype(q, k, v)
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     if mode == "parallel":
@@ -167,15 +168,20 @@ def window_softmax_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ch
     return _full_window_step(q, k, v)
 
 
-def _full_window_step(q, k, v):
+def _full_window_step(q, k, v, key_valid=None):
     """The body of :func:`window_softmax_step` (no checks; autocast off by the caller's decorator): the scores as q ⊙ k
     summed over K and the numerator as p ⊙ v summed over the window, elementwise in the keys' own [B, w, H, K] layout
     (two matmuls over the heads would first copy the window into head-major matrices: 1.5x this form's time at w 64,
-    batch 1, and 4.7x at batch 4, on the 2-core CPU)."""
+    batch 1, and 4.7x at batch 4, on the 2-core CPU). ``key_valid`` [w] bool or None: the keys outside it weigh 0 (as
+    :func:`_normalize`: m = 0 where no key is valid)."""
     dt = compute_dtype(q, k, v)
     if q.dtype != dt or k.dtype != dt or v.dtype != dt:
         q, k, v = q.to(dt), k.to(dt), v.to(dt)
     s = (k * q).sum(-1)  # [B, w, H]
+    if key_valid is not None:
+        s = s.masked_fill(~key_valid.to(s.device).view(1, -1, 1), float("-inf"))
     m = s.amax(1, keepdim=True)  # [B, 1, H]
+    if key_valid is not None:
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(s - m)
     return (p.unsqueeze(-1) * v).sum(1, keepdim=True), p.sum(1, keepdim=True), m

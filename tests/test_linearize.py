@@ -214,10 +214,10 @@ def test_saved_folder_loads_and_decodes_with_constant_state(tmp_path, name, kw):
     assert torch.equal(full, out[:, 5:])
     # step by step: the students' state does not grow with the tokens
     cache = DynamicCache(config=back.config)
-    back(x[:, :5], past_key_values=cache, use_cache=True)
+    back(x[:, :5], cache=cache, use_cache=True)
     size = {}
     for t in range(5, 12):
-        back(x[:, t:t + 1], past_key_values=cache, use_cache=True)
+        back(x[:, t:t + 1], cache=cache, use_cache=True)
         for layer in (0, 2):
             st = cache.layers[layer]._seqmix_state
             floats = sum(v.numel() for v in st.values() if isinstance(v, torch.Tensor))
@@ -235,7 +235,7 @@ def _sequence_logprob(model, seq: list[int], prompt: int) -> float:
     total = 0.0
     with torch.no_grad():
         for t in range(len(seq) - 1):
-            logits = model(torch.tensor([[seq[t]]]), past_key_values=cache, use_cache=True).logits[0, -1]
+            logits = model(torch.tensor([[seq[t]]]), cache=cache, use_cache=True).logits[0, -1]
             if t + 1 >= prompt:
                 total += float(torch.log_softmax(logits.double(), -1)[seq[t + 1]])
     return total
@@ -278,10 +278,10 @@ def test_a_cropped_cache_is_refused_for_a_student():
     """A crop would have the student forget tokens a recurrent state cannot give back: refused, naming the cache."""
     lin = linearize(teacher(), mixer="gla", layers=[0])
     cache = DynamicCache(config=lin.config)
-    lin(ids(1, 6), past_key_values=cache, use_cache=True)
+    lin(ids(1, 6), cache=cache, use_cache=True)
     cache.crop(-2)  # drop the last two tokens
     with pytest.raises(ValueError, match="'cache'.*crop"):
-        lin(ids(1, 1), past_key_values=cache, use_cache=True)
+        lin(ids(1, 1), cache=cache, use_cache=True)
 
 
 # -- stage 2 -------------------------------------------------------------------------------------

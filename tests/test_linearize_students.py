@@ -63,10 +63,10 @@ def test_student_takes_qkvo_decodes_saves_and_transfers(tmp_path, name, kw, lr, 
     back = load_converted(tmp_path)
     torch.testing.assert_close(back(x).logits, lin(x).logits, rtol=1e-5, atol=1e-5)
     cache = DynamicCache(config=back.config)
-    back(x[:, :5], past_key_values=cache, use_cache=True)
+    back(x[:, :5], cache=cache, use_cache=True)
     floats = []
     for t in range(5, 12):
-        back(x[:, t:t + 1], past_key_values=cache, use_cache=True)
+        back(x[:, t:t + 1], cache=cache, use_cache=True)
         floats.append(sum(v.numel() for v in cache.layers[0]._seqmix_state.values() if isinstance(v, torch.Tensor)))
     assert len(set(floats)) == 1 and floats[0] == lin.model.layers[0].self_attn.mixer.state_size()  # constant in the context
     # stage 1 lowers the transfer residual
@@ -336,9 +336,9 @@ def test_sliding_window_attention_decodes_in_the_windows_kv(tmp_path):
         full = back(x, use_cache=False).logits
         torch.testing.assert_close(full, lin(x, use_cache=False).logits, rtol=1e-5, atol=1e-5)
         cache = DynamicCache(config=back.config)
-        steps = [back(x[:, :5], past_key_values=cache, use_cache=True).logits]
+        steps = [back(x[:, :5], cache=cache, use_cache=True).logits]
         for t in range(5, x.shape[1]):
-            steps.append(back(x[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+            steps.append(back(x[:, t:t + 1], cache=cache, use_cache=True).logits)
             kv = cache.layers[0]._seqmix_state["kv"]
             assert len(kv) == 3 and kv.capacity <= max(2 * 3, 3 + kv.BLOCK)
             assert kv.floats() == back.model.layers[0].self_attn.mixer.state_size() == 2 * 3 * 16

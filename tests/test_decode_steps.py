@@ -232,6 +232,11 @@ def test_lolcats_step_equals_its_general_path_before_and_after_the_window_fills(
                 _close(out_fast.state[key], out_slow.state[key], dtype)
             fast, slow = out_fast.state, out_slow.state
     assert fast["pos"] == slow["pos"] == 12 and len(calls) == 11  # the fast path at every step after the prefill
+    # a state whose window ring is not the window's w keys: the general path, which refuses it
+    bad = dict(m._forward(x[:, :2], state=None, mode="recurrent", need_state=True).state)
+    bad["k"], bad["v"] = bad["k"][:, 1:], bad["v"][:, 1:]
+    with torch.no_grad(), pytest.raises(ValueError, match="key_valid|k"):
+        m._forward(x[:, 2:3], state=bad, mode="step", need_state=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -253,10 +258,10 @@ def test_liger_step_equals_its_reference_mode_before_and_after_the_window_fills(
             a = m._forward(x[:, t:t + 1], state=fast, mode="step", need_state=True)
             b = m._forward(x[:, t:t + 1], state=slow, mode="recurrent", need_state=True)
             _close(a.y, b.y, dtype)
+            for key in ("S", "k", "v"):
+                _close(a.state[key], b.state[key], dtype)
             fast, slow = a.state, b.state
     assert len(calls) == 9  # every step (the window, 2 cached + the new token, is full from t = 2 on)
-    for key in ("S", "k", "v"):
-        _close(fast[key], slow[key], dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -514,8 +519,22 @@ def test_project_of_grouped_rows_equals_the_module_and_keeps_hooks():
     assert project(g, u).shape == (3, 14)
     from unittest import mock
 
-    with mock.patch.object(GroupedRows, "forward", side_effect=AssertionError("module called")):
+    with mock.patch.object(GroupedRows, "forward", side_effect=AssertionError("module called")), \
+            mock.patch.object(nn.Linear, "forward", side_effect=AssertionError("module called")):
         assert torch.equal(project(g, u), g.gather(F.linear(u, g.proj.weight, g.proj.bias)))  # no module call
+    seen = []
+    glob = torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: seen.append(type(m).__name__) or out)
+    try:
+        assert torch.equal(project(g, u), g(u)) and "GroupedRows" in seen  # a global hook: the module call
+    finally:
+        glob.remove()
+    h = g.proj.register_forward_pre_hook(lambda m, a: (a[0] * 2,))
+    assert torch.allclose(project(g, u), F.linear(2 * u, g.expanded_weight(), g.bias), rtol=0, atol=1e-12)
+    h.remove()
+    orig = g.proj.forward
+    g.proj.forward = lambda x: 3 * orig(x)  # (accelerate replaces an instance's forward: not a hook, still honoured)
+    assert torch.allclose(project(g, u), 3 * dense, rtol=0, atol=1e-12)
+    del g.proj.forward
     for target in (g, g.proj):
         h = target.register_forward_hook(lambda m, a, out: out * 2)
         assert torch.equal(project(g, u), g(u))

@@ -321,7 +321,7 @@ def test_lora_adapts_the_kept_weights_and_trains_the_students(tmp_path):
     with warnings.catch_warnings(record=True) as caught:  # (peft reads a deprecated transformers alias: kept quiet)
         warnings.simplefilter("always")
         pm = lora(lin, 2)
-    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)], [str(w.message) for w in caught]
     names = [n for n, p in pm.named_parameters() if p.requires_grad]
     assert any("lora_A" in n and "layers.2.self_attn.q_proj" in n for n in names)  # the kept softmax layer
     assert any("lora_A" in n and "mlp.up_proj" in n for n in names)

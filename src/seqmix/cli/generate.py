@@ -405,8 +405,8 @@ def _compile(model, x) -> None:
     naming --compile."""
     from ..interop import InteropMixer, compile_decode
 
-    # the warm-up prompt fills every sliding window (LoLCATs, Liger: the step's graph once the window is full
-    # differs from the one before), so that the compiling happens here and not inside the timed generation
+    # the warm-up prompt fills every sliding window (LoLCATs, Liger: the step's graphs once the window is full differ
+    # from those while it fills), so that the full window's compiling happens here and not inside the generation
     windows = [int(getattr(m.mixer.config, "window", 0) or 0) for m in model.modules() if isinstance(m, InteropMixer)]
     n = max([16] + [w + 2 for w in windows])
     warm = x.repeat(1, -(-n // x.shape[1]))[:, :n]

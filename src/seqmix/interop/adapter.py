@@ -891,7 +891,7 @@ def compile_decode(model: nn.Module, *, prompt: torch.Tensor | None = None, **co
     transformers model) with ``torch.compile``: each adapter's trusted step then runs the compiled
     ``mixer.decode_step`` (its state updated in place, as eager). Attention layers (the ``kv`` kind: a KV cache
     that grows by a token per step, which would recompile every step) stay eager. Opt-in: compiling costs
-    time at the first decoding step (one graph per layer, a second for a sliding-window layer once its window is full;
+    time at the first decoding step (one graph per layer; a sliding-window layer a few, while its window fills and once it is full;
     torch.compile's recompile limit is raised to the
     number of layers so that none falls back to eager), and pays where the step's many small ops dominate
     (small widths, CPU). ``compile_kwargs`` go to ``torch.compile`` (e.g. ``mode="max-autotune"``).

@@ -527,7 +527,7 @@ class BilinearMamba(S6):
 
 def _window_mode(mode: str) -> str:
     """The window op's mode under a mixer mode: the explicit matrix for the references, the blocks otherwise
-    (a decoding step with a full window: the op's fused step)."""
+    (a decoding step: the op's fused step)."""
     return "parallel" if mode in ("recurrent", "parallel") else "chunk"
 
 
@@ -675,7 +675,7 @@ class LolcatsAttention(SeparableAttention):
         c = self.config
         T, V, w = x.shape[1], self.head_v, self.window
         pos0 = state["pos"] if state else 0
-        if mode == "step" and T == 1 and w and state:
+        if mode == "step" and T == 1 and w and state and state["k"].shape[1] == w:  # (else the general path, which checks it)
             return self._step(x, state, pos0)
         q, k, v = self._rotated(x, pos0)
         fq = self._query_features(q)
@@ -866,7 +866,7 @@ class LigerAttention(GeneralForm):
         P = self._params(x, state, need_state)
         o_lin, S = self._core(P, state.get("S") if state else None, mode, need_state)
         q, k = self._window_qk(P, pos0)
-        k_ext, v_ext, valid = _window_keys(state, k, P.v, w - 1, pos0)  # a full window decodes by the op's fused step
+        k_ext, v_ext, valid = _window_keys(state, k, P.v, w - 1, pos0)  # a decoding step: the op's fused step
         num, den, _ = window_softmax(q, k_ext, v_ext, window=w, key_valid=valid, mode=_window_mode(mode),
                                      chunk_size=c.chunk_size, check_values=False)
         o = (c.linear_weight * upcast(o_lin) + c.window_weight * num / den.unsqueeze(-1)).to(P.v.dtype)

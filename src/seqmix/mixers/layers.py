@@ -64,19 +64,20 @@ def rope_rotate(module: nn.Module, theta: float, start: int, *ts: torch.Tensor, 
 
 def project(lin: nn.Module, u: torch.Tensor) -> torch.Tensor:
     """``lin(u)`` for the mixers' projections (decoding steps, attention's q/k/v/o): ``F.linear`` on the weight and bias
-    of a plain ``nn.Linear`` with no hook (of its own or global), without the module call's Python frames; a plain
-    :class:`GroupedRows` around a plain Linear (a linearized student's k and v kept at the teacher's kv heads) the same
-    way, its rows gathered after; anything else (a subclass, a wrapped or hooked layer: LoRA, quantized, FSDP) is
-    called as it is."""
+    of a plain ``nn.Linear`` with no hook (of its own or global) and no ``forward`` of its own instance, without the
+    module call's Python frames; a plain :class:`GroupedRows` around such a Linear (a linearized student's k and v
+    kept at the teacher's kv heads) the same way, its rows gathered after; anything else (a subclass, a wrapped or
+    hooked layer: LoRA, quantized, FSDP, accelerate's replaced ``forward``) is called as it is."""
     kind = type(lin)
-    hooked = (lin._forward_pre_hooks or lin._forward_hooks or lin._backward_pre_hooks or lin._backward_hooks
-              or _GLOBAL_HOOKS or _GLOBAL_PRE_HOOKS or _GLOBAL_BACKWARD_HOOKS or _GLOBAL_BACKWARD_PRE_HOOKS)  # (inline)
-    if kind is nn.Linear and not hooked:
-        return F.linear(u, lin.weight, lin.bias)
-    if kind is GroupedRows and not hooked:
+    if (kind is nn.Linear or kind is GroupedRows) and not (
+            lin._forward_pre_hooks or lin._forward_hooks or lin._backward_pre_hooks or lin._backward_hooks
+            or _GLOBAL_HOOKS or _GLOBAL_PRE_HOOKS or _GLOBAL_BACKWARD_HOOKS or _GLOBAL_BACKWARD_PRE_HOOKS
+            or "forward" in lin.__dict__):  # (inline: no call per projection)
+        if kind is nn.Linear:
+            return F.linear(u, lin.weight, lin.bias)
         proj = lin._modules["proj"]
         if type(proj) is nn.Linear and not (proj._forward_pre_hooks or proj._forward_hooks or proj._backward_pre_hooks
-                                            or proj._backward_hooks):  # (the global hooks: tested above)
+                                            or proj._backward_hooks or "forward" in proj.__dict__):
             return lin.gather(F.linear(u, proj.weight, proj.bias))
     return lin(u)
 

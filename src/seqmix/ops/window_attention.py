@@ -24,8 +24,8 @@ Modes:
 * ``chunk``: blocks of C queries, each against the C + window − 1 keys it can see (an unfold of
   the keys): O(T·(C + window)) work and memory instead of O(T·(R + T)).
 
-A decoding step is O(window) per token: the chunk mode at T = 1 over the R + 1 keys, the fused
-:func:`window_softmax_step` once every key is valid.
+A decoding step is O(window) per token: the chunk mode at T = 1 runs the fused :func:`window_softmax_step` over
+the last ``window`` keys, the invalid ones (a window not yet full) masked.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _chunk(q, k, v, window, key_valid, C):
     left = window - 1 - R  # keys before position 0 of the key sequence that block 0 would read (> 0: padding)
     start = max(-left, 0)  # where block 0's keys begin in the key sequence
     pad_l, total = max(left, 0), n * C + window - 1  # the padded key sequence block b reads at [bC, bC + L)
-    valid = key_valid if key_valid is not None else torch.ones(R + T, dtype=torch.bool, device=q.device)
+    valid = key_valid.to(q.device) if key_valid is not None else torch.ones(R + T, dtype=torch.bool, device=q.device)
     kk, vv, ok = k[:, start:], v[:, start:], valid[start:]
     pad_r = total - pad_l - kk.shape[1]
     kk = torch.nn.functional.pad(kk, (0, 0, 0, 0, pad_l, pad_r))

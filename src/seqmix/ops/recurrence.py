@@ -633,7 +633,8 @@ def _chunk(q, k, v, gk, gv, scale, S0, C, sub_chunk_size, want_state, backward="
         q, k, v, gk, gv = p(q), p(k), p(v), p(gk), p(gv)
 
     def chunked(x):  # one copy into the layout of the matmuls, so that none of them copies again
-        return rearrange(x, "b (n c) h x -> b h n c x", c=C).contiguous() if x is not None else None
+        # ("b (n c) h x -> b h n c x" by view and permute: einops' own call costs more than the copy at small sizes)
+        return x.reshape(B, n, C, x.shape[2], x.shape[3]).permute(0, 3, 1, 2, 4).contiguous() if x is not None else None
 
     q, k, v = chunked(q), chunked(k), chunked(v)
     if scale != 1.0:
@@ -644,7 +645,7 @@ def _chunk(q, k, v, gk, gv, scale, S0, C, sub_chunk_size, want_state, backward="
     c = _tile_size(C, sub_chunk_size, Gk, Gv)
     if c == C and backward == "manual":
         o, S = _ChunkOneTile.apply(q, k, v, Gk, Gv, S0)
-        o = rearrange(o, "b h n c v -> b (n c) h v")[:, :T]
+        o = _unchunked(o)[:, :T]
         return o, (S if want_state else None)
     if c == C:
         # one tile per chunk: decays relative to the chunk's first token; every factor lies in
@@ -699,8 +700,14 @@ def _chunk(q, k, v, gk, gv, scale, S0, C, sub_chunk_size, want_state, backward="
     if o_fac is not None:
         o_inter = o_inter * o_fac
     o = o + o_inter
-    o = rearrange(o, "b h n c v -> b (n c) h v")[:, :T]
+    o = _unchunked(o)[:, :T]
     return o, (S if want_state else None)
+
+
+def _unchunked(o: torch.Tensor) -> torch.Tensor:
+    """[B, H, n, C, V] -> [B, n·C, H, V] ("b h n c v -> b (n c) h v")."""
+    B, H, n, C, V = o.shape
+    return o.permute(0, 2, 3, 1, 4).reshape(B, n * C, H, V)
 
 
 # --------------------------------------------------------------------------------------

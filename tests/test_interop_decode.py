@@ -309,6 +309,26 @@ def test_compile_decode_gives_the_eager_logits():
     assert all(a.__dict__.get("_step_fn") is None for a in _adapters(model))
 
 
+@pytest.mark.slow
+def test_compile_decode_of_a_windowed_student_leaves_nothing_to_compile_at_any_prompt():
+    """compile_decode's first call runs a sliding-window student's steps from one token through a full window (4), so
+    that generating after a prompt shorter than the window, as long as it, or longer compiles no further graph
+    (dynamo's count of unique graphs does not grow), and gives the eager tokens."""
+    import seqmix
+    from torch._dynamo.utils import counters
+
+    model = _student("lolcats", window=4)
+    kw = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    with torch.no_grad():
+        refs = {T: model.generate(ids(batch=1, T=T), **kw) for T in (2, 4, 9)}
+        seqmix.compile_decode(model, prompt=ids(batch=1, T=9))
+        graphs = counters["stats"]["unique_graphs"]
+        for T, ref in refs.items():
+            assert torch.equal(model.generate(ids(batch=1, T=T), **kw), ref), T
+    assert counters["stats"]["unique_graphs"] == graphs
+    seqmix.interop.uncompile_decode(model)
+
+
 def test_the_one_token_check_passes_exactly_what_the_full_check_passes():
     """The trusted step's check of one sequence's token (one host read) against the rule the full check applies: the
     position equals the tokens seen (a KV cache) or follows position 0 (a recurrent state, key None); a causal mask row

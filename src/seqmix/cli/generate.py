@@ -400,18 +400,13 @@ def generate_text(model, tok: Text, args, *, argument: str = "--prompt") -> int:
 
 
 def _compile(model, x) -> None:
-    """``seqmix.compile_decode`` on a converted or linearized model (``--compile``), its first call on the prompt
-    (repeated to fill every sliding window); the cost on stderr. A model without a converted layer: a ValueError
-    naming --compile."""
-    from ..interop import InteropMixer, compile_decode
+    """``seqmix.compile_decode`` on a converted or linearized model (``--compile``), its first call on the prompt's first
+    16 tokens (a sliding-window layer: compile_decode runs its steps from the first token through a full window); the
+    cost on stderr. A model without a converted layer: a ValueError naming --compile."""
+    from ..interop import compile_decode
 
-    # the warm-up prompt fills every sliding window (LoLCATs, Liger: the step's graphs once the window is full differ
-    # from those while it fills), so that the full window's compiling happens here and not inside the generation
-    windows = [int(getattr(m.mixer.config, "window", 0) or 0) for m in model.modules() if isinstance(m, InteropMixer)]
-    n = max([16] + [w + 2 for w in windows])
-    warm = x.repeat(1, -(-n // x.shape[1]))[:, :n]
     try:
-        info = compile_decode(model, prompt=warm)
+        info = compile_decode(model, prompt=x[:, :16])
     except ValueError as e:
         raise ValueError(f"argument --compile: {e}") from None
     print(f"(compile_decode: {info['compiled']} layers compiled, {info['eager']} eager; first call "

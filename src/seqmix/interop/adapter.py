@@ -896,8 +896,9 @@ def compile_decode(model: nn.Module, *, prompt: torch.Tensor | None = None, **co
     number of layers so that none falls back to eager), and pays where the step's many small ops dominate
     (small widths, CPU). ``compile_kwargs`` go to ``torch.compile`` (e.g. ``mode="max-autotune"``).
 
-    ``prompt`` [B, T] token ids: run ``generate`` of two tokens after it once, so that the compilation
-    happens here, and report its time. Returns {"compiled": layers, "eager": layers left eager,
+    ``prompt`` [B, T] token ids: run ``generate`` of two tokens after it once (where a layer has a sliding window of
+    w tokens: of w + 3 tokens after its first token, the steps while the window fills and once it is full), so that
+    the compilation happens here, and report its time. Returns {"compiled": layers, "eager": layers left eager,
     "first_call_s": that time or None}. ``model`` without a seqmix layer: ValueError."""
     adapters = [m for m in model.modules() if isinstance(m, InteropMixer) and m.state_table]
     if not adapters:
@@ -918,9 +919,16 @@ def compile_decode(model: nn.Module, *, prompt: torch.Tensor | None = None, **co
     first = None
     if prompt is not None:
         t0 = time.perf_counter()
+        pad = getattr(model.config, "pad_token_id", None) or 0
+        # a sliding-window layer's step takes other graphs while its window fills (the first w tokens: the keys seen
+        # grow), at the step that fills it, and once it is full (the position dynamic from the second full step on):
+        # where a layer has a window of w, the prompt's first token alone and w + 3 steps after it run them all, so that
+        # no prompt compiles as it decodes; else two tokens after the prompt
+        w = max([int(getattr(m.mixer.config, "window", 0) or 0) for m in compiled] + [0])
+        ids, new = (prompt[:, :1], w + 3) if w > 1 else (prompt, 2)
         with torch.no_grad():
-            model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=2, min_new_tokens=2, do_sample=False,
-                           pad_token_id=getattr(model.config, "pad_token_id", None) or 0)
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                           pad_token_id=pad)
         first = time.perf_counter() - t0
     return {"compiled": len(compiled), "eager": len(adapters) - len(compiled), "first_call_s": first}
 

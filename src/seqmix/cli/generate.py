@@ -66,7 +66,7 @@ def _add_generate(sub):
     add_generation_options(p)
     p.add_argument("--device", default="cpu", help="torch device to run on (default cpu)")
     p.add_argument("--compile", action="store_true", help="compile the decoding step of every recurrent seqmix layer of a "
-                   "converted or linearized folder first (seqmix.compile_decode: torch.compile, one graph per layer; its "
+                   "converted or linearized folder first (seqmix.compile_decode: torch.compile, a few graphs per layer; its "
                    "first call's cost is printed)")
 
 

@@ -910,7 +910,9 @@ def compile_decode(model: nn.Module, *, prompt: torch.Tensor | None = None, **co
     compiled = [m for m in adapters if m.state_table[0].kind != "kv"]
     from torch import _dynamo
 
-    limit = 2 * len(compiled) + 8  # one graph per layer (its module's guards), a second where the first state's layout differs
+    # a graph per layer where its guards tell the layers apart, a second where the first state's layout differs, and a
+    # sliding-window layer's three more (its window filling, filled, full with the position dynamic)
+    limit = 4 * len(compiled) + 8
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(_dynamo.config, name) and getattr(_dynamo.config, name) < limit:
             setattr(_dynamo.config, name, limit)

@@ -540,8 +540,13 @@ def _window_keys(state: dict | None, k: torch.Tensor, v: torch.Tensor, R: int, p
         k_prev, v_prev = state["k"].to(k.dtype), state["v"].to(v.dtype)
     else:
         k_prev, v_prev = k.new_zeros(k.shape[0], R, *k.shape[2:]), v.new_zeros(v.shape[0], R, *v.shape[2:])
-    valid = None if pos0 >= R else torch.arange(R + k.shape[1], device=k.device) >= R - pos0  # position pos0 − R + i >= 0
-    return torch.cat([k_prev, k], 1), torch.cat([v_prev, v], 1), valid
+    return torch.cat([k_prev, k], 1), torch.cat([v_prev, v], 1), _slots_valid(R, k.shape[1], pos0, k.device)
+
+
+def _slots_valid(R: int, T: int, pos0: int, device) -> torch.Tensor | None:
+    """Which of R cached slots and T new tokens hold a token ([R + T] bool: slot i is position pos0 − R + i, valid
+    where >= 0), or None where every one does (pos0 >= R)."""
+    return None if pos0 >= R else torch.arange(R + T, device=device) >= R - pos0
 
 
 def _window_lam(window: int, log_decay: torch.Tensor | None, shape: tuple, value_dim: int, device=None) -> torch.Tensor:
@@ -717,8 +722,8 @@ class LolcatsAttention(SeparableAttention):
         and values made by one concatenation each, and eq. 7's two sums joined with the factors divided by λ
         (y = (r·num_w + num_l) / (r·den_w + den_l), r = γ/λ a layer constant: λ > 0). While the window is not full
         (pos0 < w: a prompt shorter than the window) the token leaving it lies before position 0: nothing is written
-        to the linear state (ψ = 0, as the general path's mask) and the softmax reads the pos0 + 1 keys at positions
-        0 .. pos0 (the slots before position 0 hold no token)."""
+        to the linear state (ψ = 0, as the general path's mask) and the softmax masks the slots before position 0
+        (the op's ``key_valid``, as the general path's)."""
         V, w = self.head_v, self.window
         q, k, v = self._rotated(x, pos0)
         k_old, v_old = state["k"], state["v"]
@@ -735,9 +740,8 @@ class LolcatsAttention(SeparableAttention):
                                    check_values=False, check_shapes=False)
         o_lin = upcast(o_lin)  # [B, H, V + 1]
         k_win, v_win = torch.cat([k_old[:, 1:], k], 1), torch.cat([v_old[:, 1:], v], 1)
-        k_see, v_see = (k_win, v_win) if pos0 >= w else (k_win[:, w - pos0 - 1:], v_win[:, w - pos0 - 1:])
-        s_num, s_den, _ = window_softmax(q, k_see, v_see, window=w, mode="chunk", check_values=False,
-                                         check_shapes=False)  # every key it sees valid: the op's fused step
+        s_num, s_den, _ = window_softmax(q, k_win, v_win, window=w, key_valid=_slots_valid(w - 1, 1, pos0, q.device),
+                                         mode="chunk", check_values=False, check_shapes=False)  # the op's fused step
         r = self.layer_constant("window ratio", self._window_ratio, self.window_logit)  # [H, 1]
         num = torch.addcmul(o_lin[..., :V], s_num[:, 0], r)
         den = torch.addcmul(o_lin[..., V:], s_den.transpose(1, 2), r)

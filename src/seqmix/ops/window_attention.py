@@ -62,13 +62,14 @@ def _check(q, k, v, window, key_valid, check_values):
             check_finite(name, t, _WHERE)
 
 
-def _normalize(s, mask):
-    """(weights exp(s − m) with 0 outside the mask, den, m) of scores s [..., L] (m = 0 on a row with no key)."""
+def _normalize(s, mask, dim: int = -1, keepdim: bool = False):
+    """(weights exp(s − m) with 0 outside the mask, den, m) of scores s over the keys' axis ``dim`` (m = 0 on a row
+    with no key); den and m with that axis removed, or kept (``keepdim``)."""
     s = s.masked_fill(~mask, float("-inf"))
-    m = s.amax(-1, keepdim=True)
+    m = s.amax(dim, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(s - m)
-    return p, p.sum(-1), m.squeeze(-1)
+    return p, p.sum(dim, keepdim=keepdim), (m if keepdim else m.squeeze(dim))
 
 
 def _parallel(q, k, v, window, key_valid, want_weights):
@@ -172,16 +173,16 @@ def _full_window_step(q, k, v, key_valid=None):
     """The body of :func:`window_softmax_step` (no checks; autocast off by the caller's decorator): the scores as q ⊙ k
     summed over K and the numerator as p ⊙ v summed over the window, elementwise in the keys' own [B, w, H, K] layout
     (two matmuls over the heads would first copy the window into head-major matrices: 1.5x this form's time at w 64,
-    batch 1, and 4.7x at batch 4, on the 2-core CPU). ``key_valid`` [w] bool or None: the keys outside it weigh 0 (as
-    :func:`_normalize`: m = 0 where no key is valid)."""
+    batch 1, and 4.7x at batch 4, on the 2-core CPU). ``key_valid`` [w] bool or None: the keys outside it weigh 0
+    (:func:`_normalize`, the other modes' masking)."""
     dt = compute_dtype(q, k, v)
     if q.dtype != dt or k.dtype != dt or v.dtype != dt:
         q, k, v = q.to(dt), k.to(dt), v.to(dt)
     s = (k * q).sum(-1)  # [B, w, H]
-    if key_valid is not None:
-        s = s.masked_fill(~key_valid.to(s.device).view(1, -1, 1), float("-inf"))
-    m = s.amax(1, keepdim=True)  # [B, 1, H]
-    if key_valid is not None:
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    p = torch.exp(s - m)
-    return (p.unsqueeze(-1) * v).sum(1, keepdim=True), p.sum(1, keepdim=True), m
+    if key_valid is None:
+        m = s.amax(1, keepdim=True)  # [B, 1, H]
+        p = torch.exp(s - m)
+        den = p.sum(1, keepdim=True)
+    else:
+        p, den, m = _normalize(s, key_valid.to(s.device).view(1, -1, 1), dim=1, keepdim=True)
+    return (p.unsqueeze(-1) * v).sum(1, keepdim=True), den, m

@@ -4,6 +4,7 @@
     python bench/recurrence.py --quick          # small shapes, seconds
     python bench/recurrence.py --chunk-sweep    # also fwd+bwd of the chunk mode for C in 16..256 (the chunk-size rule)
     python bench/recurrence.py --subnormal      # only: strong decays, small factors taken as 0 vs every factor as it is
+    python bench/recurrence.py --fixed-decay    # only: a per-head decay no token changes, its own chunk form vs the general one
 
 The chunk mode is timed twice in the same run: ``chunk-autograd`` (autograd through the chunk
 form, chunk_backward="autograd") and ``chunk`` (the hand-written backward,
@@ -232,6 +233,52 @@ def subnormal(args) -> dict:
     return dict(T=T, times_ms=times, speedup_fwd=f1 / f0, speedup_fwd_bwd=fb1 / fb0, max_rel_diff=diff)
 
 
+def fixed_decay(args) -> dict:
+    """The chunk mode's form for a per-head decay that no token changes (``recurrence._chunk_fixed``: lightning
+    attention's and MiniMax's fixed γ_h, handed as a layer constant broadcast along time) against the general chunk
+    form (the same decays materialized per token, ``.contiguous()``), forward without autograd (where the fixed form
+    runs), interleaved in one loop, C 64, K = V = 64, four heads with lightning attention's decays: (B 1, T 512, the
+    bench/interop.py MiniMax layer's shape) and (B 2, T 4096); min and median over the repeats, the ratio, and each
+    output's largest difference from the reference (``recurrent``) relative to the output's largest entry."""
+    import statistics
+    import time
+
+    gamma = torch.tensor([0.25, 0.0625, 0.015625, 0.00390625])  # lightning attention's e^{-8(h+1)/H}, H = 4
+    shapes = [(1, 256 if args.quick else 512), (2, 1024 if args.quick else 4096)]
+    rows, out = [], {}
+    for B, T in shapes:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(B, T, 4, 64, generator=g) for _ in range(3))
+        fixed = (-gamma).view(1, 1, 4).expand(B, T, 4)
+        runs = {"fixed-decay form": fixed, "general chunk form": fixed.contiguous()}
+        times = {name: [] for name in runs}
+        with torch.no_grad():
+            outs = {name: linear_recurrence(q, k, v, gk, mode="chunk", chunk_size=CHUNK, check_values=False)[0]
+                    for name, gk in runs.items()}
+            reps = max(args.repeats, 3) * (20 if T <= 512 else 4)
+            for i in range(reps + 2):
+                for name in (list(runs) if i % 2 else list(runs)[::-1]):
+                    t0 = time.perf_counter()
+                    linear_recurrence(q, k, v, runs[name], mode="chunk", chunk_size=CHUNK, check_values=False)
+                    if i >= 2:
+                        times[name].append((time.perf_counter() - t0) * 1e3)
+            ref = linear_recurrence(q, k, v, fixed.contiguous(), mode="recurrent", check_values=False)[0]
+        scale = ref.abs().max()
+        res = {}
+        for name in runs:
+            res[name] = dict(min_ms=min(times[name]), median_ms=statistics.median(times[name]),
+                             max_rel_err=float((outs[name] - ref).abs().max() / scale))
+            rows.append([f"B {B}, T {T}", name, f"{res[name]['min_ms']:.3f}", f"{res[name]['median_ms']:.3f}",
+                         f"{res[name]['max_rel_err']:.1e}"])
+        a, b = res["fixed-decay form"], res["general chunk form"]
+        res["ratio_median"] = b["median_ms"] / a["median_ms"]
+        rows.append([f"B {B}, T {T}", "general / fixed (median)", "", f"{res['ratio_median']:.2f}x", ""])
+        out[f"B{B}_T{T}"] = res
+    print_table(f"chunk mode, one decay per head no token changes (H 4, K = V = 64, C {CHUNK}, forward, no autograd; "
+                f"interleaved)", ["shape", "form", "min ms", "median ms", "max |o - recurrent| / max |o|"], rows)
+    return out
+
+
 def main():
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--subnormal", action="store_true", help="only the chunk mode with its small decay factors taken as 0 "
@@ -242,8 +289,14 @@ def main():
     p.add_argument("--modes", type=lambda x: x.split(","), default=None,
                    help="comma-separated rows to time (recurrent,chunk-autograd,chunk,chunk-C,parallel; default all): "
                         "the loop's rows take minutes at T = 4096 on a loaded machine; targets needing a missing row print n/a")
+    p.add_argument("--fixed-decay", action="store_true", help="only the chunk mode's form for a per-head decay that no token "
+                   "changes against the general chunk form (seqmix.ops.recurrence._chunk_fixed)")
     args = p.parse_args()
     info = setup(args)
+    if args.fixed_decay:
+        print(f"machine: {info}")
+        write_json(args, "recurrence_fixed_decay", dict(machine=info, **fixed_decay(args)))
+        return
     if args.subnormal:
         print(f"machine: {info}")
         write_json(args, "recurrence_subnormal", dict(machine=info, **subnormal(args)))

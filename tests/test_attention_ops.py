@@ -12,6 +12,7 @@ from seqmix.ops import (
     KVCache, apply_feature_map, attention_mask, attention_probs, attention_step, kv_cache_trim, softmax_attention,
     taylor_feature_dim, taylor_features,
 )
+from seqmix import Cache, build_mixer
 from tolerances import F32_RTOL, F64_ATOL, max_abs, rel_err
 
 
@@ -393,10 +394,59 @@ def test_kv_cache_inference_buffers_outside_inference_mode():
     with torch.inference_mode():
         kv = KVCache()
         kv.append(torch.randn(1, 3, 2, 4), torch.randn(1, 3, 2, 4))
+        kv.append(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4))  # (the prefill's own tensors, full: moved into buffers)
         assert kv.append_step(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4)) is not None
     k, v = torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4)
     assert kv.append_step(k, v) is None
     keys, _ = kv.append(k, v)
-    assert keys.shape[1] == 5 and torch.equal(keys[:, -1], k[:, 0]) and not kv.k.is_inference()
+    assert keys.shape[1] == 6 and torch.equal(keys[:, -1], k[:, 0]) and not kv.k.is_inference()
     kv.append(k, v)  # (the cat's buffers are full: this append makes buffers with free slots)
-    assert kv.append_step(k, v) is not None and len(kv) == 7
+    assert kv.append_step(k, v) is not None and len(kv) == 8
+
+
+def test_kv_cache_keeps_a_prefills_own_keys_without_a_copy():
+    # a prefill's keys and values that are whole tensors become the buffers as they are (no copy); full, so the first
+    # step moves them into buffers with BLOCK slots of room (not a doubling of a long prompt's); the numbers are those
+    # of a cache that copied them
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 40, 3, 4, generator=g), torch.randn(2, 40, 3, 5, generator=g)
+    kv, ref = KVCache(), KVCache()
+    kv.append(k, v)
+    ref.append(k.clone(), v.clone())
+    ref_copy = KVCache()
+    ref_copy.append(torch.cat([k, k], 2)[:, :, :3], torch.cat([v, v], 2)[:, :, :3])  # views of larger tensors: copied
+    assert kv.k.data_ptr() == k.data_ptr() and kv.v.data_ptr() == v.data_ptr() and kv.capacity == 40
+    assert ref_copy.capacity == 40 + KVCache.BLOCK and ref_copy.k.untyped_storage().nbytes() == ref_copy.k.numel() * 4
+    for step in range(3):
+        k1, v1 = torch.randn(2, 1, 3, 4, generator=g), torch.randn(2, 1, 3, 5, generator=g)
+        got = kv.append_step(k1, v1)
+        if got is None:
+            assert step == 0  # only the first step finds the buffers full
+            keys, values = kv.append(k1, v1)
+            got = keys.transpose(1, 2), values.transpose(1, 2)
+            assert kv.capacity == 41 + KVCache.BLOCK and kv.k.data_ptr() != k.data_ptr()
+        ck, cv = ref_copy.append(k1, v1)
+        assert torch.equal(got[0], ck.transpose(1, 2)) and torch.equal(got[1], cv.transpose(1, 2))
+    assert torch.equal(k, ref.keys) and torch.equal(v, ref.values)  # the prefill's tensors were never written into
+    windowed = KVCache(window=8)
+    windowed.append(k, v)
+    assert windowed.k.data_ptr() != k.data_ptr() and len(windowed) == 7
+
+
+def test_softmax_attention_prefill_hands_its_cache_keys_of_their_own():
+    # q and k rotated as one tensor elsewhere; a prefill into an empty cache rotates k on its own, so that the cache keeps
+    # it without a copy and without the queries' storage
+    torch.manual_seed(0)
+    m = build_mixer("softmax_attention", d_model=32, heads=4, kv_heads=2, rope=True).eval()
+    x = torch.randn(2, 12, 32)
+    cache = Cache()
+    with torch.no_grad():
+        y = m(x, cache=cache)
+        kv = cache.get(m)["kv"]
+        assert kv.k.untyped_storage().nbytes() == kv.k.numel() * kv.k.element_size()
+        assert torch.equal(y, m(x))
+        x1 = torch.randn(2, 1, 32)
+        step = m(x1, cache=cache)
+        m.mode = "parallel"
+        whole = m(torch.cat([x, x1], 1))
+    assert max_abs(step[:, 0], whole[:, -1]) < 1e-5

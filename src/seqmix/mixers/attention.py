@@ -822,11 +822,12 @@ class SoftmaxAttention(_Attention):
         q, k, v = self._qkv(x)
         return (q, self._mla_expand(k, v)[0]) if self.mla else (q, k)
 
-    def _qkv(self, x, *, start: int = 0, scaled: bool = True):
+    def _qkv(self, x, *, start: int = 0, scaled: bool = True, own_keys: bool = False):
         """q [B, T, heads, K] (normed, rotated, scaled unless ``scaled=False``: the forward pass hands the scale
         to the attention op), k [B, T, kv_heads, K] (normed, rotated), v [B, T, kv_heads, V], for tokens at
         absolute positions start .. start + T - 1; MLA: (q, the latent c [B, T, 1, r], the rotary key k_pe
-        [B, T, 1, R]), the pair its KV cache holds."""
+        [B, T, 1, R]), the pair its KV cache holds. ``own_keys``: k rotated as a tensor of its own, not a view of q
+        and k rotated as one (a prefill's KV cache then keeps k as it is, without a copy: ``KVCache.append``)."""
         if self.mla:
             return self._mla_qkv(x, start, scaled)
         c = self.config
@@ -841,9 +842,13 @@ class SoftmaxAttention(_Attention):
                     [self.q_norm.weight.expand(H, K), self.k_norm.weight.expand(Hkv, K)]), self.q_norm.weight, self.k_norm.weight)
                 qk = rms_norm(qk, w, self.q_norm.eps).to(qk.dtype)
             # (rope_rotate itself, as _rope calls it: a call fewer per decoding step)
-            qk = rope_rotate(self, c.rope_theta, start, qk, scaling=c.__dict__.get("rope_scaling"), rotary_dim=c.rotary_dim,
-                             interleaved=c.rope_interleaved)[0]
-            q, k = qk[:, :, :H], qk[:, :, H:]
+            if own_keys:
+                q, k = rope_rotate(self, c.rope_theta, start, qk[:, :, :H], qk[:, :, H:], scaling=c.__dict__.get("rope_scaling"),
+                                   rotary_dim=c.rotary_dim, interleaved=c.rope_interleaved)
+            else:
+                qk = rope_rotate(self, c.rope_theta, start, qk, scaling=c.__dict__.get("rope_scaling"), rotary_dim=c.rotary_dim,
+                                 interleaved=c.rope_interleaved)[0]
+                q, k = qk[:, :, :H], qk[:, :, H:]
         else:
             q, k = qk.split_with_sizes([H * K, Hkv * K], dim=-1)
             if c.qk_norm == "full":
@@ -865,7 +870,9 @@ class SoftmaxAttention(_Attention):
         kv = state["kv"] if state else None
         if need_state and kv is None:
             kv = KVCache(window=self.config.window)
-        q, k, v = self._qkv(x, start=kv.seen if kv is not None else 0, scaled=False)  # the op scales qᵀk
+        # (a prefill into an empty cache without a window: k of its own, so that the cache keeps it without a copy)
+        own = kv is not None and kv.k is None and x.shape[1] > 1 and self.config.window is None
+        q, k, v = self._qkv(x, start=kv.seen if kv is not None else 0, scaled=False, own_keys=own)  # the op scales qᵀk
         if mode == "step" and kv is not None and self.mla and self.sinks is None and self.alibi_slopes is None \
                 and self.config.softcap is None and q.dtype in (torch.float32, torch.float64):
             heads = kv.append_step(k, v)  # the latent c and the rotary key of the new token, in place

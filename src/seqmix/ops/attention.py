@@ -625,6 +625,12 @@ def attention_step(
 # --------------------------------------------------------------------------------------
 
 
+def _owns_storage(t: torch.Tensor) -> bool:
+    """Whether t is all of its storage (no view of a larger tensor, such as q and k rotated as one): a cache may keep
+    it without keeping anything else alive."""
+    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
 class KVCache:
     """The keys and values of a softmax attention layer for decoding, in preallocated buffers.
 
@@ -634,8 +640,11 @@ class KVCache:
 
     * :meth:`append` writes new tokens into free slots: no torch.cat per token. When they do
       not fit, the buffers are reallocated: without a window the capacity C doubles (at least the
-      tokens plus ``BLOCK`` slots: a prefill leaves room for decoding), so a token costs amortized O(1)
-      copies; with a window w only the last
+      tokens plus ``BLOCK`` slots), so a token costs amortized O(1) copies. A prefill into an empty
+      cache without a window whose k and v are tensors of their own (no views of larger ones) keeps
+      them as the buffers, not copied: the cache then holds exactly the prompt (a forward pass with
+      a cache costs no copy) and the first decoding step moves it into buffers of ``BLOCK`` free
+      slots (the given tensors are never written into). With a window w only the last
       w - 1 tokens are kept, moved to the front of a buffer of max(2(w - 1), w - 1 + BLOCK)
       slots (one move of w - 1 tokens every >= w - 1 appends). A multi-token append with a
       window attends over torch.cat(cache, new) once per call and keeps the last w - 1.
@@ -662,6 +671,7 @@ class KVCache:
         self.start = self.end = 0
         self.seen = 0
         self._inference = False  # whether the buffers are inference tensors (:meth:`_set_buffers`)
+        self._exact = False  # whether the buffers are a prefill's own keys and values (:meth:`append`)
         self._views = None  # (k, start, end, the head-first views): the last ones made (:meth:`head_first`)
 
     # -- views and sizes -------------------------------------------------------------------
@@ -720,7 +730,7 @@ class KVCache:
         return {**self.__dict__, "_views": None}
 
     def __setstate__(self, state):
-        self.__dict__.update(state)
+        self.__dict__.update({"_exact": False, **state})
         self._views = None  # (also for a cache pickled before the views were kept)
         self._inference = self.k is not None and self.k.is_inference()  # (a copy's buffers are its own tensors)
 
@@ -730,6 +740,7 @@ class KVCache:
         self.k, self.v = k, v
         self._inference = k.is_inference()
         self._views = None  # (views of the previous buffers would keep them alive)
+        self._exact = False  # (whether the buffers are a prefill's own keys and values, with no free slot: append)
 
     # -- appending -------------------------------------------------------------------------
 
@@ -786,7 +797,12 @@ class KVCache:
             else:
                 self._store(keys[:, keys.shape[1] - keep :], values[:, values.shape[1] - keep :], self._capacity(keep))
             return keys, values
-        if L == 0 and (self.k is None or T > self.capacity):
+        if L == 0 and self.keep is None and T > 1 and _owns_storage(k) and _owns_storage(v):
+            # a prefill whose keys and values are tensors of their own: they are the buffers as they are (no copy; full,
+            # so the first decoding step moves them into buffers with room, as transformers' cache concatenates)
+            self._set_buffers(k.transpose(1, 2), v.transpose(1, 2))
+            self.start, self.end, self._exact = 0, T, True
+        elif L == 0 and (self.k is None or T > self.capacity):
             self._store(k, v, self._capacity(T))  # an empty cache: the new tokens are the new buffers' first
         else:
             if self.k is None or self.end + T > self.capacity:
@@ -828,6 +844,6 @@ class KVCache:
     def _capacity(self, need: int) -> int:
         """Slots of a new buffer that must hold ``need`` tokens: doubling without a window (and room for
         ``BLOCK`` more: the decoding steps after a prefill), bounded with one."""
-        if self.window is None:
-            return max(2 * self.capacity, need + self.BLOCK)
+        if self.window is None:  # (buffers that are a prefill's own tensors grow by BLOCK first: no doubling of a long prompt's)
+            return need + self.BLOCK if self._exact else max(2 * self.capacity, need + self.BLOCK)
         return max(2 * self.keep, self.keep + self.BLOCK, need)

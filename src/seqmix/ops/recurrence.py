@@ -43,7 +43,9 @@ Modes (all return the same numbers; tests tie each to ``recurrent``):
   float32 or wider. Memory is linear in T. Where every chunk is one tile (the usual
   case), the backward is written by hand (:class:`_ChunkOneTile`: 9 matmuls of the
   forward's operands, O(T(K+V)) kept per head); strong decays that need smaller tiles
-  are differentiated by autograd. ``chunk_size=None`` picks C by :func:`chunk_size_for`. A decay
+  are differentiated by autograd. A per-head decay that no token changes (passed broadcast along time, as
+  lightning attention's fixed γ_h) runs, without autograd, a form whose factors are made once from the H decays
+  (:func:`_chunk_fixed`). ``chunk_size=None`` picks C by :func:`chunk_size_for`. A decay
   factor below e^-60 (float32; e^-600 in float64) is taken as exactly 0 in the chunk and parallel forms
   (:func:`_decay_exp`: subnormal floats slow a CPU's kernels many times; the terms it scales lie 26 orders of
   magnitude below the others).
@@ -704,6 +706,84 @@ def _chunk(q, k, v, gk, gv, scale, S0, C, sub_chunk_size, want_state, backward="
     return o, (S if want_state else None)
 
 
+def _fixed_decay(gk: torch.Tensor | None, gv: torch.Tensor | None, *tensors) -> torch.Tensor | None:
+    """g [B, H] where the chunk form may run :func:`_chunk_fixed`: a real log-decay per head that no token changes
+    (gk [B, T, H, 1] broadcast along time, stride 0: RetNet's, lightning attention's and TransNormer's fixed γ_h as
+    the mixers hand them, a layer constant expanded), no value-wise decay, and nothing that autograd records
+    (training keeps :class:`_ChunkOneTile`'s hand-written backward); else None."""
+    if gk is None or gv is not None or gk.shape[-1] != 1 or gk.stride(1) != 0 or gk.shape[1] < 2 or gk.is_complex():
+        return None
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (gk, *tensors)):
+        return None
+    return gk[:, 0, :, 0]
+
+
+#: (C, device, dtype) -> :func:`_fixed_decay_counts` (a few [C, C + 2] tensors per chunk size in use)
+_FIXED_COUNTS: dict = {}
+
+
+def _fixed_decay_counts(C: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token counts of :func:`_chunk_fixed`'s factors, [C, C + 2]: columns j < C the lag i − j of D (0 where
+    j > i), column C the read's t + 1, column C + 1 the write's C − 1 − t; and an addend that is −inf where j > i
+    (D's zeros: e^{g·0 − inf} = 0 at any g, none included) and 0 elsewhere. Made once per chunk size, device and dtype
+    (made anew while torch.compile traces: the kept tensors are Python state)."""
+    key = (C, str(device), dtype)
+    kept = None if torch.compiler.is_compiling() else _FIXED_COUNTS.get(key)
+    if kept is None:
+        t = torch.arange(C, device=device, dtype=dtype).view(C, 1)
+        lag = t - t.view(1, C)
+        P = torch.cat([lag.clamp_min(0), t + 1, (C - 1) - t], dim=1)
+        hidden = torch.zeros_like(P)
+        hidden[:, :C] = torch.where(lag < 0, float("-inf"), 0.0)
+        kept = (P, hidden)
+        if not torch.compiler.is_compiling() and not P.is_inference():
+            _FIXED_COUNTS[key] = kept
+    return kept
+
+
+def _chunk_fixed(q, k, v, g, scale, S0, C, want_state):
+    """The chunk form for a log-decay g [B, H] (<= 0) the same at every token: the factors of a chunk are then the
+    same for every chunk, made once from g: within a chunk o = ((q kᵀ) ⊙ D) v with D[i, j] = e^{g (i − j)} (i >= j, else
+    0), the state entering it read as (q ⊙ e^{g (t + 1)}) S_in, the state leaving it
+    e^{g C} S_in + (k ⊙ e^{g (C − 1 − t)})ᵀ v (t the position in the chunk). Every exponent is <= 0 (no factor above 1:
+    no tile, no host read of the decays, at any decay); the per-token decay tensor is never chunked, cumulated or
+    exponentiated. The numbers of :func:`_chunk` (tests/test_recurrence_fixed_decay.py ties both to the reference).
+    q, k [B, T, H, K], v [B, T, H, V] (the compute dtype); S0 [B, H, K, V] or None; C the chunk size."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    n = math.ceil(T / C)
+    pad = n * C - T
+    if pad:  # padded positions: q = k = v = 0 (they add nothing; the last state is taken at position T below)
+        q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
+
+    def chunked(x):  # [B, n·C, H, X] -> [B, H, n, C, X], one copy (the matmuls' layout)
+        return x.reshape(B, n, C, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
+
+    q, k, v = chunked(q), chunked(k), chunked(v)
+    if scale != 1.0:
+        q = q * scale
+    gh = g.view(B, H, 1, 1)  # [B, H, 1, 1]
+    P, hidden = _fixed_decay_counts(C, q.device, g.dtype)
+    F = _decay_exp(torch.addcmul(hidden, gh, P)).unsqueeze(2)  # [B, H, 1, C, C + 2]: every factor at once
+    D, read, write = F[..., :C], F[..., C:C + 1], F[..., C + 1:]
+    across = _decay_exp(gh * C)  # [B, H, 1, 1]: e^{g C}
+    A = (q @ k.transpose(-1, -2)).mul_(D)  # [B, H, n, C, C] (a fresh product: scaled in place)
+    U = (k * write).transpose(-1, -2) @ v  # [B, H, n, K, V]: what each chunk writes, decayed to its end
+    S = S0 if S0 is not None else torch.zeros(B, H, K, V, dtype=U.dtype, device=U.device)
+    starts = torch.empty_like(U)  # the state entering each chunk
+    for i, U_i in enumerate(U.unbind(2)):
+        starts[:, :, i] = S
+        S = torch.addcmul(U_i, S, across)
+    o = torch.baddbmm(_flat3(q * read) @ _flat3(starts), _flat3(A), _flat3(v))  # intra-chunk + the state read
+    o = o.view(B, H, n, C, V).permute(0, 2, 3, 1, 4).reshape(B, n * C, H, V)[:, :T]
+    if want_state and pad:  # the last chunk holds r = C − pad tokens: S_T = e^{g r} S_in + Σ_{t < r} e^{g (r − 1 − t)} k_tᵀ v_t
+        r = C - pad
+        t = P[:, C:C + 1] - 1  # [C, 1]: the position in the chunk
+        w_last = _exp_where(gh * ((r - 1) - t), t < r)  # [B, H, C, 1]
+        S = torch.addcmul((k[:, :, -1] * w_last).transpose(-1, -2) @ v[:, :, -1], starts[:, :, -1], _decay_exp(gh * r))
+    return o, (S if want_state else None)
+
+
 def _unchunked(o: torch.Tensor) -> torch.Tensor:
     """[B, H, n, C, V] -> [B, n·C, H, V] ("b h n c v -> b (n c) h v")."""
     B, H, n, C, V = o.shape
@@ -1052,6 +1132,8 @@ def linear_recurrence(
         o, S = (_recurrent if mode == "recurrent" else _scan)(q, k, v, gk, gv, scale, S0)
     elif mode == "parallel":
         o, S = _parallel(q, k, v, gk, gv, scale, S0, output_final_state)
+    elif sub_chunk_size is None and (g := _fixed_decay(gk, gv, q, k, v, S0)) is not None:
+        o, S = _chunk_fixed(q, k, v, g, scale, S0, chunk_size, output_final_state)  # a decay no token changes
     else:
         o, S = _chunk(q, k, v, gk, gv, scale, S0, chunk_size, sub_chunk_size, output_final_state, chunk_backward)
     return o.to(out_dtype), (S if output_final_state else None)

@@ -74,6 +74,21 @@ def test_recurrence_subnormal_quick(tmp_path):
     assert res["max_rel_diff"] < 1e-5  # (the terms it drops lie far below float32's resolution)
 
 
+def test_recurrence_fixed_decay_quick(tmp_path):
+    """bench/recurrence.py --fixed-decay --quick: the fixed-decay chunk form beside the general one, both timed on both
+    shapes, both outputs at the reference's."""
+    out = tmp_path / "fixed.json"
+    r = _run("recurrence.py", "--fixed-decay", "--quick", "--repeats", "1", "--threads", "1", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    res = json.loads(out.read_text())
+    assert set(res) >= {"B1_T256", "B2_T1024"}
+    for shape in ("B1_T256", "B2_T1024"):
+        forms = res[shape]
+        assert forms["ratio_median"] > 0
+        for form in ("fixed-decay form", "general chunk form"):
+            assert forms[form]["min_ms"] > 0 and forms[form]["max_rel_err"] < 1e-5
+
+
 def test_lra_pathfinder_probe(tmp_path):
     """bench/lra.py --part pathfinder-probe --quick: the shortcut threshold and the CNN control, well-formed."""
     out = tmp_path / "lra.json"

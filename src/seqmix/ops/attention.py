@@ -626,9 +626,11 @@ def attention_step(
 
 
 def _owns_storage(t: torch.Tensor) -> bool:
-    """Whether t is all of its storage (no view of a larger tensor, such as q and k rotated as one): a cache may keep
-    it without keeping anything else alive."""
-    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    """Whether t is all of its tensor (not a view of a larger one, such as q and k rotated as one): a cache may keep
+    it without keeping anything else alive. (By the view's base, which no aten op reads, where the storage itself
+    would be read through an alias op per call.)"""
+    base = t._base
+    return t.storage_offset() == 0 and (base is None or base.numel() == t.numel())
 
 
 class KVCache:

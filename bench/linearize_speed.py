@@ -115,9 +115,9 @@ def models_for(d: int, layers: int, max_len: int, hybrid: str, kept: int, compil
     """name -> model: the teacher, each pure student, the hybrid (``hybrid:<mixer label>``), each recipe's model
     that is not one of those (``recipe:<name>``: :func:`recipe_students`); with ``compiled``,
     also each pure student with its decoding step compiled (``<label> compiled``: a copy sharing its weights,
-    ``seqmix.compile_decode`` applied when it first runs: :func:`ensure_compiled`); with ``general``, each pure student
-    whose mixer has a fused decoding step (the general form's, the delta rule's) also with it off (``<label> general
-    step``: a copy sharing its weights whose steps take the general path: :func:`general_step_copy`)."""
+    ``seqmix.compile_decode`` applied when it first runs: :func:`ensure_compiled`); with ``general``, each student and
+    recipe model whose mixer has a fused decoding step (the general form's, the delta rule's, RWKV-7's) also with it off
+    (``<label> general step``: a copy sharing its weights whose steps take the general path: :func:`general_step_copy`)."""
     from seqmix.linearize import linearize
 
     t = teacher(d, layers, max_len)
@@ -139,7 +139,7 @@ def models_for(d: int, layers: int, max_len: int, hybrid: str, kept: int, compil
         for label in students:
             out[f"{label} compiled"] = _sharing_copy(out[label])
     if general:
-        for label in students:
+        for label in [*students, *(r for r in out if r.startswith("recipe:"))]:
             copy_ = general_step_copy(out[label])
             if copy_ is not None:
                 out[f"{label} general step"] = copy_
@@ -447,8 +447,8 @@ def main() -> None:
     p.add_argument("--plot", type=Path, default=PLOT, help="the plot's file (default docs/img/linearize_speed.png)")
     p.add_argument("--compile", action="store_true", help="also each pure student with seqmix.compile_decode (opt-in "
                    "torch.compile of the decoding step), as '<label> compiled'; its first call's cost is printed")
-    p.add_argument("--general-step", action="store_true", help="also each pure student whose mixer has a fused decoding "
-                   "step with that step off, as '<label> general step' (the fused step's A/B)")
+    p.add_argument("--general-step", action="store_true", help="also each student and recipe model whose mixer has a fused "
+                   "decoding step with that step off, as '<label> general step' (the fused step's A/B)")
     p.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK}")
     a = p.parse_args()
     if a.quick:

@@ -239,3 +239,69 @@ def test_the_fused_step_runs_and_hands_the_general_paths_values():
     got = lambda v: v() if callable(v) else v  # noqa: E731  (the fused step hands its values and mixed lazily)
     for a, b in ((f.y, g.y), (got(f.values), got(g.values)), (got(f.mixed), got(g.mixed))):
         assert a.shape == b.shape and max_abs(a, b) < F64_ATOL
+
+
+#: RWKV-7's configs (RWKV7._fused_step): the preset, RAD-RWKV7 with RoPE and biases, and the options the step touches
+RWKV7_FUSED_CASES = {
+    "rwkv7": ("rwkv7", {}),
+    "rwkv7-value_residual-no_bonus": ("rwkv7", {"value_residual": True, "bonus": False}),
+    "rad_rwkv7-rope-bias": ("rad_rwkv7", {"rope_theta": 10000.0, "qkv_bias": True}),
+    "rad_rwkv7-rope-token_shift-bonus": ("rad_rwkv7", {"rope_theta": 500.0, "token_shift": True, "bonus": True}),
+}
+
+
+def _perturbed(name, kw, dtype):
+    m = build(name, **kw)
+    with torch.no_grad():  # every parameter away from its init (zero LoRA factors, ones), so that every term counts
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=p.dtype))
+    return m.to(torch.float32 if dtype == torch.bfloat16 else dtype).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=["f64", "f32", "bf16"])
+@pytest.mark.parametrize("in_place", [False, True], ids=["new-state", "in-place"])
+@pytest.mark.parametrize("case", list(RWKV7_FUSED_CASES))
+def test_rwkv7_fused_step_equals_the_general_step(case, in_place, dtype):
+    """RWKV7._fused_step (a decoding step after a prefill, in one pass) against the general path (_params, the op's
+    step, the readout): four steps after a prefill of 4 tokens, outputs and every state entry (S, the token shift, the
+    RoPE position); float64 within F64_ATOL, float32 within F32_RTOL, bfloat16 within BF16_MODE_RTOL."""
+    import copy
+
+    name, kw = RWKV7_FUSED_CASES[case]
+    fused = _perturbed(name, kw, dtype)
+    assert fused.__dict__["_step_fusable"]
+    general = copy.deepcopy(fused)
+    general.__dict__["_step_fusable"] = False
+    assert_fused_step_agrees(fused, general, x_(T=8).to(dtype), 4, 4, in_place, dtype)
+
+
+def test_rwkv7_fused_step_reads_and_writes_the_value_residual_context():
+    """In a backbone's pass (a context dict): the first RWKV-7 layer's fused step writes its v under V_FIRST and a later
+    layer's mixes it in, as the general path does; a subclass with its own parameter functions keeps the general path."""
+    import copy
+
+    from seqmix.mixers.delta import RWKV7, V_FIRST
+
+    fused = _perturbed("rwkv7", {"value_residual": True}, torch.float64)
+    general = copy.deepcopy(fused)
+    general.__dict__["_step_fusable"] = False
+    x = x_(T=6).double()
+    v_first = torch.randn(2, 1, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    outs = []
+    with torch.no_grad():
+        for m in (fused, general):
+            c = seqmix.Cache()
+            m(x[:, :5], cache=c)
+            first, later = {}, {V_FIRST: v_first}
+            a = m._forward(x[:, 5:], state=dict(c.get(m)), mode="step", need_state=True, context=first)
+            b = m._forward(x[:, 5:], state=dict(c.get(m)), mode="step", need_state=True, context=later)
+            outs.append((a.y, b.y, first[V_FIRST]))
+    for f, g in zip(*outs):
+        assert max_abs(f, g) < F64_ATOL
+    assert max_abs(outs[0][0], outs[0][1]) > 1e-3  # (the residual changes the output: the test sees it)
+
+    class Own(RWKV7):
+        def _params(self, *a, **kw):
+            return super()._params(*a, **kw)
+
+    assert not Own(d_model=16, heads=2, decay_rank=4, a_rank=4, gate_rank=4, v_rank=4).__dict__["_step_fusable"]

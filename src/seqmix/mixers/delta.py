@@ -659,6 +659,8 @@ class RWKV7(Mixer):
         if c.bonus:
             self.r_k = nn.Parameter(torch.full((H, K), 0.1))  # ρ: the bonus
         self.norm = LayerNorm(d, eps=K * c.norm_eps, groups=H)
+        # (a plain attribute: whether the class's own parameter functions and forward are in place, read per step)
+        self.__dict__["_step_fusable"] = type(self)._params is RWKV7._params and type(self)._forward is RWKV7._forward
 
     @classmethod
     def example_config(cls) -> dict:
@@ -709,7 +711,53 @@ class RWKV7(Mixer):
                     kappa=kappa, a=a, shift=x[:, -1] if need_state and c.token_shift else None)
 
 
+    def _fused_step(self, x, state, context) -> MixOut:
+        """One decoding step after a prefill (``state`` holds S) in one pass on the token's [B, d] row: the same numbers as
+        :meth:`_params`, the op's step and the readout in mode "step" (tests/test_delta_mixers.py ties them for the
+        presets with and without token shift, bonus, value residual and RoPE), without the [B, T, ...] views and the
+        module calls (:func:`~seqmix.mixers.layers.project`), r and k turned by RoPE as one tensor, and
+        :func:`~seqmix.ops.delta_rule_step` called directly (S in place inside :func:`~seqmix.ops.states_in_place`)."""
+        c = self.config
+        B, d = x.shape[0], x.shape[-1]
+        H, K, V = self.H, self.K, self.V
+        u = x.reshape(B, d)  # (a view of the one token)
+        new = {}
+        if c.token_shift:
+            first = state.get("shift")
+            prev = torch.zeros_like(u) if first is None else first.to(u.dtype)
+            xr, xw, xk, xv, xa, xg = (token_mix(u, prev, m) for m in self.mu)
+            new["shift"] = u
+        else:
+            xr = xw = xk = xv = xa = xg = u
+        r, k, v = project(self.W_r, xr), project(self.W_k, xk), project(self.W_v, xv)
+        if c.rope_theta is not None:  # r and k as one tensor of 2H heads at the token's position
+            pos = state.get("pos", 0)
+            rk = rope_rotate(self, c.rope_theta, pos, torch.cat([r, k], -1).view(B, 1, 2 * H, K), scaling=c.rope_scaling)[0]
+            r, k = rk.view(B, 2 * d).split(d, dim=-1)
+            new["pos"] = pos + 1
+        logw = -math.exp(-0.5) * torch.sigmoid(self.w0 + project(self.w2, torch.tanh(project(self.w1, xw))))
+        a = torch.sigmoid(self.a0 + project(self.a2, project(self.a1, xa)))
+        g = project(self.g2, torch.sigmoid(project(self.g1, xg)))
+        if c.value_residual or context is not None:  # (the first layer of a pass writes its v, as _params)
+            v_first = self._v_first(v.view(B, 1, d), context).view(B, d)
+            if c.value_residual:
+                nu = torch.sigmoid(self.v0 + project(self.v2, project(self.v1, xv)))
+                v = torch.lerp(v, v_first.to(v.dtype), nu.to(v.dtype))
+        kappa = l2_normalize((k * self.k_k).view(B, H, K))
+        kt = (k + k * (a - 1) * self.k_a).view(B, H, K)
+        logw, a = logw.view(B, H, K), a.view(B, H, K)
+        rh, vh = r.view(B, H, K), v.view(B, H, V)
+        o, new["S"] = delta_rule_step(rh, kt, vh, torch.ones_like(logw[..., 0]), logw, state["S"], a=-(a * kappa),
+                                      b=kappa * (-logw).exp(), check_values=False, check_shapes=False)
+        h = self.norm(o.reshape(B, H * V))
+        if c.bonus:
+            h = h + ((rh * kt * self.r_k).sum(-1, keepdim=True) * vh).reshape(B, H * V)
+        y = project(self.W_o, h * g)
+        return MixOut(y.view(B, 1, -1), new, values=lambda: vh.unsqueeze(1), mixed=lambda: o.unsqueeze(1))
+
     def _forward(self, x, *, state, mode, need_state, context=None):
+        if mode == "step" and self.__dict__["_step_fusable"] and state and state.get("S") is not None:
+            return self._fused_step(x, state, context)
         c = self.config
         P = self._params(x, state, need_state, context)
         one = torch.ones_like(P["logw"][..., 0])

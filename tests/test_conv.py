@@ -160,3 +160,27 @@ def test_short_conv_half_inputs_sum_in_float32_and_round_once(dtype):
     o, _ = causal_conv1d_step(x1, w, b, state.clone(), activation="silu")
     o_ref, _ = causal_conv1d_step(x1.float(), w, b, state.float(), activation="silu")
     assert o.dtype == dtype and torch.equal(o, o_ref.to(dtype))
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_short_conv_step_over_state_blocks_equals_one_state(in_place):
+    # a state kept in blocks along the channels (q, k, v convs of their own) steps as the one state they make: the same
+    # output, each block's part of the shifted window; inside states_in_place each block is shifted in place, outside
+    # the given blocks are left as they were
+    import contextlib
+
+    from seqmix.ops import states_in_place
+
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(2, 12, generator=g), torch.randn(12, 4, generator=g), torch.randn(12, generator=g)
+    blocks = tuple(torch.randn(2, c, 3, generator=g) for c in (4, 4, 4))
+    whole = torch.cat(blocks, 1)
+    given = [t.clone() for t in blocks]
+    y_ref, s_ref = causal_conv1d_step(x, w, b, whole.clone(), activation="silu")
+    with states_in_place() if in_place else contextlib.nullcontext():
+        y, new = causal_conv1d_step(x, w, b, blocks, activation="silu")
+    assert torch.equal(y, y_ref) and isinstance(new, tuple) and len(new) == 3
+    assert torch.equal(torch.cat(new, 1), s_ref)
+    for t, n, g0 in zip(blocks, new, given):
+        assert (n is t) == in_place
+        assert torch.equal(t, n if in_place else g0)

@@ -368,16 +368,20 @@ class DeltaNet(Mixer):
             conv = self.conv
             qkv, new["conv"] = causal_conv1d_step(torch.cat([q, k, v], dim=-1), conv.weight, conv.bias, state["conv"],
                                                   activation=conv.activation)
-            q, k, v = qkv.split([c.d_k, c.d_k, c.d_v], dim=-1)
-        elif c.conv_size:
-            out = []
-            for name, conv, t in (("conv_q", self.conv_q, q), ("conv_k", self.conv_k, k), ("conv_v", self.conv_v, v)):
-                y, new[name] = causal_conv1d_step(t, conv.weight, conv.bias, state[name], activation=conv.activation)
-                out.append(y)
-            q, k, v = out
+        elif c.conv_size:  # the three convs stepped as one over [q; k; v], each keeping its own state
+            convs = (self.conv_q, self.conv_k, self.conv_v)
+            weight = self.layer_constant("qkv conv weight", lambda: torch.cat([cv.weight for cv in convs]), *(cv.weight for cv in convs))
+            bias = None if self.conv_q.bias is None else self.layer_constant(
+                "qkv conv bias", lambda: torch.cat([cv.bias for cv in convs]), *(cv.bias for cv in convs))
+            qkv, (new["conv_q"], new["conv_k"], new["conv_v"]) = causal_conv1d_step(
+                torch.cat([q, k, v], dim=-1), weight, bias, (state["conv_q"], state["conv_k"], state["conv_v"]),
+                activation=self.conv_q.activation)
+        if c.conv_size:  # q and k L2-normed as one tensor of 2·Hk heads (the first 2·d_k channels)
+            qk = self._l2(qkv[:, :2 * c.d_k].reshape(B, 2 * Hk, K))
+            q, k, v = qk[:, :Hk], qk[:, Hk:], qkv[:, 2 * c.d_k:]
         else:
-            q, k, v = F.silu(q), F.silu(k), F.silu(v)
-        q, k = self._l2(q.view(B, Hk, K)), self._l2(k.view(B, Hk, K))
+            q, k = self._l2(F.silu(q).view(B, Hk, K)), self._l2(F.silu(k).view(B, Hk, K))
+            v = F.silu(v)
         if Hk != H:  # GVA: q/k head j serves value heads j·r .. j·r + r - 1
             q, k = q.repeat_interleave(H // Hk, dim=1), k.repeat_interleave(H // Hk, dim=1)
         v = v.view(B, H, V)

@@ -227,7 +227,12 @@ def causal_conv1d(x, weight, bias=None, state=None, *, activation: str | None = 
 def causal_conv1d_step(x, weight, bias=None, state=None, *, activation: str | None = None):
     """One token: x [B, C], state [B, C, W-1] -> (y [B, C], new state [B, C, W-1]). Inside
     :func:`~seqmix.ops.inplace.states_in_place` the state is shifted in place (the returned state is the given
-    tensor) and the arguments are not checked."""
+    tensor) and the arguments are not checked. ``state`` may also be a tuple of blocks [B, C_i, W-1] whose channels, in
+    order, are the C channels (convs of their own, such as a delta rule's over q, k and v, stepped as one): the new
+    state is then the tuple of the blocks, each shifted as a single state is (in place inside ``states_in_place``)."""
+    blocks = state if isinstance(state, tuple) else None
+    if blocks is not None:
+        state = torch.cat(blocks, dim=1)
     if owned():
         C, W = weight.shape
     else:
@@ -249,6 +254,13 @@ def causal_conv1d_step(x, weight, bias=None, state=None, *, activation: str | No
         raise ValueError(f"causal_conv1d_step: unknown activation {activation!r}; expected None or 'silu'")
     if y.dtype != x.dtype:
         y = y.to(x.dtype)
+    if blocks is not None:  # each block's channels of the shifted window, written into it where it may be
+        new, c0 = [], 0
+        for b in blocks:
+            shifted = window[:, c0:c0 + b.shape[1], 1:]
+            c0 += b.shape[1]
+            new.append(b.copy_(shifted) if W > 1 and writable(b, x.dtype) else shifted)
+        return y, tuple(new)
     if W > 1 and prev is state and writable(state, x.dtype):
         return y, state.copy_(window[..., 1:])
     return y, window[..., 1:]

@@ -256,9 +256,9 @@ def call_counts(model, T: int, *, detail: bool = False) -> dict:
         out = {"forward": count(lambda: model(input_ids=ids, use_cache=False)),
                "prefill": count(lambda: model(input_ids=ids, use_cache=True))}
         # (steps 2 to 6: the first step, in both, moves a prefill's keys and values into buffers with room once)
-        six, one = count(gen(7)), count(gen(2))
-    per = [{k: (six[i][k] - one[i].get(k, 0)) / 5 for k in six[i]} for i in (2, 3)]
-    out["decode"] = (round((six[0] - one[0]) / 5), round((six[1] - one[1]) / 5), *per)
+        seven, two = count(gen(7)), count(gen(2))
+    per = [{k: (seven[i][k] - two[i].get(k, 0)) / 5 for k in seven[i]} for i in (2, 3)]
+    out["decode"] = (round((seven[0] - two[0]) / 5), round((seven[1] - two[1]) / 5), *per)
     return out if detail else {mode: c[:2] for mode, c in out.items()}
 
 

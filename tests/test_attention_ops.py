@@ -411,10 +411,13 @@ def test_kv_cache_keeps_a_prefills_own_keys_without_a_copy():
     g = torch.Generator().manual_seed(0)
     k, v = torch.randn(2, 40, 3, 4, generator=g), torch.randn(2, 40, 3, 5, generator=g)
     kv, ref = KVCache(), KVCache()
-    kv.append(k, v)
+    kv.append(k, v, take=True)
     ref.append(k.clone(), v.clone())
+    kept = KVCache()
+    kept.append(k, v)  # (not given away: copied, so that the caller may write into its tensors afterwards)
+    assert kept.k.data_ptr() != k.data_ptr() and kept.capacity == 40 + KVCache.BLOCK
     ref_copy = KVCache()
-    ref_copy.append(torch.cat([k, k], 2)[:, :, :3], torch.cat([v, v], 2)[:, :, :3])  # views of larger tensors: copied
+    ref_copy.append(torch.cat([k, k], 2)[:, :, :3], torch.cat([v, v], 2)[:, :, :3], take=True)  # views of larger ones: copied
     assert kv.k.data_ptr() == k.data_ptr() and kv.v.data_ptr() == v.data_ptr() and kv.capacity == 40
     assert ref_copy.capacity == 40 + KVCache.BLOCK and ref_copy.k.untyped_storage().nbytes() == ref_copy.k.numel() * 4
     for step in range(3):
@@ -429,8 +432,16 @@ def test_kv_cache_keeps_a_prefills_own_keys_without_a_copy():
         assert torch.equal(got[0], ck.transpose(1, 2)) and torch.equal(got[1], cv.transpose(1, 2))
     assert torch.equal(k, ref.keys) and torch.equal(v, ref.values)  # the prefill's tensors were never written into
     windowed = KVCache(window=8)
-    windowed.append(k, v)
+    windowed.append(k, v, take=True)
     assert windowed.k.data_ptr() != k.data_ptr() and len(windowed) == 7
+    # beam search reorders (map_) a prefill's exact buffers before the first step: they still grow by BLOCK, not doubled
+    long_k, long_v = torch.randn(2, 300, 3, 4, generator=g), torch.randn(2, 300, 3, 5, generator=g)  # (2·300 > 301 + BLOCK)
+    for fn in (lambda t: t.index_select(0, torch.tensor([1, 0])), torch.Tensor.detach):
+        cache = KVCache()
+        cache.append(long_k.clone(), long_v.clone(), take=True)
+        cache.map_(fn)
+        cache.append(k1, v1)
+        assert cache.capacity == 301 + KVCache.BLOCK
 
 
 def test_softmax_attention_prefill_hands_its_cache_keys_of_their_own():

@@ -186,6 +186,7 @@ FUSED_CASES = {
     "qwen3_next_gdn": ("qwen3_next_gdn", {"heads": 4, "k_heads": 2}), "kimi_kda": ("kimi_kda", {"gate_rank": 8}),
     "negative-no_conv-no_gate": ("gated_deltanet", {"negative_eigenvalues": True, "conv_size": None, "gate": False}),
     "sigmoid-scale_none-bias": ("gated_deltanet", {"gate_act": "sigmoid", "scale": "none", "qkv_bias": True}),
+    "gva-separate_convs": ("gated_deltanet", {"heads": 4, "k_heads": 2}),
 }
 
 
@@ -305,3 +306,46 @@ def test_rwkv7_fused_step_reads_and_writes_the_value_residual_context():
             return super()._params(*a, **kw)
 
     assert not Own(d_model=16, heads=2, decay_rank=4, a_rank=4, gate_rank=4, v_rank=4).__dict__["_step_fusable"]
+
+
+def test_fused_step_with_a_bias_on_some_short_convs():
+    """The three convs stepped as one take each conv's bias, zeros for a conv without one (DeltaNet builds them without;
+    a model may give one a bias)."""
+    import copy
+
+    from torch import nn
+
+    fused = build("gated_deltanet")
+    fused.conv_k.bias = nn.Parameter(torch.randn(fused.conv_k.weight.shape[0], dtype=torch.float64))
+    general = copy.deepcopy(fused)
+    general.__dict__["_step_fusable"] = False
+    assert_fused_step_agrees(fused, general, x_(T=8), 4, 4, True, torch.float64)
+
+
+def test_rwkv7_fused_step_in_a_language_model_with_the_value_residual():
+    """Three RWKV-7 layers with the value residual in seqmix's LanguageModel: token-by-token decoding after a prefill (the
+    fused steps, the first layer's values handed through the pass's context) gives the logits of one pass."""
+    from seqmix.models import LanguageModel, ModelConfig
+
+    torch.manual_seed(0)
+    lm = LanguageModel(ModelConfig(mixer="rwkv7", mixer_kwargs=dict(heads=2, value_residual=True, decay_rank=4, a_rank=4,
+                                                                    gate_rank=4, v_rank=4, chunk_size=4),
+                                   d_model=16, n_layers=3, vocab_size=40, max_seq_len=64)).double().eval()
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=p.dtype))
+    ids = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(1))
+    calls = []
+    from seqmix.mixers.delta import RWKV7
+
+    orig = RWKV7._fused_step
+    RWKV7._fused_step = lambda self, *a: calls.append(1) or orig(self, *a)
+    try:
+        with torch.no_grad():
+            whole = lm.hidden(ids)
+            cache = seqmix.Cache()
+            steps = [lm.hidden(ids[:, :8], cache)] + [lm.hidden(ids[:, t:t + 1], cache, start=t) for t in range(8, 12)]
+    finally:
+        RWKV7._fused_step = orig
+    assert len(calls) == 12  # four steps of three layers
+    assert max_abs(torch.cat(steps, 1), whole) < F64_ATOL * max(1.0, float(whole.abs().max()))

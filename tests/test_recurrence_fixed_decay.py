@@ -102,6 +102,8 @@ def test_routing(monkeypatch):
     with torch.no_grad():  # the same inputs without autograd: the fixed-decay form
         linear_recurrence(qg, k, v, gk, **kw)
     assert len(calls) == 1
+    linear_recurrence(q, k, v, gk, **kw)  # grad enabled but nothing that requires it: nothing recorded, the fixed form
+    assert len(calls) == 2
 
 
 def test_lightning_attention_mixer_takes_it_and_keeps_its_numbers(monkeypatch):

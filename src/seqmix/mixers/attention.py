@@ -894,7 +894,7 @@ class SoftmaxAttention(_Attention):
                 return MixOut(y, {"kv": kv} if need_state else None,
                               values=lambda: repeat_kv(v, H // self.kv_heads), mixed=lambda: o.view(B, 1, H, -1))
         # (q, k, v made here from checked x: the cache and the op skip their argument checks)
-        keys, vals = kv.append(k, v, check_shapes=False) if kv is not None else (k, v)  # every key the queries see
+        keys, vals = kv.append(k, v, check_shapes=False, take=True) if kv is not None else (k, v)  # every key the queries see
         if self.mla:  # the cache holds the latent pair: every head's keys and values from it
             keys, vals = self._mla_expand(keys, vals)
         p = self.config.attn_dropout if self.training else 0.0

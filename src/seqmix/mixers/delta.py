@@ -371,8 +371,9 @@ class DeltaNet(Mixer):
         elif c.conv_size:  # the three convs stepped as one over [q; k; v], each keeping its own state
             convs = (self.conv_q, self.conv_k, self.conv_v)
             weight = self.layer_constant("qkv conv weight", lambda: torch.cat([cv.weight for cv in convs]), *(cv.weight for cv in convs))
-            bias = None if self.conv_q.bias is None else self.layer_constant(
-                "qkv conv bias", lambda: torch.cat([cv.bias for cv in convs]), *(cv.bias for cv in convs))
+            biases = [cv.bias for cv in convs if cv.bias is not None]
+            bias = None if not biases else self.layer_constant("qkv conv bias", lambda: torch.cat(
+                [cv.weight.new_zeros(cv.weight.shape[0]) if cv.bias is None else cv.bias for cv in convs]), *biases)
             qkv, (new["conv_q"], new["conv_k"], new["conv_v"]) = causal_conv1d_step(
                 torch.cat([q, k, v], dim=-1), weight, bias, (state["conv_q"], state["conv_k"], state["conv_v"]),
                 activation=self.conv_q.activation)

@@ -643,8 +643,8 @@ class KVCache:
     * :meth:`append` writes new tokens into free slots: no torch.cat per token. When they do
       not fit, the buffers are reallocated: without a window the capacity C doubles (at least the
       tokens plus ``BLOCK`` slots), so a token costs amortized O(1) copies. A prefill into an empty
-      cache without a window whose k and v are tensors of their own (no views of larger ones) keeps
-      them as the buffers, not copied: the cache then holds exactly the prompt (a forward pass with
+      cache without a window whose k and v are given away (``take=True``: the attention mixers') and
+      are tensors of their own (no views of larger ones) keeps them as the buffers, not copied: the cache then holds exactly the prompt (a forward pass with
       a cache costs no copy) and the first decoding step moves it into buffers of ``BLOCK`` free
       slots (the given tensors are never written into). With a window w only the last
       w - 1 tokens are kept, moved to the front of a buffer of max(2(w - 1), w - 1 + BLOCK)
@@ -725,7 +725,9 @@ class KVCache:
 
     def map_(self, fn) -> "KVCache":
         if self.k is not None:
+            exact = self._exact  # (fn keeps the slots: a prefill's exact buffers stay so, and grow by BLOCK first)
             self._set_buffers(fn(self.k), fn(self.v))
+            self._exact = exact
         return self
 
     def __getstate__(self):  # (copies and pickles: the buffers, not the kept views, which a copy would not share)
@@ -762,7 +764,8 @@ class KVCache:
             return True
         return self.k is not None and self._inference and not torch.is_inference_mode_enabled()
 
-    def append(self, k: torch.Tensor, v: torch.Tensor, *, check_shapes: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, k: torch.Tensor, v: torch.Tensor, *, check_shapes: bool = True,
+               take: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Appends T tokens k [B, T, Hkv, K], v [B, T, Hkv, V].
 
         Returns (keys, values) [B, L + T, Hkv, ·]: the cached tokens followed by the new ones,
@@ -770,7 +773,9 @@ class KVCache:
         views of the buffers, valid until the next append. The cache then keeps the last
         window - 1 of them (all without a window). ``check_shapes=False``: the first append's k and v are not
         checked (a caller that made them itself, as the attention mixers do); a later append is always compared
-        with the buffers' batch, heads and widths."""
+        with the buffers' batch, heads and widths. ``take=True``: k and v are given away (made for this call and
+        never written afterwards, as the attention mixers' are): a prefill into an empty cache without a window whose
+        k and v are tensors of their own keeps them as its buffers, without a copy; otherwise the cache copies them."""
         where = "KVCache.append"
         # (unchecked, an empty cache takes k and v as they come; against buffers the shapes are always compared: a
         # caller's x of another batch than the cache's must not write into it by broadcasting)
@@ -799,7 +804,7 @@ class KVCache:
             else:
                 self._store(keys[:, keys.shape[1] - keep :], values[:, values.shape[1] - keep :], self._capacity(keep))
             return keys, values
-        if L == 0 and self.keep is None and T > 1 and _owns_storage(k) and _owns_storage(v):
+        if take and L == 0 and self.keep is None and T > 1 and _owns_storage(k) and _owns_storage(v):
             # a prefill whose keys and values are tensors of their own: they are the buffers as they are (no copy; full,
             # so the first decoding step moves them into buffers with room, as transformers' cache concatenates)
             self._set_buffers(k.transpose(1, 2), v.transpose(1, 2))

@@ -184,3 +184,13 @@ def test_short_conv_step_over_state_blocks_equals_one_state(in_place):
     for t, n, g0 in zip(blocks, new, given):
         assert (n is t) == in_place
         assert torch.equal(t, n if in_place else g0)
+
+
+def test_short_conv_step_state_blocks_bad_input():
+    x, w = torch.randn(2, 6), torch.randn(6, 4)
+    with pytest.raises(ValueError, match=r"state\[1\]"):
+        causal_conv1d_step(x, w, None, (torch.randn(2, 3, 3), torch.randn(1, 3, 3)))
+    with pytest.raises(ValueError, match=r"state\[0\]"):
+        causal_conv1d_step(x, w, None, (torch.randn(2, 3, 2), torch.randn(2, 3, 3)))
+    with pytest.raises(ValueError, match="state"):  # the blocks' channels must make the weight's
+        causal_conv1d_step(x, w, None, (torch.randn(2, 3, 3), torch.randn(2, 2, 3)))

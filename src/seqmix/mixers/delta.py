@@ -701,20 +701,33 @@ class RWKV7(Mixer):
             r, k = (t.view(B, T, H, K) for t in (r, k))
             pos = state.get("pos", 0) if state else 0
             r, k = (t.flatten(2) for t in rope_rotate(self, c.rope_theta, pos, r, k, scaling=c.rope_scaling))
-        logw = -math.exp(-0.5) * torch.sigmoid(self.w0 + self.w2(torch.tanh(self.w1(xw))))  # log w (eq. 11)
-        a = torch.sigmoid(self.a0 + self.a2(self.a1(xa)))  # in-context learning rate (eq. 12)
-        g = self.g2(torch.sigmoid(self.g1(xg)))  # gate (eq. 10)
-        v_first = self._v_first(v, context)  # the first layer writes it, whether or not it mixes
-        if c.value_residual:  # eq. 13: v + (v_first − v) ⊙ σ(ν); lerp(v, v, ·) = v in the first layer
-            nu = torch.sigmoid(self.v0 + self.v2(self.v1(xv)))  # ν_t [B, T, d] (float32 under autocast: v0 is)
-            v = torch.lerp(v, v_first.to(v.dtype), nu.to(v.dtype))
-        kappa = l2_normalize((k * self.k_k).view(B, T, H, K))  # κ̂ (eq. 14)
-        kt = (k + k * (a - 1) * self.k_a).view(B, T, H, K)  # k̃ (eq. 15)
-        view = lambda t: t.view(B, T, H, K)  # noqa: E731
-        logw, a = view(logw), view(a)
-        return dict(r=view(r), k=kt, v=v.view(B, T, H, V), logw=logw, ra=-(a * kappa), rb=kappa * (-logw).exp(), g=g,
-                    kappa=kappa, a=a, shift=x[:, -1] if need_state and c.token_shift else None)
+        logw, a, g = self._gates(xw, xa, xg)
+        v = self._mixed_value(v, xv, context)
+        kappa, kt, logw, a = self._keys(k, a, logw)
+        return dict(r=r.view(B, T, H, K), k=kt, v=v.view(B, T, H, V), logw=logw, ra=-(a * kappa), rb=kappa * (-logw).exp(),
+                    g=g, kappa=kappa, a=a, shift=x[:, -1] if need_state and c.token_shift else None)
 
+    def _gates(self, xw, xa, xg):
+        """(log w (eq. 11), the in-context learning rate a (eq. 12), the gate g (eq. 10)), each [..., d] from its stream
+        [..., d] (a sequence's or one token's)."""
+        logw = -math.exp(-0.5) * torch.sigmoid(self.w0 + project(self.w2, torch.tanh(project(self.w1, xw))))
+        a = torch.sigmoid(self.a0 + project(self.a2, project(self.a1, xa)))
+        return logw, a, project(self.g2, torch.sigmoid(project(self.g1, xg)))
+
+    def _mixed_value(self, v, xv, context):
+        """v [B, T, d] with the value residual (eq. 13: v + (v_first − v) ⊙ σ(ν); lerp(v, v, ·) = v in the first layer),
+        the first layer of a pass writing its v into ``context`` whether or not it mixes."""
+        v_first = self._v_first(v, context)
+        if not self.config.value_residual:
+            return v
+        nu = torch.sigmoid(self.v0 + project(self.v2, project(self.v1, xv)))  # ν (float32 under autocast: v0 is)
+        return torch.lerp(v, v_first.to(v.dtype), nu.to(v.dtype))
+
+    def _keys(self, k, a, logw):
+        """(κ̂ = normalize(k ⊙ ξ) (eq. 14), k̃ = k ⊙ (1 + (a − 1) ⊙ α) (eq. 15), log w, a), each [..., H, K] from [..., d]."""
+        shape = (*k.shape[:-1], self.H, self.K)
+        kappa = l2_normalize((k * self.k_k).view(shape))
+        return kappa, (k + k * (a - 1) * self.k_a).view(shape), logw.view(shape), a.view(shape)
 
     def _fused_step(self, x, state, context) -> MixOut:
         """One decoding step after a prefill (``state`` holds S) in one pass on the token's [B, d] row: the same numbers as
@@ -740,17 +753,9 @@ class RWKV7(Mixer):
             rk = rope_rotate(self, c.rope_theta, pos, torch.cat([r, k], -1).view(B, 1, 2 * H, K), scaling=c.rope_scaling)[0]
             r, k = rk.view(B, 2 * d).split(d, dim=-1)
             new["pos"] = pos + 1
-        logw = -math.exp(-0.5) * torch.sigmoid(self.w0 + project(self.w2, torch.tanh(project(self.w1, xw))))
-        a = torch.sigmoid(self.a0 + project(self.a2, project(self.a1, xa)))
-        g = project(self.g2, torch.sigmoid(project(self.g1, xg)))
-        if c.value_residual or context is not None:  # (the first layer of a pass writes its v, as _params)
-            v_first = self._v_first(v.view(B, 1, d), context).view(B, d)
-            if c.value_residual:
-                nu = torch.sigmoid(self.v0 + project(self.v2, project(self.v1, xv)))
-                v = torch.lerp(v, v_first.to(v.dtype), nu.to(v.dtype))
-        kappa = l2_normalize((k * self.k_k).view(B, H, K))
-        kt = (k + k * (a - 1) * self.k_a).view(B, H, K)
-        logw, a = logw.view(B, H, K), a.view(B, H, K)
+        logw, a, g = self._gates(xw, xa, xg)
+        v = self._mixed_value(v.view(B, 1, d), xv.view(B, 1, d), context)
+        kappa, kt, logw, a = self._keys(k, a, logw)
         rh, vh = r.view(B, H, K), v.view(B, H, V)
         o, new["S"] = delta_rule_step(rh, kt, vh, torch.ones_like(logw[..., 0]), logw, state["S"], a=-(a * kappa),
                                       b=kappa * (-logw).exp(), check_values=False, check_shapes=False)

@@ -644,9 +644,10 @@ class KVCache:
       not fit, the buffers are reallocated: without a window the capacity C doubles (at least the
       tokens plus ``BLOCK`` slots), so a token costs amortized O(1) copies. A prefill into an empty
       cache without a window whose k and v are given away (``take=True``: the attention mixers') and
-      are tensors of their own (no views of larger ones) keeps them as the buffers, not copied: the cache then holds exactly the prompt (a forward pass with
-      a cache costs no copy) and the first decoding step moves it into buffers of ``BLOCK`` free
-      slots (the given tensors are never written into). With a window w only the last
+      are tensors of their own (no views of larger ones) keeps them as the buffers, not copied: the
+      cache then holds exactly the prompt (a forward pass with a cache costs no copy) and the first
+      decoding step moves it into buffers of ``BLOCK`` free slots (the given tensors are never
+      written into). With a window w only the last
       w - 1 tokens are kept, moved to the front of a buffer of max(2(w - 1), w - 1 + BLOCK)
       slots (one move of w - 1 tokens every >= w - 1 appends). A multi-token append with a
       window attends over torch.cat(cache, new) once per call and keeps the last w - 1.

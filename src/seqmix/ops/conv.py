@@ -232,6 +232,12 @@ def causal_conv1d_step(x, weight, bias=None, state=None, *, activation: str | No
     state is then the tuple of the blocks, each shifted as a single state is (in place inside ``states_in_place``)."""
     blocks = state if isinstance(state, tuple) else None
     if blocks is not None:
+        if not owned():  # (each block named; their sum of channels is checked as the one state below)
+            W1 = weight.shape[-1] - 1 if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
+            for i, b in enumerate(blocks):
+                check_tensor(f"state[{i}]", b, rank=3, layout="[B, C_i, W-1]", where="causal_conv1d_step")
+                check_shape(f"state[{i}]", b, (x.shape[0] if isinstance(x, torch.Tensor) else None, None, W1),
+                            "[B, C_i, W-1] (x's batch, the kernel's width − 1)", "causal_conv1d_step")
         state = torch.cat(blocks, dim=1)
     if owned():
         C, W = weight.shape

@@ -626,23 +626,13 @@ def _chunk(q, k, v, gk, gv, scale, S0, C, sub_chunk_size, want_state, backward="
     B, T, H, K = q.shape
     V = v.shape[-1]
     n = math.ceil(T / C)
-    pad = n * C - T
-    if pad:
-        # padded positions: q = k = v = 0 and log-decay 0, so they neither write nor decay the state
-        def p(x):
-            return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) if x is not None else None
-
-        q, k, v, gk, gv = p(q), p(k), p(v), p(gk), p(gv)
-
-    def chunked(x):  # one copy into the layout of the matmuls, so that none of them copies again
-        # ("b (n c) h x -> b h n c x" by view and permute: einops' own call costs more than the copy at small sizes)
-        return x.reshape(B, n, C, x.shape[2], x.shape[3]).permute(0, 3, 1, 2, 4).contiguous() if x is not None else None
-
-    q, k, v = chunked(q), chunked(k), chunked(v)
+    # padded positions: q = k = v = 0 and log-decay 0, so they neither write nor decay the state
+    q, k, v, gk, gv = (_padded(x, n * C - T) for x in (q, k, v, gk, gv))
+    q, k, v = _chunked(q, C), _chunked(k, C), _chunked(v, C)
     if scale != 1.0:
         q = q * scale
-    Gk = chunked(gk).cumsum(-2) if gk is not None else None  # local cumulative log-decay [B,H,n,C,K|1]
-    Gv = chunked(gv).cumsum(-2) if gv is not None else None
+    Gk = _chunked(gk, C).cumsum(-2) if gk is not None else None  # local cumulative log-decay [B,H,n,C,K|1]
+    Gv = _chunked(gv, C).cumsum(-2) if gv is not None else None
 
     c = _tile_size(C, sub_chunk_size, Gk, Gv)
     if c == C and backward == "manual":
@@ -752,14 +742,8 @@ def _chunk_fixed(q, k, v, g, scale, S0, C, want_state):
     B, T, H, K = q.shape
     V = v.shape[-1]
     n = math.ceil(T / C)
-    pad = n * C - T
-    if pad:  # padded positions: q = k = v = 0 (they add nothing; the last state is taken at position T below)
-        q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
-
-    def chunked(x):  # [B, n·C, H, X] -> [B, H, n, C, X], one copy (the matmuls' layout)
-        return x.reshape(B, n, C, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
-
-    q, k, v = chunked(q), chunked(k), chunked(v)
+    pad = n * C - T  # padded positions: q = k = v = 0 (they add nothing; the last state is taken at position T below)
+    q, k, v = (_chunked(_padded(x, pad), C) for x in (q, k, v))
     if scale != 1.0:
         q = q * scale
     gh = g.view(B, H, 1, 1)  # [B, H, 1, 1]
@@ -775,13 +759,27 @@ def _chunk_fixed(q, k, v, g, scale, S0, C, want_state):
         starts[:, :, i] = S
         S = torch.addcmul(U_i, S, across)
     o = torch.baddbmm(_flat3(q * read) @ _flat3(starts), _flat3(A), _flat3(v))  # intra-chunk + the state read
-    o = o.view(B, H, n, C, V).permute(0, 2, 3, 1, 4).reshape(B, n * C, H, V)[:, :T]
+    o = _unchunked(o.view(B, H, n, C, V))[:, :T]
     if want_state and pad:  # the last chunk holds r = C − pad tokens: S_T = e^{g r} S_in + Σ_{t < r} e^{g (r − 1 − t)} k_tᵀ v_t
         r = C - pad
         t = P[:, C:C + 1] - 1  # [C, 1]: the position in the chunk
         w_last = _exp_where(gh * ((r - 1) - t), t < r)  # [B, H, C, 1]
         S = torch.addcmul((k[:, :, -1] * w_last).transpose(-1, -2) @ v[:, :, -1], starts[:, :, -1], _decay_exp(gh * r))
     return o, (S if want_state else None)
+
+
+def _padded(x: torch.Tensor | None, pad: int) -> torch.Tensor | None:
+    """x [B, T, H, X] with ``pad`` positions of zeros after its last (None stays None)."""
+    return torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) if pad and x is not None else x
+
+
+def _chunked(x: torch.Tensor | None, C: int) -> torch.Tensor | None:
+    """[B, n·C, H, X] -> [B, H, n, C, X] ("b (n c) h x -> b h n c x" by view and permute), one copy into the layout of the
+    matmuls, so that none of them copies again (einops' own call costs more than the copy at small sizes)."""
+    if x is None:
+        return None
+    B, T, H, X = x.shape
+    return x.reshape(B, T // C, C, H, X).permute(0, 3, 1, 2, 4).contiguous()
 
 
 def _unchunked(o: torch.Tensor) -> torch.Tensor:

@@ -70,3 +70,61 @@ def test_gate_blocks_makes_the_rg_lru_gates_block_diagonal_and_equals_the_dense_
         build_mixer("gla", d_model=16, gate_blocks=2)
     with pytest.raises(ValueError, match="gate_blocks"):
         build_mixer("rg_lru_block", d_model=16, gate_blocks=3)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_project_runs_a_plain_block_diagonal_linear_without_the_module_call_and_keeps_hooks(bias):
+    """seqmix.mixers.layers.project on a BlockDiagonalLinear (a decoding step's RG-LRU gates): its forward without the
+    module call, the numbers of calling it, with bfloat16 input on float32 weights too; a hook of its own or a global
+    hook runs the module call."""
+    from unittest import mock
+
+    from seqmix.mixers.layers import project
+
+    torch.manual_seed(0)
+    m = BlockDiagonalLinear(12, 8, 4, bias=bias).double()
+    u = torch.randn(3, 12, dtype=torch.float64)
+    with mock.patch.object(torch.nn.Module, "__call__", side_effect=AssertionError("module called")):
+        got = project(m, u)
+    assert torch.equal(got, m(u))
+    assert max_abs(got, torch.nn.functional.linear(u, m.expanded_weight(), m.bias)) < F64_ATOL
+    m32, ub = m.float(), u.to(torch.bfloat16)
+    assert torch.equal(project(m32, ub), m32(ub)) and project(m32, ub).dtype == torch.bfloat16
+    h = m32.register_forward_hook(lambda mod, a, out: out * 2)
+    assert torch.equal(project(m32, ub), 2 * BlockDiagonalLinear.forward(m32, ub))
+    h.remove()
+    seen = []
+    g = torch.nn.modules.module.register_module_forward_hook(lambda mod, a, out: seen.append(type(mod).__name__) or out)
+    try:
+        project(m32, ub)
+        assert seen == ["BlockDiagonalLinear"]
+    finally:
+        g.remove()
+
+
+def test_call_plain_is_the_module_call_and_keeps_hooks():
+    """seqmix.mixers.layers.call_plain (a decoding step's short conv): a plain module's forward called directly with
+    the same result as the module call; a hook of its own, a global hook or an instance's own forward: the module call."""
+    from unittest import mock
+
+    from seqmix.mixers.layers import ShortConv, call_plain
+
+    torch.manual_seed(0)
+    conv = ShortConv(6, 4).double()
+    x = torch.randn(2, 5, 6, dtype=torch.float64)
+    with mock.patch.object(torch.nn.Module, "__call__", side_effect=AssertionError("module called")):
+        y, s = call_plain(conv, x, None, output_final_state=True)
+    y_ref, s_ref = conv(x, None, output_final_state=True)
+    assert torch.equal(y, y_ref) and torch.equal(s, s_ref)
+    h = conv.register_forward_hook(lambda mod, a, kw, out: (out[0] * 2, out[1]), with_kwargs=True)
+    assert torch.equal(call_plain(conv, x, None, output_final_state=True)[0], 2 * y_ref)
+    h.remove()
+    seen = []
+    g = torch.nn.modules.module.register_module_forward_hook(lambda mod, a, out: seen.append(1) or out)
+    try:
+        call_plain(conv, x, None)
+        assert seen == [1]
+    finally:
+        g.remove()
+    conv.forward = lambda *a, **k: ("replaced",)  # (accelerate replaces an instance's forward: honoured)
+    assert call_plain(conv, x, None) == ("replaced",)

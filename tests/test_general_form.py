@@ -573,7 +573,8 @@ def test_the_fused_step_covers_the_presets_it_names():
 
 #: the options the fused step is tested with on every preset of FUSED_PRESETS (where the preset's config takes them)
 FUSED_OPTIONS = {"preset": {}, "rwkv4-full": RWKV4_FULL, "normalizer-skip-norm": dict(normalizer=True, skip="head", xnorm="rmsnorm"),
-                 "skip-input": dict(skip="input")}
+                 "skip-input": dict(skip="input"), "gate-blocks": dict(gate_blocks=2),  # (the RG-LRU's block-diagonal gates)
+                 "tau": dict(tau=2.0)}
 
 
 def _fused_cases():

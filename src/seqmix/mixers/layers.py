@@ -66,20 +66,34 @@ def project(lin: nn.Module, u: torch.Tensor) -> torch.Tensor:
     """``lin(u)`` for the mixers' projections (decoding steps, attention's q/k/v/o): ``F.linear`` on the weight and bias
     of a plain ``nn.Linear`` with no hook (of its own or global) and no ``forward`` of its own instance, without the
     module call's Python frames; a plain :class:`GroupedRows` around such a Linear (a linearized student's k and v
-    kept at the teacher's kv heads) the same way, its rows gathered after; anything else (a subclass, a wrapped or
-    hooked layer: LoRA, quantized, FSDP, accelerate's replaced ``forward``) is called as it is."""
+    kept at the teacher's kv heads) the same way, its rows gathered after; a plain :class:`BlockDiagonalLinear` (the
+    RG-LRU's gates) by its ``forward`` directly; anything else (a subclass, a wrapped or hooked layer: LoRA,
+    quantized, FSDP, accelerate's replaced ``forward``) is called as it is."""
     kind = type(lin)
-    if (kind is nn.Linear or kind is GroupedRows) and not (
+    if (kind is nn.Linear or kind is GroupedRows or kind is BlockDiagonalLinear) and not (
             lin._forward_pre_hooks or lin._forward_hooks or lin._backward_pre_hooks or lin._backward_hooks
             or _GLOBAL_HOOKS or _GLOBAL_PRE_HOOKS or _GLOBAL_BACKWARD_HOOKS or _GLOBAL_BACKWARD_PRE_HOOKS
             or "forward" in lin.__dict__):  # (inline: no call per projection)
         if kind is nn.Linear:
             return F.linear(u, lin.weight, lin.bias)
+        if kind is BlockDiagonalLinear:
+            return lin.forward(u)
         proj = lin._modules["proj"]
         if type(proj) is nn.Linear and not (proj._forward_pre_hooks or proj._forward_hooks or proj._backward_pre_hooks
                                             or proj._backward_hooks or "forward" in proj.__dict__):
             return lin.gather(F.linear(u, proj.weight, proj.bias))
     return lin(u)
+
+
+def call_plain(module: nn.Module, *args, **kwargs):
+    """``module(*args, **kwargs)``; for a module with no hook (of its own or global) and no ``forward`` of its own
+    instance, its ``forward`` called directly, without the module call's Python frames (a decoding step's short
+    conv). A hooked or wrapped module is called as it is."""
+    if (module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks or module._backward_hooks
+            or _GLOBAL_HOOKS or _GLOBAL_PRE_HOOKS or _GLOBAL_BACKWARD_HOOKS or _GLOBAL_BACKWARD_PRE_HOOKS
+            or "forward" in module.__dict__):
+        return module(*args, **kwargs)
+    return module.forward(*args, **kwargs)
 
 
 def l2_normalize(t: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
@@ -223,13 +237,16 @@ class BlockDiagonalLinear(nn.Module):
         return torch.block_diag(*[w.t() for w in self.weight.unbind(0)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        xb = x.reshape(-1, self.blocks, self.in_features // self.blocks).transpose(0, 1)  # [blocks, N, in/blocks]
-        w = self.weight.to(x.dtype)
-        if self.bias is None:
+        lead, blocks = x.shape[:-1], self.blocks
+        xb = x.reshape(-1, blocks, self.in_features // blocks).transpose(0, 1)  # [blocks, N, in/blocks]
+        params = self._parameters  # (weight and bias read from the dict: no nn.Module __getattr__ call per step)
+        w, b = params["weight"], params.get("bias")  # (no bias: not a parameter, None)
+        if w.dtype != x.dtype:
+            w = w.to(x.dtype)
+        if b is None:
             y = torch.bmm(xb, w)
         else:
-            y = torch.baddbmm(self.bias.to(x.dtype).view(self.blocks, 1, -1), xb, w)
+            y = torch.baddbmm((b if b.dtype == x.dtype else b.to(x.dtype)).view(blocks, 1, -1), xb, w)
         return y.transpose(0, 1).reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:

@@ -113,7 +113,7 @@ from ..ops import (
 )
 from ..ops.precision import complex_, compute_dtype, linear_f32, upcast
 from .base import ExpandedWidths, MixerConfig, Mixer, MixOut, register, register_preset
-from .layers import BlockDiagonalLinear, LayerNorm, RMSNorm, ShortConv, l2_normalize, project, short_conv_qkv, token_mix
+from .layers import BlockDiagonalLinear, LayerNorm, RMSNorm, ShortConv, call_plain, l2_normalize, project, short_conv_qkv, token_mix
 
 # the vocabulary of each parameter function (the config fields below take exactly these names)
 Query = Literal["proj", "one"]
@@ -601,7 +601,7 @@ class GeneralForm(Mixer):
             u, z = self.W_in(x).chunk(2, dim=-1)
             z = _act(c.outer_gate, z)
         if self.conv is not None:
-            u, conv_state = self.conv(u, state.get("conv") if state else None, output_final_state=need_state)
+            u, conv_state = call_plain(self.conv, u, state.get("conv") if state else None, output_final_state=need_state)
             if need_state:
                 new["conv"] = conv_state
         return u, z, new
@@ -641,14 +641,20 @@ class GeneralForm(Mixer):
             k = upcast(k_proj)
             la = F.logsigmoid(k.mean(-1) if c.decay_per_head else k)
         elif kind == "rg_lru":  # Griffin: log a_t = c r_t log σ(Λ) = -c r_t softplus(-Λ)
-            r = torch.sigmoid(upcast(project(self.W_a, u))).view(B, T, H, K)
-            la = r * self.layer_constant("rg_lru log a", lambda: -c.rg_lru_c * F.softplus(-upcast(self.Lambda)).view(H, K), self.Lambda)
+            la = torch.sigmoid(upcast(project(self.W_a, u))).view(B, T, H, K) * self._rg_lru_log_a()
         else:  # delta_A, Mamba: log α = -Δ_t A
             delta = F.softplus(upcast(self.W_delta(self.W_u(u))))  # [B, T, H]
             la = -delta.unsqueeze(-1) * torch.exp(upcast(self.A_log))
         if c.tau != 1.0:
             la = la / c.tau
         return la, delta
+
+    def _rg_lru_log_a(self):
+        """c log σ(Λ) = -c softplus(-Λ) [H, K] of decay 'rg_lru' (log a_t = r_t times it), in float32 or wider: a layer
+        constant between changes of Λ."""
+        c = self.config
+        return self.layer_constant("rg_lru log a", lambda: -c.rg_lru_c * F.softplus(-upcast(self.Lambda)).view(self.H, self.K),
+                                   self.Lambda)
 
     def _fixed_log_decay(self):
         """log α = -exp(w) [H, K] of decay 'fixed' (RWKV-4), in float32 or wider: a layer constant between changes of w."""
@@ -937,11 +943,16 @@ class GeneralForm(Mixer):
                 and c.key != "delta_proj" and c.value != "lru")
 
     def _step_constants(self):
-        """(log α = -exp(w) [H, K] of decay 'fixed', else None; the bonus weight scale·e^u [H, K] (or scale·u), else
+        """(log α = -exp(w) / τ [H, K] of decay 'fixed', else None; the bonus weight scale·e^u [H, K] (or scale·u), else
         None): the fused step's layer constants, kept as one (a single stamp check per step)."""
         c = self.config
         params = ((self.w,) if c.decay == "fixed" else ()) + ((self.u,) if c.bonus else ())
-        return self.layer_constant("step constants", lambda: (self._fixed_log_decay_of_w() if c.decay == "fixed" else None,
+
+        def fixed():
+            la = self._fixed_log_decay_of_w()
+            return la if c.tau == 1.0 else la / c.tau  # (the temperature, as _decay divides every decay by it)
+
+        return self.layer_constant("step constants", lambda: (fixed() if c.decay == "fixed" else None,
                                                               self._bonus_weight() if c.bonus else None), *params)
 
     def _fused_step(self, x, state) -> MixOut:
@@ -977,6 +988,8 @@ class GeneralForm(Mixer):
         la = None
         if fixed is not None:  # the step's [B, H, K] of the layer constant (no _decay call)
             la = fixed.expand(B, H, K)
+        elif c.decay == "rg_lru" and c.tau == 1.0:  # the RG-LRU's, on the token's row (as _decay)
+            la = torch.sigmoid(upcast(project(self.W_a, u))).view(B, H, K) * self._rg_lru_log_a()
         elif c.decay != "none":  # log α [B, H] (one per head) or [B, H, K], as _decay computes it on the token
             la = self._decay(u.view(B, 1, -1))[0].select(1, 0)
         li = m = None

@@ -128,3 +128,65 @@ def test_call_plain_is_the_module_call_and_keeps_hooks():
         g.remove()
     conv.forward = lambda *a, **k: ("replaced",)  # (accelerate replaces an instance's forward: honoured)
     assert call_plain(conv, x, None) == ("replaced",)
+
+
+def test_block_diagonal_linear_with_a_parametrized_weight_and_bias():
+    """A BlockDiagonalLinear whose weight and bias are parametrized (torch.nn.utils.parametrize: no longer entries of
+    its parameter dict) computes with the parametrized values, called or through project."""
+    from torch.nn.utils import parametrize
+
+    from seqmix.mixers.layers import project
+
+    class Doubled(torch.nn.Module):
+        def forward(self, t):
+            return 2 * t
+
+    torch.manual_seed(0)
+    m = BlockDiagonalLinear(12, 8, 4).double()
+    u = torch.randn(3, 12, dtype=torch.float64)
+    want = torch.nn.functional.linear(u, 2 * m.expanded_weight(), 2 * m.bias)
+    parametrize.register_parametrization(m, "weight", Doubled())
+    parametrize.register_parametrization(m, "bias", Doubled())
+    assert max_abs(m(u), want) < F64_ATOL and max_abs(project(m, u), want) < F64_ATOL
+
+
+def test_block_diagonal_linear_reads_a_bias_that_is_not_its_parameter():
+    """A bias given as a plain tensor (on a layer made without one) or kept as a buffer is added, called or through
+    project: the forward reads the attribute wherever the bias is not the layer's own parameter."""
+    from seqmix.mixers.layers import project
+
+    torch.manual_seed(0)
+    u = torch.randn(3, 12, dtype=torch.float64)
+    m = BlockDiagonalLinear(12, 8, 4, bias=False).double()
+    m.bias = torch.randn(8, dtype=torch.float64)
+    want = torch.nn.functional.linear(u, m.expanded_weight(), m.bias)
+    assert max_abs(m(u), want) < F64_ATOL and max_abs(project(m, u), want) < F64_ATOL
+    m2 = BlockDiagonalLinear(12, 8, 4).double()
+    t = m2.bias.detach().clone()
+    del m2.bias
+    m2.register_buffer("bias", t)
+    want2 = torch.nn.functional.linear(u, m2.expanded_weight(), t)
+    assert max_abs(m2(u), want2) < F64_ATOL and max_abs(project(m2, u), want2) < F64_ATOL
+
+
+def test_project_and_call_plain_run_a_compiled_module_through_its_compiled_call():
+    """A layer compiled by Module.compile (which sets the instance's _compiled_call_impl) is called through its
+    compiled call, not through its plain forward: a Linear and a BlockDiagonalLinear in project, a ShortConv in
+    call_plain; the numbers are the uncompiled layer's."""
+    from seqmix.mixers.layers import ShortConv, call_plain, project
+
+    torch.manual_seed(0)
+    u = torch.randn(3, 12, dtype=torch.float64)
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    lin, bdl, conv = torch.nn.Linear(12, 5).double(), BlockDiagonalLinear(12, 8, 4).double(), ShortConv(12, 4).double()
+    want = (lin(u), bdl(u), conv(x, None)[0])
+    calls = []
+    for m in (lin, bdl, conv):
+        m.compile(backend="eager")
+        compiled = m._compiled_call_impl
+        assert compiled is not None
+        m._compiled_call_impl = lambda *a, _c=compiled, _m=m, **k: calls.append(type(_m).__name__) or _c(*a, **k)
+    got = (project(lin, u), project(bdl, u), call_plain(conv, x, None)[0])
+    assert calls == ["Linear", "BlockDiagonalLinear", "ShortConv"]
+    for a, b in zip(got, want):
+        assert max_abs(a, b) < F64_ATOL

@@ -12,6 +12,7 @@ converter (``seqmix.interop.convert``) read these tables; nothing is written per
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
@@ -37,85 +38,141 @@ class Transform:
         return self.name
 
 
+# (each map a module-level function, bound to its arguments by functools.partial: a converted model pickles, as
+# torch.save(model) and a spawned process need; a lambda or a nested function would not)
+
+
+def _squeeze(dim, t):
+    return t.squeeze(dim)
+
+
+def _unsqueeze(dim, t):
+    return t.unsqueeze(dim)
+
+
+def _transpose(a, b, t):
+    return t.transpose(a, b).contiguous()
+
+
+def _drop_first(n, t):
+    return t[..., n:]
+
+
+def _pad_first(n, t):
+    return F.pad(t, (n, 0))
+
+
+def _neg_exp(t):
+    return -t.exp()
+
+
+def _log_neg(t):
+    return (-t).log()
+
+
+def _flatten(t):
+    return t.reshape(-1)
+
+
+def _neg(t):
+    return -t
+
+
+def _rows(start, stop, t):
+    return t[start:stop]
+
+
+def _append_column(ts):
+    return torch.cat([ts[0], ts[1].unsqueeze(-1).to(ts[0].dtype)], dim=-1)
+
+
+def _split_column(t):
+    return t[..., :-1], t[..., -1]
+
+
+def _unstabilize_pair(ts):
+    num, den, mx = ts
+    scale = torch.exp(mx.float())
+    return torch.stack([num.float() * scale, den.float() * scale], dim=-1).unsqueeze(-2)
+
+
+def _stabilized_pair(t):
+    num, den = t.select(-2, 0).unbind(-1)
+    return num, den, torch.zeros_like(num)
+
+
 def squeeze(dim: int) -> Transform:
     """Drops a size-1 dimension (a depthwise Conv1d weight [C, 1, W] -> seqmix's [C, W])."""
-    return Transform(f"squeeze({dim})", lambda t: t.squeeze(dim))
+    return Transform(f"squeeze({dim})", functools.partial(_squeeze, dim))
 
 
 def unsqueeze(dim: int) -> Transform:
-    return Transform(f"unsqueeze({dim})", lambda t: t.unsqueeze(dim))
+    return Transform(f"unsqueeze({dim})", functools.partial(_unsqueeze, dim))
 
 
 def transpose(a: int, b: int) -> Transform:
-    return Transform(f"transpose({a}, {b})", lambda t: t.transpose(a, b).contiguous())
+    return Transform(f"transpose({a}, {b})", functools.partial(_transpose, a, b))
 
 
 def drop_first(n: int = 1) -> Transform:
     """Keeps all but the first n entries of the last dimension (transformers' conv window of W
     inputs -> seqmix's W - 1: the oldest input is never read again)."""
-    return Transform(f"[..., {n}:]", lambda t: t[..., n:])
+    return Transform(f"[..., {n}:]", functools.partial(_drop_first, n))
 
 
 def pad_first(n: int = 1) -> Transform:
     """Prepends n zeros on the last dimension (seqmix's conv state of W - 1 inputs ->
     transformers' window of W; the prepended column is never read by either)."""
-    return Transform(f"pad({n}, 0)", lambda t: F.pad(t, (n, 0)))
+    return Transform(f"pad({n}, 0)", functools.partial(_pad_first, n))
 
 
 def neg_exp() -> Transform:
     """x -> -exp(x) (a log-parametrized A stored as A itself)."""
-    return Transform("-exp", lambda t: -t.exp())
+    return Transform("-exp", _neg_exp)
 
 
 def log_neg() -> Transform:
     """A -> log(-A) (the inverse of neg_exp)."""
-    return Transform("log(-x)", lambda t: (-t).log())
+    return Transform("log(-x)", _log_neg)
 
 
 def flatten() -> Transform:
     """Any shape -> one dimension (RWKV's token-shift mixes [1, 1, d] -> seqmix's [d])."""
-    return Transform("flatten", lambda t: t.reshape(-1))
+    return Transform("flatten", _flatten)
 
 
 def neg() -> Transform:
     """x -> -x (RecurrentGemma's recurrent_param is seqmix's -Λ: log a = -c r softplus(param) = c r log σ(-param))."""
-    return Transform("-x", lambda t: -t)
+    return Transform("-x", _neg)
 
 
 def rows(start: int, stop: int) -> Transform:
     """Rows start:stop of the first dimension: one part of a fused projection (xLSTM's
     ``weight_mode="fused"`` stacks q, k, v, o in one matrix and i, f in another)."""
-    return Transform(f"[{start}:{stop}]", lambda t: t[start:stop])
+    return Transform(f"[{start}:{stop}]", functools.partial(_rows, start, stop))
 
 
 def append_column() -> Transform:
     """State (M, n) -> [M | n]: n [..., K] becomes the last column of M [..., K, V] (the mLSTM's
     normalizer n_t is the ones column of seqmix's state S [..., K, V + 1])."""
-    return Transform("cat(M, n[..., None], -1)", lambda ts: torch.cat([ts[0], ts[1].unsqueeze(-1).to(ts[0].dtype)], dim=-1))
+    return Transform("cat(M, n[..., None], -1)", _append_column)
 
 
 def split_column() -> Transform:
     """The inverse of :func:`append_column`: S [..., K, V + 1] -> (S[..., :V], S[..., V])."""
-    return Transform("(S[..., :-1], S[..., -1])", lambda t: (t[..., :-1], t[..., -1]))
+    return Transform("(S[..., :-1], S[..., -1])", _split_column)
 
 
 def unstabilize_pair() -> Transform:
     """RWKV-4's stabilized WKV state (num, den, max), each [B, C], real num = num·e^max -> seqmix's
     unstabilized state S [B, C, 1, 2] = (num·e^max, den·e^max) (an empty state, max = -1e30,
     gives 0)."""
-    def fn(ts):
-        num, den, mx = ts
-        scale = torch.exp(mx.float())
-        return torch.stack([num.float() * scale, den.float() * scale], dim=-1).unsqueeze(-2)
-    return Transform("(num·e^max, den·e^max)", fn)
+    return Transform("(num·e^max, den·e^max)", _unstabilize_pair)
 
 
 def stabilized_pair() -> Transform:
     """The inverse of :func:`unstabilize_pair`: S [B, C, 1, 2] -> (num, den, max = 0)."""
-    def fn(t):
-        num, den = t.select(-2, 0).unbind(-1)
-        return num, den, torch.zeros_like(num)
-    return Transform("(num, den, 0)", fn)
+    return Transform("(num, den, 0)", _stabilized_pair)
 
 
 # ------------------------------------------------------------------------------------------

@@ -85,10 +85,18 @@ RECURRENT_GEMMA_WEIGHTS = (
 #: transformers' own block keeps its state in module attributes (conv1d_state [B, C, W-1],
 #: rg_lru.recurrent_states [B, C]); the converted block keeps the same tensors in the DynamicCache's
 #: linear-attention layer N (conv slot 0, recurrent slot 0); seqmix's S is [B, C, 1, 1] (a head per channel)
-RG_LRU_STATE = (
+def _per_channel_state(t):
+    return t[..., None, None]
+
+
+def _flat_state(t):
+    return t.flatten(1)
+
+
+RG_LRU_STATE = (  # (module-level maps, not lambdas: a converted model pickles)
     State("conv", "conv", 0),
-    State("S", "recurrent", 0, Transform("[B, C] -> [B, C, 1, 1]", lambda t: t[..., None, None]),
-          Transform("[B, C, 1, 1] -> [B, C]", lambda t: t.flatten(1))),
+    State("S", "recurrent", 0, Transform("[B, C] -> [B, C, 1, 1]", _per_channel_state),
+          Transform("[B, C, 1, 1] -> [B, C]", _flat_state)),
 )
 
 RECURRENT_GEMMA = Family(

@@ -49,6 +49,11 @@ def test_step_decoding_equals_forward(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_the_mixer_pickles(name):
+    run(contract.check_pickles, name)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_split_and_carry_equals_one_pass(name):
     run(contract.check_split_and_carry, name)
 

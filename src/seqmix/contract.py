@@ -24,6 +24,8 @@ a researcher's own mixer is held to exactly the suite the built-in ones pass.
     state_size   the cache holds BATCH · state_size(T) floats
     bad_input    wrong rank, width, dtype, type, NaN, an empty sequence, an unknown mode, an unknown
                  config field and d_model = 0 each raise a ValueError naming the argument
+    pickles      a pickle round trip after a forward with a cache gives the same output and decoding step
+                 (torch.save of a model, a spawned process: no lambda or nested function among its attributes)
     autocast     forward and backward under bfloat16 and float16 autocast stay within MP_RTOL /
                  MP_GRAD_RTOL of float32
     bf16_params  mixer.to(bfloat16) runs forward and backward and stays within MP_RTOL of float32
@@ -237,6 +239,29 @@ def check_step_decoding(name: str, **overrides) -> None:
     _require(max_abs(steps, y_full) < F64_ATOL, f"{name}: step decoding differs from the forward by {max_abs(steps, y_full):.3g}")
 
 
+def check_pickles(name: str, **overrides) -> None:
+    """The mixer pickles and loads back exactly (what torch.save of a model and a copy sent to a spawned process
+    need): after a forward with a cache (its kept constants and tables made), a pickle round trip in memory gives a
+    mixer with the same output and the same decoding step from the saved state."""
+    import pickle
+
+    m = make(name, **overrides)
+    T = lengths(m)[1]
+    x = inputs(m, T + 1)
+    cache = Cache()
+    y = m(x[:, :T], cache=cache)
+    step = m(x[:, T:], cache=cache)
+    try:
+        data = pickle.dumps(m)
+    except Exception as e:  # (pickling's own errors: AttributeError, PicklingError, TypeError)
+        raise ContractError(f"{name}: the mixer does not pickle ({type(e).__name__}: {e}); keep lambdas and nested functions "
+                            "out of its attributes (module-level functions, functools.partial)") from None
+    m2 = pickle.loads(data)  # (bytes this check made itself, in memory: no file is read)
+    cache2 = Cache()
+    _require(max_abs(m2(x[:, :T], cache=cache2), y) == 0, f"{name}: the loaded mixer's output differs from the saved one's")
+    _require(max_abs(m2(x[:, T:], cache=cache2), step) == 0, f"{name}: the loaded mixer's decoding step differs")
+
+
 def check_split_and_carry(name: str, **overrides) -> None:
     m = make(name, **overrides)
     T = lengths(m)[1]
@@ -406,6 +431,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     "causality": check_causality,
     "state_size": check_state_size,
     "bad_input": check_bad_input,
+    "pickles": check_pickles,
     "autocast_bf16": lambda name, **kw: check_mixed_precision_autocast(name, torch.bfloat16, **kw),
     "autocast_fp16": lambda name, **kw: check_mixed_precision_autocast(name, torch.float16, **kw),
     "bf16_params": check_mixed_precision_bf16_parameters,

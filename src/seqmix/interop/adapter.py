@@ -33,7 +33,6 @@ the input's finite check and the cache layer's lookups and type checks run on th
 from __future__ import annotations
 
 import functools
-import operator
 import time
 import weakref
 
@@ -206,7 +205,6 @@ class InteropMixer(nn.Module):
         self._trust = None  # the record of the last fully checked call (_Trust), or None
         self._step_fn = None  # compile_decode's compiled decode_step, or None (the mixer's own)
         self._slot_spec = None  # (conv?, slot) of every slot the state table reads, made at the first use
-        self._slot_get = None  # the "stacked" / "tuple" kinds: a getter of those slots' objects, made at the first use
 
     def __getattr__(self, name: str):
         try:
@@ -308,10 +306,7 @@ class InteropMixer(nn.Module):
             return tuple(out)
         if kind == "linear_cache":
             return (hf_cache.get_linear_cache(i),)
-        get = self._slot_get
-        if get is None:  # (one C-level getter of the slots, made once: no comprehension's frame per step)
-            get = self._slot_get = operator.itemgetter(*[j for _, j in spec])
-        return (hf_cache, *get(hf_cache)) if len(spec) > 1 else (hf_cache, get(hf_cache))  # "stacked", "tuple"
+        return (hf_cache, *[hf_cache[j] for _, j in spec])  # "stacked", "tuple"
 
     def _record(self, hf_cache, x, state, where: str) -> None:
         """After a fully checked call with a cache: the :class:`_Trust` a later one-token call is matched against
@@ -405,10 +400,7 @@ class InteropMixer(nn.Module):
                 if residual is not None:
                     y = y + residual
                 return (y, None) if self.returns_pair else (y, hf) if self.returns_state else y
-            if kind == "stacked" or kind == "tuple":  # (as _write_trusted would: every row written, the slots' objects kept)
-                out, replaced = self._write_listed(hf, trust, new, kind), False
-            else:
-                out, replaced = self._write_trusted(hf, trust, new)
+            out, replaced = self._write_trusted(hf, trust, new)
             if replaced:  # (else every entry was written in place, in transformers' own tensors: the same objects)
                 objs = self._slot_objects(hf)
             if kind in _VERSIONED_KINDS:

@@ -750,22 +750,16 @@ class RWKVChannelMix(Mixer):
         prev = state.get("x_prev") if state else None
         if mode == "step":  # one token: the two taps' sums, (1 - μ) x_(t-1) + μ x_t, as two lerps (no conv call)
             p = prev.unsqueeze(1) if prev is not None else torch.zeros_like(x)
-            mu_k, mu_r = self.mu_k, self.mu_r
-            if mu_k.dtype == mu_r.dtype == x.dtype == p.dtype:  # (token_mix's lerp, inline: two calls fewer per step)
-                xk, xr = torch.lerp(p, x, mu_k), torch.lerp(p, x, mu_r)
-            else:
-                xk, xr = token_mix(p, x, mu_k), token_mix(p, x, mu_r)
+            xk, xr = token_mix(p, x, self.mu_k), token_mix(p, x, self.mu_r)
             values, mixed = lambda: torch.cat([x, x], dim=-1).unsqueeze(-1), lambda: torch.cat([xk, xr], dim=-1).unsqueeze(-1)
-            mods = self._modules  # (the projections without the module call's frames: project keeps hooks and wrappers)
-            y = torch.sigmoid(project(mods["W_r"], xr)) * project(mods["W_v"], torch.relu(project(mods["W_k"], xk)).square())
-            return MixOut(y, {"x_prev": x.select(1, -1)} if need_state else None, values=values, mixed=mixed)
         else:
             xx = torch.cat([x, x], dim=-1)  # [B, T, 2d]: the input read by the k taps and by the r taps
             prev = None if prev is None else torch.cat([prev, prev], dim=-1).unsqueeze(-1)  # [B, 2d, 1]
             shifted, _ = causal_conv1d(xx, self.taps(), None, prev)
             xk, xr = shifted[..., :d], shifted[..., d:]
             values, mixed = xx.unsqueeze(-1), shifted.unsqueeze(-1)
-        y = torch.sigmoid(self.W_r(xr)) * self.W_v(torch.relu(self.W_k(xk)).square())
+        mods = self._modules  # (the projections without the module call's frames: project keeps hooks and wrappers)
+        y = torch.sigmoid(project(mods["W_r"], xr)) * project(mods["W_v"], torch.relu(project(mods["W_k"], xk)).square())
         return MixOut(y, {"x_prev": x.select(1, -1)} if need_state else None, values=values, mixed=mixed)
 
     # -- the DSF view ----------------------------------------------------------------------

@@ -73,28 +73,29 @@ def project(lin: nn.Module, u: torch.Tensor) -> torch.Tensor:
     if (kind is nn.Linear or kind is GroupedRows or kind is BlockDiagonalLinear) and not (
             lin._forward_pre_hooks or lin._forward_hooks or lin._backward_pre_hooks or lin._backward_hooks
             or _GLOBAL_HOOKS or _GLOBAL_PRE_HOOKS or _GLOBAL_BACKWARD_HOOKS or _GLOBAL_BACKWARD_PRE_HOOKS
-            or "forward" in lin.__dict__ or lin._compiled_call_impl is not None):  # (inline: no call per projection)
+            or "forward" in lin.__dict__ or lin._compiled_call_impl is not None):  # (_unhooked's rule, inline: no call per projection)
         if kind is nn.Linear:
             return F.linear(u, lin.weight, lin.bias)
         if kind is BlockDiagonalLinear:
             return lin.forward(u)
         proj = lin._modules["proj"]
-        if type(proj) is nn.Linear and not (proj._forward_pre_hooks or proj._forward_hooks or proj._backward_pre_hooks
-                                            or proj._backward_hooks or "forward" in proj.__dict__
-                                            or proj._compiled_call_impl is not None):
+        if type(proj) is nn.Linear and _unhooked(proj):
             return lin.gather(F.linear(u, proj.weight, proj.bias))
     return lin(u)
 
 
+def _unhooked(module: nn.Module) -> bool:
+    """Whether calling ``module.forward`` directly equals the module call: no hook of its own or global, no ``forward``
+    of its own instance (accelerate's replaced forward), not compiled by ``Module.compile``."""
+    return not (module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks or module._backward_hooks
+                or _GLOBAL_HOOKS or _GLOBAL_PRE_HOOKS or _GLOBAL_BACKWARD_HOOKS or _GLOBAL_BACKWARD_PRE_HOOKS
+                or "forward" in module.__dict__ or module._compiled_call_impl is not None)
+
+
 def call_plain(module: nn.Module, *args, **kwargs):
-    """``module(*args, **kwargs)``; for a module with no hook (of its own or global) and no ``forward`` of its own
-    instance, its ``forward`` called directly, without the module call's Python frames (a decoding step's short
-    conv). A hooked, wrapped or ``Module.compile``-d module is called as it is."""
-    if (module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks or module._backward_hooks
-            or _GLOBAL_HOOKS or _GLOBAL_PRE_HOOKS or _GLOBAL_BACKWARD_HOOKS or _GLOBAL_BACKWARD_PRE_HOOKS
-            or "forward" in module.__dict__ or module._compiled_call_impl is not None):
-        return module(*args, **kwargs)
-    return module.forward(*args, **kwargs)
+    """``module(*args, **kwargs)``, by its ``forward`` directly where that is the same (:func:`_unhooked`), without the
+    module call's Python frames (a decoding step's short conv)."""
+    return module.forward(*args, **kwargs) if _unhooked(module) else module(*args, **kwargs)
 
 
 def l2_normalize(t: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
@@ -240,14 +241,7 @@ class BlockDiagonalLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead, blocks = x.shape[:-1], self.blocks
         xb = x.reshape(-1, blocks, self.in_features // blocks).transpose(0, 1)  # [blocks, N, in/blocks]
-        params = self._parameters
-        # (from the dict: no nn.Module __getattr__ call) where weight and bias are this class's own parameters (the
-        # bias: a parameter, or None as __init__ leaves it); else the attributes: a subclass, a parametrized layer
-        # (torch.nn.utils.parametrize, weight_norm), FSDP's flat views, a bias set as a plain tensor or a buffer
-        if type(self) is BlockDiagonalLinear and "weight" in params and ("bias" in params or self.__dict__.get("bias", 0) is None):
-            w, b = params["weight"], params["bias"] if "bias" in params else None
-        else:
-            w, b = self.weight, self.bias
+        w, b = self.weight, self.bias
         if w.dtype != x.dtype:
             w = w.to(x.dtype)
         if b is None:

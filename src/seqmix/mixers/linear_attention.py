@@ -988,8 +988,6 @@ class GeneralForm(Mixer):
         la = None
         if fixed is not None:  # the step's [B, H, K] of the layer constant (no _decay call)
             la = fixed.expand(B, H, K)
-        elif c.decay == "rg_lru" and c.tau == 1.0:  # the RG-LRU's, on the token's row (as _decay)
-            la = torch.sigmoid(upcast(project(self.W_a, u))).view(B, H, K) * self._rg_lru_log_a()
         elif c.decay != "none":  # log α [B, H] (one per head) or [B, H, K], as _decay computes it on the token
             la = self._decay(u.view(B, 1, -1))[0].select(1, 0)
         li = m = None
